@@ -1,0 +1,39 @@
+"""``python -m bench [name ...]``: run the benchmarks (all by default), print each table,
+and write the numbers to bench/results/latest.json."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from bench import radix_bench
+
+BENCHMARKS: dict[str, Callable[[list[str]], dict]] = {
+    "radix": radix_bench.main,
+}
+
+
+def main() -> None:
+    """Run the selected benchmarks in order and save their results."""
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("names", nargs="*", help=f"any of {', '.join(BENCHMARKS)}")
+    args = parser.parse_args()
+    unknown = set(args.names) - set(BENCHMARKS)
+    if unknown:
+        parser.error(f"unknown benchmarks: {', '.join(sorted(unknown))}")
+    results = {"machine": platform.platform(), "started": time.strftime("%Y-%m-%d %H:%M:%S")}
+    for name in args.names or BENCHMARKS:
+        print(f"\n=== {name} ===", flush=True)
+        results[name] = BENCHMARKS[name]([])
+    out = Path(__file__).parent / "results" / "latest.json"
+    out.parent.mkdir(exist_ok=True)
+    out.write_text(json.dumps(results, indent=2, default=str))
+    print(f"\nresults written to {out}")
+
+
+if __name__ == "__main__":
+    main()
