@@ -1,0 +1,53 @@
+"""bench.gpu_attention's CPU side: options parse, and it refuses to run without CUDA."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from bench import gpu_attention
+
+
+def test_options_parse():
+    args = gpu_attention.parse_args(
+        ["--dtype", "float16", "--decode-batches", "2,8", "--iters", "3"]
+    )
+    assert (args.dtype, args.decode_batches, args.iters, args.block_size) == (
+        "float16",
+        [2, 8],
+        3,
+        16,
+    )
+
+
+@pytest.mark.parametrize("argv", [["--heads", "30", "--kv-heads", "8"], ["--block-size", "0"]])
+def test_bad_shapes_are_rejected(argv):
+    with pytest.raises(SystemExit):
+        gpu_attention.parse_args(argv)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-GPU message")
+def test_without_cuda_it_exits_with_a_message():
+    with pytest.raises(SystemExit, match="needs a CUDA device"):
+        gpu_attention.main([])
+
+
+def test_smoke_run_on_cpu_through_the_triton_interpreter(tmp_path):
+    pytest.importorskip("triton")
+    out = tmp_path / "results.json"
+    argv = ["--device", "cpu", "--dtype", "float32", "--heads", "4", "--kv-heads", "2",
+            "--head-dim", "16", "--context", "64", "--decode-batches", "2", "--prefill-batch", "1",
+            "--prefill-new", "16", "--prefill-cached", "16", "--store-tokens", "8", "--iters", "1",
+            "--json", str(out)]  # fmt: skip
+    env = {**os.environ, "TRITON_INTERPRET": "1"}
+    subprocess.run([sys.executable, "-m", "bench.gpu_attention", *argv], env=env, check=True,
+                   cwd=Path(__file__).resolve().parents[3], capture_output=True, timeout=120)  # fmt: skip
+    results = json.loads(out.read_text())
+    assert max(results["correctness"].values()) < 1e-5
+    assert [row["batch"] for row in results["decode"]] == [2]

@@ -1,0 +1,56 @@
+"""Triton kernels == torch reference, on the CPU through the Triton interpreter.
+
+The cases run in one subprocess with ``TRITON_INTERPRET=1`` (see
+triton_interpret_cases.py); each case is reported as its own test here.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("triton")
+
+SCRIPT = Path(__file__).with_name("triton_interpret_cases.py")
+CASE_NAMES = [
+    *(
+        f"{kind}-bs{bs}-h{h}-kv{kv}{suffix}"
+        for bs in (16, 32)
+        for h, kv in ((4, 4), (4, 2), (8, 1))
+        for kind, suffix in [("prefill", "")] + [("decode", f"-splits{s}") for s in (1, 3, None)]
+    ),
+    "prefill-head-dim-24",
+    "prefill-bs16-tile16",
+    "prefill-bs8-tile32",
+    "decode-bs32-tile16-splits3",
+    "decode-bs8-splits2",
+    "store-kv",
+    "decode-stale-nan-slots",
+    "rejects-non-contiguous-cache",
+]
+
+
+@pytest.fixture(scope="module")
+def results() -> dict[str, float | str]:
+    env = {**os.environ, "TRITON_INTERPRET": "1"}
+    done = subprocess.run(
+        [sys.executable, str(SCRIPT)], env=env, capture_output=True, text=True, timeout=240
+    )
+    assert done.returncode == 0, done.stderr[-4000:]
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def test_every_case_ran(results):
+    assert sorted(results) == sorted(CASE_NAMES)
+
+
+@pytest.mark.parametrize("name", CASE_NAMES)
+def test_triton_matches_reference(results, name):
+    error = results[name]
+    assert isinstance(error, float), error
+    assert error < 2e-5

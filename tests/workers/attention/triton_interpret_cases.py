@@ -1,0 +1,115 @@
+"""Triton kernels vs the torch reference on CPU tensors; run only under TRITON_INTERPRET=1.
+
+Executed as a script in a subprocess by test_triton_interpret.py, so the interpreter
+mode (fixed when a ``@triton.jit`` function is defined) never leaks into the rest of
+the suite. Prints one JSON object: case name -> max abs error, or the error text.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+assert os.environ.get("TRITON_INTERPRET") == "1", "run with TRITON_INTERPRET=1"
+sys.path[:0] = [str(Path(__file__).resolve().parents[3]), str(Path(__file__).resolve().parent)]
+
+import torch  # noqa: E402
+from paged_cases import make_case  # noqa: E402
+
+from workers.attention import reference, triton_kernels  # noqa: E402
+
+CASES: dict[str, Callable[[], float]] = {}
+
+
+def case(name: str) -> Callable[[Callable[[], float]], Callable[[], float]]:
+    def register(fn: Callable[[], float]) -> Callable[[], float]:
+        CASES[name] = fn
+        return fn
+
+    return register
+
+
+def prefill_error(
+    block_size: int, num_heads: int, num_kv_heads: int, head_dim: int = 32, block_n: int = 64
+) -> float:
+    c = make_case([5, 1, 40, 17], [30, 47, 0, 16], block_size, num_heads, num_kv_heads, head_dim)
+    m = c.metadata
+    args = (c.query, c.key_cache, c.value_cache, m.query_start_loc, m.seq_lens, m.block_tables,
+            m.max_query_len, c.scale)  # fmt: skip
+    got = triton_kernels.paged_prefill(*args, block_n=block_n)
+    return (got - reference.paged_prefill(*args)).abs().max().item()
+
+
+def decode_error(
+    block_size: int, num_heads: int, num_kv_heads: int, num_splits: int | None, block_n: int = 64
+) -> float:
+    c = make_case([1, 1, 1, 1], [0, 36, 99, 63], block_size, num_heads, num_kv_heads, seed=1)
+    m = c.metadata
+    args = (c.query, c.key_cache, c.value_cache, m.seq_lens, m.block_tables, c.scale)
+    got = triton_kernels.paged_decode(*args, num_splits=num_splits, block_n=block_n)
+    return (got - reference.paged_decode(*args)).abs().max().item()
+
+
+for bs in (16, 32):
+    for heads, kv_heads in ((4, 4), (4, 2), (8, 1)):
+        case(f"prefill-bs{bs}-h{heads}-kv{kv_heads}")(
+            lambda bs=bs, h=heads, kv=kv_heads: prefill_error(bs, h, kv)
+        )
+        for splits in (1, 3, None):
+            case(f"decode-bs{bs}-h{heads}-kv{kv_heads}-splits{splits}")(
+                lambda bs=bs, h=heads, kv=kv_heads, s=splits: decode_error(bs, h, kv, s)
+            )
+case("prefill-head-dim-24")(lambda: prefill_error(16, 4, 2, head_dim=24))
+case("prefill-bs16-tile16")(lambda: prefill_error(16, 4, 2, block_n=16))
+case("prefill-bs8-tile32")(lambda: prefill_error(8, 4, 2, block_n=32))
+case("decode-bs32-tile16-splits3")(lambda: decode_error(32, 4, 2, 3, block_n=16))
+case("decode-bs8-splits2")(lambda: decode_error(8, 8, 2, 2))
+
+
+@case("store-kv")
+def store_error() -> float:
+    generator = torch.Generator().manual_seed(2)
+    caches = [torch.randn(6, 16, 2, 32, generator=generator) for _ in range(2)]
+    fused = torch.randn(9, 3, 2, 32, generator=generator)  # [T, k|v|other, kv_heads, D]
+    key, value = fused[:, 0], fused[:, 1]  # strided views, as projections produce
+    slots = torch.randperm(6 * 16, generator=generator)[:9]
+    ours = [c.clone() for c in caches]
+    reference.write_kv(*caches, key, value, slots)
+    triton_kernels.store_kv(*ours, key, value, slots)
+    return max((a - b).abs().max().item() for a, b in zip(caches, ours, strict=True))
+
+
+@case("decode-stale-nan-slots")
+def stale_nan() -> float:
+    c = make_case([1], [20], 16, seed=3)
+    table = c.block_tables[0]
+    c.key_cache[table[1], 5:] = float("nan")
+    c.value_cache[table[1], 5:] = float("nan")
+    m = c.metadata
+    out = triton_kernels.paged_decode(c.query, c.key_cache, c.value_cache, m.seq_lens,
+                                      m.block_tables, c.scale, num_splits=2)  # fmt: skip
+    return 0.0 if bool(torch.isfinite(out).all()) else float("inf")
+
+
+@case("rejects-non-contiguous-cache")
+def rejects() -> float:
+    c = make_case([1], [20], 16)
+    try:
+        triton_kernels.paged_decode(c.query, c.key_cache.transpose(2, 3), c.value_cache,
+                                    c.metadata.seq_lens, c.metadata.block_tables, c.scale)  # fmt: skip
+    except ValueError as exc:
+        return 0.0 if "triton paged attention" in str(exc) else float("inf")
+    return float("inf")
+
+
+if __name__ == "__main__":
+    results: dict[str, float | str] = {}
+    for name, fn in CASES.items():
+        try:
+            results[name] = fn()
+        except Exception as exc:  # reported per case by the pytest side
+            results[name] = f"{type(exc).__name__}: {exc}"
+    print(json.dumps(results))

@@ -1,0 +1,1 @@
+"""The worker: paged KV cache, model, attention kernels, engine and HTTP server."""

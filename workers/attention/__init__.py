@@ -1,0 +1,1 @@
+"""Paged attention over the KV cache: torch reference, Triton kernels, device dispatch."""

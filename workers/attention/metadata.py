@@ -1,0 +1,103 @@
+"""``AttentionMetadata``: where a flattened batch's tokens sit in the paged KV cache.
+
+A step computes ``T`` new tokens from ``B`` sequences, laid out back to back::
+
+    tokens      | seq 0: q0 new tokens | seq 1: q1 new tokens | ... |
+    query_start   0                      q0                     q0+q1 ...
+
+Sequence ``b`` already has ``seq_lens[b] - query_lens[b]`` tokens in the cache, so
+its new tokens take positions ``[seq_lens[b] - query_lens[b], seq_lens[b])``. Token
+position ``p`` of sequence ``b`` lives in slot
+``block_tables[b][p // block_size] * block_size + p % block_size`` of the flattened
+``[num_blocks * block_size]`` cache.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(frozen=True)
+class AttentionMetadata:
+    """Device tensors describing one step's batch; built once per step, read by every layer.
+
+    ``block_tables`` rows are padded with block 0 past each sequence's last block;
+    kernels never read a padded entry because they stop at ``seq_lens``.
+    """
+
+    positions: torch.Tensor  # [T] int64, position of each new token in its sequence
+    slot_mapping: torch.Tensor  # [T] int64, cache slot each new token's K/V is written to
+    query_start_loc: torch.Tensor  # [B + 1] int32, offsets of each sequence's new tokens
+    seq_lens: torch.Tensor  # [B] int32, cached + new tokens per sequence
+    block_tables: torch.Tensor  # [B, max_blocks] int32
+    max_query_len: int
+    max_seq_len: int
+
+    @property
+    def num_seqs(self) -> int:
+        """Sequences in the batch."""
+        return self.seq_lens.shape[0]
+
+    @property
+    def last_token_indices(self) -> torch.Tensor:
+        """Index into the flattened tokens of each sequence's last new token, [B] int64."""
+        return self.query_start_loc[1:].long() - 1
+
+    @classmethod
+    def build(
+        cls,
+        query_lens: Sequence[int],
+        num_computed_tokens: Sequence[int],
+        block_tables: Sequence[Sequence[int]],
+        block_size: int,
+        num_blocks: int,
+        device: torch.device | str,
+    ) -> AttentionMetadata:
+        """Lay out a batch. Raises ValueError if a query is empty, a block table does
+        not cover its sequence's positions, or names a block outside ``[0, num_blocks)``."""
+        num_seqs = len(query_lens)
+        if not (num_seqs == len(num_computed_tokens) == len(block_tables)) or num_seqs == 0:
+            raise ValueError(
+                "query_lens, num_computed_tokens and block_tables must be equal, non-empty"
+            )
+        seq_lens = [
+            computed + new for computed, new in zip(num_computed_tokens, query_lens, strict=True)
+        ]
+        for b, (new, computed, table) in enumerate(
+            zip(query_lens, num_computed_tokens, block_tables, strict=True)
+        ):
+            if new <= 0 or computed < 0:
+                raise ValueError(f"sequence {b}: needs >= 1 new token and >= 0 computed tokens")
+            if len(table) * block_size < seq_lens[b]:
+                raise ValueError(
+                    f"sequence {b}: {len(table)} blocks of {block_size} cannot hold {seq_lens[b]} tokens"
+                )
+        max_blocks = max(len(table) for table in block_tables)
+        padded = torch.tensor(
+            [[*table, *([0] * (max_blocks - len(table)))] for table in block_tables],
+            dtype=torch.int32,
+        )
+        if padded.numel() and not 0 <= int(padded.min()) <= int(padded.max()) < num_blocks:
+            raise ValueError(f"block table names a block outside [0, {num_blocks})")
+        query_lens_t = torch.tensor(query_lens, dtype=torch.int64)
+        seq_index = torch.repeat_interleave(torch.arange(num_seqs), query_lens_t)
+        query_start = torch.zeros(num_seqs + 1, dtype=torch.int64)
+        query_start[1:] = torch.cumsum(query_lens_t, 0)
+        computed_t = torch.tensor(num_computed_tokens, dtype=torch.int64)
+        positions = (
+            torch.arange(int(query_start[-1])) - query_start[seq_index] + computed_t[seq_index]
+        )
+        blocks = padded[seq_index, positions // block_size].long()
+        slot_mapping = blocks * block_size + positions % block_size
+        return cls(
+            positions=positions.to(device),
+            slot_mapping=slot_mapping.to(device),
+            query_start_loc=query_start.to(torch.int32).to(device),
+            seq_lens=torch.tensor(seq_lens, dtype=torch.int32).to(device),
+            block_tables=padded.to(device),
+            max_query_len=max(query_lens),
+            max_seq_len=max(seq_lens),
+        )

@@ -1,0 +1,123 @@
+"""Torch reference paged attention: gather K/V through block tables, then plain SDPA.
+
+Layout (see docs/model.md): each layer's cache is ``[num_blocks, block_size,
+num_kv_heads, head_dim]``; queries and outputs are ``[num_tokens, num_heads,
+head_dim]`` with the batch's new tokens flattened back to back (``query_start_loc``).
+The K/V of the new tokens must already be in the cache (``write_kv``) before
+attention runs, so the "causal part" of a prefill is read from the cache like the
+prefix. These functions are the oracle for the Triton kernels and the CPU path.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+
+def write_kv(
+    key_cache: torch.Tensor,
+    value_cache: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    slot_mapping: torch.Tensor,
+) -> None:
+    """Store ``key``/``value`` [T, num_kv_heads, head_dim] into cache slots ``slot_mapping`` [T]."""
+    num_kv_heads, head_dim = key_cache.shape[2:]
+    key_cache.view(-1, num_kv_heads, head_dim)[slot_mapping] = key
+    value_cache.view(-1, num_kv_heads, head_dim)[slot_mapping] = value
+
+
+def paged_decode(
+    query: torch.Tensor,
+    key_cache: torch.Tensor,
+    value_cache: torch.Tensor,
+    seq_lens: torch.Tensor,
+    block_tables: torch.Tensor,
+    scale: float,
+) -> torch.Tensor:
+    """One query per sequence ([B, H, D]) attending to all ``seq_lens[b]`` cached tokens."""
+    query_start_loc = torch.arange(query.shape[0] + 1, dtype=torch.int32, device=query.device)
+    return paged_prefill(
+        query, key_cache, value_cache, query_start_loc, seq_lens, block_tables, 1, scale
+    )
+
+
+def paged_prefill(
+    query: torch.Tensor,
+    key_cache: torch.Tensor,
+    value_cache: torch.Tensor,
+    query_start_loc: torch.Tensor,
+    seq_lens: torch.Tensor,
+    block_tables: torch.Tensor,
+    max_query_len: int,
+    scale: float,
+) -> torch.Tensor:
+    """New tokens of each sequence attend to its cached prefix and causally to each other.
+
+    Query ``j`` of sequence ``b`` sits at position ``seq_lens[b] - query_len[b] + j``
+    and sees keys at positions ``<=`` its own. Returns ``[T, H, D]`` in query's dtype.
+    """
+    seq_lens = seq_lens.long()
+    keys, values, key_pos = _gather(key_cache, value_cache, block_tables, seq_lens)
+    if max_query_len == 1:  # one query per sequence, at its last position
+        visible = key_pos[None, :] < seq_lens[:, None]
+        mask = None if bool(visible.all()) else visible[:, None, None]
+        return _attend(query[:, None], keys, values, mask, scale)[:, 0]
+    # Scatter the flat queries into [B, max_query_len, H, D].
+    num_seqs, device = seq_lens.shape[0], query.device
+    query_lens = (query_start_loc[1:] - query_start_loc[:-1]).long()
+    seq_index = torch.repeat_interleave(torch.arange(num_seqs, device=device), query_lens)
+    offsets = torch.arange(query.shape[0], device=device) - query_start_loc[seq_index].long()
+    padded_query = query.new_zeros((num_seqs, max_query_len, *query.shape[1:]))
+    padded_query[seq_index, offsets] = query
+    query_pos = (seq_lens - query_lens)[:, None] + torch.arange(max_query_len, device=device)
+    visible = (key_pos[None, None, :] <= query_pos[:, :, None]) & (
+        key_pos[None, None, :] < seq_lens[:, None, None]
+    )
+    return _attend(padded_query, keys, values, visible[:, None], scale)[seq_index, offsets]
+
+
+def _gather(
+    key_cache: torch.Tensor,
+    value_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    seq_lens: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Each sequence's K/V as [B, max(seq_lens), kv_heads, D], plus key positions.
+
+    Slots past a shorter sequence's length hold stale data (or uninitialized memory);
+    they are zeroed so a masked-out NaN can never reach the output as 0 * NaN.
+    """
+    block_size = key_cache.shape[1]
+    max_len = int(seq_lens.max())
+    offsets = torch.arange(block_size, device=key_cache.device)
+    slots = (block_tables.long()[:, :, None] * block_size + offsets).flatten(1)[:, :max_len]
+    shape = (*slots.shape, *key_cache.shape[2:])
+    keys = key_cache.flatten(0, 1).index_select(0, slots.flatten()).view(shape)
+    values = value_cache.flatten(0, 1).index_select(0, slots.flatten()).view(shape)
+    key_pos = torch.arange(max_len, device=key_cache.device)
+    stale = key_pos[None, :] >= seq_lens[:, None]
+    if bool(stale.any()):
+        keys.masked_fill_(stale[:, :, None, None], 0.0)
+        values.masked_fill_(stale[:, :, None, None], 0.0)
+    return keys, values, key_pos
+
+
+def _attend(
+    query: torch.Tensor,
+    keys: torch.Tensor,
+    values: torch.Tensor,
+    visible: torch.Tensor | None,
+    scale: float,
+) -> torch.Tensor:
+    """SDPA over [B, Q, H, D] queries and [B, L, KV, D] keys/values; ``visible``
+    [B, 1, Q, L] (None: every key visible)."""
+    out = F.scaled_dot_product_attention(
+        query.transpose(1, 2),
+        keys.transpose(1, 2),
+        values.transpose(1, 2),
+        attn_mask=visible,
+        scale=scale,
+        enable_gqa=query.shape[2] != keys.shape[2],
+    )
+    return out.transpose(1, 2)

@@ -1,0 +1,1 @@
+"""Llama-family decoder: config, RoPE, weights loading, batched paged forward, sampling."""

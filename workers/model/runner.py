@@ -1,0 +1,95 @@
+"""``ModelRunner``: one batched forward over a mixed batch of prefills and decodes.
+
+The runner owns no scheduling and no block allocation. The caller (the engine)
+decides what runs and hands over, per sequence, the new token ids, how many tokens
+are already cached, and a block table it has allocated; the runner lays the batch
+out, writes the new tokens' K/V into their slots and returns next-token logits.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+from workers.attention.metadata import AttentionMetadata
+from workers.model.llama import LlamaForCausalLM
+
+
+@dataclass(frozen=True)
+class StepInput:
+    """One sequence's share of a step.
+
+    ``token_ids``: new tokens computed now (a prefill chunk, or one decode token).
+    ``num_computed_tokens``: tokens already in the cache; the new ones take positions
+    ``[num_computed_tokens, num_computed_tokens + len(token_ids))``.
+    ``block_table``: physical block ids covering all those positions. The caller
+    guarantees the blocks written this step are owned by this sequence alone.
+    """
+
+    token_ids: Sequence[int]
+    num_computed_tokens: int
+    block_table: Sequence[int]
+
+
+class ModelRunner:
+    """Runs ``LlamaForCausalLM`` over per-layer paged caches.
+
+    ``key_caches[i]``/``value_caches[i]`` are layer ``i``'s tensors shaped
+    ``[num_blocks, block_size, num_kv_heads, head_dim]`` on the model's device and in
+    its dtype. They are mutated in place by ``execute`` (only the slots of new tokens).
+    """
+
+    def __init__(
+        self,
+        model: LlamaForCausalLM,
+        key_caches: Sequence[torch.Tensor],
+        value_caches: Sequence[torch.Tensor],
+        block_size: int,
+    ) -> None:
+        config = model.config
+        if not len(key_caches) == len(value_caches) == config.num_hidden_layers:
+            raise ValueError(
+                f"need {config.num_hidden_layers} key and value caches, got "
+                f"{len(key_caches)} and {len(value_caches)}"
+            )
+        weight = model.lm_head.weight
+        for layer, (key, value) in enumerate(zip(key_caches, value_caches, strict=True)):
+            expected = (key.shape[0], block_size, config.num_key_value_heads, config.head_dim)
+            for name, cache in (("key", key), ("value", value)):
+                if tuple(cache.shape) != expected:
+                    raise ValueError(
+                        f"layer {layer} {name} cache: shape {tuple(cache.shape)}, expected {expected}"
+                    )
+                if cache.dtype != weight.dtype or cache.device != weight.device:
+                    raise ValueError(
+                        f"layer {layer} {name} cache: {cache.dtype} on {cache.device}, model is "
+                        f"{weight.dtype} on {weight.device}"
+                    )
+        self.model = model
+        self.caches = list(zip(key_caches, value_caches, strict=True))
+        self.block_size = block_size
+        self.num_blocks = key_caches[0].shape[0]
+        self.device = weight.device
+
+    def execute(self, batch: Sequence[StepInput]) -> torch.Tensor:
+        """Float32 logits [len(batch), vocab] for the last new token of each entry.
+
+        Raises ValueError on an empty batch, an empty ``token_ids`` or a block table
+        that is too short or names a block outside the cache.
+        """
+        metadata = AttentionMetadata.build(
+            [len(step.token_ids) for step in batch],
+            [step.num_computed_tokens for step in batch],
+            [step.block_table for step in batch],
+            self.block_size,
+            self.num_blocks,
+            self.device,
+        )
+        input_ids = torch.tensor(
+            [token for step in batch for token in step.token_ids], dtype=torch.int64
+        ).to(self.device)
+        with torch.inference_mode():
+            hidden = self.model(input_ids, self.caches, metadata)
+            return self.model.compute_logits(hidden[metadata.last_token_indices])
