@@ -10,10 +10,11 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from bench import model_bench, radix_bench
+from bench import kv_bench, model_bench, radix_bench
 
 BENCHMARKS: dict[str, Callable[[list[str]], dict]] = {
     "radix": radix_bench.main,
+    "kv": kv_bench.main,
     "model": model_bench.main,
 }
 

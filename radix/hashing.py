@@ -57,8 +57,10 @@ class BlockHasher:
     def chain(
         self, key: bytes, block_size: int, scope: str, parent: BlockHash | None = None
     ) -> list[BlockHash]:
-        """Hashes of consecutive blocks of ``key`` (last one may be partial), starting
-        under ``parent`` (the root of ``scope`` when None)."""
+        """Hashes of consecutive blocks of ``key`` (last one may be partial), all of one
+        ``scope``, starting under ``parent`` (the root of ``scope`` when None). A path
+        that crosses from PUBLIC into a tenant is hashed by continuing the chain:
+        ``chain(public_part, B, PUBLIC)`` then ``chain(rest, B, tenant, parent=last)``."""
         step = block_size * TOKEN_BYTES
         scope_field = _field(scope)
         h = self.root_hash(scope) if parent is None else parent

@@ -274,8 +274,9 @@ class RadixTree(Generic[P]):
 
     def _split(self, node: Node[P], num_head_tokens: int) -> Node[P]:
         """Split ``node`` after ``num_head_tokens``; returns the new head (the parent of
-        the shortened ``node``). The head inherits locks and LRU place (it is moved next
-        to the tail's use at the next touch of this path)."""
+        the shortened ``node``). The head inherits the tail's locks; it enters the LRU
+        order as most recent, which is exact because ``insert`` (the only caller) then
+        uses the whole path through it."""
         cut = num_head_tokens * TOKEN_BYTES
         head_payload, tail_payload = self._split_payload(node.payload, num_head_tokens)
         parent = node.parent

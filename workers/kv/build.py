@@ -1,0 +1,39 @@
+"""Assemble a KV cache manager from a spec and a block count."""
+
+from __future__ import annotations
+
+import torch
+
+from radix.hashing import BlockHasher
+from workers.kv.block_pool import BlockPool
+from workers.kv.event_log import KVEventLog
+from workers.kv.manager import KVCacheManager
+from workers.kv.prefix_cache import NullPrefixCache, PrefixCache
+from workers.kv.radix_cache import RadixPrefixCache
+from workers.kv.spec import KVCacheSpec
+from workers.kv.tensors import KVCacheTensors
+
+
+def build_kv_cache_manager(
+    spec: KVCacheSpec,
+    num_blocks: int,
+    *,
+    namespace_digest: bytes,
+    worker_id: str,
+    device: torch.device | str = "cpu",
+    prefix_caching: bool = True,
+    hash_algorithm: str = "blake2b",
+    max_events: int = 65536,
+    max_event_tokens: int = 1 << 20,
+) -> KVCacheManager:
+    """A manager over ``num_blocks`` preallocated blocks on ``device`` (see
+    ``plan_kv_cache`` for the count), with the radix prefix cache or, when
+    ``prefix_caching`` is False, the null one. A new event log epoch starts here."""
+    pool = BlockPool(num_blocks, spec.block_size)
+    log = KVEventLog(worker_id, namespace_digest, max_events, max_event_tokens)
+    cache: PrefixCache
+    if prefix_caching:
+        cache = RadixPrefixCache(pool, BlockHasher(namespace_digest, hash_algorithm), log)
+    else:
+        cache = NullPrefixCache(pool, log)
+    return KVCacheManager(pool, KVCacheTensors(spec, num_blocks, device), cache)

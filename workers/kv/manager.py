@@ -1,0 +1,279 @@
+"""The engine-facing KV cache manager: block tables, sharing, copy-on-write, commits.
+
+One object owns the block pool, the KV tensors and the prefix cache (with its event
+log). All calls are synchronous, from the engine thread only.
+
+A sequence's block table maps logical block ``k`` (positions ``[k*B, (k+1)*B)``) to
+a physical block. Positions are written only from ``num_computed_tokens`` on, and
+only into a block that exactly one sequence holds and the prefix cache references
+none of its slots (``BlockPool.is_writable``); any other block about to be written
+is first copied, all layers K and V, onto a fresh block that replaces it in the
+table (copy-on-write). So full cached blocks are never written in place, a prefix
+hit ending inside a block copies that block on the first write, and forked
+sequences copy their shared last block when they diverge.
+
+Every call that can run out of blocks counts what it needs first, evicts cached
+leaves if the free list is short, and changes nothing if the blocks are still not
+there: a failed ``admit`` holds nothing, a failed ``append_slots`` holds nothing new.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from radix.events import KVEvent
+from radix.keys import TOKEN_BYTES, to_key
+from radix.tree import PUBLIC, Node, Scope
+from workers.kv.block_pool import BlockPool
+from workers.kv.event_log import KVEventLog
+from workers.kv.ids import BlockId, SeqId
+from workers.kv.prefix_cache import PrefixCache
+from workers.kv.tensors import KVCacheTensors
+
+
+@dataclass(frozen=True)
+class KVCacheStats:
+    """Gauges and counters for ``/metrics`` (names as in DESIGN.md)."""
+
+    num_total_blocks: int
+    num_free_blocks: int
+    num_cached_blocks: int
+    num_used_blocks: int
+    kv_cache_usage_ratio: float
+    num_cached_tokens: int
+    prefix_cache_queries_tokens_total: int
+    prefix_cache_hit_tokens_total: int
+    num_evicted_blocks_total: int
+    num_cow_copies_total: int
+
+
+@dataclass(slots=True)
+class _SeqState:
+    block_table: list[BlockId]
+    num_computed_tokens: int
+    scope: Scope
+    num_public_tokens: int
+    lock: Node | None
+
+
+class KVCacheManager:
+    """Paged KV memory for the engine (see the module docstring for the rules)."""
+
+    def __init__(self, pool: BlockPool, tensors: KVCacheTensors, prefix_cache: PrefixCache):
+        if pool.num_total_blocks != tensors.num_blocks or pool.block_size != tensors.block_size:
+            raise ValueError("pool and tensors disagree on num_blocks or block_size")
+        self.pool = pool
+        self.tensors = tensors
+        self.prefix_cache = prefix_cache
+        self.block_size = pool.block_size
+        self._seqs: dict[SeqId, _SeqState] = {}
+        self._num_query_tokens = 0
+        self._num_hit_tokens = 0
+        self._num_cow_copies = 0
+
+    # ---- sequences -----------------------------------------------------------------
+
+    def admit(
+        self, seq_id: SeqId, token_ids: Sequence[int], scope: Scope, num_public_tokens: int = 0
+    ) -> int | None:
+        """Start ``seq_id``: match the prompt in the prefix cache (at most ``len - 1``
+        tokens, so the last one is always computed), lock and share the matched blocks,
+        and reserve every block the prompt needs. Returns the number of cached tokens
+        (= ``num_computed_tokens``), or None, holding nothing, when the blocks are not
+        there even after eviction. ``num_public_tokens`` (a multiple of the block size)
+        leading tokens are cached under ``PUBLIC`` at commit."""
+        num_tokens = len(token_ids)
+        if seq_id in self._seqs:
+            raise ValueError(f"sequence {seq_id} is already admitted")
+        if num_tokens == 0:
+            raise ValueError("token_ids must not be empty")
+        if num_public_tokens % self.block_size or not 0 <= num_public_tokens <= num_tokens:
+            raise ValueError(
+                f"num_public_tokens must be a multiple of {self.block_size} in [0, {num_tokens}],"
+                f" got {num_public_tokens}"
+            )
+        key = to_key(token_ids)
+        hit = self.prefix_cache.match(key[: (num_tokens - 1) * TOKEN_BYTES], scope)
+        self.prefix_cache.lock(hit.node)
+        seq = _SeqState(
+            list(hit.block_ids), hit.num_cached_tokens, scope, num_public_tokens, hit.node
+        )
+        if not self._make_room(self._num_blocks_needed(seq, num_tokens)):
+            self.prefix_cache.unlock(hit.node)
+            return None
+        self.pool.incref(seq.block_table)
+        self._reserve(seq, num_tokens)
+        self._seqs[seq_id] = seq
+        self._num_query_tokens += num_tokens
+        self._num_hit_tokens += hit.num_cached_tokens
+        return hit.num_cached_tokens
+
+    def append_slots(self, seq_id: SeqId, num_new_tokens: int) -> bool:
+        """Make positions ``[c, c + num_new_tokens)`` writable, ``c`` being
+        ``num_computed_tokens(seq_id)``, and advance it to ``c + num_new_tokens``: the
+        caller writes exactly those positions in the step it prepares. Shared blocks in
+        that range are copied first. False, holding nothing new, when out of blocks
+        even after eviction (the engine preempts)."""
+        if num_new_tokens < 0:
+            raise ValueError(f"num_new_tokens must be >= 0, got {num_new_tokens}")
+        seq = self._seqs[seq_id]
+        end = seq.num_computed_tokens + num_new_tokens
+        if not self._make_room(self._num_blocks_needed(seq, end)):
+            return False
+        self._reserve(seq, end)
+        seq.num_computed_tokens = end
+        return True
+
+    def block_table(self, seq_id: SeqId) -> list[int]:
+        """A copy of the physical block ids of ``seq_id``'s logical blocks."""
+        return list(self._seqs[seq_id].block_table)
+
+    def num_computed_tokens(self, seq_id: SeqId) -> int:
+        """Positions with KV written or assigned to the current step."""
+        return self._seqs[seq_id].num_computed_tokens
+
+    def commit(
+        self, seq_id: SeqId, token_ids: Sequence[int], num_computed_tokens: int | None = None
+    ) -> None:
+        """Cache the first ``num_computed_tokens`` (default: all) of ``token_ids``, the
+        sequence's tokens: its public part under ``PUBLIC``, the rest under its scope.
+        Tokens already cached are not re-referenced. The sequence's lock moves to the
+        inserted path. Pass whole blocks while the sequence still runs: a cached
+        partial block is copied on the sequence's next write into it."""
+        seq = self._seqs[seq_id]
+        count = len(token_ids) if num_computed_tokens is None else num_computed_tokens
+        if not 0 <= count <= min(len(token_ids), seq.num_computed_tokens):
+            raise ValueError(
+                f"cannot commit {count} tokens of sequence {seq_id} "
+                f"({seq.num_computed_tokens} computed, {len(token_ids)} given)"
+            )
+        if count == 0:
+            return
+        key = to_key(token_ids[:count])
+        num_public = min(seq.num_public_tokens, count)
+        node = None
+        if num_public:
+            node = self.prefix_cache.insert(
+                key[: num_public * TOKEN_BYTES], PUBLIC, seq.block_table
+            )
+        if count > num_public:
+            node = self.prefix_cache.insert(key, seq.scope, seq.block_table)
+        self.prefix_cache.lock(node)
+        self.prefix_cache.unlock(seq.lock)
+        seq.lock = node
+
+    def fork(self, parent_seq_id: SeqId, child_seq_id: SeqId) -> None:
+        """Start ``child_seq_id`` sharing every block of ``parent_seq_id`` (each copied on
+        its first write by either). Call between steps, after the parent's assigned
+        positions were written."""
+        if child_seq_id in self._seqs:
+            raise ValueError(f"sequence {child_seq_id} is already admitted")
+        parent = self._seqs[parent_seq_id]
+        self.pool.incref(parent.block_table)
+        self.prefix_cache.lock(parent.lock)
+        self._seqs[child_seq_id] = _SeqState(
+            list(parent.block_table),
+            parent.num_computed_tokens,
+            parent.scope,
+            parent.num_public_tokens,
+            parent.lock,
+        )
+
+    def free(self, seq_id: SeqId) -> None:
+        """Unlock and release every block of ``seq_id``; a no-op for an unknown id, so it
+        is safe at any point (finish, abort, preemption)."""
+        seq = self._seqs.pop(seq_id, None)
+        if seq is None:
+            return
+        self.pool.decref(seq.block_table)
+        self.prefix_cache.unlock(seq.lock)
+
+    # ---- blocks --------------------------------------------------------------------
+
+    def _num_blocks_needed(self, seq: _SeqState, end: int) -> int:
+        """Fresh blocks to write positions ``[num_computed_tokens, end)``: one per missing
+        logical block plus one per existing block there that is not writable."""
+        start, table = seq.num_computed_tokens, seq.block_table
+        if end <= start:
+            return 0
+        first, stop = start // self.block_size, math.ceil(end / self.block_size)
+        num_copies = sum(not self.pool.is_writable(b) for b in table[first:stop])
+        return num_copies + max(0, stop - max(first, len(table)))
+
+    def _make_room(self, num_blocks: int) -> bool:
+        """Evict cached leaves until ``num_blocks`` are free; False if they cannot be."""
+        pool = self.pool
+        if pool.num_free_blocks >= num_blocks:
+            return True
+        if pool.num_free_blocks + pool.num_cached_blocks < num_blocks:
+            return False
+        self.prefix_cache.evict(num_blocks - pool.num_free_blocks)
+        return pool.num_free_blocks >= num_blocks
+
+    def _reserve(self, seq: _SeqState, end: int) -> None:
+        """Give positions ``[num_computed_tokens, end)`` writable blocks (room is there)."""
+        start, table = seq.num_computed_tokens, seq.block_table
+        if end <= start:
+            return
+        copies: list[tuple[BlockId, BlockId]] = []
+        for k in range(start // self.block_size, math.ceil(end / self.block_size)):
+            if k == len(table):
+                table.append(self.pool.allocate())
+            elif not self.pool.is_writable(table[k]):
+                copies.append((table[k], self.pool.allocate()))
+                table[k] = copies[-1][1]
+        if copies:
+            self.tensors.copy_blocks(copies)
+            self.pool.decref([source for source, _ in copies])
+            self._num_cow_copies += len(copies)
+
+    # ---- observation ---------------------------------------------------------------
+
+    @property
+    def event_log(self) -> KVEventLog:
+        """The KV event log (``since`` may be called from any thread)."""
+        return self.prefix_cache.event_log
+
+    def snapshot(self) -> tuple[int, list[KVEvent]]:
+        """``(head_seq, [cleared, stored...])`` describing every cached block (engine
+        thread only)."""
+        return self.prefix_cache.snapshot()
+
+    @property
+    def num_free_blocks(self) -> int:
+        """Blocks on the free list (cached blocks are not counted, though evictable)."""
+        return self.pool.num_free_blocks
+
+    def stats(self) -> KVCacheStats:
+        """Current gauges and counters."""
+        pool = self.pool
+        return KVCacheStats(
+            num_total_blocks=pool.num_total_blocks,
+            num_free_blocks=pool.num_free_blocks,
+            num_cached_blocks=pool.num_cached_blocks,
+            num_used_blocks=pool.num_used_blocks,
+            kv_cache_usage_ratio=pool.num_used_blocks / pool.num_total_blocks,
+            num_cached_tokens=self.prefix_cache.num_cached_tokens,
+            prefix_cache_queries_tokens_total=self._num_query_tokens,
+            prefix_cache_hit_tokens_total=self._num_hit_tokens,
+            num_evicted_blocks_total=self.prefix_cache.num_evicted_blocks_total,
+            num_cow_copies_total=self._num_cow_copies,
+        )
+
+    def check_invariants(self) -> None:
+        """Raise AssertionError unless pool, prefix cache and block tables agree: each
+        block's refcount is the number of tables holding it, tree slot counts match
+        the tree, locks match the sequences, free + cached + in use == total."""
+        self.pool.check_invariants()
+        self.prefix_cache.check_invariants([seq.lock for seq in self._seqs.values()])
+        held: Counter[BlockId] = Counter()
+        for seq_id, seq in self._seqs.items():
+            table = seq.block_table
+            assert len(set(table)) == len(table), f"sequence {seq_id} holds a block twice"
+            assert len(table) * self.block_size >= seq.num_computed_tokens, f"{seq_id}: short table"
+            held.update(table)
+        for block in range(self.pool.num_total_blocks):
+            assert self.pool.refcount(BlockId(block)) == held[BlockId(block)], f"block {block} refs"

@@ -1,0 +1,127 @@
+"""The prefix-cache interface the KV manager talks to, and its null object.
+
+A prefix cache maps token prefixes (per scope) to KV blocks that already hold them.
+It references blocks through the pool's tree slot counts and frees them only by
+eviction; sequences' references are the manager's business.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from radix.events import KVEvent
+from radix.tree import PUBLIC, Node, Scope
+from workers.kv.block_pool import BlockPool
+from workers.kv.event_log import KVEventLog
+from workers.kv.ids import BlockId
+
+
+@dataclass(frozen=True)
+class PrefixHit:
+    """A match of ``num_cached_tokens`` tokens. ``block_ids[k]`` holds valid KV for the
+    positions ``[k*B, min(num_cached_tokens, (k+1)*B))``. The ids are only safe to use
+    while ``node`` (the lock handle; None for an empty hit) is locked or the caller
+    holds references to the blocks."""
+
+    num_cached_tokens: int
+    block_ids: tuple[BlockId, ...]
+    node: Node | None
+
+
+EMPTY_HIT = PrefixHit(0, (), None)
+
+
+class PrefixCache(ABC):
+    """What the KV manager needs from a prefix cache. Engine thread only.
+
+    Rules: ``insert`` never re-references tokens already cached (the caller's own
+    copies of them are released when it frees its blocks); ``evict`` only frees
+    blocks no sequence holds; every change is reported in ``event_log``.
+    """
+
+    event_log: KVEventLog
+    num_evicted_blocks_total: int
+
+    @abstractmethod
+    def match(self, key: bytes, scope: Scope) -> PrefixHit:
+        """Longest cached prefix of ``key`` visible to ``scope``; counts as a use."""
+
+    @abstractmethod
+    def lock(self, node: Node | None) -> None:
+        """Keep ``node``'s path from eviction (counted; None is a no-op)."""
+
+    @abstractmethod
+    def unlock(self, node: Node | None) -> None:
+        """Release one ``lock`` (None is a no-op)."""
+
+    @abstractmethod
+    def insert(self, key: bytes, scope: Scope, block_table: Sequence[BlockId]) -> Node | None:
+        """Cache ``key`` for ``scope``; the tokens not cached yet take their KV from
+        ``block_table`` (which must hold valid KV for all of ``key``). Returns the node
+        ending at ``len(key)``, the handle to lock (None if nothing is cached)."""
+
+    @abstractmethod
+    def evict(self, num_blocks: int) -> int:
+        """Evict least recently used unlocked leaves until ``num_blocks`` blocks went
+        back to the free list or nothing is evictable; returns the blocks freed."""
+
+    @abstractmethod
+    def snapshot(self) -> tuple[int, list[KVEvent]]:
+        """``(head_seq, events)``: a ``cleared`` event then ``stored`` events describing
+        every cached block, all stamped ``head_seq``; live events follow from
+        ``head_seq + 1``. Engine thread only (it walks the tree)."""
+
+    @property
+    @abstractmethod
+    def num_cached_tokens(self) -> int:
+        """Tokens held by the cache, all scopes."""
+
+    @abstractmethod
+    def check_invariants(self, lock_handles: Sequence[Node | None]) -> None:
+        """Raise AssertionError if the cache disagrees with itself or with the pool, or
+        if its locks are not exactly one per handle in ``lock_handles``."""
+
+
+class NullPrefixCache(PrefixCache):
+    """No sharing at all, for comparison runs: nothing is matched, cached or evicted.
+    Its event log holds only the start-up ``cleared`` event."""
+
+    def __init__(self, pool: BlockPool, event_log: KVEventLog):
+        self._pool = pool
+        self.event_log = event_log
+        self.num_evicted_blocks_total = 0
+
+    def match(self, key: bytes, scope: Scope) -> PrefixHit:
+        """Always the empty hit."""
+        return EMPTY_HIT
+
+    def lock(self, node: Node | None) -> None:
+        """No-op."""
+
+    def unlock(self, node: Node | None) -> None:
+        """No-op."""
+
+    def insert(self, key: bytes, scope: Scope, block_table: Sequence[BlockId]) -> Node | None:
+        """Caches nothing."""
+        return None
+
+    def evict(self, num_blocks: int) -> int:
+        """Nothing to evict."""
+        return 0
+
+    def snapshot(self) -> tuple[int, list[KVEvent]]:
+        """The ``cleared`` event only."""
+        return self.event_log.head_seq, [self.event_log.at_head("cleared", PUBLIC, ())]
+
+    @property
+    def num_cached_tokens(self) -> int:
+        """Always 0."""
+        return 0
+
+    def check_invariants(self, lock_handles: Sequence[Node | None]) -> None:
+        """No handle and no tree reference exist."""
+        assert all(handle is None for handle in lock_handles), "null cache handed out a lock"
+        for block in range(self._pool.num_total_blocks):
+            assert self._pool.num_tree_slots(BlockId(block)) == 0, f"block {block} tree-referenced"

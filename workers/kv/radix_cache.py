@@ -1,0 +1,207 @@
+"""The worker's prefix cache: its RadixTree over KV slots, with KV events.
+
+Slot-payload model. A node's payload is an ``array('i')`` with one slot id per token
+of its edge: ``slot = block_id * B + position % B``, taken from the block table of
+the sequence that inserted the token. A split slices the array, so splits never
+touch counts. Per block the pool counts the slot references the tree holds
+(``num_tree_slots``); inserting a leaf adds its slots, evicting one drops them, and a
+block with no sequence and no tree slot goes back to the free list.
+
+Within a node, the positions of one logical block (``[k*B, (k+1)*B)``) always name
+one physical block: they were inserted together from one block table. Matching
+``m`` tokens maps logical block ``k`` to the block of the slot at position
+``min(m, (k+1)*B) - 1``: the sequence that inserted that token held, in that same
+block, valid KV for every earlier position of the logical block (it computed them,
+shared them or copied them on write), and a block with tree slots is never written
+in place, so they are still there.
+
+Event hashes chain from the root, so the cache memoizes each node's chain state at
+its end (``_chain_at_end``): a node's path and end never change while it lives (a
+split shortens it at the front and gives the front to a new head node), so an entry
+stays valid until the node is evicted. Inserting or evicting a leaf then hashes only
+that leaf's blocks, not its whole path.
+"""
+
+from __future__ import annotations
+
+from array import array
+from collections import Counter
+from collections.abc import Iterator, Sequence
+from typing import cast
+
+from radix.events import EventBlock, KVEvent
+from radix.hashing import BlockHasher
+from radix.tree import PUBLIC, Node, RadixTree, Scope
+from workers.kv.block_events import ROOT_STATE, BlockChainer, ChainState
+from workers.kv.block_pool import BlockPool
+from workers.kv.event_log import KVEventLog
+from workers.kv.ids import BlockId
+from workers.kv.prefix_cache import EMPTY_HIT, PrefixCache, PrefixHit
+
+Slots = array  # array('i') of slot ids, one per token of a node's edge
+
+
+def _split_slots(payload: Slots, num_head_tokens: int) -> tuple[Slots, Slots]:
+    return payload[:num_head_tokens], payload[num_head_tokens:]
+
+
+class RadixPrefixCache(PrefixCache):
+    """Prefix cache over a ``RadixTree`` whose payloads are slot arrays (see module doc).
+
+    Every insert that adds tokens emits one ``stored`` event (the new leaf's blocks);
+    every eviction call emits one ``removed`` event per scope of the leaves it evicted.
+    """
+
+    def __init__(self, pool: BlockPool, hasher: BlockHasher, event_log: KVEventLog):
+        self._pool = pool
+        self._block_size = pool.block_size
+        self._chainer = BlockChainer(hasher, pool.block_size)
+        self.tree: RadixTree[Slots] = RadixTree(_split_slots)
+        self.event_log = event_log
+        self.num_evicted_blocks_total = 0
+        self._chain_at_end: dict[Node, tuple[int, ChainState]] = {}
+
+    def match(self, key: bytes, scope: Scope) -> PrefixHit:
+        """Longest visible prefix; logical block ``k`` maps to the block of the slot at
+        position ``min(m, (k+1)*B) - 1`` (see the module docstring)."""
+        result = self.tree.match(key, scope)
+        num_matched = result.num_matched_tokens
+        if num_matched == 0:
+            return EMPTY_HIT
+        block_size = self._block_size
+        blocks: list[int] = []
+        for node in result.nodes:  # the last position of each full block, node by node
+            start, end = node.start, min(node.end, num_matched)
+            first = start + (block_size - 1 - start % block_size)
+            if first < end:
+                step = node.payload[first - start : end - start : block_size]
+                blocks.extend([slot // block_size for slot in step])
+        if num_matched % block_size:  # the partial last block, through its last token
+            last = result.nodes[-1]
+            blocks.append(last.payload[num_matched - 1 - last.start] // block_size)
+        return PrefixHit(num_matched, cast(tuple[BlockId, ...], tuple(blocks)), result.nodes[-1])
+
+    def lock(self, node: Node | None) -> None:
+        """Lock ``node``'s path in the tree."""
+        if node is not None:
+            self.tree.lock(node)
+
+    def unlock(self, node: Node | None) -> None:
+        """Unlock ``node``'s path (counts as a use for LRU)."""
+        if node is not None:
+            self.tree.unlock(node)
+
+    def insert(self, key: bytes, scope: Scope, block_table: Sequence[BlockId]) -> Node | None:
+        """Insert ``key``; the new leaf (if any) takes its slots from ``block_table``,
+        references them in the pool and is announced in a ``stored`` event."""
+        result = self.tree.insert(key, scope)
+        for leaf in result.new_nodes:
+            leaf.payload = self._slots(block_table, leaf.start, leaf.end)
+            for block, count in self._runs(leaf):
+                self._pool.ref_tree_slots(block, count)
+            state = self._chain_state_at_end(leaf.parent)
+            blocks, end_state = self._chainer.node_blocks(state, leaf, with_tokens=True)
+            self._chain_at_end[leaf] = (leaf.end, end_state)
+            self.event_log.append("stored", leaf.scope, blocks)
+        return result.nodes[-1] if result.nodes else None
+
+    def evict(self, num_blocks: int) -> int:
+        """Evict LRU unlocked leaves one by one (parents after their children) until
+        ``num_blocks`` blocks are freed or none is left; emits ``removed`` events."""
+        num_freed = 0
+        removed: dict[Scope, list[EventBlock]] = {}
+        while num_freed < num_blocks:
+            evicted = self.tree.evict(1)
+            if not evicted:
+                break
+            node = evicted[0]
+            state = self._chain_state_at_end(node.parent)
+            self._chain_at_end.pop(node, None)
+            blocks, _ = self._chainer.node_blocks(state, node, with_tokens=False)
+            removed.setdefault(node.scope, []).extend(blocks)
+            for block, count in self._runs(node):
+                num_freed += self._pool.unref_tree_slots(block, count)
+        for scope, blocks in removed.items():
+            self.event_log.append("removed", scope, blocks)
+        self.num_evicted_blocks_total += num_freed
+        return num_freed
+
+    def snapshot(self) -> tuple[int, list[KVEvent]]:
+        """Every node's blocks as ``stored`` events at ``head_seq``, parents first."""
+        log = self.event_log
+        events = [log.at_head("cleared", PUBLIC, ())]
+        states: dict[Node, ChainState] = {self.tree.root: ROOT_STATE}
+        for node in self.tree.iter_nodes():
+            blocks, states[node] = self._chainer.node_blocks(states[node.parent], node, True)
+            events.append(log.at_head("stored", node.scope, blocks))
+        return log.head_seq, events
+
+    @property
+    def num_cached_tokens(self) -> int:
+        """Tokens in the tree, all scopes."""
+        return self.tree.num_tokens()
+
+    def check_invariants(self, lock_handles: Sequence[Node | None]) -> None:
+        """The tree's own invariants; each node locked exactly by the handles at or below
+        it; payload lengths; one block per logical-block run; the pool's tree slot
+        counts equal the tree's references."""
+        self.tree.check_invariants()
+        direct = Counter(handle for handle in lock_handles if handle is not None)
+        for node in self.tree.iter_nodes():
+            below = sum(child.lock_ref for child in (node.children or {}).values())
+            assert node.lock_ref == direct.pop(node, 0) + below, f"{node}: stray lock"
+        assert not direct, f"locks held on nodes outside the tree: {list(direct)}"
+        block_size = self._block_size
+        counts = [0] * self._pool.num_total_blocks
+        for node in self.tree.iter_nodes():
+            payload = node.payload
+            assert isinstance(payload, array) and len(payload) == node.num_tokens, node
+            at = 0
+            for block, count in self._runs(node):
+                run = {slot // block_size for slot in payload[at : at + count]}
+                assert run == {block}, f"{node}: logical block split over blocks {run}"
+                offsets = [slot % block_size for slot in payload[at : at + count]]
+                first = (node.start + at) % block_size
+                assert offsets == list(range(first, first + count)), f"{node}: slot offsets"
+                counts[block] += count
+                at += count
+        for block, count in enumerate(counts):
+            assert self._pool.num_tree_slots(BlockId(block)) == count, f"block {block} tree slots"
+        live = set(self.tree.iter_nodes())
+        assert all(node in live for node in self._chain_at_end), "chain memo holds an evicted node"
+
+    def _chain_state_at_end(self, node: Node) -> ChainState:
+        """The hash chain state at ``node.end`` (memoized; see the module docstring)."""
+        pending: list[Node] = []
+        state = ROOT_STATE
+        while node is not self.tree.root:
+            entry = self._chain_at_end.get(node)
+            if entry is not None and entry[0] == node.end:
+                state = entry[1]
+                break
+            pending.append(node)
+            node = node.parent
+        for node in reversed(pending):
+            state = self._chainer.state_after((node,), state)
+            self._chain_at_end[node] = (node.end, state)
+        return state
+
+    def _slots(self, block_table: Sequence[BlockId], start: int, end: int) -> Slots:
+        block_size = self._block_size
+        slots = array("i")
+        for k in range(start // block_size, (end - 1) // block_size + 1):
+            base = block_table[k] * block_size - k * block_size
+            slots.extend(
+                range(base + max(start, k * block_size), base + min(end, (k + 1) * block_size))
+            )
+        return slots
+
+    def _runs(self, node: Node) -> Iterator[tuple[BlockId, int]]:
+        """(block, number of slots) per logical block the node's edge touches."""
+        payload, block_size = node.payload, self._block_size
+        at, position, size = 0, node.start, len(payload)
+        while at < size:
+            count = min(block_size - position % block_size, size - at)
+            yield BlockId(payload[at] // block_size), count
+            at += count
+            position += count

@@ -1,0 +1,62 @@
+"""The shape of the KV cache and the byte cost of one token and one block."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+ELEMENT_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2, "float8_e4m3fn": 1}
+DTYPE_ALIASES = {
+    "fp32": "float32",
+    "float": "float32",
+    "fp16": "float16",
+    "half": "float16",
+    "bf16": "bfloat16",
+    "fp8": "float8_e4m3fn",
+    "fp8_e4m3": "float8_e4m3fn",
+}
+
+
+def canonical_dtype(name: str) -> str:
+    """The torch name of a KV dtype (``bf16`` -> ``bfloat16``); ValueError if unknown."""
+    name = DTYPE_ALIASES.get(name, name)
+    if name not in ELEMENT_BYTES:
+        known = sorted(set(ELEMENT_BYTES) | set(DTYPE_ALIASES))
+        raise ValueError(f"KVCacheSpec.dtype must be one of {known}, got {name!r}")
+    return name
+
+
+@dataclass(frozen=True)
+class KVCacheSpec:
+    """What one KV block holds: ``block_size`` tokens of K and V for every layer.
+
+    ``dtype`` is stored canonical (torch name); aliases such as ``bf16`` and ``fp8``
+    (float8_e4m3fn, one byte) are accepted. Every field is validated on construction.
+    """
+
+    num_layers: int
+    num_kv_heads: int
+    head_dim: int
+    dtype: str = "bfloat16"
+    block_size: int = 16
+
+    def __post_init__(self) -> None:
+        for name in ("num_layers", "num_kv_heads", "head_dim", "block_size"):
+            value = getattr(self, name)
+            if type(value) is not int or value <= 0:
+                raise ValueError(f"KVCacheSpec.{name} must be a positive int, got {value!r}")
+        object.__setattr__(self, "dtype", canonical_dtype(self.dtype))
+
+    @property
+    def bytes_per_element(self) -> int:
+        """Bytes of one K or V element."""
+        return ELEMENT_BYTES[self.dtype]
+
+    @property
+    def kv_bytes_per_token(self) -> int:
+        """2 (K and V) x layers x kv heads x head dim x bytes per element."""
+        return 2 * self.num_layers * self.num_kv_heads * self.head_dim * self.bytes_per_element
+
+    @property
+    def kv_bytes_per_block(self) -> int:
+        """Bytes of one block across all layers, K and V."""
+        return self.kv_bytes_per_token * self.block_size
