@@ -1,0 +1,10 @@
+"""The router's index of cached prefixes (docs/router-index.md).
+
+``RouterIndex`` is the entry point; ``exact`` mirrors the workers' KV events,
+``approx`` keeps routed prefixes for a while.
+"""
+
+from router.index.ids import NamespaceDigest, WorkerId
+from router.index.router_index import IndexConfig, IndexStats, RouterIndex
+
+__all__ = ["IndexConfig", "IndexStats", "NamespaceDigest", "RouterIndex", "WorkerId"]

@@ -1,0 +1,150 @@
+"""RouterIndex: the router's view of which worker caches which prefix.
+
+matched(w) = max(exact(w), approximate(w)). Exact comes from the radix workers' KV
+events (``ExactIndex``); approximate from what the router itself routed
+(``ApproxCache``): for workers marked approximate (OpenAI-compatible servers that
+publish no events) with a long TTL and a capacity like the worker's KV cache, for
+every other worker a speculative entry with a short TTL that the real ``stored``
+event supersedes.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, fields
+
+from radix.events import KVEvent
+from radix.tree import Scope
+from router.index.approx import ApproxCache
+from router.index.exact import ExactIndex
+from router.index.ids import NamespaceDigest, WorkerId
+
+
+@dataclass(frozen=True)
+class IndexConfig:
+    """Ageing of routed prefixes. Speculative entries (every worker, at decision time)
+    live ``speculative_ttl_s``; approximate ones (workers without KV events) live
+    ``approximate_ttl_s``; each worker keeps at most the given tokens per namespace."""
+
+    speculative_ttl_s: float = 2.0
+    speculative_capacity_tokens: int = 262_144
+    approximate_ttl_s: float = 300.0
+    approximate_capacity_tokens: int = 1_048_576
+
+    def __post_init__(self) -> None:
+        for f in fields(self):
+            if getattr(self, f.name) <= 0:
+                raise ValueError(f"index.{f.name} must be positive, got {getattr(self, f.name)!r}")
+
+
+@dataclass(frozen=True)
+class IndexStats:
+    """Index size for ``/admin/index`` and metrics (``num_nodes`` counts exact trees)."""
+
+    num_trees: int
+    num_nodes: int
+    num_tokens: int
+    num_orphan_blocks: int
+    num_blocks: dict[WorkerId, int]
+    num_approx_tokens: dict[WorkerId, int]
+
+    def to_dict(self) -> dict[str, object]:
+        """Plain JSON-able fields."""
+        return asdict(self)
+
+
+class RouterIndex:
+    """Per namespace digest, which workers hold which prefixes, per scope.
+
+    ``match`` is read-only apart from dropping expired approximate entries; it costs
+    one walk of the key's scope tree and of the PUBLIC tree, plus one walk of each
+    worker's small approximate tree in that namespace. ``clock`` (seconds, monotonic)
+    times approximate entries; the default is ``time.monotonic``.
+    """
+
+    def __init__(self, config: IndexConfig | None = None,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.config = config or IndexConfig()
+        self._clock = clock
+        self._exact = ExactIndex()
+        self._approx: dict[NamespaceDigest, dict[WorkerId, ApproxCache]] = {}
+        self._approximate_capacity: dict[WorkerId, int] = {}
+
+    def apply_event(self, worker_id: WorkerId, event: KVEvent) -> None:
+        """Apply one KV event of ``worker_id`` (``cleared`` drops its exact entries).
+        The event's ``namespace`` must be the router's digest for this worker."""
+        self._exact.apply(worker_id, event)
+
+    def reset_worker(self, worker_id: WorkerId) -> None:
+        """Drop everything the index holds for ``worker_id``, exact and approximate
+        (snapshot, new epoch, worker removed or unhealthy). Its mode is kept."""
+        self._exact.reset_worker(worker_id)
+        for caches in self._approx.values():
+            caches.pop(worker_id, None)
+
+    def set_approximate(self, worker_id: WorkerId, capacity_tokens: int | None = None) -> None:
+        """Mark ``worker_id`` as publishing no KV events: from now on ``note_routed``
+        keeps its prefixes ``approximate_ttl_s`` under ``capacity_tokens`` (default
+        ``approximate_capacity_tokens``). Drops what was noted for it before."""
+        capacity = (self.config.approximate_capacity_tokens if capacity_tokens is None
+                    else capacity_tokens)
+        if capacity <= 0:
+            raise ValueError(f"capacity_tokens must be positive, got {capacity_tokens!r}")
+        self._approximate_capacity[worker_id] = capacity
+        for caches in self._approx.values():
+            caches.pop(worker_id, None)
+
+    def note_routed(self, namespace: NamespaceDigest, worker_id: WorkerId, key: bytes,
+                    scope: str) -> None:
+        """Record that ``key`` was just routed to ``worker_id`` under ``scope``: an
+        approximate entry for approximate workers, a speculative one for the others."""
+        caches = self._approx.setdefault(namespace, {})
+        cache = caches.get(worker_id)
+        if cache is None:
+            cache = caches[worker_id] = self._new_cache(worker_id)
+        cache.note(key, Scope(scope), self._clock())
+
+    def _new_cache(self, worker_id: WorkerId) -> ApproxCache:
+        capacity = self._approximate_capacity.get(worker_id)
+        if capacity is None:
+            return ApproxCache(self.config.speculative_ttl_s,
+                               self.config.speculative_capacity_tokens)
+        return ApproxCache(self.config.approximate_ttl_s, capacity)
+
+    def match(self, namespace: NamespaceDigest, key: bytes, scope: str) -> dict[WorkerId, int]:
+        """Tokens of ``key`` each worker holds, visible to ``scope`` (its own and PUBLIC
+        entries only): max of exact and approximate. Workers with none are left out."""
+        found = self._exact.match(namespace, key, Scope(scope))
+        caches = self._approx.get(namespace)
+        if caches:
+            now = self._clock()
+            for worker_id, cache in caches.items():
+                num_tokens = cache.match(key, Scope(scope), now)
+                if num_tokens > found.get(worker_id, 0):
+                    found[worker_id] = num_tokens
+        return found
+
+    def stats(self) -> IndexStats:
+        """Current sizes (approximate tokens include entries expired since last use)."""
+        exact = self._exact.stats()
+        num_approx: dict[WorkerId, int] = {}
+        for caches in self._approx.values():
+            for worker_id, cache in caches.items():
+                num_approx[worker_id] = num_approx.get(worker_id, 0) + cache.num_tokens
+        return IndexStats(
+            num_trees=exact.num_trees,
+            num_nodes=exact.num_nodes,
+            num_tokens=exact.num_tokens,
+            num_orphan_blocks=exact.num_orphan_blocks,
+            num_blocks=exact.num_blocks,
+            num_approx_tokens=num_approx,
+        )
+
+    def check_invariants(self) -> None:
+        """Raise AssertionError if the exact index or an approximate tree is inconsistent."""
+        self._exact.check_invariants()
+        for caches in self._approx.values():
+            for cache in caches.values():
+                cache.tree.check_invariants()
+                assert cache.num_tokens <= cache.capacity_tokens, "approximate cache over capacity"

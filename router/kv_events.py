@@ -1,0 +1,187 @@
+"""Follow one radix worker's KV event log into the router index.
+
+``KVEventFollower.run`` is the body of one asyncio task per radix worker: it streams
+``GET {url}/kv/events`` (NDJSON, an empty heartbeat line every 5 s) and applies each
+event to the ``RouterIndex``. Ordering rules (docs/protocol.md, "Log and snapshot"):
+
+- a ``cleared`` event starts over: the worker's entries are dropped and its ``seq``
+  (H) becomes the position; ``stored`` events with that same seq are the snapshot body;
+- any other event must carry the current epoch and ``seq = last + 1``.
+
+A gap, an event of a new epoch that does not start with ``cleared``, or a malformed
+line (``EventDecodeError``, logged) ends the stream and reconnects *without*
+``since``: the worker answers with a snapshot. A dropped connection or a silent one
+(no line, not even a heartbeat, for ``read_timeout_s``) reconnects *with*
+``since=last&epoch=E``: the worker resumes, or sends a snapshot when it cannot.
+Reconnects back off exponentially up to ``max_backoff_s``, reset by a stream that
+delivered an event. Cancelling the task closes the connection and ends ``run``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+from collections.abc import AsyncIterator, Mapping
+from dataclasses import dataclass
+
+import aiohttp
+
+from radix.events import EventDecodeError, KVEvent, decode_event
+from router.index import NamespaceDigest, RouterIndex, WorkerId
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class FollowerConfig:
+    """Reconnect backoff (doubling from ``initial_backoff_s`` to ``max_backoff_s``), the
+    silence after which a stream counts as dead, and the longest accepted line."""
+
+    initial_backoff_s: float = 0.05
+    max_backoff_s: float = 5.0
+    connect_timeout_s: float = 5.0
+    read_timeout_s: float = 15.0
+    max_line_bytes: int = 64 << 20
+
+    def __post_init__(self) -> None:
+        for f in dataclasses.fields(self):
+            if getattr(self, f.name) <= 0:
+                raise ValueError(f"kv_events.{f.name} must be positive, got {getattr(self, f.name)!r}")
+
+
+@dataclass(frozen=True)
+class FollowerStatus:
+    """Where a follower stands, for ``/admin/index``."""
+
+    worker_id: WorkerId
+    connected: bool
+    epoch: str | None
+    last_seq: int | None
+    num_events: int
+    num_connects: int
+    num_resyncs: int
+    last_error: str | None
+
+
+class _Resync(Exception):
+    """The stream cannot be continued: reconnect for a snapshot."""
+
+
+class KVEventFollower:
+    """Streams one worker's KV events into ``index`` under ``worker_id``.
+
+    ``headers`` go with every request (the worker's ``Authorization``). When
+    ``namespace`` is given, every event is filed under it: the router's own digest of
+    the worker's namespace, which differs from the worker's when their secrets do.
+    """
+
+    def __init__(self, index: RouterIndex, worker_id: WorkerId, url: str,
+                 session: aiohttp.ClientSession, headers: Mapping[str, str] | None = None,
+                 namespace: NamespaceDigest | None = None,
+                 config: FollowerConfig | None = None) -> None:
+        self.index = index
+        self.worker_id = worker_id
+        self.url = url.rstrip("/") + "/kv/events"
+        self.session = session
+        self.headers = dict(headers or {})
+        self.namespace = namespace
+        self.config = config or FollowerConfig()
+        self._epoch: str | None = None
+        self._last_seq: int | None = None
+        self._snapshot_seq: int | None = None
+        self._resume = False
+        self._connected = False
+        self._num_events = self._num_connects = self._num_resyncs = 0
+        self._last_error: str | None = None
+
+    def status(self) -> FollowerStatus:
+        """A snapshot of the follower's position and counters."""
+        return FollowerStatus(self.worker_id, self._connected, self._epoch, self._last_seq,
+                              self._num_events, self._num_connects, self._num_resyncs,
+                              self._last_error)
+
+    async def run(self) -> None:
+        """Follow the log until cancelled; never returns otherwise."""
+        backoff = self.config.initial_backoff_s
+        while True:
+            num_before = self._num_events
+            try:
+                await self._stream()
+                self._last_error = "stream ended"
+            except _Resync as exc:
+                self._resume = False
+                self._num_resyncs += 1
+                self._last_error = str(exc)
+                log.warning("kv events of %s: %s; resyncing from a snapshot", self.worker_id, exc)
+            except (aiohttp.ClientError, TimeoutError) as exc:
+                self._last_error = f"{type(exc).__name__}: {exc}"
+                log.info("kv events of %s: %s; reconnecting", self.worker_id, self._last_error)
+            except Exception as exc:  # a bug must not end following: log it, start over
+                self._resume = False
+                self._last_error = f"{type(exc).__name__}: {exc}"
+                log.exception("kv events of %s: unexpected error; resyncing", self.worker_id)
+            finally:
+                self._connected = False
+            if self._num_events > num_before:
+                backoff = self.config.initial_backoff_s
+            await asyncio.sleep(backoff)
+            backoff = min(2 * backoff, self.config.max_backoff_s)
+
+    async def _stream(self) -> None:
+        params = {}
+        if self._resume and self._epoch is not None and self._last_seq is not None:
+            params = {"since": str(self._last_seq), "epoch": self._epoch}
+        timeout = aiohttp.ClientTimeout(total=None, sock_connect=self.config.connect_timeout_s,
+                                        sock_read=self.config.read_timeout_s)
+        async with self.session.get(self.url, params=params, headers=self.headers,
+                                    timeout=timeout) as resp:
+            if resp.status != 200:
+                raise _Resync(f"GET /kv/events answered HTTP {resp.status}")
+            self._connected = True
+            self._num_connects += 1
+            self._resume = True
+            async for line in _lines(resp.content, self.config.max_line_bytes):
+                if line.strip():
+                    self._handle(_decode(line))
+
+    def _handle(self, event: KVEvent) -> None:
+        if event.type == "cleared":
+            self._epoch, self._last_seq, self._snapshot_seq = event.epoch, event.seq, event.seq
+        elif event.epoch != self._epoch:
+            self.index.reset_worker(self.worker_id)
+            self._epoch = self._last_seq = None
+            raise _Resync(f"new epoch {event.epoch!r} without a snapshot")
+        elif event.type == "stored" and event.seq == self._snapshot_seq:
+            pass
+        elif self._last_seq is not None and event.seq == self._last_seq + 1:
+            self._last_seq, self._snapshot_seq = event.seq, None
+        else:
+            raise _Resync(f"gap: seq {event.seq} after {self._last_seq}")
+        if self.namespace is not None and event.namespace != self.namespace:
+            event = dataclasses.replace(event, namespace=self.namespace)
+        self.index.apply_event(self.worker_id, event)
+        self._num_events += 1
+
+
+def _decode(line: bytes) -> KVEvent:
+    try:
+        return decode_event(line)
+    except EventDecodeError as exc:
+        raise _Resync(f"malformed event: {exc}") from exc
+
+
+async def _lines(content: aiohttp.StreamReader, max_line_bytes: int) -> AsyncIterator[bytes]:
+    """Split a byte stream at newlines with no per-line limit below ``max_line_bytes``
+    (aiohttp's ``readline`` refuses lines over its buffer; a snapshot line can be large).
+    A last line cut off by a disconnect is dropped: the reconnect resumes before it."""
+    buffer = bytearray()
+    async for chunk in content.iter_any():
+        buffer += chunk
+        start = 0
+        while (end := buffer.find(b"\n", start)) >= 0:
+            yield bytes(buffer[start:end])
+            start = end + 1
+        del buffer[:start]
+        if len(buffer) > max_line_bytes:
+            raise _Resync(f"event line over {max_line_bytes} bytes")

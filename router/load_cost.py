@@ -1,0 +1,103 @@
+"""How loaded a worker is, and how to spread requests by hash without overloading one.
+
+Costs are in prefill-token equivalents: 1.0 is the time a worker takes to prefill one
+token. A request's cost on a worker (``router.policy``) is the prefill of its uncached
+tokens plus ``load_cost``: the prompt tokens queued ahead of it, the running requests
+it will share steps with, and the pressure on the worker's KV cache.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, fields
+from typing import TYPE_CHECKING
+
+import xxhash
+
+from radix.keys import TOKEN_BYTES
+
+if TYPE_CHECKING:
+    from router.policy import WorkerView
+
+
+@dataclass(frozen=True)
+class PolicyWeights:
+    """Weights and parameters of the routing policies (``[policy.weights]`` in TOML).
+
+    - ``prefill_cost_per_token``: cost of one uncached prompt token of this request.
+    - ``queued_token_cost``: cost per prompt token queued ahead of it on the worker
+      (polled ``num_waiting_tokens`` + this router's in-flight prompt tokens).
+    - ``running_request_cost``: cost per request running on the worker (its decode
+      steps share the batch with this request's prefill and decode).
+    - ``kv_usage_cost``: cost of a full KV cache (scaled by ``kv_cache_usage_ratio``):
+      inserting there evicts cached prefixes and risks preemption.
+    - ``load_cap_factor``: bounded-load hashing skips a worker with at least
+      ``ceil(factor * (active requests of all workers + 1) / number of workers)``
+      active requests.
+    - ``hash_prefix_tokens``: how many leading prompt tokens consistent hashing reads.
+    """
+
+    prefill_cost_per_token: float = 1.0
+    queued_token_cost: float = 0.25
+    running_request_cost: float = 16.0
+    kv_usage_cost: float = 256.0
+    load_cap_factor: float = 1.25
+    hash_prefix_tokens: int = 64
+
+    def __post_init__(self) -> None:
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
+                raise ValueError(f"policy.weights.{f.name}: must be a non-negative number, got {value!r}")
+        if self.load_cap_factor < 1.0:
+            raise ValueError(f"policy.weights.load_cap_factor: must be >= 1, got {self.load_cap_factor}")
+        if not isinstance(self.hash_prefix_tokens, int) or self.hash_prefix_tokens < 1:
+            raise ValueError("policy.weights.hash_prefix_tokens: must be a positive integer, "
+                             f"got {self.hash_prefix_tokens!r}")
+
+    @classmethod
+    def from_mapping(cls, weights: Mapping[str, float]) -> PolicyWeights:
+        """Defaults overridden by ``weights``; ValueError naming an unknown or bad weight."""
+        known = {f.name for f in fields(cls)}
+        for name in weights:
+            if name not in known:
+                raise ValueError(f"policy.weights.{name}: unknown weight; known: {', '.join(sorted(known))}")
+        values = dict(weights)
+        prefix = values.get("hash_prefix_tokens")
+        if isinstance(prefix, float) and prefix.is_integer():
+            values["hash_prefix_tokens"] = int(prefix)
+        return cls(**values)  # type: ignore[arg-type]
+
+
+def num_active_requests(view: WorkerView) -> int:
+    """Requests on the worker: the polled running count, or this router's in-flight
+    count when that is higher (the poll is up to a second old)."""
+    return max(view.num_requests_running, view.num_in_flight_requests)
+
+
+def load_cost(view: WorkerView, weights: PolicyWeights) -> float:
+    """Cost of the load already on a worker, in prefill-token equivalents."""
+    queued = view.num_waiting_tokens + view.num_in_flight_prompt_tokens
+    return (
+        weights.queued_token_cost * queued
+        + weights.running_request_cost * num_active_requests(view)
+        + weights.kv_usage_cost * view.kv_cache_usage_ratio
+    )
+
+
+def rendezvous_order(key: bytes, workers: Sequence[WorkerView], num_prefix_tokens: int) -> list[WorkerView]:
+    """Workers in highest-random-weight order for the first ``num_prefix_tokens`` of
+    ``key`` (xxh3). Deterministic across routers; removing a worker moves only the
+    prefixes that were on it."""
+    seed = xxhash.xxh3_64_intdigest(key[: num_prefix_tokens * TOKEN_BYTES])
+    return sorted(workers, key=lambda v: xxhash.xxh3_64_intdigest(v.worker_id.encode(), seed=seed),
+                  reverse=True)
+
+
+def bounded_load_pick(order: Sequence[WorkerView], load_cap_factor: float) -> WorkerView:
+    """The first worker in ``order`` below the bounded-load cap (consistent hashing with
+    bounded loads); the cap always leaves at least one worker eligible."""
+    total = sum(num_active_requests(v) for v in order)
+    cap = math.ceil(load_cap_factor * (total + 1) / len(order))
+    return next(v for v in order if num_active_requests(v) < cap)

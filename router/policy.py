@@ -1,0 +1,216 @@
+"""Routing policies: rank the routable workers for one request, best first.
+
+Every policy is ``choose(request, workers) -> RouteDecision``; the proxy sends the
+request to ``ranked[0]`` and retries down the list. ``cache_aware`` (the default)
+weighs each worker's cached prefix against its load in one continuous cost::
+
+    cost(w) = prefill_cost_per_token * (prompt tokens - matched(w)) + load_cost(w)
+
+(``router.load_cost``). The lowest cost wins; ties go to the least loaded, then to
+rendezvous-hash order. A cold prefix (no worker matches any of it) goes to the first
+worker in rendezvous-hash order of its first tokens that is under the bounded-load
+cap, so concurrent requests for a new document meet on one worker and different
+documents spread. ``round_robin``, ``least_load``, ``consistent_hash`` and ``random``
+exist for comparison and fallback. Policies read only the ``WorkerView`` snapshots
+they are given; the caller updates in-flight counts and the index after deciding.
+"""
+
+from __future__ import annotations
+
+import random
+from abc import ABC, abstractmethod
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from types import MappingProxyType
+from typing import ClassVar
+
+from router.index import NamespaceDigest, WorkerId
+from router.load_cost import PolicyWeights, bounded_load_pick, load_cost, rendezvous_order
+
+
+@dataclass(frozen=True)
+class RouteRequest:
+    """What a policy knows of a request: its namespace, prompt key (``radix.keys``
+    encoding), number of prompt tokens, and the tenant scope."""
+
+    namespace: NamespaceDigest
+    key: bytes
+    num_prompt_tokens: int
+    scope: str
+
+
+@dataclass(frozen=True)
+class WorkerView:
+    """A routable worker at decision time. ``num_in_flight_*`` are this router's own
+    counts, updated the moment it decides: requests sent and not finished, and prompt
+    tokens still to prefill: the uncached part (prompt - matched at decision) until the
+    first token arrives (whole prompts held to the end overstate a hot worker's queue:
+    bench/routing_quality.py). The polled fields are the worker's last reported load;
+    ``num_matched_tokens`` comes from ``RouterIndex.match``."""
+
+    worker_id: WorkerId
+    num_matched_tokens: int = 0
+    num_in_flight_requests: int = 0
+    num_in_flight_prompt_tokens: int = 0
+    num_requests_running: int = 0
+    num_waiting_tokens: int = 0
+    kv_cache_usage_ratio: float = 0.0
+
+
+@dataclass(frozen=True)
+class WorkerScore:
+    """The numbers behind a worker's rank, for logs and metrics."""
+
+    worker_id: WorkerId
+    num_matched_tokens: int
+    load_cost: float
+    cost: float
+
+
+@dataclass(frozen=True)
+class RouteDecision:
+    """Every given worker, best first (``ranked``), with ``scores`` in the same order.
+    ``cold`` is True when cache_aware found no match and spread by hash."""
+
+    policy: str
+    ranked: tuple[WorkerId, ...]
+    scores: tuple[WorkerScore, ...]
+    cold: bool = False
+
+    @property
+    def chosen(self) -> WorkerId:
+        """The worker to try first."""
+        return self.ranked[0]
+
+    @property
+    def num_matched_tokens(self) -> int:
+        """Tokens the chosen worker is believed to hold."""
+        return self.scores[0].num_matched_tokens
+
+
+class NoWorkerError(LookupError):
+    """``choose`` was given no worker."""
+
+
+class Policy(ABC):
+    """A routing policy. ``choose`` ranks every worker it is given exactly once, raises
+    NoWorkerError when given none, and changes no state but its own (round-robin
+    position, random generator)."""
+
+    name: ClassVar[str]
+
+    def __init__(self, weights: PolicyWeights | None = None) -> None:
+        self.weights = weights or PolicyWeights()
+
+    @abstractmethod
+    def choose(self, request: RouteRequest, workers: Sequence[WorkerView]) -> RouteDecision:
+        """Rank ``workers`` for ``request``, best first."""
+
+    def _decide(self, request: RouteRequest, ranked: Sequence[WorkerView]) -> RouteDecision:
+        scores = tuple(self._score(request, view) for view in ranked)
+        return RouteDecision(self.name, tuple(v.worker_id for v in ranked), scores)
+
+    def _score(self, request: RouteRequest, view: WorkerView) -> WorkerScore:
+        load = load_cost(view, self.weights)
+        uncached = max(0, request.num_prompt_tokens - view.num_matched_tokens)
+        cost = self.weights.prefill_cost_per_token * uncached + load
+        return WorkerScore(view.worker_id, view.num_matched_tokens, load, cost)
+
+
+def _require(workers: Sequence[WorkerView]) -> None:
+    if not workers:
+        raise NoWorkerError("no routable worker")
+
+
+class CacheAwarePolicy(Policy):
+    """Lowest prefill-plus-load cost; cold prefixes by bounded-load consistent hashing."""
+
+    name = "cache_aware"
+
+    def choose(self, request: RouteRequest, workers: Sequence[WorkerView]) -> RouteDecision:
+        """Lowest cost first; a cold prefix's hash choice first."""
+        _require(workers)
+        order = rendezvous_order(request.key, workers, self.weights.hash_prefix_tokens)
+        position = {view.worker_id: i for i, view in enumerate(order)}
+        scores = {view.worker_id: self._score(request, view) for view in workers}
+        ranked = sorted(workers, key=lambda v: (scores[v.worker_id].cost,
+                                                scores[v.worker_id].load_cost, position[v.worker_id]))
+        cold = not any(view.num_matched_tokens for view in workers)
+        if cold:
+            first = bounded_load_pick(order, self.weights.load_cap_factor)
+            ranked = [first, *(view for view in ranked if view is not first)]
+        return RouteDecision(self.name, tuple(v.worker_id for v in ranked),
+                             tuple(scores[v.worker_id] for v in ranked), cold)
+
+
+class RoundRobinPolicy(Policy):
+    """Each call starts one position further along the given worker list."""
+
+    name = "round_robin"
+
+    def __init__(self, weights: PolicyWeights | None = None) -> None:
+        super().__init__(weights)
+        self._next = 0
+
+    def choose(self, request: RouteRequest, workers: Sequence[WorkerView]) -> RouteDecision:
+        """The given order, rotated one further than last time."""
+        _require(workers)
+        start = self._next % len(workers)
+        self._next = start + 1
+        return self._decide(request, [*workers[start:], *workers[:start]])
+
+
+class LeastLoadPolicy(Policy):
+    """Lowest load cost; ties in list order. Ignores cached prefixes."""
+
+    name = "least_load"
+
+    def choose(self, request: RouteRequest, workers: Sequence[WorkerView]) -> RouteDecision:
+        """Lowest load cost first."""
+        _require(workers)
+        return self._decide(request, sorted(workers, key=lambda v: load_cost(v, self.weights)))
+
+
+class ConsistentHashPolicy(Policy):
+    """Rendezvous hashing of the prompt's first tokens, skipping workers over the
+    bounded-load cap; the rest follow in hash order."""
+
+    name = "consistent_hash"
+
+    def choose(self, request: RouteRequest, workers: Sequence[WorkerView]) -> RouteDecision:
+        """The hash's first worker under the cap, then hash order."""
+        _require(workers)
+        order = rendezvous_order(request.key, workers, self.weights.hash_prefix_tokens)
+        first = bounded_load_pick(order, self.weights.load_cap_factor)
+        return self._decide(request, [first, *(view for view in order if view is not first)])
+
+
+class RandomPolicy(Policy):
+    """A uniformly random order (``seed`` makes it repeatable)."""
+
+    name = "random"
+
+    def __init__(self, weights: PolicyWeights | None = None, seed: int | None = None) -> None:
+        super().__init__(weights)
+        self._rng = random.Random(seed)
+
+    def choose(self, request: RouteRequest, workers: Sequence[WorkerView]) -> RouteDecision:
+        """A uniformly random permutation."""
+        _require(workers)
+        return self._decide(request, self._rng.sample(list(workers), len(workers)))
+
+
+POLICIES: Mapping[str, type[Policy]] = MappingProxyType({
+    policy.name: policy
+    for policy in (CacheAwarePolicy, RoundRobinPolicy, LeastLoadPolicy, ConsistentHashPolicy, RandomPolicy)
+})
+DEFAULT_POLICY = CacheAwarePolicy.name
+
+
+def make_policy(name: str = DEFAULT_POLICY, weights: Mapping[str, float] | None = None) -> Policy:
+    """A new policy by registry name with ``weights`` over the defaults (see
+    ``PolicyWeights``); ValueError naming an unknown policy or weight."""
+    policy = POLICIES.get(name)
+    if policy is None:
+        raise ValueError(f"policy.name: unknown routing policy {name!r}; known: {', '.join(POLICIES)}")
+    return policy(PolicyWeights.from_mapping(weights or {}))

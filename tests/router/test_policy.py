@@ -1,0 +1,152 @@
+"""Routing policies: which worker wins in constructed situations."""
+
+from __future__ import annotations
+
+import pytest
+
+from radix.keys import to_key
+from router.load_cost import PolicyWeights, rendezvous_order
+from router.policy import (
+    POLICIES,
+    NoWorkerError,
+    RandomPolicy,
+    RouteRequest,
+    WorkerView,
+    make_policy,
+)
+
+NS = "ab" * 32
+
+
+def request(tokens: list[int] | None = None, num_prompt_tokens: int = 1000) -> RouteRequest:
+    tokens = tokens if tokens is not None else list(range(num_prompt_tokens))
+    return RouteRequest(NS, to_key(tokens), len(tokens), "tenant-a")
+
+
+def views(*specs: dict) -> list[WorkerView]:
+    return [WorkerView(f"w{i}", **spec) for i, spec in enumerate(specs)]
+
+
+def test_cost_is_uncached_prefill_plus_load_with_default_weights():
+    view = WorkerView("w0", num_matched_tokens=200, num_in_flight_requests=3, num_in_flight_prompt_tokens=50,
+                      num_requests_running=2, num_waiting_tokens=100, kv_cache_usage_ratio=0.5)
+    decision = make_policy("cache_aware").choose(request(), [view])
+    score = decision.scores[0]
+    assert (score.num_matched_tokens, score.load_cost, score.cost) == (200, 213.5, 1013.5)
+    assert decision.chosen == "w0" and decision.num_matched_tokens == 200 and not decision.cold
+
+
+def test_longest_match_wins_at_equal_load():
+    decision = make_policy().choose(request(), views(
+        {"num_matched_tokens": 100}, {"num_matched_tokens": 500}, {"num_matched_tokens": 0}))
+    assert decision.ranked == ("w1", "w0", "w2")
+    assert [s.cost for s in decision.scores] == [500.0, 900.0, 1000.0]
+
+
+def test_load_outweighs_a_small_match():
+    workers = views({"num_matched_tokens": 64, "num_waiting_tokens": 2000}, {"num_matched_tokens": 16})
+    assert make_policy().choose(request(), workers).ranked == ("w1", "w0")
+
+
+def test_a_long_match_outweighs_moderate_load():
+    workers = views({"num_matched_tokens": 3000, "num_waiting_tokens": 500, "num_requests_running": 4},
+                    {"num_matched_tokens": 16})
+    assert make_policy().choose(request(num_prompt_tokens=4000), workers).chosen == "w0"
+
+
+def test_equal_costs_go_to_the_least_loaded():
+    # w0 holds 16 more tokens but runs one more request: equal cost, w1 less loaded.
+    workers = views({"num_matched_tokens": 116, "num_requests_running": 2},
+                    {"num_matched_tokens": 100, "num_requests_running": 1})
+    decision = make_policy().choose(request(), workers)
+    assert decision.scores[0].cost == decision.scores[1].cost
+    assert decision.ranked == ("w1", "w0")
+
+
+def test_in_flight_counts_at_decision_time_steer_a_burst():
+    policy = make_policy()
+    workers = views({"num_matched_tokens": 900}, {"num_matched_tokens": 0})
+    assert policy.choose(request(), workers).chosen == "w0"
+    busy = views({"num_matched_tokens": 900, "num_in_flight_requests": 3, "num_in_flight_prompt_tokens": 300},
+                 {"num_matched_tokens": 0})
+    assert policy.choose(request(), busy).chosen == "w0"
+    busier = views({"num_matched_tokens": 900, "num_in_flight_requests": 30, "num_in_flight_prompt_tokens": 3000},
+                   {"num_matched_tokens": 0})
+    assert policy.choose(request(), busier).chosen == "w1"
+
+
+def test_cold_prefixes_spread_deterministically_by_hash():
+    policy = make_policy()
+    workers = views({}, {}, {}, {})
+    chosen = [policy.choose(request([doc] * 64), workers).chosen for doc in range(64)]
+    assert set(chosen) == {"w0", "w1", "w2", "w3"}
+    assert max(chosen.count(w) for w in set(chosen)) <= 28
+    again = [policy.choose(request([doc] * 64), workers).chosen for doc in range(64)]
+    assert again == chosen
+    assert policy.choose(request([5] * 64), workers).cold
+
+
+def test_cold_prefix_skips_a_worker_over_the_load_cap():
+    req = request([7] * 64)
+    idle = views({}, {}, {}, {})
+    order = [v.worker_id for v in rendezvous_order(req.key, idle, 64)]
+    assert make_policy().choose(req, idle).ranked[0] == order[0]
+    # 3 active requests in all: cap = ceil(1.25 * 4 / 4) = 2; the hash's first pick has 3.
+    loaded = [WorkerView(w, num_in_flight_requests=3 if w == order[0] else 0) for w in ("w0", "w1", "w2", "w3")]
+    decision = make_policy().choose(req, loaded)
+    assert decision.chosen == order[1] and decision.cold
+    assert decision.ranked[-1] == order[0]
+
+
+def test_round_robin_cycles_through_the_workers_in_order():
+    policy = make_policy("round_robin")
+    workers = views({}, {}, {})
+    chosen = [policy.choose(request(), workers).chosen for _ in range(5)]
+    assert chosen == ["w0", "w1", "w2", "w0", "w1"]
+    assert policy.choose(request(), workers).ranked == ("w2", "w0", "w1")
+
+
+def test_least_load_ignores_matches():
+    workers = views({"num_matched_tokens": 900, "num_requests_running": 3}, {"num_requests_running": 1},
+                    {"num_requests_running": 2})
+    assert make_policy("least_load").choose(request(), workers).ranked == ("w1", "w2", "w0")
+
+
+def test_consistent_hash_sticks_to_the_prefix_and_respects_the_cap():
+    policy = make_policy("consistent_hash", {"hash_prefix_tokens": 16})
+    workers = views({}, {}, {})
+    first = policy.choose(request([3] * 16 + [1] * 50), workers).chosen
+    assert policy.choose(request([3] * 16 + [2] * 80), workers).chosen == first
+    loaded = [WorkerView(v.worker_id, num_requests_running=5 if v.worker_id == first else 0) for v in workers]
+    assert policy.choose(request([3] * 16), loaded).chosen != first
+
+
+def test_random_is_a_permutation_and_repeatable_with_a_seed():
+    workers = views({}, {}, {}, {})
+    a = [RandomPolicy(seed=3).choose(request(), workers).ranked for _ in range(3)]
+    b = [RandomPolicy(seed=3).choose(request(), workers).ranked for _ in range(3)]
+    assert a == b and all(sorted(r) == ["w0", "w1", "w2", "w3"] for r in a)
+
+
+@pytest.mark.parametrize("name", sorted(POLICIES))
+def test_every_policy_ranks_each_worker_once_and_refuses_none(name):
+    policy = make_policy(name)
+    workers = views({"num_matched_tokens": 10}, {"num_waiting_tokens": 7}, {})
+    decision = policy.choose(request(), workers)
+    assert sorted(decision.ranked) == ["w0", "w1", "w2"] and decision.policy == name
+    assert [s.worker_id for s in decision.scores] == list(decision.ranked)
+    with pytest.raises(NoWorkerError):
+        policy.choose(request(), [])
+
+
+def test_registry_errors_name_the_unknown_policy_or_weight():
+    assert set(POLICIES) == {"cache_aware", "round_robin", "least_load", "consistent_hash", "random"}
+    with pytest.raises(ValueError, match="'fastest'.*known: cache_aware"):
+        make_policy("fastest")
+    with pytest.raises(ValueError, match="policy.weights.speed: unknown"):
+        make_policy("cache_aware", {"speed": 1.0})
+    with pytest.raises(ValueError, match="policy.weights.load_cap_factor"):
+        make_policy("cache_aware", {"load_cap_factor": 0.5})
+    with pytest.raises(ValueError, match="policy.weights.kv_usage_cost"):
+        PolicyWeights(kv_usage_cost=-1)
+    assert make_policy("cache_aware", {"running_request_cost": 8}).weights.running_request_cost == 8
