@@ -10,12 +10,14 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from bench import kv_bench, model_bench, radix_bench
+from bench import e2e_worker_bench, kv_bench, model_bench, radix_bench, routing_quality
 
 BENCHMARKS: dict[str, Callable[[list[str]], dict]] = {
     "radix": radix_bench.main,
     "kv": kv_bench.main,
     "model": model_bench.main,
+    "e2e_worker": e2e_worker_bench.main,
+    "routing": routing_quality.main,
 }
 
 

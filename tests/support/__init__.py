@@ -1,0 +1,1 @@
+"""Plain helper modules for tests (no fixtures): real processes, HTTP helpers."""

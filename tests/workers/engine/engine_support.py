@@ -1,0 +1,119 @@
+"""In-process engines over the demo model with small KV caches, and a driver that
+runs requests to completion checking the KV invariants after every step."""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass, field
+
+import torch
+from prometheus_client import CollectorRegistry
+
+from workers.config import EngineConfig
+from workers.engine.build import kv_spec
+from workers.engine.engine import Engine
+from workers.engine.metrics import EngineMetrics
+from workers.engine.request import GenerationParams, GenerationRequest, Usage
+from workers.kv.build import build_kv_cache_manager
+from workers.model.demo import ensure_demo_checkpoint
+from workers.model.loader import LoadedModel, load_model
+from workers.model.runner import ModelRunner
+from workers.model.sampler import SamplingParams
+
+BLOCK_SIZE = 16
+
+
+@functools.cache
+def demo_model() -> LoadedModel:
+    """The demo model, loaded once per test process (it holds no per-engine state).
+
+    Also pins torch to one CPU thread: the demo model's matrices are tiny, and two
+    threads on a busy two-core machine make every step tens of times slower.
+    """
+    torch.set_num_threads(1)
+    return load_model(ensure_demo_checkpoint())
+
+
+def make_engine(
+    num_blocks: int = 64,
+    max_batched_tokens: int = 512,
+    max_num_seqs: int = 64,
+    prefix_caching: bool = True,
+) -> Engine:
+    """An engine over a fresh KV cache of ``num_blocks`` blocks."""
+    loaded = demo_model()
+    spec = kv_spec(loaded.config, BLOCK_SIZE)
+    manager = build_kv_cache_manager(
+        spec, num_blocks, namespace_digest=b"engine-test", worker_id="engine-test",
+        prefix_caching=prefix_caching,
+    )  # fmt: skip
+    runner = ModelRunner(
+        loaded.model, manager.tensors.key_caches, manager.tensors.value_caches, BLOCK_SIZE
+    )
+    config = EngineConfig(max_batched_tokens=max_batched_tokens, max_num_seqs=max_num_seqs)
+    return Engine(
+        manager, runner, loaded.tokenizer, config, min(4096, num_blocks * BLOCK_SIZE),
+        EngineMetrics(CollectorRegistry()),
+    )  # fmt: skip
+
+
+def prompt(length: int, salt: int = 0) -> tuple[int, ...]:
+    """Deterministic byte-token prompt (ids below 256)."""
+    return tuple((31 * i + 7 * salt + 11) % 251 for i in range(length))
+
+
+def request(
+    prompt_ids: tuple[int, ...], max_tokens: int = 8, *, temperature: float = 0.0,
+    seed: int | None = None, n: int = 1, stop: tuple[str, ...] = (),
+    stop_token_ids: tuple[int, ...] = (), ignore_eos: bool = True, scope: str = "anonymous",
+) -> GenerationRequest:  # fmt: skip
+    """A request with the given sampling (greedy, EOS ignored by default)."""
+    sampling = SamplingParams(
+        temperature=temperature, seed=seed, max_tokens=max_tokens,
+        stop_token_ids=stop_token_ids, ignore_eos=ignore_eos,
+    )  # fmt: skip
+    return GenerationRequest(prompt_ids, GenerationParams(sampling, n, stop), scope=scope)
+
+
+@dataclass
+class Result:
+    """One request's accumulated output."""
+
+    token_ids: dict[int, list[int]] = field(default_factory=dict)
+    text: dict[int, str] = field(default_factory=dict)
+    finish_reason: dict[int, str | None] = field(default_factory=dict)
+    usage: Usage | None = None
+
+
+def run(
+    engine: Engine,
+    requests: dict[int, GenerationRequest],
+    results: dict[int, Result] | None = None,
+    max_steps: int = 10_000,
+) -> dict[int, Result]:
+    """Add ``requests`` and step until every request (also ones added before) finishes,
+    checking the KV invariants after each step; results by request id (folded into
+    ``results`` when given)."""
+    results = {} if results is None else results
+    for request_id, req in requests.items():
+        engine.add_request(request_id, req)
+    for _ in range(max_steps):
+        if not engine.has_work():
+            break
+        collect(engine.step(), results)
+        engine.manager.check_invariants()
+    assert not engine.has_work(), "requests did not finish"
+    assert engine.manager.stats().num_used_blocks == 0, "blocks leaked"
+    return results
+
+
+def collect(outputs: dict, results: dict[int, Result]) -> None:
+    """Fold one step's outputs into ``results``."""
+    for request_id, output in outputs.items():
+        result = results.setdefault(request_id, Result())
+        for delta in output.deltas:
+            result.token_ids.setdefault(delta.index, []).extend(delta.token_ids)
+            result.text[delta.index] = result.text.get(delta.index, "") + delta.text
+            result.finish_reason[delta.index] = delta.finish_reason
+        if output.usage is not None:
+            result.usage = output.usage

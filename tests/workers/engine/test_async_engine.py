@@ -1,0 +1,93 @@
+"""The engine thread bridge: streams, cancellation from the loop, failures, queue bound."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+from collections.abc import Awaitable, Callable
+
+import pytest
+from engine_support import make_engine, prompt, request
+
+from workers.engine.async_engine import AsyncEngine, QueueFullError, RequestStream
+from workers.engine.engine import Engine
+from workers.engine.kv_feed import KVEventFeed
+from workers.engine.request import EngineError
+
+
+def run_async(test: Callable[[AsyncEngine], Awaitable[None]], max_in_flight: int = 8) -> None:
+    """Run ``test(bridge)`` on a fresh loop with a started engine thread."""
+    engine = make_engine()
+    bridge = AsyncEngine(engine, KVEventFeed(engine.manager), max_in_flight)
+
+    async def main() -> None:
+        bridge.start(asyncio.get_running_loop())
+        try:
+            await test(bridge)
+        finally:
+            bridge.stop()
+
+    asyncio.run(main())
+
+
+async def tokens_of(stream: RequestStream) -> list[int]:
+    token_ids: list[int] = []
+    try:
+        async for output in stream:
+            for delta in output.deltas:
+                token_ids.extend(delta.token_ids)
+    finally:
+        stream.close()
+    return token_ids
+
+
+def used_blocks(engine: Engine) -> int:
+    engine.manager.check_invariants()
+    return engine.manager.stats().num_used_blocks
+
+
+def test_streams_run_concurrently_and_finish_with_usage():
+    async def test(bridge: AsyncEngine):
+        streams = [bridge.submit(request(prompt(20, salt=i), max_tokens=5)) for i in range(4)]
+        results = await asyncio.gather(*(tokens_of(s) for s in streams))
+        assert [len(r) for r in results] == [5] * 4
+        assert bridge.num_in_flight == 0 and bridge.stats.num_requests_running == 0
+        assert await bridge.call(used_blocks) == 0
+
+    run_async(test)
+
+
+def test_closing_a_stream_aborts_the_request_and_frees_its_blocks():
+    async def test(bridge: AsyncEngine):
+        stream = bridge.submit(request(prompt(40), max_tokens=900))
+        first = await anext(stream)
+        assert first.deltas and not first.finished
+        assert await bridge.call(used_blocks) > 0
+        stream.close()
+        assert await bridge.call(used_blocks) == 0, "released by the next command boundary"
+        assert await bridge.call(lambda engine: engine.has_work()) is False
+
+    run_async(test)
+
+
+def test_a_failing_step_fails_its_requests_and_the_engine_carries_on():
+    async def test(bridge: AsyncEngine):
+        good = request(prompt(20), max_tokens=3)
+        broken = dataclasses.replace(good, num_public_tokens=5)  # bypasses server validation
+        with pytest.raises(EngineError):
+            await tokens_of(bridge.submit(broken))
+        assert await bridge.call(used_blocks) == 0
+        assert len(await tokens_of(bridge.submit(good))) == 3
+        assert not bridge.failed
+
+    run_async(test)
+
+
+def test_submit_beyond_the_bound_is_refused():
+    async def test(bridge: AsyncEngine):
+        streams = [bridge.submit(request(prompt(10), max_tokens=2)) for _ in range(2)]
+        with pytest.raises(QueueFullError):
+            bridge.submit(request(prompt(10), max_tokens=2))
+        await asyncio.gather(*(tokens_of(s) for s in streams))
+
+    run_async(test, max_in_flight=2)

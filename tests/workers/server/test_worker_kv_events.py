@@ -1,0 +1,96 @@
+"""``GET /kv/events``: a live replay equals a fresh snapshot; resync rules on reconnect."""
+
+from __future__ import annotations
+
+import pytest
+from kv_replay import EventStream, Replay, tree_paths
+from support.procs import start_worker
+
+BLOCK_SIZE = 16
+
+
+@pytest.fixture(scope="module")
+def worker(tmp_path_factory):
+    config = tmp_path_factory.mktemp("kv") / "worker.toml"
+    config.write_text("[server]\nkv_events_heartbeat_s = 0.2\n[kv]\nevent_log_size = 40\n")
+    process = start_worker("--config", str(config), kv_cache_bytes="1MiB")  # 15 blocks
+    yield process
+    process.stop()
+
+
+@pytest.fixture(scope="module")
+def ready(worker):
+    status, body = worker.get_json("/ready")
+    assert status == 200
+    return body
+
+
+def new_replay(ready: dict) -> Replay:
+    return Replay(ready["namespace_digest"], ready["block_size"])
+
+
+def snapshot(worker, ready) -> Replay:
+    """A fresh snapshot: everything before the first heartbeat."""
+    stream = EventStream(worker.url, new_replay(ready))
+    stream.wait_for(lambda s: None in s.lines)
+    stream.close()
+    assert stream.lines[0]["type"] == "cleared"
+    return stream.replay
+
+
+def generate(worker, token_ids, max_tokens=4, scope="anonymous", num_public_tokens=0):
+    status, body = worker.post_json("/generate", {
+        "token_ids": token_ids, "scope": scope, "num_public_tokens": num_public_tokens,
+        "sampling": {"max_tokens": max_tokens, "temperature": 0, "ignore_eos": True},
+    })  # fmt: skip
+    assert status == 200, body
+    return body
+
+
+def split(paths):
+    full = {p for p in paths if len(p[1]) % BLOCK_SIZE == 0}
+    return full, paths - full
+
+
+def test_live_replay_equals_a_fresh_snapshot(worker, ready):
+    live = EventStream(worker.url, new_replay(ready))
+    system = [200 + i % 50 for i in range(32)]
+    for i in range(12):  # public system prompt, tenant continuations, then evictions
+        tenant = f"t{i % 2}"
+        generate(worker, system + [i, i + 1, i + 2] * (3 + i % 4), scope=tenant, num_public_tokens=32)
+    for i in range(6):
+        generate(worker, [100 + i] * (40 + 8 * i), max_tokens=6)
+    fresh = snapshot(worker, ready)
+    live.wait_for(lambda s: s.replay.last_seq >= fresh.last_seq)
+    live.close()
+    assert any(e and e["type"] == "removed" for e in live.lines), "the workload must evict"
+    assert live.replay.num_snapshots == 1 and fresh.num_snapshots == 1
+    live_full, live_partial = split(live.replay.paths())
+    fresh_full, fresh_partial = split(fresh.paths())
+    assert live_full == fresh_full
+    assert live_partial <= fresh_partial, "a split point's partial block is never stored"
+    live_tree, fresh_tree = tree_paths(live.replay.tree()), tree_paths(fresh.tree())
+    for scope, tokens in live_tree:
+        assert any(s == scope and t[: len(tokens)] == tokens for s, t in fresh_tree)
+    stored_scopes = {e["scope"] for e in live.lines if e and e["type"] == "stored"}
+    assert stored_scopes >= {"public", "t0", "t1", "anonymous"}
+
+
+def test_reconnect_resumes_or_resyncs(worker, ready):
+    head = snapshot(worker, ready).last_seq
+    epoch = ready["epoch"]
+    resumed = EventStream(worker.url, new_replay(ready), since=head, epoch=epoch)
+    resumed.replay.last_seq = head
+    generate(worker, [7, 8, 9] * 12)
+    resumed.wait_for(lambda s: s.replay.last_seq > head)
+    resumed.close()
+    assert resumed.lines[0] is not None and resumed.lines[0]["seq"] == head + 1
+    assert resumed.replay.num_snapshots == 0
+    for since, other_epoch in ((head, "another-epoch"), (0, epoch)):  # other epoch; too old
+        stream = EventStream(worker.url, new_replay(ready), since=since, epoch=other_epoch)
+        stream.wait_for(lambda s: None in s.lines)
+        stream.close()
+        first = stream.lines[0]
+        assert first["type"] == "cleared" and first["seq"] >= head + 1 and first["epoch"] == epoch
+    status, body = worker.get_json("/kv/events?since=-1")
+    assert status == 400 and body["error"]["param"] == "since"

@@ -1,0 +1,98 @@
+"""The ``worker`` command line: ``python -m workers [flags]``.
+
+Configuration comes from ``--config FILE`` (TOML, see configs/worker.toml) with
+flags overriding single fields. Bad values exit with status 2 and a message naming
+the field. Once the self-test passed the process prints exactly one line
+``READY http://HOST:PORT`` on stdout; logs go to stderr. The deployment secret
+comes from ``$RADIX_ROUTER_SECRET`` (``radix.namespace.load_secret``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import sys
+from typing import Any
+
+from radix.namespace import load_secret
+from workers.config import WorkerConfig, load_config
+from workers.kv.plan import parse_bytes
+
+# flag destination -> (config section, field)
+_FLAG_FIELDS = {
+    "model": ("model", "name"),
+    "device": ("model", "device"),
+    "max_model_len": ("model", "max_model_len"),
+    "num_threads": ("model", "num_threads"),
+    "host": ("server", "host"),
+    "port": ("server", "port"),
+    "worker_id": ("server", "worker_id"),
+    "api_key": ("server", "api_key"),
+    "self_test_delay_s": ("server", "self_test_delay_s"),
+    "kv_cache_bytes": ("kv", "cache_bytes"),
+    "block_size": ("kv", "block_size"),
+    "prefix_cache": ("kv", "prefix_cache"),
+    "max_batched_tokens": ("engine", "max_batched_tokens"),
+    "max_num_seqs": ("engine", "max_num_seqs"),
+}
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m workers", description=__doc__.splitlines()[0])
+    add = parser.add_argument
+    add("--config", help="TOML config file (flags override its values)")
+    add("--model", help="'demo' or a local Hugging Face model directory")
+    add("--device", choices=("auto", "cpu", "cuda"))
+    add("--max-model-len", type=int, help="cap on prompt + output tokens")
+    add("--num-threads", type=int, help="torch CPU threads (default: torch's choice)")
+    add("--host", help="address to listen on (default 127.0.0.1)")
+    add("--port", type=int, help="port to listen on; 0 picks a free one")
+    add("--worker-id", help="id in KV events and /ready (default HOST:PORT)")
+    add("--api-key", help="require 'Authorization: Bearer KEY' on every route but /health")
+    add("--self-test-delay-s", type=float, help="hold /ready at 503 this long before the self-test")
+    add("--kv-cache-bytes", type=parse_bytes, help="KV cache budget, e.g. 64MiB or 2GiB")
+    add("--block-size", type=int, help="tokens per KV block (default 16)")
+    add("--no-prefix-cache", dest="prefix_cache", action="store_const", const=False,
+        help="use the null prefix cache (nothing shared; for comparisons)")  # fmt: skip
+    add("--max-batched-tokens", type=int, help="tokens computed per engine step")
+    add("--max-num-seqs", type=int, help="sequences running at once")
+    add("--log-level", default="INFO", choices=("DEBUG", "INFO", "WARNING", "ERROR"))
+    return parser
+
+
+def config_from_args(args: argparse.Namespace) -> WorkerConfig:
+    """The config file (or defaults) with every given flag applied; ValueError naming
+    the field on a bad value."""
+    overrides: dict[str, dict[str, Any]] = {}
+    for dest, (section, name) in _FLAG_FIELDS.items():
+        value = getattr(args, dest)
+        if value is not None:
+            overrides.setdefault(section, {})[name] = value
+    return load_config(args.config).with_overrides(overrides)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run a worker until SIGTERM/SIGINT; returns the exit status."""
+    parser = _parser()
+    args = parser.parse_args(argv)
+    try:
+        config = config_from_args(args)
+    except ValueError as exc:
+        parser.error(str(exc))
+    logging.basicConfig(
+        level=args.log_level, stream=sys.stderr,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )  # fmt: skip
+    from workers.engine.selftest import SelfTestError  # after logging: these import torch
+    from workers.server.serve import serve
+
+    def announce(line: str) -> None:
+        print(line, flush=True)
+
+    try:
+        asyncio.run(serve(config, load_secret(), announce))
+    except (ValueError, SelfTestError) as exc:
+        logging.getLogger("workers").error("cannot start: %s", exc)
+        return 1
+    return 0

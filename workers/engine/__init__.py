@@ -1,0 +1,1 @@
+"""Continuous-batching engine: scheduler, sequences, stop conditions, engine thread."""

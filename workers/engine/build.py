@@ -1,0 +1,171 @@
+"""Assemble a worker's engine from its configuration: model, KV plan, namespace.
+
+Order: load the checkpoint (``demo`` is written once, then loaded like any other),
+plan the KV cache from the byte budget, derive the cache namespace and its digest
+under the deployment secret, build the KV manager (radix or null prefix cache),
+the model runner, the engine and its thread bridge, and the metrics registry.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from prometheus_client import CollectorRegistry
+
+from radix.namespace import CacheNamespace
+from radix.tokenizer import PromptTokenizer
+from workers.config import EngineConfig, WorkerConfig
+from workers.engine.async_engine import AsyncEngine
+from workers.engine.engine import Engine
+from workers.engine.kv_feed import KVEventFeed
+from workers.engine.metrics import EngineMetrics, register_stats
+from workers.kv.build import build_kv_cache_manager
+from workers.kv.plan import KVCachePlan, describe, plan_kv_cache
+from workers.kv.spec import KVCacheSpec
+from workers.model.config import ModelConfig
+from workers.model.demo import ensure_demo_checkpoint
+from workers.model.loader import LoadedModel, load_model
+from workers.model.runner import ModelRunner
+
+log = logging.getLogger(__name__)
+DEMO_MODEL = "demo"
+
+
+@dataclass(frozen=True)
+class WorkerIdentity:
+    """What a worker serves and how its KV cache is laid out (``/ready``, ``/info``).
+
+    ``max_model_len`` is the longest sequence (prompt + output) accepted: the model's
+    limit, the configured cap and the KV capacity, whichever is smallest.
+    """
+
+    worker_id: str
+    epoch: str
+    model: str
+    namespace: CacheNamespace
+    namespace_digest: str
+    max_model_len: int
+    vocab_size: int
+    kv_plan: KVCachePlan
+
+    def to_dict(self) -> dict[str, object]:
+        """The identity fields shared by ``/ready`` and ``/info``."""
+        return {
+            "worker_id": self.worker_id,
+            "epoch": self.epoch,
+            "model": self.model,
+            "namespace": self.namespace.to_dict(),
+            "namespace_digest": self.namespace_digest,
+            "tokenizer_digest": self.namespace.tokenizer_digest,
+            "block_size": self.namespace.block_size,
+            "kv_dtype": self.namespace.kv_dtype,
+            "num_total_blocks": self.kv_plan.num_blocks,
+            "max_model_len": self.max_model_len,
+        }
+
+    def kv_plan_dict(self) -> dict[str, object]:
+        """The KV plan for ``/info``."""
+        plan = self.kv_plan
+        return {
+            "kv_cache_bytes": plan.kv_cache_bytes,
+            "kv_cache_bytes_used": plan.kv_cache_bytes_used,
+            "kv_bytes_per_token": plan.kv_bytes_per_token,
+            "num_blocks": plan.num_blocks,
+            "num_tokens": plan.num_tokens,
+            "block_size": plan.spec.block_size,
+            "kv_dtype": plan.spec.dtype,
+        }
+
+
+@dataclass(frozen=True)
+class BuiltWorker:
+    """Everything the HTTP layer serves from (the engine thread is not started)."""
+
+    identity: WorkerIdentity
+    engine: AsyncEngine
+    tokenizer: PromptTokenizer
+    registry: CollectorRegistry
+    engine_config: EngineConfig
+    prefix_cache: bool
+
+
+def build_worker(config: WorkerConfig, worker_id: str, secret: bytes) -> BuiltWorker:
+    """Load the model and build the engine; raises ValueError on a bad model or plan."""
+    device = _device(config.model.device)
+    if config.model.num_threads is not None:
+        torch.set_num_threads(config.model.num_threads)
+    is_demo = config.model.name == DEMO_MODEL
+    path = ensure_demo_checkpoint() if is_demo else Path(config.model.name)
+    served_name = DEMO_MODEL if is_demo else path.name
+    loaded = load_model(path, device)
+    spec = kv_spec(loaded.config, config.kv.block_size)
+    plan = plan_kv_cache(spec, config.kv.cache_bytes)
+    namespace = cache_namespace(served_name, loaded, spec)
+    digest = namespace.digest(secret)
+    manager = build_kv_cache_manager(
+        spec, plan.num_blocks, namespace_digest=digest, worker_id=worker_id, device=device,
+        prefix_caching=config.kv.prefix_cache, hash_algorithm=config.kv.hash_algorithm,
+        max_events=config.kv.event_log_size,
+    )  # fmt: skip
+    model_limit = loaded.config.max_position_embeddings
+    max_model_len = min(config.model.max_model_len or model_limit, model_limit, plan.num_tokens)
+    registry = CollectorRegistry()
+    tensors = manager.tensors
+    runner = ModelRunner(loaded.model, tensors.key_caches, tensors.value_caches, spec.block_size)
+    engine = Engine(
+        manager, runner, loaded.tokenizer, config.engine, max_model_len, EngineMetrics(registry)
+    )
+    max_in_flight = config.engine.max_num_seqs + config.engine.max_waiting_requests
+    async_engine = AsyncEngine(engine, KVEventFeed(manager), max_in_flight)
+    register_stats(registry, lambda: async_engine.stats)
+    identity = WorkerIdentity(
+        worker_id=worker_id,
+        epoch=manager.event_log.epoch,
+        model=served_name,
+        namespace=namespace,
+        namespace_digest=digest.hex(),
+        max_model_len=max_model_len,
+        vocab_size=loaded.config.vocab_size,
+        kv_plan=plan,
+    )
+    log.info("model %s from %s on %s (max_model_len %d)", served_name, path, device, max_model_len)
+    log.info("KV plan:\n%s", describe(plan, None))
+    log.info("namespace fingerprint %s (prefix cache %s)", digest.hex(),
+             "on" if config.kv.prefix_cache else "off")  # fmt: skip
+    return BuiltWorker(
+        identity, async_engine, loaded.tokenizer, registry, config.engine, config.kv.prefix_cache
+    )
+
+
+def cache_namespace(served_name: str, loaded: LoadedModel, spec: KVCacheSpec) -> CacheNamespace:
+    """What makes this worker's KV blocks mean what they mean (no adapter yet)."""
+    return CacheNamespace(
+        model_id=served_name,
+        weights_digest=loaded.weights_digest,
+        tokenizer_digest=loaded.tokenizer.digest,
+        rope=CacheNamespace.canonical_rope(loaded.config.rope_fingerprint()),
+        kv_dtype=spec.dtype,
+        block_size=spec.block_size,
+    )
+
+
+def kv_spec(model_config: ModelConfig, block_size: int) -> KVCacheSpec:
+    """The KV block layout of a model: its layers, KV heads, head dim and dtype."""
+    return KVCacheSpec(
+        num_layers=model_config.num_hidden_layers,
+        num_kv_heads=model_config.num_key_value_heads,
+        head_dim=model_config.head_dim,
+        dtype=str(model_config.dtype).removeprefix("torch."),
+        block_size=block_size,
+    )
+
+
+def _device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if name == "cuda" and not torch.cuda.is_available():
+        raise ValueError("model.device is 'cuda' but no CUDA device is available")
+    return torch.device(name)

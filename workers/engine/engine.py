@@ -1,0 +1,220 @@
+"""The engine: one step is schedule -> run -> postprocess.
+
+``Engine`` is synchronous and single-threaded (``workers.engine.async_engine`` runs
+it on a dedicated thread). A step computes the scheduled chunks in one batched
+model call, samples a token for every sequence whose uncomputed tokens are now
+all computed, appends it, checks stop conditions, and returns per-request
+outputs. Prefix-cache commits: whole blocks after each prefill chunk, everything
+computed when a sequence finishes, is preempted or is aborted.
+
+Invariant (checked by tests between steps): every sequence in ``scheduler.running``
+holds blocks in the KV manager, no other does; free + cached + in-use = total.
+"""
+
+from __future__ import annotations
+
+import itertools
+import time
+from collections.abc import Sequence as SequenceOf
+
+import torch
+
+from radix.tokenizer import PromptTokenizer
+from workers.config import EngineConfig
+from workers.engine.metrics import EngineMetrics, EngineStats
+from workers.engine.request import ChoiceDelta, GenerationRequest, RequestOutput, Usage
+from workers.engine.scheduler import ScheduledChunk, Scheduler
+from workers.engine.sequence import RequestState, Sequence, SequenceStatus
+from workers.engine.stopping import StopChecker
+from workers.kv.manager import KVCacheManager
+from workers.model.runner import ModelRunner, StepInput
+from workers.model.sampler import sample
+
+
+class Engine:
+    """Continuous-batching engine over one model and one KV cache manager.
+
+    Callers (one thread) add and abort requests by id and call ``step`` while
+    ``has_work()``; ids must be unique among live requests. ``abort_request``
+    releases a request's blocks before it returns.
+    """
+
+    def __init__(
+        self,
+        manager: KVCacheManager,
+        runner: ModelRunner,
+        tokenizer: PromptTokenizer,
+        config: EngineConfig,
+        max_model_len: int,
+        metrics: EngineMetrics,
+    ) -> None:
+        self.manager = manager
+        self.scheduler = Scheduler(manager, config)
+        self._runner = runner
+        self._tokenizer = tokenizer
+        self._max_model_len = max_model_len
+        self._metrics = metrics
+        self._requests: dict[int, RequestState] = {}
+        self._seq_ids = itertools.count()
+        self._block_size = manager.block_size
+
+    # ---- requests ------------------------------------------------------------------
+
+    def add_request(
+        self, request_id: int, request: GenerationRequest, arrival_time: float | None = None
+    ) -> None:
+        """Queue ``request``; its prompt plus ``max_tokens`` must fit ``max_model_len``
+        (the server checks this before submitting). ``arrival_time`` (``time.monotonic``,
+        default now) is where time to first token starts."""
+        arrival = time.monotonic() if arrival_time is None else arrival_time
+        state = RequestState(request_id, request, arrival)
+        self._requests[request_id] = state
+        seq = self._new_sequence(state, 0, list(request.prompt_token_ids))
+        self.scheduler.add(seq)
+
+    def abort_request(self, request_id: int) -> None:
+        """Drop a request (no-op if unknown or finished): computed tokens are committed
+        to the prefix cache and every block is released now."""
+        state = self._requests.pop(request_id, None)
+        if state is None:
+            return
+        for seq in state.sequences:
+            self._release(seq)
+
+    def abort_all(self) -> list[int]:
+        """Abort every request (after an engine failure); returns their ids."""
+        request_ids = list(self._requests)
+        for request_id in request_ids:
+            self.abort_request(request_id)
+        return request_ids
+
+    def has_work(self) -> bool:
+        """True while any request is waiting or running."""
+        return bool(self._requests)
+
+    # ---- the step ------------------------------------------------------------------
+
+    def step(self) -> dict[int, RequestOutput]:
+        """Run one batch; returns outputs of the requests that produced tokens."""
+        chunks = self.scheduler.schedule()
+        if not chunks:
+            return {}
+        logits = self._runner.execute([self._step_input(chunk) for chunk in chunks])
+        return self._postprocess(chunks, logits)
+
+    def _step_input(self, chunk: ScheduledChunk) -> StepInput:
+        seq = chunk.seq
+        start = seq.num_computed_tokens
+        return StepInput(
+            token_ids=seq.token_ids[start : start + chunk.num_new_tokens],
+            num_computed_tokens=start,
+            block_table=self.manager.block_table(seq.seq_id),
+        )
+
+    def _postprocess(
+        self, chunks: SequenceOf[ScheduledChunk], logits: torch.Tensor
+    ) -> dict[int, RequestOutput]:
+        rows: list[int] = []
+        to_sample: list[Sequence] = []
+        for row, chunk in enumerate(chunks):
+            seq = chunk.seq
+            seq.num_computed_tokens += chunk.num_new_tokens
+            if chunk.num_new_tokens > 1:
+                self._commit_full_blocks(seq)
+            if seq.num_uncomputed_tokens:
+                continue
+            family = [seq] if seq.request.is_forked else self._fork(seq)
+            rows.extend([row] * len(family))
+            to_sample.extend(family)
+        if not to_sample:
+            return {}
+        token_ids = sample(
+            logits[rows],
+            [seq.request.request.params.sampling for seq in to_sample],
+            [seq.generator for seq in to_sample],
+        )
+        deltas: dict[int, list[ChoiceDelta]] = {}
+        for seq, token_id in zip(to_sample, token_ids, strict=True):
+            deltas.setdefault(seq.request.request_id, []).append(self._append(seq, int(token_id)))
+        return {rid: self._output(self._requests[rid], items) for rid, items in deltas.items()}
+
+    def _append(self, seq: Sequence, token_id: int) -> ChoiceDelta:
+        previous_time = seq.last_token_time
+        seq.append_token(token_id)
+        if previous_time is None:
+            self._metrics.observe_ttft(seq.last_token_time - seq.request.arrival_time)
+        else:
+            self._metrics.observe_tpot(seq.last_token_time - previous_time)
+        step = seq.stop_checker.append(token_id, len(seq.token_ids))
+        if step.finish_reason is not None:
+            seq.finish_reason = step.finish_reason
+            self._release(seq)
+        return ChoiceDelta(seq.index, (token_id,), step.text, step.finish_reason)
+
+    def _output(self, state: RequestState, deltas: list[ChoiceDelta]) -> RequestOutput:
+        if not state.is_finished:
+            return RequestOutput(tuple(deltas))
+        del self._requests[state.request_id]
+        usage = Usage(
+            prompt_tokens=state.num_prompt_tokens,
+            completion_tokens=state.num_completion_tokens(),
+            cached_tokens=state.num_cached_tokens or 0,
+        )
+        return RequestOutput(tuple(deltas), usage)
+
+    # ---- sequences -----------------------------------------------------------------
+
+    def _new_sequence(self, state: RequestState, index: int, token_ids: list[int]) -> Sequence:
+        params = state.request.params
+        stop_checker = StopChecker(
+            self._tokenizer, params, self._tokenizer.eos_token_ids, self._max_model_len
+        )
+        seed = params.sampling.seed
+        generator = None
+        if seed is not None:
+            generator = torch.Generator(device=self._runner.device)
+            generator.manual_seed((seed + index) % 2**63)
+        seq = Sequence(next(self._seq_ids), state, index, token_ids, stop_checker, generator)
+        state.sequences.append(seq)
+        return seq
+
+    def _fork(self, parent: Sequence) -> list[Sequence]:
+        """After the prompt is computed, split an ``n > 1`` request into its choices;
+        children share the parent's blocks (copied on their first write)."""
+        state = parent.request
+        family = [parent]
+        for index in range(1, state.request.params.n):
+            child = self._new_sequence(state, index, list(parent.token_ids))
+            self.manager.fork(parent.seq_id, child.seq_id)
+            child.num_computed_tokens = parent.num_computed_tokens
+            self.scheduler.add_running(child)
+            family.append(child)
+        state.is_forked = True
+        return family
+
+    def _commit_full_blocks(self, seq: Sequence) -> None:
+        num_tokens = seq.num_computed_tokens - seq.num_computed_tokens % self._block_size
+        if num_tokens:
+            self.manager.commit(seq.seq_id, seq.token_ids[:num_tokens])
+
+    def _release(self, seq: Sequence) -> None:
+        if seq.status is SequenceStatus.RUNNING:
+            self.manager.commit(seq.seq_id, seq.token_ids[: seq.num_computed_tokens])
+        self.scheduler.release(seq)
+
+    # ---- observation ---------------------------------------------------------------
+
+    def stats(self) -> EngineStats:
+        """Load and KV counters now (engine thread; others read published copies)."""
+        running = {seq.request.request_id for seq in self.scheduler.running}
+        waiting_tokens = sum(s.num_uncomputed_tokens for s in self.scheduler.waiting)
+        waiting_tokens += sum(
+            s.num_uncomputed_tokens for s in self.scheduler.running if s.num_uncomputed_tokens > 1
+        )
+        return EngineStats.collect(
+            self.manager,
+            num_requests_running=len(running),
+            num_requests_waiting=len(self._requests) - len(running),
+            num_waiting_tokens=waiting_tokens,
+            num_preemptions=self.scheduler.num_preemptions,
+        )

@@ -1,0 +1,150 @@
+"""Engine metrics: a frozen ``EngineStats`` snapshot and its Prometheus exposition.
+
+The engine thread builds an ``EngineStats`` after every step and publishes it by
+swapping one reference; the event loop (``/info``, ``/metrics``) only reads the
+latest snapshot, so no lock is held across threads. Latency histograms are
+observed on the engine thread (prometheus_client histograms are thread-safe).
+Everything registers in a per-process ``CollectorRegistry`` passed in, never the
+global default registry.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+
+from prometheus_client import CollectorRegistry, Histogram
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from workers.kv.manager import KVCacheManager
+
+_LATENCY_BUCKETS = (
+    0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.15, 0.2, 0.3, 0.5,
+    0.75, 1.0, 1.5, 2.0, 3.0, 5.0, 10.0, 20.0, 40.0,
+)  # fmt: skip
+
+
+@dataclass(frozen=True)
+class EngineStats:
+    """Load and KV-cache numbers at one instant (counters are totals since start)."""
+
+    num_requests_running: int
+    num_requests_waiting: int
+    num_waiting_tokens: int
+    kv_blocks_total: int
+    kv_blocks_free: int
+    kv_blocks_cached: int
+    prefix_cache_queries_tokens_total: int
+    prefix_cache_hit_tokens_total: int
+    kv_evicted_blocks_total: int
+    cow_copies_total: int
+    preemptions_total: int
+
+    @property
+    def kv_cache_usage_ratio(self) -> float:
+        """Fraction of blocks held by running sequences (cached blocks are reclaimable)."""
+        used = self.kv_blocks_total - self.kv_blocks_free - self.kv_blocks_cached
+        return used / self.kv_blocks_total
+
+    @classmethod
+    def collect(
+        cls,
+        manager: KVCacheManager,
+        *,
+        num_requests_running: int,
+        num_requests_waiting: int,
+        num_waiting_tokens: int,
+        num_preemptions: int,
+    ) -> EngineStats:
+        """Read the KV manager's gauges and counters (engine thread only)."""
+        kv = manager.stats()
+        return cls(
+            num_requests_running=num_requests_running,
+            num_requests_waiting=num_requests_waiting,
+            num_waiting_tokens=num_waiting_tokens,
+            kv_blocks_total=kv.num_total_blocks,
+            kv_blocks_free=kv.num_free_blocks,
+            kv_blocks_cached=kv.num_cached_blocks,
+            prefix_cache_queries_tokens_total=kv.prefix_cache_queries_tokens_total,
+            prefix_cache_hit_tokens_total=kv.prefix_cache_hit_tokens_total,
+            kv_evicted_blocks_total=kv.num_evicted_blocks_total,
+            cow_copies_total=kv.num_cow_copies_total,
+            preemptions_total=num_preemptions,
+        )
+
+    def load(self) -> dict[str, float]:
+        """The ``load`` object of ``GET /info``."""
+        return {
+            "num_requests_running": self.num_requests_running,
+            "num_requests_waiting": self.num_requests_waiting,
+            "num_waiting_tokens": self.num_waiting_tokens,
+            "kv_cache_usage_ratio": self.kv_cache_usage_ratio,
+        }
+
+
+_GAUGES = {
+    "num_requests_running": "Requests holding KV blocks.",
+    "num_requests_waiting": "Requests queued for admission (new or preempted).",
+    "num_waiting_tokens": "Prompt tokens queued for prefill.",
+    "kv_blocks_total": "KV blocks preallocated.",
+    "kv_blocks_free": "KV blocks on the free list.",
+    "kv_blocks_cached": "KV blocks held only by the prefix cache (evictable).",
+}
+_COUNTERS = {
+    "prefix_cache_queries_tokens_total": "Prompt tokens looked up in the prefix cache.",
+    "prefix_cache_hit_tokens_total": "Prompt tokens found in the prefix cache.",
+    "kv_evicted_blocks_total": "KV blocks evicted from the prefix cache.",
+    "cow_copies_total": "KV blocks copied on write.",
+    "preemptions_total": "Sequences preempted for lack of KV blocks (recomputed later).",
+}
+
+
+class _StatsCollector(Collector):
+    """Exposes the latest published ``EngineStats`` at scrape time."""
+
+    def __init__(self, read: Callable[[], EngineStats]) -> None:
+        self._read = read
+
+    def collect(self) -> Iterator[Metric]:
+        stats = self._read()
+        for name, doc in _GAUGES.items():
+            yield GaugeMetricFamily(name, doc, value=getattr(stats, name))
+        yield GaugeMetricFamily(
+            "kv_cache_usage_ratio",
+            "Fraction of KV blocks held by running sequences.",
+            value=stats.kv_cache_usage_ratio,
+        )
+        for name, doc in _COUNTERS.items():
+            yield CounterMetricFamily(name, doc, value=getattr(stats, name))
+
+
+class EngineMetrics:
+    """TTFT and TPOT histograms in ``registry``, observed by the engine thread."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self._ttft = Histogram(
+            "time_to_first_token_seconds",
+            "Arrival to first output token, per request choice.",
+            buckets=_LATENCY_BUCKETS,
+            registry=registry,
+        )
+        self._tpot = Histogram(
+            "time_per_output_token_seconds",
+            "Interval between consecutive output tokens of a choice.",
+            buckets=_LATENCY_BUCKETS,
+            registry=registry,
+        )
+
+    def observe_ttft(self, seconds: float) -> None:
+        """Record one time to first token."""
+        self._ttft.observe(seconds)
+
+    def observe_tpot(self, seconds: float) -> None:
+        """Record one inter-token interval."""
+        self._tpot.observe(seconds)
+
+
+def register_stats(registry: CollectorRegistry, read_stats: Callable[[], EngineStats]) -> None:
+    """Expose the gauges and counters of ``read_stats()`` (called at each scrape)."""
+    registry.register(_StatsCollector(read_stats))

@@ -1,0 +1,85 @@
+"""What goes into the engine (a validated request) and what comes out (per-step outputs).
+
+These are the engine's boundary values: frozen, built by the HTTP layer after
+validation, consumed by the engine thread, and handed back to the event loop.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+from workers.model.sampler import SamplingParams
+
+FinishReason = Literal["stop", "length"]
+
+
+@dataclass(frozen=True)
+class GenerationParams:
+    """How to generate: per-token sampling, number of choices and stop strings.
+
+    ``sampling`` carries temperature, top-p/top-k, seed, ``max_tokens``, stop token
+    ids and ``ignore_eos`` (validated by ``SamplingParams``). With a seed, choice
+    ``i`` of an ``n > 1`` request draws from a generator seeded ``seed + i``.
+    Generation stops at ``max_tokens`` output tokens ("length"), or ("stop") at a
+    stop token id, at EOS unless ``ignore_eos``, or when the text contains one of
+    ``stop`` (the text is cut before it).
+    """
+
+    sampling: SamplingParams
+    n: int = 1
+    stop: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class GenerationRequest:
+    """A prompt as token ids, the cache scope it may see, and how to generate.
+
+    ``num_public_tokens`` leading tokens are inserted into the prefix cache as
+    public (a multiple of the block size, at most the prompt length).
+    """
+
+    prompt_token_ids: tuple[int, ...]
+    params: GenerationParams
+    scope: str = "anonymous"
+    num_public_tokens: int = 0
+
+
+@dataclass(frozen=True)
+class ChoiceDelta:
+    """What one choice produced in one step: new token ids, new text (held back while
+    it could still become a stop string), and the finish reason on its last step."""
+
+    index: int
+    token_ids: tuple[int, ...]
+    text: str
+    finish_reason: FinishReason | None = None
+
+
+@dataclass(frozen=True)
+class Usage:
+    """Token accounting of a finished request; ``cached_tokens`` is the prefix-cache
+    hit of its first admission."""
+
+    prompt_tokens: int
+    completion_tokens: int
+    cached_tokens: int
+
+
+@dataclass(frozen=True)
+class RequestOutput:
+    """One step's news for one request. ``usage`` is set exactly on the last output,
+    which is also the only one with ``finished`` True."""
+
+    deltas: tuple[ChoiceDelta, ...]
+    usage: Usage | None = None
+
+    @property
+    def finished(self) -> bool:
+        """True on the request's last output."""
+        return self.usage is not None
+
+
+class EngineError(RuntimeError):
+    """The engine failed while running a request (a bug or a device fault, never bad
+    input); the request's blocks have been released."""

@@ -1,0 +1,137 @@
+"""Continuous-batching scheduler: which sequences compute how many tokens this step.
+
+Policy, in order, under a budget of ``max_batched_tokens`` tokens per step:
+
+1. Running sequences that decode (one uncomputed token) go first, oldest first, so
+   a long prefill never stalls generation; then running sequences still
+   prefilling get the rest of the budget (chunked prefill: a prompt longer than
+   what is left is cut, and continues next step).
+2. Each scheduled sequence first gets its KV slots (``append_slots``). When the
+   pool is out of blocks even after evicting cached leaves, the newest running
+   sequence not yet scheduled is preempted: its computed tokens are committed to
+   the prefix cache, its blocks released, and it goes back to the front of the
+   waiting queue to be recomputed later (usually from its own cached prefix).
+   A sequence that is itself the newest preempts itself.
+3. If nothing was preempted this step, waiting sequences are admitted in FIFO
+   order while the KV manager can reserve their blocks after the prefix match
+   (it evicts cached leaves first) and ``max_num_seqs`` allows. The first one that
+   does not fit stops admission (no overtaking: large requests do not starve).
+
+The scheduler never runs the model; the engine does, then reports back.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass
+
+from workers.config import EngineConfig
+from workers.engine.sequence import Sequence, SequenceStatus
+from workers.kv.manager import KVCacheManager
+
+
+@dataclass(frozen=True)
+class ScheduledChunk:
+    """``num_new_tokens`` tokens of ``seq`` to compute this step, from its
+    ``num_computed_tokens`` on (slots already reserved)."""
+
+    seq: Sequence
+    num_new_tokens: int
+
+
+class Scheduler:
+    """Owns the waiting queue and the running list; talks to the KV manager for
+    admission, slots, preemption and release. Engine thread only."""
+
+    def __init__(self, manager: KVCacheManager, config: EngineConfig) -> None:
+        self._manager = manager
+        self._config = config
+        self.waiting: deque[Sequence] = deque()
+        self.running: list[Sequence] = []
+        self.num_preemptions = 0
+
+    def add(self, seq: Sequence) -> None:
+        """Queue a new sequence for admission."""
+        seq.status = SequenceStatus.WAITING
+        self.waiting.append(seq)
+
+    def add_running(self, seq: Sequence) -> None:
+        """Adopt a sequence that already holds blocks (a fork child)."""
+        seq.status = SequenceStatus.RUNNING
+        self.running.append(seq)
+
+    def release(self, seq: Sequence) -> None:
+        """Drop ``seq`` from the queues and free its blocks (finish or abort); the
+        caller commits what it wants cached first."""
+        if seq.status is SequenceStatus.WAITING:
+            self.waiting.remove(seq)
+        elif seq.status is SequenceStatus.RUNNING:
+            self.running.remove(seq)
+            self._manager.free(seq.seq_id)
+        seq.status = SequenceStatus.FINISHED
+
+    def schedule(self) -> list[ScheduledChunk]:
+        """Pick this step's work (see the module docstring for the policy)."""
+        budget = self._config.max_batched_tokens
+        chunks: list[ScheduledChunk] = []
+        scheduled: set[int] = set()
+        num_preemptions = self.num_preemptions
+        for seq in sorted(self.running, key=lambda s: s.num_uncomputed_tokens > 1):
+            if budget == 0:
+                break
+            if seq.status is not SequenceStatus.RUNNING:
+                continue
+            num_new = min(seq.num_uncomputed_tokens, budget)
+            if self._reserve(seq, num_new, scheduled):
+                chunks.append(ScheduledChunk(seq, num_new))
+                scheduled.add(seq.seq_id)
+                budget -= num_new
+        if self.num_preemptions == num_preemptions:
+            chunks.extend(self._admit(budget))
+        return chunks
+
+    def _reserve(self, seq: Sequence, num_new: int, scheduled: set[int]) -> bool:
+        """Slots for ``num_new`` tokens of ``seq``, preempting the newest unscheduled
+        sequences until they fit. False when ``seq`` had to preempt itself."""
+        while not self._manager.append_slots(seq.seq_id, num_new):
+            victim = next(s for s in reversed(self.running) if s.seq_id not in scheduled)
+            self._preempt(victim)
+            if victim is seq:
+                return False
+        return True
+
+    def _preempt(self, seq: Sequence) -> None:
+        self._manager.commit(seq.seq_id, seq.token_ids[: seq.num_computed_tokens])
+        self.running.remove(seq)
+        self._manager.free(seq.seq_id)
+        seq.num_computed_tokens = 0
+        seq.status = SequenceStatus.WAITING
+        self.waiting.appendleft(seq)
+        self.num_preemptions += 1
+
+    def _admit(self, budget: int) -> list[ScheduledChunk]:
+        chunks: list[ScheduledChunk] = []
+        while self.waiting and budget > 0:
+            seq = self.waiting[0]
+            request = seq.request
+            num_seqs = 1 if request.is_forked else request.request.params.n
+            if self.running and len(self.running) + num_seqs > self._config.max_num_seqs:
+                break
+            num_cached = self._manager.admit(
+                seq.seq_id, seq.token_ids, request.request.scope, request.request.num_public_tokens
+            )
+            if num_cached is None:
+                break
+            self.waiting.popleft()
+            if request.num_cached_tokens is None:
+                request.num_cached_tokens = num_cached
+            seq.num_computed_tokens = num_cached
+            seq.status = SequenceStatus.RUNNING
+            self.running.append(seq)
+            num_new = min(seq.num_uncomputed_tokens, budget)
+            if not self._manager.append_slots(seq.seq_id, num_new):
+                self._preempt(seq)
+                break
+            chunks.append(ScheduledChunk(seq, num_new))
+            budget -= num_new
+        return chunks

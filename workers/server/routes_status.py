@@ -1,0 +1,64 @@
+"""``GET /health``, ``/ready``, ``/info`` and ``/metrics``.
+
+``/ready`` and ``/info`` read the engine's latest published ``EngineStats`` (a
+snapshot swapped in by the engine thread after every step), never the engine.
+"""
+
+from __future__ import annotations
+
+from aiohttp import web
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+from workers.server.state import STATE, WorkerState
+
+
+async def health(request: web.Request) -> web.Response:
+    """200 while the process and its engine thread are alive, else 503 (no key needed)."""
+    if request.app[STATE].engine.failed:
+        return web.json_response({"status": "engine stopped"}, status=503)
+    return web.json_response({"status": "ok"})
+
+
+def _ready_body(state: WorkerState) -> dict[str, object]:
+    stats = state.engine.stats
+    return {
+        "ready": state.ready.is_set(),
+        **state.identity.to_dict(),
+        "num_free_blocks": stats.kv_blocks_free,
+    }
+
+
+async def ready(request: web.Request) -> web.Response:
+    """200 once the start-up self-test passed, 503 before; same body either way."""
+    state = request.app[STATE]
+    return web.json_response(_ready_body(state), status=200 if state.ready.is_set() else 503)
+
+
+async def info(request: web.Request) -> web.Response:
+    """Identity, KV plan, KV block counts and live load (routers poll this)."""
+    state = request.app[STATE]
+    stats = state.engine.stats
+    engine_config = state.worker.engine_config
+    return web.json_response({
+        **_ready_body(state),
+        "kv_plan": state.identity.kv_plan_dict(),
+        "prefix_cache": state.worker.prefix_cache,
+        "kv": {
+            "num_total_blocks": stats.kv_blocks_total,
+            "num_free_blocks": stats.kv_blocks_free,
+            "num_cached_blocks": stats.kv_blocks_cached,
+            "num_used_blocks": stats.kv_blocks_total - stats.kv_blocks_free - stats.kv_blocks_cached,
+        },
+        "engine": {
+            "max_batched_tokens": engine_config.max_batched_tokens,
+            "max_num_seqs": engine_config.max_num_seqs,
+            "max_waiting_requests": engine_config.max_waiting_requests,
+        },
+        "load": stats.load(),
+    })  # fmt: skip
+
+
+async def metrics(request: web.Request) -> web.Response:
+    """Prometheus text of this process's registry."""
+    body = generate_latest(request.app[STATE].worker.registry)
+    return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})

@@ -1,0 +1,70 @@
+"""Start-up and shutdown of one worker process.
+
+Sequence: bind the listening socket (so ``port`` 0 resolves to a real port before
+the worker id and event log exist), build the worker off the event loop (model
+load, KV plan, namespace), start serving HTTP (``/health`` answers; ``/ready`` is
+503), start the engine thread, run the self-test, mark ready, and only then
+announce ``READY http://HOST:PORT`` on stdout: a launcher that waits for that line
+never sees a worker that is not ready. SIGTERM or SIGINT stop it: the server
+closes, then the engine thread finishes its step and exits.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+import socket
+from collections.abc import Callable
+
+from aiohttp import web
+
+from workers.config import WorkerConfig
+from workers.engine.build import build_worker
+from workers.engine.selftest import run_self_test
+from workers.server.app import create_app
+from workers.server.state import WorkerState
+
+log = logging.getLogger(__name__)
+SHUTDOWN_TIMEOUT_S = 5.0
+
+
+def base_url(host: str, port: int) -> str:
+    """``http://host:port`` (IPv6 hosts bracketed)."""
+    return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
+
+
+async def serve(config: WorkerConfig, secret: bytes, announce: Callable[[str], None]) -> None:
+    """Run the worker until SIGTERM/SIGINT; ``announce`` gets the READY line.
+
+    Raises ValueError for a bad model or KV plan and ``SelfTestError`` if the engine
+    fails its self-test (the process must then exit non-zero)."""
+    server_config = config.server
+    family = socket.AF_INET6 if ":" in server_config.host else socket.AF_INET
+    sock = socket.create_server((server_config.host, server_config.port), family=family, backlog=1024)
+    port = sock.getsockname()[1]
+    url = base_url(server_config.host, port)
+    worker_id = server_config.worker_id or f"{server_config.host}:{port}"
+    worker = await asyncio.to_thread(build_worker, config, worker_id, secret)
+    state = WorkerState(server_config, worker)
+    runner = web.AppRunner(create_app(state), handler_cancellation=True, access_log=None)
+    await runner.setup()
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(signum, stop.set)
+    try:
+        await web.SockSite(runner, sock, shutdown_timeout=SHUTDOWN_TIMEOUT_S).start()
+        log.info("worker %s listening on %s (model %s)", worker_id, url, worker.identity.model)
+        worker.engine.start(loop)
+        await asyncio.sleep(server_config.self_test_delay_s)
+        await run_self_test(worker.engine, worker.identity.vocab_size,
+                            worker.identity.namespace.block_size)  # fmt: skip
+        state.ready.set()
+        announce(f"READY {url}")
+        await stop.wait()
+        log.info("shutting down")
+    finally:
+        worker.engine.kv_feed.drop_all()  # KV event streams never end by themselves
+        await runner.cleanup()
+        worker.engine.stop()
