@@ -56,7 +56,16 @@ def paged_prefill(
 
     Query ``j`` of sequence ``b`` sits at position ``seq_lens[b] - query_len[b] + j``
     and sees keys at positions ``<=`` its own. Returns ``[T, H, D]`` in query's dtype.
+    In a mixed batch the one-token rows (decodes) run apart from the prefill rows, so
+    they are not padded to the longest prefill chunk.
     """
+    query_lens = query_start_loc[1:] - query_start_loc[:-1]
+    is_decode = query_lens == 1
+    if max_query_len > 1 and bool(is_decode.any()):
+        return _split_decodes(
+            query, key_cache, value_cache, query_start_loc, seq_lens, block_tables, max_query_len,
+            scale, is_decode,
+        )  # fmt: skip
     seq_lens = seq_lens.long()
     keys, values, key_pos = _gather(key_cache, value_cache, block_tables, seq_lens)
     if max_query_len == 1:  # one query per sequence, at its last position
@@ -75,6 +84,37 @@ def paged_prefill(
         key_pos[None, None, :] < seq_lens[:, None, None]
     )
     return _attend(padded_query, keys, values, visible[:, None], scale)[seq_index, offsets]
+
+
+def _split_decodes(
+    query: torch.Tensor,
+    key_cache: torch.Tensor,
+    value_cache: torch.Tensor,
+    query_start_loc: torch.Tensor,
+    seq_lens: torch.Tensor,
+    block_tables: torch.Tensor,
+    max_query_len: int,
+    scale: float,
+    is_decode: torch.Tensor,
+) -> torch.Tensor:
+    """``paged_prefill`` of a mixed batch as one decode call plus one prefill call."""
+    out = torch.empty_like(query)
+    decodes = is_decode.nonzero().flatten()
+    rows = query_start_loc[decodes].long()
+    out[rows] = paged_decode(
+        query[rows], key_cache, value_cache, seq_lens[decodes], block_tables[decodes], scale
+    )
+    prefills = (~is_decode).nonzero().flatten()
+    starts, ends = query_start_loc[prefills].long(), query_start_loc[prefills + 1].long()
+    spans = zip(starts.tolist(), ends.tolist(), strict=True)
+    token_rows = torch.cat([torch.arange(a, b, device=query.device) for a, b in spans])
+    sub_start_loc = torch.zeros(len(prefills) + 1, dtype=query_start_loc.dtype)
+    sub_start_loc[1:] = torch.cumsum(ends - starts, 0)
+    out[token_rows] = paged_prefill(
+        query[token_rows], key_cache, value_cache, sub_start_loc.to(query.device),
+        seq_lens[prefills], block_tables[prefills], max_query_len, scale,
+    )  # fmt: skip
+    return out
 
 
 def _gather(
