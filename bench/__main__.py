@@ -10,7 +10,14 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from bench import e2e_worker_bench, kv_bench, model_bench, radix_bench, routing_quality
+from bench import (
+    e2e_worker_bench,
+    kv_bench,
+    model_bench,
+    radix_bench,
+    router_overhead,
+    routing_quality,
+)
 
 BENCHMARKS: dict[str, Callable[[list[str]], dict]] = {
     "radix": radix_bench.main,
@@ -18,6 +25,7 @@ BENCHMARKS: dict[str, Callable[[list[str]], dict]] = {
     "model": model_bench.main,
     "e2e_worker": e2e_worker_bench.main,
     "routing": routing_quality.main,
+    "router_overhead": router_overhead.main,
 }
 
 

@@ -43,15 +43,15 @@ async def running_router(config: RouterConfig, wait_ready_s: float = 10.0
     (when there are any) and yields (URL, Router)."""
     router = Router.build(config, TEST_SECRET, InProcessSharedState())
     async with serving(create_app(router)) as url:
-        if config.workers and not await router.registry.wait_ready(wait_ready_s):
-            states = {w.worker_id: w.reason for w in router.registry.workers()}
-            raise RuntimeError(f"workers not ready: {states}")
+        await eventually(lambda: all(w.ready for w in router.registry.workers()), wait_ready_s,
+                         describe=lambda: {w.worker_id: w.reason for w in router.registry.workers()})
         yield url, router
 
 
-async def eventually(check, timeout_s: float = 10.0, interval_s: float = 0.05):
+async def eventually(check, timeout_s: float = 10.0, interval_s: float = 0.05,
+                     describe=lambda: None):
     """Poll ``check()`` (sync or async) until it returns a truthy value; returns it.
-    AssertionError with the last value on timeout."""
+    AssertionError with the last value and ``describe()`` on timeout."""
     deadline = asyncio.get_running_loop().time() + timeout_s
     while True:
         value = check()
@@ -60,5 +60,6 @@ async def eventually(check, timeout_s: float = 10.0, interval_s: float = 0.05):
         if value:
             return value
         if asyncio.get_running_loop().time() > deadline:
-            raise AssertionError(f"condition not met in {timeout_s}s (last value {value!r})")
+            raise AssertionError(f"condition not met in {timeout_s}s (last value {value!r}): "
+                                 f"{describe()}")
         await asyncio.sleep(interval_s)

@@ -1,0 +1,7 @@
+"""``python -m router``: see ``router.cli``."""
+
+import sys
+
+from router.cli import main
+
+sys.exit(main())

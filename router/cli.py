@@ -1,0 +1,115 @@
+"""``radix-router`` / ``python -m router``: run the router, a local cluster, or helpers.
+
+Subcommands: ``up`` (two demo workers and a router from a config, as children),
+``router`` (the router alone; also what ``python -m router --config F`` runs),
+``worker`` (exec ``python -m workers ...``), ``bench`` (exec ``python -m bench ...``),
+``hash-key KEY`` (the digest to put in a config for an API key).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import dataclasses
+import logging
+import os
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from radix.namespace import load_secret
+from router.auth import hash_key
+from router.config import DEFAULT_CONFIG, RouterConfig
+from router.config_toml import load_config
+
+SUBCOMMANDS = ("up", "router", "worker", "bench", "hash-key")
+_EXEC_MODULES = {"worker": "workers", "bench": "bench"}
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="radix-router", description=__doc__.split("\n")[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    up = sub.add_parser("up", help="start the configured workers and a router")
+    up.add_argument("--config", default=str(DEFAULT_CONFIG))
+    up.add_argument("--port", type=int, help="override the router's listen.port")
+    router = sub.add_parser("router", help="run the router alone")
+    router.add_argument("--config", default=str(DEFAULT_CONFIG))
+    router.add_argument("--host", help="override listen.host")
+    router.add_argument("--port", type=int, help="override listen.port (0: a free port)")
+    router.add_argument("--worker-url", action="append", default=[], metavar="ID=URL",
+                        help="set the URL of configured worker ID (repeatable)")
+    router.add_argument("--processes", type=int, default=1,
+                        help="router processes sharing the port (SO_REUSEPORT)")
+    router.add_argument("--log-level", default="INFO")
+    hashing = sub.add_parser("hash-key", help="print the config digest of an API key")
+    hashing.add_argument("key")
+    for name, module in _EXEC_MODULES.items():
+        sub.add_parser(name, help=f"run python -m {module} with the remaining arguments")
+    return parser
+
+
+def with_overrides(config: RouterConfig, host: str | None, port: int | None,
+                   worker_urls: Sequence[str]) -> RouterConfig:
+    """``config`` with command-line overrides; ValueError naming a bad ``--worker-url``."""
+    listen = dataclasses.replace(config.listen, host=host or config.listen.host,
+                                 port=config.listen.port if port is None else port)
+    urls = {}
+    for item in worker_urls:
+        worker_id, sep, url = item.partition("=")
+        if not sep or not url.startswith(("http://", "https://")):
+            raise ValueError(f"--worker-url: expected ID=http://HOST:PORT, got {item!r}")
+        urls[worker_id] = url
+    unknown = set(urls) - {w.worker_id for w in config.workers}
+    if unknown:
+        raise ValueError(f"--worker-url: no configured worker {sorted(unknown)[0]!r}")
+    workers = tuple(dataclasses.replace(w, url=urls.get(w.worker_id, w.url))
+                    for w in config.workers)
+    return dataclasses.replace(config, listen=listen, workers=workers)
+
+
+def router_secret(config: RouterConfig) -> bytes:
+    """The deployment secret from ``config.secret`` (file, then environment variable,
+    then $RADIX_ROUTER_SECRET, else a random dev secret with a warning)."""
+    if config.secret.file is not None:
+        try:
+            return Path(config.secret.file).read_text(encoding="utf-8").strip().encode()
+        except OSError as exc:
+            raise ValueError(f"secret.file: cannot read {config.secret.file}: {exc}") from exc
+    return load_secret(os.environ.get(config.secret.env))
+
+
+def _run_router(args: argparse.Namespace) -> int:
+    from router.server.app import serve_processes
+
+    logging.basicConfig(level=args.log_level.upper(),
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if args.processes < 1:
+        raise ValueError("--processes: must be at least 1")
+    config = with_overrides(load_config(args.config), args.host, args.port, args.worker_url)
+    serve_processes(config, router_secret(config), args.processes)
+    return 0
+
+
+def _run_up(args: argparse.Namespace) -> int:
+    from router.cluster import run_cluster
+
+    return asyncio.run(run_cluster(load_config(args.config), args.config, args.port))
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point; returns the exit code (2 for a config error)."""
+    args = list(sys.argv[1:] if argv is None else argv)
+    if args and args[0] in _EXEC_MODULES:
+        module = _EXEC_MODULES[args[0]]
+        os.execv(sys.executable, [sys.executable, "-m", module, *args[1:]])
+    if not args or args[0] not in SUBCOMMANDS and args[0] not in ("-h", "--help"):
+        args.insert(0, "router")
+    parsed = _parser().parse_args(args)
+    if parsed.command == "hash-key":
+        print(hash_key(parsed.key))
+        return 0
+    try:
+        return _run_up(parsed) if parsed.command == "up" else _run_router(parsed)
+    except (ValueError, RuntimeError) as exc:
+        print(f"radix-router: {exc}", file=sys.stderr)
+        return 2

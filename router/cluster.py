@@ -1,0 +1,170 @@
+"""``radix-router up``: run the workers a config launches and one router, as children.
+
+Each child is ``python -m workers ...`` or ``python -m router router ...`` (never an
+import of workers), in its own session so a terminal's Ctrl-C reaches only this
+supervisor, and with a parent-death signal so a killed supervisor leaves no orphan.
+Each child prints ``READY http://HOST:PORT`` when it serves; the supervisor waits
+for every READY, prints how to use the router, and on SIGINT/SIGTERM (or any child
+exiting) stops them all: SIGTERM, then SIGKILL after a grace period.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import secrets
+import signal
+import sys
+from pathlib import Path
+
+from radix.namespace import SECRET_ENV
+from router.config import RouterConfig
+from router.server.app import die_with_parent
+
+READY_PREFIX = "READY "
+_STOP_GRACE_S = 10.0
+
+
+class Child:
+    """One supervised process whose stdout is echoed with a ``[name]`` prefix."""
+
+    def __init__(self, name: str, proc: asyncio.subprocess.Process) -> None:
+        self.name = name
+        self.proc = proc
+        self.url: str | None = None
+        self._echo: asyncio.Task[None] | None = None
+
+    @classmethod
+    async def start(cls, name: str, args: list[str], env: dict[str, str]) -> Child:
+        """Start ``python args...`` with ``env``."""
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable, *args, env=env, stdin=asyncio.subprocess.DEVNULL,
+            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
+            start_new_session=True, preexec_fn=die_with_parent)
+        return cls(name, proc)
+
+    async def wait_ready(self) -> str:
+        """Echo output until the READY line; returns the URL. RuntimeError if the child
+        exits first."""
+        assert self.proc.stdout is not None
+        while line := await self.proc.stdout.readline():
+            text = line.decode(errors="replace").rstrip()
+            print(f"[{self.name}] {text}", flush=True)
+            if text.startswith(READY_PREFIX):
+                self.url = text[len(READY_PREFIX):].strip()
+                self._echo = asyncio.create_task(self._echo_rest())
+                return self.url
+        raise RuntimeError(f"{self.name} exited with code {await self.proc.wait()} "
+                           "before it was ready")
+
+    async def _echo_rest(self) -> None:
+        assert self.proc.stdout is not None
+        while line := await self.proc.stdout.readline():
+            print(f"[{self.name}] {line.decode(errors='replace').rstrip()}", flush=True)
+
+    async def stop(self) -> None:
+        """SIGTERM, then SIGKILL after the grace period; waits for the exit."""
+        if self.proc.returncode is None:
+            with contextlib.suppress(ProcessLookupError):
+                self.proc.terminate()
+            try:
+                await asyncio.wait_for(self.proc.wait(), _STOP_GRACE_S)
+            except TimeoutError:
+                with contextlib.suppress(ProcessLookupError):
+                    self.proc.kill()
+                await self.proc.wait()
+        if self._echo is not None:
+            await self._echo
+
+
+def deployment_secret(config: RouterConfig) -> str:
+    """The secret to hand every child: the config's file, else its environment
+    variable, else a fresh dev secret shared by this cluster only."""
+    if config.secret.file is not None:
+        return Path(config.secret.file).read_text(encoding="utf-8").strip()
+    return os.environ.get(config.secret.env) or secrets.token_hex(32)
+
+
+def banner(url: str, config: RouterConfig) -> str:
+    """How to call the router: URL, an example curl and the openai-client snippet."""
+    model = next(iter(config.models))
+    key = config.launch.example_api_key or "$RADIX_ROUTER_API_KEY"
+    return f"""
+radix-router is up at {url}
+
+  curl {url}/v1/chat/completions \\
+    -H "Authorization: Bearer {key}" -H "Content-Type: application/json" \\
+    -d '{{"model": "{model}", "messages": [{{"role": "user", "content": "Hello"}}], "max_tokens": 16}}'
+
+  from openai import OpenAI
+  client = OpenAI(base_url="{url}/v1", api_key="{key}")
+  print(client.chat.completions.create(model="{model}", max_tokens=16,
+        messages=[{{"role": "user", "content": "Hello"}}]).choices[0].message.content)
+
+Ctrl-C stops the router and the workers.
+""".rstrip()
+
+
+async def run_cluster(config: RouterConfig, config_path: str, port: int | None = None) -> int:
+    """Start the launched workers (in parallel), then the router (on ``port`` if given,
+    else the config's); serve until a signal or a child exits; stop everything.
+    Returns the exit code (130 when interrupted during start-up)."""
+    env = dict(os.environ)
+    secret = deployment_secret(config)
+    env[SECRET_ENV] = secret
+    env[config.secret.env] = secret
+    children: list[Child] = []
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(signum, stop.set)
+    try:
+        launched = [w for w in config.workers if w.launch is not None]
+        for worker in launched:
+            children.append(await Child.start(
+                worker.worker_id, ["-m", "workers", *worker.launch], env))
+        urls = await asyncio.gather(*(_ready(c, config, stop) for c in children))
+        router_args = ["-m", "router", "router", "--config", config_path]
+        if port is not None:
+            router_args += ["--port", str(port)]
+        for worker, url in zip(launched, urls, strict=True):
+            router_args += ["--worker-url", f"{worker.worker_id}={url}"]
+        router = await Child.start("router", router_args, env)
+        children.append(router)
+        print(banner(await _ready(router, config, stop), config), flush=True)
+        exits = [asyncio.create_task(c.proc.wait()) for c in children]
+        stopping = asyncio.create_task(stop.wait())
+        await asyncio.wait([stopping, *exits], return_when=asyncio.FIRST_COMPLETED)
+        for task in [stopping, *exits]:
+            task.cancel()
+        exited = [c.name for c in children if c.proc.returncode is not None]
+        if exited:
+            print(f"{', '.join(exited)} exited; stopping", flush=True)
+        return 1 if exited else 0
+    except Interrupted:
+        return 130
+    finally:
+        for child in reversed(children):
+            await child.stop()
+
+
+class Interrupted(Exception):
+    """A stop signal arrived while children were starting."""
+
+
+async def _ready(child: Child, config: RouterConfig, stop: asyncio.Event) -> str:
+    """The child's URL once it is READY; Interrupted if ``stop`` is set first."""
+    ready = asyncio.create_task(child.wait_ready())
+    stopping = asyncio.create_task(stop.wait())
+    try:
+        await asyncio.wait([ready, stopping], timeout=config.launch.ready_timeout_s,
+                           return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        stopping.cancel()
+    if ready.done():
+        return ready.result()
+    ready.cancel()
+    if stop.is_set():
+        raise Interrupted
+    raise RuntimeError(f"{child.name} not ready after {config.launch.ready_timeout_s}s")

@@ -1,0 +1,189 @@
+"""Worker probes: one readiness-and-load check of a worker, as a frozen ``ProbeResult``.
+
+``radix`` workers: ``GET /ready`` (identity, namespace fields, tokenizer digest) then
+``GET /info`` (live load). The router computes the namespace digest itself from the
+reported CacheNamespace fields under its own secret, and refuses a worker whose
+tokenizer digest or block size differs from the router's model.
+
+``openai`` workers: ``GET /v1/models`` (ready when it lists a model; a server without
+that route is ready when ``GET /health`` answers 200) and ``GET /metrics`` when it exists (Prometheus text; our names and vLLM/SGLang names);
+without metrics the router relies on its own in-flight counts.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import aiohttp
+
+from radix.namespace import CacheNamespace
+from router.tokenization import ModelTokenizer
+
+
+@dataclass(frozen=True)
+class WorkerLoad:
+    """Load a worker reported at its last poll (zeros when it reports none)."""
+
+    num_requests_running: int = 0
+    num_requests_waiting: int = 0
+    num_waiting_tokens: int = 0
+    kv_cache_usage_ratio: float = 0.0
+
+
+@dataclass(frozen=True)
+class ProbeResult:
+    """Outcome of one probe. ``reason`` says why a worker is not ready; ``namespace`` is
+    the router-side digest; ``served_model`` the model id the worker answers to."""
+
+    ready: bool
+    reason: str
+    namespace: str | None = None
+    epoch: str | None = None
+    served_model: str | None = None
+    load: WorkerLoad = WorkerLoad()
+
+
+class ProbeError(Exception):
+    """A probe request failed or answered something unusable."""
+
+
+async def _get(session: aiohttp.ClientSession, url: str, headers: Mapping[str, str],
+               timeout_s: float) -> tuple[int, str]:
+    try:
+        async with session.get(url, headers=headers,
+                               timeout=aiohttp.ClientTimeout(total=timeout_s)) as resp:
+            return resp.status, await resp.text()
+    except (aiohttp.ClientError, TimeoutError) as exc:
+        raise ProbeError(f"GET {url}: {type(exc).__name__}: {exc}") from exc
+
+
+async def _get_json(session: aiohttp.ClientSession, url: str, headers: Mapping[str, str],
+                    timeout_s: float) -> tuple[int, Any]:
+    status, text = await _get(session, url, headers, timeout_s)
+    try:
+        return status, json.loads(text)
+    except ValueError as exc:
+        raise ProbeError(f"GET {url}: HTTP {status}, not JSON") from exc
+
+
+async def probe_radix(session: aiohttp.ClientSession, url: str, headers: Mapping[str, str],
+                      timeout_s: float, model: ModelTokenizer, secret: bytes) -> ProbeResult:
+    """Readiness, identity and load of one of our workers."""
+    try:
+        status, ready = await _get_json(session, f"{url}/ready", headers, timeout_s)
+        if status != 200 or not isinstance(ready, dict) or ready.get("ready") is not True:
+            return ProbeResult(False, f"/ready answered HTTP {status}")
+        if ready.get("tokenizer_digest") != model.digest:
+            return ProbeResult(False, "tokenizer digest differs from the router's "
+                               f"{model.name!r} tokenizer")
+        if ready.get("block_size") != model.block_size:
+            return ProbeResult(False, f"block_size {ready.get('block_size')!r} differs from "
+                               f"models.{model.name}.block_size ({model.block_size})")
+        try:
+            namespace = CacheNamespace.from_dict(ready["namespace"]).fingerprint(secret)
+        except (KeyError, TypeError, ValueError) as exc:
+            return ProbeResult(False, f"/ready has no valid namespace: {exc}")
+        status, info = await _get_json(session, f"{url}/info", headers, timeout_s)
+        if status != 200 or not isinstance(info, dict):
+            return ProbeResult(False, f"/info answered HTTP {status}")
+        return ProbeResult(True, "ready", namespace, str(ready.get("epoch")),
+                           str(ready.get("model")), _radix_load(info.get("load")))
+    except ProbeError as exc:
+        return ProbeResult(False, str(exc))
+
+
+def _radix_load(load: Any) -> WorkerLoad:
+    if not isinstance(load, dict):
+        return WorkerLoad()
+    try:
+        return WorkerLoad(
+            num_requests_running=int(load.get("num_requests_running", 0)),
+            num_requests_waiting=int(load.get("num_requests_waiting", 0)),
+            num_waiting_tokens=int(load.get("num_waiting_tokens", 0)),
+            kv_cache_usage_ratio=float(load.get("kv_cache_usage_ratio", 0.0)),
+        )
+    except (TypeError, ValueError):
+        return WorkerLoad()
+
+
+def openai_namespace(model: ModelTokenizer, secret: bytes) -> str:
+    """The namespace the router files an OpenAI-compatible worker's approximate entries
+    under: it knows only the model and the router's tokenizer."""
+    return CacheNamespace(
+        model_id=f"openai:{model.name}",
+        weights_digest="unknown",
+        tokenizer_digest=model.digest,
+        block_size=model.block_size,
+    ).fingerprint(secret)
+
+
+async def probe_openai(session: aiohttp.ClientSession, url: str, headers: Mapping[str, str],
+                       timeout_s: float, model: ModelTokenizer, secret: bytes) -> ProbeResult:
+    """Readiness (``/v1/models``) and, if published, Prometheus load of an
+    OpenAI-compatible server."""
+    try:
+        served = await _served_model(session, url, headers, timeout_s, model.name)
+        if served is None:
+            return ProbeResult(False, "neither /v1/models nor /health answers")
+        status, text = await _get(session, f"{url}/metrics", headers, timeout_s)
+        load = parse_prometheus_load(text) if status == 200 else WorkerLoad()
+        return ProbeResult(True, "ready", openai_namespace(model, secret), None, served, load)
+    except ProbeError as exc:
+        return ProbeResult(False, str(exc))
+
+
+async def _served_model(session: aiohttp.ClientSession, url: str, headers: Mapping[str, str],
+                        timeout_s: float, name: str) -> str | None:
+    """The model id to send: ``name`` if ``/v1/models`` lists it, else the first listed;
+    ``name`` when the server has no ``/v1/models`` but its ``/health`` answers 200;
+    None when neither answers."""
+    status, text = await _get(session, f"{url}/v1/models", headers, timeout_s)
+    if status == 200:
+        try:
+            listed = json.loads(text).get("data", [])
+            ids = [m["id"] for m in listed if isinstance(m, dict) and isinstance(m.get("id"), str)]
+        except (ValueError, AttributeError, KeyError):
+            ids = []
+        if ids:
+            return name if name in ids else ids[0]
+    status, _ = await _get(session, f"{url}/health", headers, timeout_s)
+    return name if status == 200 else None
+
+
+_PROMETHEUS_NAMES = {
+    "num_requests_running": ("num_requests_running", "vllm:num_requests_running",
+                             "sglang:num_running_reqs"),
+    "num_requests_waiting": ("num_requests_waiting", "vllm:num_requests_waiting",
+                             "sglang:num_queue_reqs"),
+    "num_waiting_tokens": ("num_waiting_tokens",),
+    "kv_cache_usage_ratio": ("kv_cache_usage_ratio", "vllm:kv_cache_usage_perc",
+                             "vllm:gpu_cache_usage_perc", "sglang:token_usage"),
+}
+
+
+def parse_prometheus_load(text: str) -> WorkerLoad:
+    """Load gauges from Prometheus text exposition, summed over label sets; names of
+    our worker, vLLM and SGLang are understood, anything else ignored."""
+    wanted = {name: field for field, names in _PROMETHEUS_NAMES.items() for name in names}
+    totals: dict[str, float] = {}
+    for line in text.splitlines():
+        if not line or line.startswith("#"):
+            continue
+        name, _, rest = line.partition("{") if "{" in line else line.partition(" ")
+        field = wanted.get(name.strip())
+        if field is None:
+            continue
+        try:
+            value = float(rest.rsplit("}", 1)[-1].split()[0])
+        except (IndexError, ValueError):
+            continue
+        totals[field] = totals.get(field, 0.0) + value
+    return WorkerLoad(
+        num_requests_running=int(totals.get("num_requests_running", 0)),
+        num_requests_waiting=int(totals.get("num_requests_waiting", 0)),
+        num_waiting_tokens=int(totals.get("num_waiting_tokens", 0)),
+        kv_cache_usage_ratio=totals.get("kv_cache_usage_ratio", 0.0),
+    )

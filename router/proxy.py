@@ -1,0 +1,266 @@
+"""One attempt to serve a request on one worker, streaming through without buffering.
+
+``radix`` workers get ``POST /generate`` (token ids, scope, ``num_public_tokens``,
+sampling) and their results are reshaped into OpenAI objects; ``openai`` workers get
+the client's OpenAI request (completions prompts as the router's token ids) and
+their responses pass through.
+
+Contract of ``Proxy.send``: either it answers the client (whole or streamed) and
+returns an ``Exchange``, or it raises ``UpstreamUnavailable`` having sent the client
+nothing, so the caller may try the next worker. A stream that fails after its first
+byte ends with an error frame (no retry is possible then). A client that goes away
+closes the upstream response, which cancels the request on the worker.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Any
+
+import aiohttp
+from aiohttp import web
+
+from router.config import ProxyConfig
+from router.errors import ApiError
+from router.registry import WorkerState
+from router.requests import CHAT, OpenAIRequest
+from router.responses import DONE_FRAME, ResponseShape, openai_usage, sse_frame
+from router.tokenization import Prompt
+
+CLIENT_CLOSED = 499  # the client went away (nginx's convention)
+SSE_HEADERS = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
+_RETRIABLE_STATUS = frozenset({401, 403, 404, 408, 429})
+
+
+@dataclass(frozen=True)
+class Call:
+    """What to run, independent of which worker runs it."""
+
+    request: OpenAIRequest
+    model_name: str
+    prompt: Prompt
+    scope: str
+    max_tokens: int | None
+
+
+@dataclass
+class Exchange:
+    """What happened: the status the client got, tokens generated, tokens the worker
+    found cached, and when the first byte reached the client (monotonic seconds)."""
+
+    status: int
+    num_completion_tokens: int = 0
+    num_cached_tokens: int | None = None
+    first_byte_at: float | None = None
+
+
+class UpstreamUnavailable(Exception):
+    """The worker failed before the client got anything. ``unreachable`` means the
+    connection itself failed; ``error`` is what the client sees if no worker is left."""
+
+    def __init__(self, reason: str, unreachable: bool, error: ApiError) -> None:
+        super().__init__(reason)
+        self.unreachable = unreachable
+        self.error = error
+
+
+def _unavailable(worker: WorkerState, exc: BaseException) -> UpstreamUnavailable:
+    reason = f"{worker.worker_id}: {type(exc).__name__}: {exc}"
+    return UpstreamUnavailable(reason, isinstance(exc, aiohttp.ClientConnectorError),
+                               ApiError(502, f"worker {worker.worker_id} failed: {reason}"))
+
+
+class Proxy:
+    """Sends attempts over one shared keep-alive ``aiohttp.ClientSession``."""
+
+    def __init__(self, session: aiohttp.ClientSession, config: ProxyConfig) -> None:
+        self._session = session
+        self._timeout = aiohttp.ClientTimeout(total=config.request_timeout_s,
+                                              sock_connect=config.connect_timeout_s)
+
+    async def send(self, client: web.Request, call: Call, worker: WorkerState
+                   ) -> tuple[web.StreamResponse, Exchange]:
+        """Run ``call`` on ``worker``; see the module docstring for the contract."""
+        if worker.kind == "radix":
+            path, payload = "/generate", self._generate_body(call)
+        else:
+            path, payload = self._openai_body(call, worker)
+        try:
+            upstream = await self._session.post(
+                worker.url + path, data=json.dumps(payload, separators=(",", ":")).encode(),
+                headers={**worker.headers, "Content-Type": "application/json"},
+                timeout=self._timeout)
+        except (aiohttp.ClientError, TimeoutError) as exc:
+            raise _unavailable(worker, exc) from exc
+        try:
+            if upstream.status != 200:
+                raise await _status_error(worker, upstream)
+            if worker.kind == "radix":
+                if call.request.stream:
+                    return await self._stream_generate(client, call, worker, upstream)
+                return await self._whole_generate(call, worker, upstream)
+            return await self._pass_openai(client, call, worker, upstream)
+        finally:
+            upstream.close()
+
+    @staticmethod
+    def _generate_body(call: Call) -> dict[str, Any]:
+        return {"token_ids": call.prompt.token_ids, "scope": call.scope,
+                "num_public_tokens": call.prompt.num_public_tokens,
+                "sampling": call.request.sampling.to_wire(call.max_tokens),
+                "stream": call.request.stream}
+
+    @staticmethod
+    def _openai_body(call: Call, worker: WorkerState) -> tuple[str, dict[str, Any]]:
+        body = dict(call.request.body)
+        body["model"] = worker.served_model
+        if call.max_tokens is not None:
+            body.pop("max_completion_tokens", None)
+            body["max_tokens"] = call.max_tokens
+        if call.request.stream:
+            body["stream_options"] = {"include_usage": True}
+        if call.request.endpoint == CHAT:
+            return "/v1/chat/completions", body
+        body["prompt"] = call.prompt.token_ids
+        return "/v1/completions", body
+
+    async def _whole_generate(self, call: Call, worker: WorkerState,
+                              upstream: aiohttp.ClientResponse
+                              ) -> tuple[web.StreamResponse, Exchange]:
+        try:
+            result = json.loads(await upstream.read())
+        except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
+            raise _unavailable(worker, exc) from exc
+        body = ResponseShape(call.request.endpoint, call.model_name).full(result)
+        usage = body["usage"]
+        return web.json_response(body), Exchange(
+            200, usage["completion_tokens"], usage["prompt_tokens_details"]["cached_tokens"],
+            time.monotonic())
+
+    async def _stream_generate(self, client: web.Request, call: Call, worker: WorkerState,
+                               upstream: aiohttp.ClientResponse
+                               ) -> tuple[web.StreamResponse, Exchange]:
+        shape = ResponseShape(call.request.endpoint, call.model_name)
+        events = _sse_events(upstream)
+        try:
+            first = await anext(events)
+        except (aiohttp.ClientError, TimeoutError, ValueError, StopAsyncIteration) as exc:
+            raise _unavailable(worker, exc) from exc
+        out = web.StreamResponse(headers=SSE_HEADERS)
+        await out.prepare(client)
+        exchange = Exchange(200, first_byte_at=time.monotonic())
+        event: dict[str, Any] | None = first
+        try:
+            while event is not None:
+                if "usage" in event:
+                    usage = openai_usage(event["usage"])
+                    exchange.num_completion_tokens = usage["completion_tokens"]
+                    exchange.num_cached_tokens = usage["prompt_tokens_details"]["cached_tokens"]
+                    if call.request.include_usage:
+                        await out.write(shape.usage_chunk(event["usage"]))
+                elif "error" in event:
+                    await out.write(sse_frame({"error": event["error"]}))
+                    exchange.status = 502
+                    return out, exchange
+                else:
+                    await out.write(shape.chunk(event))
+                event = await anext(events, None)
+            await out.write(DONE_FRAME)
+        except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
+            await _end_stream_with_error(out, exchange, worker, exc)
+        except ConnectionResetError:
+            exchange.status = CLIENT_CLOSED
+        return out, exchange
+
+    async def _pass_openai(self, client: web.Request, call: Call, worker: WorkerState,
+                           upstream: aiohttp.ClientResponse
+                           ) -> tuple[web.StreamResponse, Exchange]:
+        if not call.request.stream:
+            try:
+                result = json.loads(await upstream.read())
+            except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
+                raise _unavailable(worker, exc) from exc
+            result["model"] = call.model_name
+            exchange = Exchange(200, first_byte_at=time.monotonic())
+            _note_usage(exchange, result.get("usage"))
+            return web.json_response(result), exchange
+        try:
+            first = await upstream.content.readline()
+        except (aiohttp.ClientError, TimeoutError) as exc:
+            raise _unavailable(worker, exc) from exc
+        if not first:
+            raise _unavailable(worker, EOFError("empty stream"))
+        out = web.StreamResponse(headers=SSE_HEADERS)
+        await out.prepare(client)
+        exchange = Exchange(200, first_byte_at=time.monotonic())
+        line = first
+        try:
+            while line:
+                if b'"usage"' in line and line.startswith(b"data: {"):
+                    chunk = json.loads(line[6:])
+                    _note_usage(exchange, chunk.get("usage"))
+                    if not chunk.get("choices") and not call.request.include_usage:
+                        await upstream.content.readline()  # the blank line ending the event
+                        line = await upstream.content.readline()
+                        continue
+                await out.write(line)
+                line = await upstream.content.readline()
+        except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
+            await _end_stream_with_error(out, exchange, worker, exc)
+        except ConnectionResetError:
+            exchange.status = CLIENT_CLOSED
+        return out, exchange
+
+
+async def _sse_events(upstream: aiohttp.ClientResponse) -> AsyncIterator[dict[str, Any]]:
+    """The JSON objects of an SSE stream's ``data:`` lines, up to ``[DONE]``."""
+    async for line in upstream.content:
+        if not line.startswith(b"data:"):
+            continue
+        data = line[5:].strip()
+        if data == b"[DONE]":
+            return
+        yield json.loads(data)
+    raise aiohttp.ClientPayloadError("stream ended before [DONE]")
+
+
+def _note_usage(exchange: Exchange, usage: Any) -> None:
+    if isinstance(usage, dict):
+        exchange.num_completion_tokens = int(usage.get("completion_tokens") or 0)
+        details = usage.get("prompt_tokens_details")
+        if isinstance(details, dict) and details.get("cached_tokens") is not None:
+            exchange.num_cached_tokens = int(details["cached_tokens"])
+
+
+async def _status_error(worker: WorkerState, upstream: aiohttp.ClientResponse) -> Exception:
+    """The error for a non-200 answer: client errors pass through as the worker wrote
+    them; overload, server errors and worker misconfiguration allow a retry."""
+    try:
+        body = json.loads(await upstream.read())
+        message = str(body["error"]["message"])
+    except (aiohttp.ClientError, TimeoutError, ValueError, KeyError, TypeError):
+        body, message = None, f"HTTP {upstream.status}"
+    status = upstream.status
+    if status >= 500 or status in _RETRIABLE_STATUS:
+        return UpstreamUnavailable(
+            f"{worker.worker_id}: HTTP {status}: {message}", False,
+            ApiError(429 if status == 429 else 502, f"worker {worker.worker_id}: {message}",
+                     headers={"Retry-After": "1"} if status == 429 else {}))
+    error = ApiError(status, message)
+    if isinstance(body, dict) and isinstance(body.get("error"), dict):
+        error.param = body["error"].get("param")
+        error.code = body["error"].get("code")
+    return error
+
+
+async def _end_stream_with_error(out: web.StreamResponse, exchange: Exchange,
+                                 worker: WorkerState, exc: BaseException) -> None:
+    exchange.status = 502
+    error = ApiError(502, f"worker {worker.worker_id} failed mid-stream: {exc}")
+    try:
+        await out.write(sse_frame(error.body()))
+    except ConnectionResetError:
+        exchange.status = CLIENT_CLOSED

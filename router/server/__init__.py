@@ -1,0 +1,1 @@
+"""The router's HTTP server: app wiring, OpenAI dispatch, admin routes, metrics."""

@@ -1,0 +1,96 @@
+"""Admin routes (admin key required): workers, public prefixes, index statistics."""
+
+from __future__ import annotations
+
+from aiohttp import web
+
+from router.config_toml import parse_public_prefix, parse_worker
+from router.errors import ApiError
+from router.requests import decode_body
+from router.server.context import ROUTER, Router
+
+
+async def _admin(request: web.Request) -> Router:
+    router = request.app[ROUTER]
+    router.auth.check_admin(request.headers.get("Authorization"))
+    return router
+
+
+async def list_workers(request: web.Request) -> web.Response:
+    """``GET /admin/workers``: every registered worker with state, load and stats."""
+    router = await _admin(request)
+    return web.json_response({"workers": [w.to_dict() for w in router.registry.workers()]})
+
+
+async def change_workers(request: web.Request) -> web.Response:
+    """``POST /admin/workers``: ``{"action": "add", "worker": {id, url, model, kind,
+    api_key_env}}`` registers a worker (routed once its probe passes);
+    ``{"action": "remove", "id": ...}`` removes one and drops its index entries."""
+    router = await _admin(request)
+    body = decode_body(await request.read())
+    action = body.get("action")
+    if action == "add":
+        worker = body.get("worker")
+        if not isinstance(worker, dict):
+            raise ApiError(400, "worker must be an object", param="worker")
+        try:
+            config = parse_worker(worker, {n: None for n in router.models.names()}, "worker")
+            if config.url is None:
+                raise ValueError("worker.url: required")
+            state = router.registry.add(config)
+        except ValueError as exc:
+            raise ApiError(400, str(exc), param="worker") from exc
+        return web.json_response({"added": state.to_dict()})
+    if action == "remove":
+        worker_id = body.get("id")
+        if not isinstance(worker_id, str) or not await router.registry.remove(worker_id):
+            raise ApiError(404, f"no worker {worker_id!r}", param="id")
+        return web.json_response({"removed": worker_id})
+    raise ApiError(400, "action must be 'add' or 'remove'", param="action")
+
+
+async def add_public_prefix(request: web.Request) -> web.Response:
+    """``POST /admin/public-prefixes``: ``{"model", and one of "text", "messages",
+    "token_ids"}``. Later requests starting with it share its whole blocks across
+    tenants."""
+    router = await _admin(request)
+    body = decode_body(await request.read())
+    model = router.models.get(body.pop("model", None))
+    try:
+        spec = parse_public_prefix(body, "prefix")
+    except ValueError as exc:
+        raise ApiError(400, str(exc)) from exc
+    token_ids = model.prefix_tokens(spec)
+    num_public = model.public_prefixes.add(token_ids)
+    return web.json_response({"model": model.name, "num_tokens": len(token_ids),
+                              "num_public_tokens": num_public,
+                              "num_prefixes": model.public_prefixes.num_prefixes})
+
+
+async def index_stats(request: web.Request) -> web.Response:
+    """``GET /admin/index``: index totals, and per worker its namespace, the blocks and
+    approximate tokens the index holds for it, and hit rates of the requests routed
+    to it (cached = what the worker reported; predicted = what the index matched)."""
+    router = await _admin(request)
+    stats = router.index.stats()
+    workers = {
+        w.worker_id: {
+            "namespace": w.namespace,
+            "ready": w.ready,
+            "num_blocks": stats.num_blocks.get(w.worker_id, 0),
+            "num_approx_tokens": stats.num_approx_tokens.get(w.worker_id, 0),
+            **w.stats.to_dict(),
+        }
+        for w in router.registry.workers()
+    }
+    return web.json_response({"index": stats.to_dict(), "workers": workers})
+
+
+def add_admin_routes(app: web.Application) -> None:
+    """Register the admin routes on ``app``."""
+    app.add_routes([
+        web.get("/admin/workers", list_workers),
+        web.post("/admin/workers", change_workers),
+        web.post("/admin/public-prefixes", add_public_prefix),
+        web.get("/admin/index", index_stats),
+    ])

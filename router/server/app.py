@@ -1,0 +1,175 @@
+"""The router's aiohttp application and the loop that serves it.
+
+``create_app`` wires the routes around one ``Router``; ``serve`` binds the listening
+socket, prints ``READY http://HOST:PORT`` once requests are accepted, and shuts down
+cleanly on SIGINT/SIGTERM. Handlers run with ``handler_cancellation``: a client that
+disconnects cancels its handler, which closes the upstream response and so cancels
+the request on the worker.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import ctypes
+import logging
+import os
+import signal
+import socket
+
+from aiohttp import web
+
+from router.config import RouterConfig
+from router.errors import ApiError
+from router.server.admin import add_admin_routes
+from router.server.context import ROUTER, Router
+from router.server.dispatch import chat_completions, completions
+from router.shared_state import shared_state_for
+
+MAX_BODY_BYTES = 32 * 2**20
+_PR_SET_PDEATHSIG = 1
+log = logging.getLogger(__name__)
+
+
+@web.middleware
+async def error_middleware(request: web.Request, handler) -> web.StreamResponse:
+    """Turn every refusal into an OpenAI-shaped error body; never a bare 500 page."""
+    try:
+        return await handler(request)
+    except ApiError as exc:
+        return web.json_response(exc.body(), status=exc.status, headers=exc.headers)
+    except web.HTTPException as exc:
+        if exc.status < 400:
+            raise
+        error = ApiError(exc.status, exc.reason)
+        return web.json_response(error.body(), status=exc.status)
+    except Exception:
+        log.exception("unhandled error on %s %s", request.method, request.path)
+        error = ApiError(500, "internal router error")
+        return web.json_response(error.body(), status=500)
+
+
+async def health(request: web.Request) -> web.Response:
+    """``GET /health``: 200 while the router runs, with its count of ready workers."""
+    router = request.app[ROUTER]
+    ready = sum(w.ready for w in router.registry.workers())
+    return web.json_response({"status": "ok", "num_ready_workers": ready})
+
+
+async def models(request: web.Request) -> web.Response:
+    """``GET /v1/models``: the served model names (needs a valid key)."""
+    router = request.app[ROUTER]
+    router.auth.tenant(request.headers.get("Authorization"))
+    return web.json_response({"object": "list", "data": [
+        {"id": name, "object": "model", "created": 0, "owned_by": "radix-router"}
+        for name in router.models.names()
+    ]})
+
+
+async def metrics(request: web.Request) -> web.Response:
+    """``GET /metrics``: Prometheus text."""
+    router = request.app[ROUTER]
+    body = router.metrics.render(router.registry.workers(), router.index.stats().num_nodes)
+    return web.Response(body=body, headers={"Content-Type": "text/plain; version=0.0.4"})
+
+
+def create_app(router: Router) -> web.Application:
+    """The router app. Its startup registers the configured workers; its cleanup
+    closes the router."""
+    app = web.Application(client_max_size=MAX_BODY_BYTES, middlewares=[error_middleware])
+    app[ROUTER] = router
+
+    async def start_workers(app: web.Application) -> None:
+        for worker in router.config.workers:
+            router.registry.add(worker)
+
+    async def close(app: web.Application) -> None:
+        await router.close()
+
+    app.on_startup.append(start_workers)
+    app.on_cleanup.append(close)
+    app.add_routes([
+        web.post("/v1/completions", completions),
+        web.post("/v1/chat/completions", chat_completions),
+        web.get("/v1/models", models),
+        web.get("/health", health),
+        web.get("/metrics", metrics),
+    ])
+    add_admin_routes(app)
+    return app
+
+
+def bind_socket(host: str, port: int, reuse_port: bool = False) -> socket.socket:
+    """A listening TCP socket (``port = 0`` picks a free one)."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    if reuse_port:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+    sock.bind((host, port))
+    sock.listen(1024)
+    sock.setblocking(False)
+    return sock
+
+
+async def serve(config: RouterConfig, secret: bytes, sock: socket.socket,
+                announce: bool = True) -> None:
+    """Serve on ``sock`` until SIGINT or SIGTERM, then close everything. With
+    ``announce``, print ``READY http://HOST:PORT`` once serving."""
+    for i, worker in enumerate(config.workers):
+        if worker.url is None:
+            raise ValueError(f"workers[{i}].url: required when the router runs on its own "
+                             "(launch is for `radix-router up`)")
+    router = Router.build(config, secret, shared_state_for(config.redis_url))
+    runner = web.AppRunner(create_app(router), handler_cancellation=True, access_log=None)
+    await runner.setup()
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(signum, stop.set)
+    try:
+        await web.SockSite(runner, sock).start()
+        host, port = sock.getsockname()[:2]
+        if announce:
+            print(f"READY http://{host}:{port}", flush=True)
+        await stop.wait()
+    finally:
+        await runner.cleanup()
+
+
+def serve_processes(config: RouterConfig, secret: bytes, num_processes: int) -> None:
+    """Run ``num_processes`` router processes on one port. Each binds its own
+    SO_REUSEPORT socket (the kernel spreads connections over them) and is a whole
+    router: its own index, following every worker's KV events, its own registry.
+    Limits are per process unless shared state is. The parent serves too, announces
+    READY, and on exit stops the children it forked."""
+    if num_processes == 1:
+        asyncio.run(serve(config, secret, bind_socket(config.listen.host, config.listen.port)))
+        return
+    sock = bind_socket(config.listen.host, config.listen.port, reuse_port=True)
+    port = sock.getsockname()[1]
+    children = []
+    for _ in range(num_processes - 1):
+        pid = os.fork()
+        if pid == 0:
+            sock.close()
+            die_with_parent()
+            child_sock = bind_socket(config.listen.host, port, reuse_port=True)
+            asyncio.run(serve(config, secret, child_sock, announce=False))
+            os._exit(0)
+        children.append(pid)
+    try:
+        asyncio.run(serve(config, secret, sock))
+    finally:
+        for pid in children:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGTERM)
+        for pid in children:
+            os.waitpid(pid, 0)
+
+
+def die_with_parent() -> None:
+    """SIGTERM the calling process when its parent dies (Linux prctl); used in forked
+    router processes and, before exec, in the children of `radix-router up`."""
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)

@@ -1,0 +1,68 @@
+"""``Router``: everything one router app owns, built once per app (no globals).
+
+Handlers reach it as ``request.app[ROUTER]``. It is built inside the running event
+loop (the shared ``aiohttp.ClientSession`` and the poll tasks need one) and closed
+by the app's cleanup.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import aiohttp
+from aiohttp import web
+
+from router.auth import Authenticator, TenantLimiter
+from router.config import RouterConfig
+from router.index import NamespaceDigest, RouterIndex, WorkerId
+from router.kv_events import KVEventFollower
+from router.policy import Policy, make_policy
+from router.proxy import Proxy
+from router.registry import WorkerRegistry, WorkerState
+from router.server.metrics import RouterMetrics
+from router.shared_state import SharedState
+from router.tokenization import Models
+
+
+@dataclass
+class Router:
+    """The parts of one router, wired together. Only ``registry`` changes its
+    membership at run time; the other references are fixed for the app's life."""
+
+    config: RouterConfig
+    models: Models
+    auth: Authenticator
+    limiter: TenantLimiter
+    index: RouterIndex
+    policy: Policy
+    session: aiohttp.ClientSession
+    registry: WorkerRegistry
+    proxy: Proxy
+    metrics: RouterMetrics
+
+    @classmethod
+    def build(cls, config: RouterConfig, secret: bytes, state: SharedState) -> Router:
+        """Load tokenizers, resolve the policy and wire the parts; ValueError naming
+        the config field when something is unusable. Call inside the event loop."""
+        models = Models.from_config(config.models)
+        policy = make_policy(config.policy.name, config.policy.weights)
+        index = RouterIndex(config.index)
+        session = aiohttp.ClientSession(
+            connector=aiohttp.TCPConnector(limit=0, keepalive_timeout=60),
+            auto_decompress=False)
+
+        async def follow(worker: WorkerState) -> None:
+            await KVEventFollower(index, WorkerId(worker.worker_id), worker.url, session,
+                                  worker.headers, NamespaceDigest(worker.namespace or "")).run()
+
+        registry = WorkerRegistry(config.registry, models, secret, session, index, follow)
+        return cls(config, models, Authenticator(config.auth), TenantLimiter(state), index,
+                   policy, session, registry, Proxy(session, config.proxy), RouterMetrics())
+
+    async def close(self) -> None:
+        """Stop polling and following every worker, then close the client session."""
+        await self.registry.close()
+        await self.session.close()
+
+
+ROUTER = web.AppKey("router", Router)

@@ -1,0 +1,152 @@
+"""The OpenAI routes: authenticate -> tokenize -> match -> choose -> forward -> learn.
+
+``serve_openai`` is the whole request in one loop of those six steps; each step is a
+small function below it. Every refusal is an ``ApiError`` (OpenAI-shaped 4xx/5xx).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+from aiohttp import web
+
+from router.auth import Tenant
+from router.errors import ApiError
+from router.policy import RouteRequest, WorkerView
+from router.proxy import CLIENT_CLOSED, Call, Exchange, UpstreamUnavailable
+from router.registry import WorkerState
+from router.requests import CHAT, COMPLETIONS, OpenAIRequest, decode_body, parse_request
+from router.server.context import ROUTER, Router
+from router.tokenization import ModelTokenizer, Prompt
+
+NO_WORKER = "none"
+
+
+async def completions(request: web.Request) -> web.StreamResponse:
+    """``POST /v1/completions``."""
+    return await serve_openai(request, COMPLETIONS)
+
+
+async def chat_completions(request: web.Request) -> web.StreamResponse:
+    """``POST /v1/chat/completions``."""
+    return await serve_openai(request, CHAT)
+
+
+async def serve_openai(request: web.Request, endpoint: str) -> web.StreamResponse:
+    """Serve one OpenAI request; counts every outcome in ``router_requests_total``."""
+    router = request.app[ROUTER]
+    started = time.monotonic()
+    tenant_id, worker_id, code = "unknown", NO_WORKER, 500
+    try:
+        tenant = router.auth.tenant(request.headers.get("Authorization"))
+        tenant_id = tenant.tenant_id
+        parsed = parse_request(decode_body(await request.read()), endpoint)
+        model = router.models.get(parsed.model)
+        prompt = tokenize(model, parsed)
+        max_tokens = router.limiter.check_sizes(tenant, len(prompt.token_ids),
+                                                parsed.sampling.max_tokens)
+        admission = await router.limiter.admit(tenant, len(prompt.token_ids))
+        exchange = Exchange(503)
+        try:
+            call = Call(parsed, model.name, prompt, tenant.tenant_id, max_tokens)
+            decision_started = time.monotonic()
+            workers = router.registry.routable(model.name)
+            matched = match(router, workers, prompt, tenant)
+            ranked = choose(router, workers, matched, prompt, tenant)
+            router.metrics.decision_seconds.observe(time.monotonic() - decision_started)
+            worker, response, exchange = await forward(router, request, call, ranked)
+            worker_id = worker.worker_id
+            learn(router, worker, prompt, matched, exchange, started)
+        finally:
+            await router.limiter.release(admission, exchange.num_completion_tokens)
+        code = exchange.status
+        return response
+    except ApiError as exc:
+        code = exc.status
+        raise
+    except asyncio.CancelledError:
+        code = CLIENT_CLOSED
+        raise
+    finally:
+        router.metrics.requests.labels(worker_id, tenant_id, str(code)).inc()
+
+
+def tokenize(model: ModelTokenizer, parsed: OpenAIRequest) -> Prompt:
+    """The router's own token ids for the prompt (chat rendered with the template)."""
+    if parsed.endpoint == CHAT:
+        return model.chat_prompt(parsed.body.get("messages"))
+    if "prompt" not in parsed.body:
+        raise ApiError(400, "prompt is required", param="prompt")
+    return model.completion_prompt(parsed.body["prompt"])
+
+
+def match(router: Router, workers: list[WorkerState], prompt: Prompt,
+          tenant: Tenant) -> dict[str, int]:
+    """Tokens of the prompt each worker holds, by one walk per namespace in use."""
+    matched: dict[str, int] = {}
+    for namespace in {w.namespace for w in workers if w.namespace is not None}:
+        matched.update(router.index.match(namespace, prompt.key, tenant.tenant_id))
+    return matched
+
+
+def choose(router: Router, workers: list[WorkerState], matched: dict[str, int],
+           prompt: Prompt, tenant: Tenant) -> list[WorkerState]:
+    """The workers to try, best first, at most ``proxy.max_attempts`` of them."""
+    if not workers:
+        raise ApiError(503, "no ready worker serves this model", code="no_worker")
+    views = [
+        WorkerView(
+            worker_id=w.worker_id,
+            num_in_flight_requests=w.num_in_flight_requests,
+            num_in_flight_prompt_tokens=w.num_in_flight_prompt_tokens,
+            num_requests_running=w.load.num_requests_running,
+            num_waiting_tokens=w.load.num_waiting_tokens,
+            kv_cache_usage_ratio=w.load.kv_cache_usage_ratio,
+            num_matched_tokens=matched.get(w.worker_id, 0),
+        )
+        for w in workers
+    ]
+    decision = router.policy.choose(
+        RouteRequest(namespace=workers[0].namespace, key=prompt.key,
+                     num_prompt_tokens=len(prompt.token_ids), scope=tenant.tenant_id), views)
+    by_id = {w.worker_id: w for w in workers}
+    return [by_id[i] for i in decision.ranked[: router.config.proxy.max_attempts]]
+
+
+async def forward(router: Router, request: web.Request, call: Call, ranked: list[WorkerState]
+                  ) -> tuple[WorkerState, web.StreamResponse, Exchange]:
+    """Try the ranked workers in turn until one serves the client. Each attempt is
+    counted in flight and noted in the index (speculative entry) at decision time."""
+    num_tokens = len(call.prompt.token_ids)
+    failure: UpstreamUnavailable | None = None
+    for worker in ranked:
+        if failure is not None:
+            router.metrics.retries.inc()
+        router.registry.begin(worker, num_tokens)
+        router.index.note_routed(worker.namespace, worker.worker_id, call.prompt.key, call.scope)
+        try:
+            response, exchange = await router.proxy.send(request, call, worker)
+            return worker, response, exchange
+        except UpstreamUnavailable as exc:
+            failure = exc
+            if exc.unreachable:
+                await router.registry.mark_failed(worker, str(exc))
+        finally:
+            router.registry.end(worker, num_tokens)
+    assert failure is not None
+    raise failure.error
+
+
+def learn(router: Router, worker: WorkerState, prompt: Prompt, matched: dict[str, int],
+          exchange: Exchange, started: float) -> None:
+    """Record what the request taught: the index's prediction for the chosen worker
+    against what it reported as cached, and the latencies."""
+    num_matched = matched.get(worker.worker_id, 0)
+    router.metrics.prompt_tokens.inc(len(prompt.token_ids))
+    router.metrics.matched_tokens.inc(num_matched)
+    worker.stats.record(len(prompt.token_ids), num_matched, exchange.num_cached_tokens)
+    now = time.monotonic()
+    router.metrics.request_seconds.observe(now - started)
+    if exchange.first_byte_at is not None:
+        router.metrics.ttft_seconds.observe(exchange.first_byte_at - started)

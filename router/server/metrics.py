@@ -1,0 +1,65 @@
+"""The router's Prometheus metrics, on a per-app ``CollectorRegistry`` (no globals).
+
+Counters and histograms are updated as requests pass; the gauges (index size, worker
+load) are refreshed from their owners when ``/metrics`` is scraped.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+from router.registry import WorkerState
+
+_LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5,
+                    1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
+_DECISION_BUCKETS = (0.00001, 0.000025, 0.00005, 0.0001, 0.00025, 0.0005, 0.001,
+                     0.0025, 0.005, 0.01)
+
+
+class RouterMetrics:
+    """All router metrics (names as in DESIGN.md). One instance per app."""
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self.requests = Counter("router_requests", "Requests by worker, tenant and status code",
+                                ["worker", "tenant", "code"], registry=r)
+        self.prompt_tokens = Counter("router_prompt_tokens", "Prompt tokens routed", registry=r)
+        self.matched_tokens = Counter("router_matched_tokens",
+                                      "Prompt tokens the index matched on the chosen worker",
+                                      registry=r)
+        self.decision_seconds = Histogram("router_decision_seconds",
+                                          "Time to match and choose a worker",
+                                          buckets=_DECISION_BUCKETS, registry=r)
+        self.index_nodes = Gauge("router_index_nodes", "Nodes in the router index", registry=r)
+        self.worker_load = Gauge("router_worker_load", "Worker load as the router sees it",
+                                 ["worker", "measure"], registry=r)
+        self.request_seconds = Histogram("router_request_seconds", "Whole request latency",
+                                         buckets=_LATENCY_BUCKETS, registry=r)
+        self.ttft_seconds = Histogram("router_ttft_seconds", "Time to the first byte sent",
+                                      buckets=_LATENCY_BUCKETS, registry=r)
+        self.retries = Counter("router_retries", "Attempts moved to another worker", registry=r)
+
+    def render(self, workers: Iterable[WorkerState], index_nodes: int) -> bytes:
+        """Refresh the gauges and return the Prometheus text exposition."""
+        self.index_nodes.set(index_nodes)
+        self.worker_load.clear()
+        for worker in workers:
+            for measure, value in _load_measures(worker).items():
+                self.worker_load.labels(worker.worker_id, measure).set(value)
+        return generate_latest(self.registry)
+
+
+def _load_measures(worker: WorkerState) -> Mapping[str, float]:
+    load = worker.load
+    return {
+        "ready": float(worker.ready),
+        "in_flight_requests": worker.num_in_flight_requests,
+        "in_flight_prompt_tokens": worker.num_in_flight_prompt_tokens,
+        "requests_running": load.num_requests_running,
+        "requests_waiting": load.num_requests_waiting,
+        "waiting_tokens": load.num_waiting_tokens,
+        "kv_cache_usage_ratio": load.kv_cache_usage_ratio,
+    }

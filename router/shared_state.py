@@ -1,0 +1,115 @@
+"""State that several routers would share: per-tenant concurrency slots and token windows.
+
+``SharedState`` is the seam; ``InProcessSharedState`` is the implementation used when
+no Redis is configured (the embedded default, a single router process): each router
+process then enforces limits on its own traffic only. Every operation is a single
+atomic check-and-update, so a networked implementation can map each to one script.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import deque
+from collections.abc import Callable
+from typing import Protocol
+
+log = logging.getLogger(__name__)
+
+
+class SharedState(Protocol):
+    """Counters keyed by tenant id. All methods are atomic with respect to each other."""
+
+    async def acquire_slot(self, key: str, limit: int) -> bool:
+        """Take one of ``limit`` concurrency slots of ``key``; False (nothing taken) if full."""
+        ...
+
+    async def release_slot(self, key: str) -> None:
+        """Give back one slot taken by ``acquire_slot``."""
+        ...
+
+    async def reserve_tokens(self, key: str, num_tokens: int, limit: int) -> float | None:
+        """Record ``num_tokens`` in ``key``'s sliding window if the window total stays
+        within ``limit``: returns None. Otherwise records nothing and returns the seconds
+        until enough old entries expire for the reservation to fit."""
+        ...
+
+    async def add_tokens(self, key: str, num_tokens: int) -> None:
+        """Record ``num_tokens`` in ``key``'s window unconditionally (completion tokens)."""
+        ...
+
+
+class InProcessSharedState:
+    """``SharedState`` in this process's memory (the no-Redis null object).
+
+    The token window (``window_s`` long) is a deque of (time, tokens) with a running sum: each call drops
+    expired entries from the left, so cost is amortized O(1) per recorded entry.
+    """
+
+    def __init__(
+        self, window_s: float = 60.0, clock: Callable[[], float] = time.monotonic
+    ) -> None:
+        if window_s <= 0:
+            raise ValueError(f"window_s must be positive, got {window_s}")
+        self._window_s = window_s
+        self._clock = clock
+        self._slots: dict[str, int] = {}
+        self._windows: dict[str, deque[tuple[float, int]]] = {}
+        self._window_sums: dict[str, int] = {}
+
+    async def acquire_slot(self, key: str, limit: int) -> bool:
+        """See ``SharedState.acquire_slot``."""
+        used = self._slots.get(key, 0)
+        if used >= limit:
+            return False
+        self._slots[key] = used + 1
+        return True
+
+    async def release_slot(self, key: str) -> None:
+        """See ``SharedState.release_slot``; an extra release is ignored."""
+        used = self._slots.get(key, 0)
+        if used <= 1:
+            self._slots.pop(key, None)
+        else:
+            self._slots[key] = used - 1
+
+    async def reserve_tokens(self, key: str, num_tokens: int, limit: int) -> float | None:
+        """See ``SharedState.reserve_tokens``."""
+        now = self._clock()
+        window = self._expire(key, now)
+        total = self._window_sums.get(key, 0)
+        if total + num_tokens <= limit:
+            self._record(key, num_tokens, now)
+            return None
+        excess = total + num_tokens - limit
+        for recorded_at, tokens in window:
+            excess -= tokens
+            if excess <= 0:
+                return max(recorded_at + self._window_s - now, 0.0)
+        return self._window_s
+
+    async def add_tokens(self, key: str, num_tokens: int) -> None:
+        """See ``SharedState.add_tokens``."""
+        now = self._clock()
+        self._expire(key, now)
+        self._record(key, num_tokens, now)
+
+    def _expire(self, key: str, now: float) -> deque[tuple[float, int]]:
+        window = self._windows.setdefault(key, deque())
+        horizon = now - self._window_s
+        while window and window[0][0] <= horizon:
+            self._window_sums[key] -= window.popleft()[1]
+        return window
+
+    def _record(self, key: str, num_tokens: int, now: float) -> None:
+        self._windows[key].append((now, num_tokens))
+        self._window_sums[key] = self._window_sums.get(key, 0) + num_tokens
+
+
+def shared_state_for(redis_url: str | None) -> SharedState:
+    """The shared state for a config. Redis-backed state is not in this version: with
+    ``redis_url`` set, the router warns and keeps limits per process."""
+    if redis_url is not None:
+        log.warning("redis_url is set but this version keeps shared state in process: "
+                    "limits apply per router process")
+    return InProcessSharedState()

@@ -1,0 +1,139 @@
+"""Keys, tenants and limits: 401/413/400/429 with exact messages and Retry-After."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from router.auth import ANONYMOUS, Authenticator, TenantLimiter, hash_key
+from router.config import AuthConfig, TenantConfig, TenantLimits
+from router.errors import ApiError
+from router.shared_state import InProcessSharedState
+
+LIMITS = TenantLimits(max_prompt_tokens=100, max_output_tokens=20,
+                      max_concurrent_requests=2, tokens_per_minute=250)
+AUTH = AuthConfig(
+    tenants=(TenantConfig("alice", (hash_key("key-a"), hash_key("key-a2")), LIMITS),
+             TenantConfig("bob", (hash_key("key-b"),))),
+    admin_key_digest=hash_key("admin"),
+)
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def run(coro):
+    return asyncio.run(coro)
+
+
+def test_hash_key_vector() -> None:
+    # Published vector: configs/local.toml's digest of the demo key sk-demo-alice.
+    assert hash_key("sk-demo-alice") == (
+        "4424eacc7aae95f25c2b4b4926c685e6ac8115532a89b1271e15e48966ec4d88")
+
+
+def test_keys_map_to_tenants() -> None:
+    auth = Authenticator(AUTH)
+    assert auth.tenant("Bearer key-a").tenant_id == "alice"
+    assert auth.tenant("bearer  key-a2 ").tenant_id == "alice"
+    assert auth.tenant("Bearer key-b").tenant_id == "bob"
+
+
+@pytest.mark.parametrize("header", [None, "Bearer", "Basic key-a", "Bearer nope", "key-a"])
+def test_bad_keys_are_401(header: str | None) -> None:
+    with pytest.raises(ApiError) as info:
+        Authenticator(AUTH).tenant(header)
+    assert info.value.status == 401 and info.value.body()["error"]["code"] == "invalid_api_key"
+
+
+def test_anonymous_only_without_a_key() -> None:
+    auth = Authenticator(AuthConfig(tenants=AUTH.tenants, allow_anonymous=True))
+    assert auth.tenant(None).tenant_id == ANONYMOUS
+    with pytest.raises(ApiError):
+        auth.tenant("Bearer wrong")
+
+
+def test_admin_key() -> None:
+    auth = Authenticator(AUTH)
+    auth.check_admin("Bearer admin")
+    for header in (None, "Bearer key-a"):
+        with pytest.raises(ApiError) as info:
+            auth.check_admin(header)
+        assert info.value.status == 401
+    with pytest.raises(ApiError) as info:
+        Authenticator(AuthConfig()).check_admin("Bearer admin")
+    assert info.value.status == 403
+
+
+def test_sizes() -> None:
+    limiter = TenantLimiter(InProcessSharedState())
+    alice = Authenticator(AUTH).tenant("Bearer key-a")
+    assert limiter.check_sizes(alice, 100, None) == 20
+    assert limiter.check_sizes(alice, 10, 5) == 5
+    with pytest.raises(ApiError) as info:
+        limiter.check_sizes(alice, 101, None)
+    assert info.value.status == 413 and info.value.param == "prompt"
+    with pytest.raises(ApiError) as info:
+        limiter.check_sizes(alice, 10, 21)
+    assert info.value.status == 400 and info.value.param == "max_tokens"
+    bob = Authenticator(AUTH).tenant("Bearer key-b")
+    assert limiter.check_sizes(bob, 10**6, None) is None
+
+
+def test_concurrency_limit() -> None:
+    async def scenario() -> None:
+        limiter = TenantLimiter(InProcessSharedState())
+        alice = Authenticator(AUTH).tenant("Bearer key-a")
+        first = await limiter.admit(alice, 1)
+        await limiter.admit(alice, 1)
+        with pytest.raises(ApiError) as info:
+            await limiter.admit(alice, 1)
+        assert info.value.status == 429 and info.value.headers == {"Retry-After": "1"}
+        await limiter.release(first, 0)
+        await limiter.admit(alice, 1)
+
+    run(scenario())
+
+
+def test_tokens_per_minute_sliding_window() -> None:
+    async def scenario() -> None:
+        clock = Clock()
+        limiter = TenantLimiter(InProcessSharedState(clock=clock))
+        alice = Authenticator(AUTH).tenant("Bearer key-a")
+        a = await limiter.admit(alice, 100)               # t=1000: 100
+        await limiter.release(a, 50)                      # t=1000: +50 -> 150
+        clock.now = 1030.0
+        b = await limiter.admit(alice, 100)               # t=1030: 250 in window
+        await limiter.release(b, 0)
+        with pytest.raises(ApiError) as info:
+            await limiter.admit(alice, 1)
+        # 1 token fits once the 100 recorded at t=1000 expire at t=1060: 30 s.
+        assert info.value.status == 429 and info.value.headers["Retry-After"] == "30"
+        clock.now = 1060.0
+        c = await limiter.admit(alice, 100)               # t=1000 entries gone: 100 + 100
+        await limiter.release(c, 0)
+        with pytest.raises(ApiError) as info:
+            await limiter.admit(alice, 60)
+        assert info.value.headers["Retry-After"] == "30"  # the t=1030 entry expires at 1090
+        # A refused request holds no concurrency slot: two more are still admitted.
+        d = await limiter.admit(alice, 1)
+        e = await limiter.admit(alice, 1)
+        await limiter.release(d, 0)
+        await limiter.release(e, 0)
+
+    run(scenario())
+
+
+def test_prompt_above_tokens_per_minute_is_413() -> None:
+    limiter = TenantLimiter(InProcessSharedState())
+    alice = Authenticator(AuthConfig(tenants=(TenantConfig(
+        "alice", (hash_key("k"),), TenantLimits(tokens_per_minute=50)),))).tenant("Bearer k")
+    with pytest.raises(ApiError) as info:
+        limiter.check_sizes(alice, 51, None)
+    assert info.value.status == 413

@@ -1,0 +1,344 @@
+"""The router over HTTP against small real upstream servers in this process.
+
+Upstreams are ``bench.instant_upstream`` (answers at once) and small aiohttp apps
+that fail in chosen ways; real workers are exercised in test_e2e_*.py.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import Any
+
+import aiohttp
+import pytest
+from aiohttp import web
+from support.aio import eventually, running_router, serving
+
+from bench import instant_upstream
+from router.auth import hash_key
+from router.config import RouterConfig
+from router.config_toml import parse_config
+
+pytestmark = pytest.mark.anyio
+ALICE = {"Authorization": "Bearer key-alice"}
+ADMIN = {"Authorization": "Bearer key-admin"}
+
+
+@pytest.fixture
+def anyio_backend() -> str:
+    return "asyncio"
+
+
+def make_config(urls: list[str], kind: str = "radix", policy: str = "round_robin",
+                poll_interval_s: float = 0.1, **limits: int) -> RouterConfig:
+    return parse_config({
+        "models": {"demo": {"tokenizer": "demo", "public_prefixes": [{"text": "x" * 40}]}},
+        "workers": [{"id": f"u{i}", "model": "demo", "url": url, "kind": kind}
+                    for i, url in enumerate(urls)],
+        "policy": {"name": policy},
+        "registry": {"poll_interval_s": poll_interval_s},
+        "auth": {"admin_key_digest": hash_key("key-admin"), "tenants": {
+            "alice": {"key_digests": [hash_key("key-alice")], **limits}}},
+    })
+
+
+async def call(session: aiohttp.ClientSession, method: str, url: str, body: Any = None,
+               headers: dict[str, str] | None = None) -> tuple[int, Any, Any]:
+    data = body if isinstance(body, bytes) or body is None else json.dumps(body)
+    async with session.request(method, url, data=data, headers=headers) as resp:
+        text = await resp.text()
+        try:
+            return resp.status, json.loads(text), resp.headers
+        except ValueError:
+            return resp.status, text, resp.headers
+
+
+def sse_objects(text: str) -> list[Any]:
+    frames = [line[6:] for line in text.split("\n") if line.startswith("data: ")]
+    assert frames[-1] == "[DONE]"
+    return [json.loads(f) for f in frames[:-1]]
+
+
+def recording_upstream(seen: list[dict[str, Any]]) -> web.Application:
+    async def generate(request: web.Request) -> web.StreamResponse:
+        seen.append(await request.json())
+        return await instant_upstream.generate(request)
+
+    async def completions(request: web.Request) -> web.StreamResponse:
+        seen.append(await request.json())
+        return await instant_upstream.completions(request)
+
+    app = web.Application()
+    app.add_routes([*instant_upstream.status_routes(), web.post("/generate", generate),
+                    web.get("/v1/models", instant_upstream.models),
+                    web.post("/v1/completions", completions)])
+    return app
+
+
+def failing_upstream(status: int) -> web.Application:
+    async def generate(request: web.Request) -> web.Response:
+        return web.json_response({"error": {"message": "boom", "type": "server_error",
+                                            "param": None, "code": None}}, status=status)
+
+    app = web.Application()
+    app.add_routes([*instant_upstream.status_routes(), web.post("/generate", generate)])
+    return app
+
+
+BAD_REQUESTS = [
+    ({}, {"model": "demo", "prompt": "hi"}, 401, None),
+    ({"Authorization": "Bearer nope"}, {"model": "demo", "prompt": "hi"}, 401, None),
+    (ALICE, b"{not json", 400, None),
+    (ALICE, [1, 2], 400, None),
+    (ALICE, {"prompt": "hi"}, 400, "model"),
+    (ALICE, {"model": "gpt-4", "prompt": "hi"}, 404, "model"),
+    (ALICE, {"model": 7, "prompt": "hi"}, 400, "model"),
+    (ALICE, {"model": "demo"}, 400, "prompt"),
+    (ALICE, {"model": "demo", "prompt": ["a", "b"]}, 400, "prompt"),
+    (ALICE, {"model": "demo", "prompt": [1, -1]}, 400, "prompt"),
+    (ALICE, {"model": "demo", "prompt": "hi", "max_tokens": "5"}, 400, "max_tokens"),
+    (ALICE, {"model": "demo", "prompt": "hi", "max_tokens": 0}, 400, "max_tokens"),
+    (ALICE, {"model": "demo", "prompt": "hi", "max_tokens": 99}, 400, "max_tokens"),
+    (ALICE, {"model": "demo", "prompt": "hi", "stream": "yes"}, 400, "stream"),
+    (ALICE, {"model": "demo", "prompt": "hi", "temperature": -1}, 400, "temperature"),
+    (ALICE, {"model": "demo", "prompt": "hi", "stop": [1]}, 400, "stop"),
+    (ALICE, {"model": "demo", "prompt": "hi", "n": 100}, 400, "n"),
+    (ALICE, {"model": "demo", "prompt": "y" * 200}, 413, "prompt"),
+]
+
+
+async def test_bad_input_gets_openai_4xx_bodies() -> None:
+    async with serving(instant_upstream.create_app()) as up, \
+            running_router(make_config([up], max_prompt_tokens=100, max_output_tokens=50)
+                           ) as (url, _), aiohttp.ClientSession() as session:
+        for headers, body, status, param in BAD_REQUESTS:
+            got, error, _ = await call(session, "POST", f"{url}/v1/completions", body, headers)
+            assert got == status, (body, error)
+            assert set(error["error"]) == {"message", "type", "param", "code"}, error
+            assert error["error"]["param"] == param, (body, error)
+        chat = {"model": "demo", "messages": [{"role": "user", "content": 3}]}
+        got, error, _ = await call(session, "POST", f"{url}/v1/chat/completions", chat, ALICE)
+        assert (got, error["error"]["param"]) == (400, "messages[0].content")
+        got, error, _ = await call(session, "GET", f"{url}/v1/nothing-here", None, ALICE)
+        assert got == 404 and error["error"]["type"] == "not_found_error"
+        got, error, _ = await call(session, "POST", f"{url}/v1/completions",
+                                   b"x" * (33 * 2**20), ALICE)
+        assert got == 413 and "error" in error
+        got, error, _ = await call(session, "GET", f"{url}/admin/workers", None, ALICE)
+        assert got == 401
+
+
+async def test_completions_and_chat_through_the_router() -> None:
+    seen: list[dict[str, Any]] = []
+    async with serving(recording_upstream(seen)) as up, \
+            running_router(make_config([up])) as (url, router), \
+            aiohttp.ClientSession() as session:
+        body = {"model": "demo", "prompt": "x" * 50 + "tail", "max_tokens": 3}
+        status, result, _ = await call(session, "POST", f"{url}/v1/completions", body, ALICE)
+        assert status == 200 and result["object"] == "text_completion"
+        assert result["choices"][0]["text"] == "aaa"
+        assert result["usage"] == {"prompt_tokens": 55, "completion_tokens": 3,
+                                   "total_tokens": 58, "prompt_tokens_details": {
+                                       "cached_tokens": 0}}
+        sent = seen[-1]
+        assert sent["token_ids"] == router.models.get("demo").tokenizer.encode("x" * 50 + "tail")
+        assert sent["scope"] == "alice" and sent["num_public_tokens"] == 32  # 41 -> 32
+        assert sent["sampling"] == {"n": 1, "max_tokens": 3} and sent["stream"] is False
+
+        chat = {"model": "demo", "messages": [{"role": "user", "content": "hi"}],
+                "max_tokens": 2, "stream": True, "stream_options": {"include_usage": True}}
+        async with session.post(f"{url}/v1/chat/completions", json=chat, headers=ALICE) as resp:
+            assert resp.headers["Content-Type"].startswith("text/event-stream")
+            chunks = sse_objects(await resp.text())
+        assert [c["object"] for c in chunks] == ["chat.completion.chunk"] * 3
+        assert chunks[0]["choices"][0]["delta"] == {"content": "a", "role": "assistant"}
+        assert chunks[1]["choices"][0]["finish_reason"] == "length"
+        assert chunks[2]["choices"] == [] and chunks[2]["usage"]["completion_tokens"] == 2
+        assert len({c["id"] for c in chunks}) == 1
+
+        status, models, _ = await call(session, "GET", f"{url}/v1/models", None, ALICE)
+        assert [m["id"] for m in models["data"]] == ["demo"]
+        status, health, _ = await call(session, "GET", f"{url}/health")
+        assert health == {"status": "ok", "num_ready_workers": 1}
+        status, metrics, _ = await call(session, "GET", f"{url}/metrics")
+        for name in ("router_requests_total", "router_prompt_tokens_total",
+                     "router_matched_tokens_total", "router_decision_seconds",
+                     "router_index_nodes", "router_worker_load", "router_request_seconds",
+                     "router_ttft_seconds", "router_retries_total"):
+            assert name in metrics
+        assert 'router_requests_total{code="200",tenant="alice",worker="u0"} 2.0' in metrics
+
+
+async def test_error_before_first_byte_moves_to_the_next_worker() -> None:
+    async with serving(failing_upstream(500)) as bad, \
+            serving(instant_upstream.create_app()) as good, \
+            running_router(make_config([bad, good])) as (url, router), \
+            aiohttp.ClientSession() as session:
+        body = {"model": "demo", "prompt": "hello", "max_tokens": 2, "stream": True}
+        async with session.post(f"{url}/v1/completions", json=body, headers=ALICE) as resp:
+            assert resp.status == 200
+            assert "".join(c["choices"][0]["text"] for c in sse_objects(await resp.text())) == "aa"
+        assert router.metrics.retries._value.get() == 1
+        assert router.registry.get("u0").ready  # a 500 is no reason to drop the worker
+        assert router.registry.get("u0").num_in_flight_requests == 0
+
+
+async def test_client_errors_from_the_worker_pass_through() -> None:
+    async with serving(failing_upstream(413)) as bad, \
+            running_router(make_config([bad])) as (url, _), aiohttp.ClientSession() as session:
+        status, error, _ = await call(session, "POST", f"{url}/v1/completions",
+                                      {"model": "demo", "prompt": "hello"}, ALICE)
+        assert status == 413 and error["error"]["message"] == "boom"
+
+
+async def test_unreachable_worker_leaves_routing_and_index() -> None:
+    async with serving(instant_upstream.create_app()) as good, \
+            aiohttp.ClientSession() as session:
+        dead = serving(instant_upstream.create_app())
+        dead_url = await dead.__aenter__()
+        async with running_router(make_config([dead_url, good], poll_interval_s=60)
+                                  ) as (url, router):
+            router.index.note_routed(router.registry.get("u0").namespace, "u0",
+                                     b"\x01\x00\x00\x00" * 8, "alice")
+            await dead.__aexit__(None, None, None)
+            status, _, _ = await call(session, "POST", f"{url}/v1/completions",
+                                      {"model": "demo", "prompt": "hello"}, ALICE)
+            assert status == 200
+            worker = router.registry.get("u0")
+            assert not worker.ready and "ClientConnectorError" in worker.reason
+            assert "u0" not in router.index.stats().num_approx_tokens
+            status, workers, _ = await call(session, "GET", f"{url}/admin/workers", None, ADMIN)
+            assert [w["ready"] for w in workers["workers"]] == [False, True]
+
+
+async def test_no_ready_worker_is_503() -> None:
+    async with serving(failing_upstream(500)) as bad, \
+            running_router(make_config([bad])) as (url, _), aiohttp.ClientSession() as session:
+        status, error, _ = await call(session, "POST", f"{url}/v1/completions",
+                                      {"model": "demo", "prompt": "hello"}, ALICE)
+        assert status == 502 and "boom" in error["error"]["message"]
+    async with running_router(make_config([])) as (url, _), aiohttp.ClientSession() as session:
+        status, error, _ = await call(session, "POST", f"{url}/v1/completions",
+                                      {"model": "demo", "prompt": "hello"}, ALICE)
+        assert status == 503 and error["error"]["code"] == "no_worker"
+
+
+async def test_client_disconnect_cancels_the_upstream_request() -> None:
+    closed = asyncio.Event()
+
+    async def slow_generate(request: web.Request) -> web.StreamResponse:
+        out = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await out.prepare(request)
+        try:
+            for _ in range(1000):
+                await out.write(b'data: {"index": 0, "text": "a", "finish_reason": null}\n\n')
+                await asyncio.sleep(0.02)
+        except (asyncio.CancelledError, ConnectionResetError):
+            closed.set()
+            raise
+        return out
+
+    app = web.Application()
+    app.add_routes([*instant_upstream.status_routes(), web.post("/generate", slow_generate)])
+    async with serving(app) as up, running_router(make_config([up])) as (url, router):
+        async with aiohttp.ClientSession() as session:
+            body = {"model": "demo", "prompt": "hello", "stream": True}
+            async with session.post(f"{url}/v1/completions", json=body, headers=ALICE) as resp:
+                assert (await resp.content.readline()).startswith(b"data: ")
+        await asyncio.wait_for(closed.wait(), 5)
+        await eventually(lambda: router.registry.get("u0").num_in_flight_requests == 0)
+
+
+async def test_limits_over_http() -> None:
+    release = asyncio.Event()
+
+    async def held_generate(request: web.Request) -> web.StreamResponse:
+        await release.wait()
+        return await instant_upstream.generate(request)
+
+    app = web.Application()
+    app.add_routes([*instant_upstream.status_routes(), web.post("/generate", held_generate)])
+    config = make_config([], max_concurrent_requests=1, tokens_per_minute=30)
+    async with serving(app) as up, \
+            running_router(make_config([up], max_concurrent_requests=1, tokens_per_minute=30)
+                           ) as (url, _), aiohttp.ClientSession() as session:
+        body = {"model": "demo", "prompt": "abc", "max_tokens": 2}
+        first = asyncio.create_task(call(session, "POST", f"{url}/v1/completions", body, ALICE))
+        await asyncio.sleep(0.2)
+        status, error, headers = await call(session, "POST", f"{url}/v1/completions", body, ALICE)
+        assert status == 429 and headers["Retry-After"] == "1"
+        assert error["error"]["code"] == "concurrency_limit"
+        release.set()
+        assert (await first)[0] == 200
+        big = {"model": "demo", "prompt": "x" * 24, "max_tokens": 2}   # 25 + 6 > 30
+        status, error, headers = await call(session, "POST", f"{url}/v1/completions", big, ALICE)
+        assert status == 429 and int(headers["Retry-After"]) >= 59
+        assert config.auth.tenants[0].limits.tokens_per_minute == 30
+
+
+async def test_admin_workers_and_public_prefixes() -> None:
+    async with serving(instant_upstream.create_app()) as up, \
+            running_router(make_config([])) as (url, router), aiohttp.ClientSession() as session:
+        add = {"action": "add", "worker": {"id": "late", "url": up, "model": "demo"}}
+        status, added, _ = await call(session, "POST", f"{url}/admin/workers", add, ADMIN)
+        assert status == 200 and added["added"]["id"] == "late"
+        await eventually(lambda: router.registry.routable("demo"))
+        status, error, _ = await call(session, "POST", f"{url}/admin/workers", add, ADMIN)
+        assert status == 400 and "already exists" in error["error"]["message"]
+        bad = {"action": "add", "worker": {"id": "x", "url": up, "model": "nope"}}
+        status, error, _ = await call(session, "POST", f"{url}/admin/workers", bad, ADMIN)
+        assert status == 400 and "worker.model" in error["error"]["message"]
+        status, _, _ = await call(session, "POST", f"{url}/v1/completions",
+                                  {"model": "demo", "prompt": "hello"}, ALICE)
+        assert status == 200
+
+        prefix = {"model": "demo", "text": "Shared doc " * 4}     # BOS + 44 bytes = 45
+        status, result, _ = await call(session, "POST", f"{url}/admin/public-prefixes",
+                                       prefix, ADMIN)
+        assert status == 200 and result["num_tokens"] == 45 and result["num_public_tokens"] == 32
+        prompt = router.models.get("demo").completion_prompt("Shared doc " * 4 + "question")
+        assert prompt.num_public_tokens == 32
+        status, error, _ = await call(session, "POST", f"{url}/admin/public-prefixes",
+                                      {"model": "demo", "text": "a", "token_ids": [1]}, ADMIN)
+        assert status == 400
+
+        status, index, _ = await call(session, "GET", f"{url}/admin/index", None, ADMIN)
+        assert index["workers"]["late"]["num_requests"] == 1
+        status, removed, _ = await call(session, "POST", f"{url}/admin/workers",
+                                        {"action": "remove", "id": "late"}, ADMIN)
+        assert status == 200 and router.registry.routable("demo") == []
+        status, _, _ = await call(session, "POST", f"{url}/admin/workers",
+                                  {"action": "remove", "id": "late"}, ADMIN)
+        assert status == 404
+
+
+async def test_worker_with_another_tokenizer_is_not_used() -> None:
+    async def ready(request: web.Request) -> web.Response:
+        return web.json_response({"ready": True, "tokenizer_digest": "0" * 64, "block_size": 16})
+
+    app = web.Application()
+    app.add_routes([web.get("/ready", ready)])
+    async with serving(app) as up, running_router(make_config([])) as (_, router):
+        router.registry.add(make_config([up]).workers[0])
+        worker = await eventually(lambda: router.registry.get("u0").reason != "not probed yet"
+                                  and router.registry.get("u0"))
+        assert not worker.ready and "tokenizer digest differs" in worker.reason
+
+
+async def test_openai_kind_worker_gets_token_ids_and_passes_through() -> None:
+    seen: list[dict[str, Any]] = []
+    async with serving(recording_upstream(seen)) as up, \
+            running_router(make_config([up], kind="openai")) as (url, router), \
+            aiohttp.ClientSession() as session:
+        body = {"model": "demo", "prompt": "hello", "max_tokens": 2, "user": "u"}
+        status, result, _ = await call(session, "POST", f"{url}/v1/completions", body, ALICE)
+        assert status == 200 and result["model"] == "demo" and result["choices"][0]["text"] == "aa"
+        assert seen[-1]["prompt"] == router.models.get("demo").tokenizer.encode("hello")
+        assert seen[-1]["user"] == "u" and seen[-1]["max_tokens"] == 2
+        body["stream"] = True
+        async with session.post(f"{url}/v1/completions", json=body, headers=ALICE) as resp:
+            chunks = sse_objects(await resp.text())
+        assert [c["choices"][0]["text"] for c in chunks] == ["a", "a"]  # usage chunk dropped
+        assert seen[-1]["stream_options"] == {"include_usage": True}
+        assert router.index.stats().num_approx_tokens["u0"] > 0
