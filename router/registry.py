@@ -173,7 +173,8 @@ class WorkerRegistry:
 
     @staticmethod
     def begin(worker: WorkerState, num_prompt_tokens: int) -> None:
-        """Count a request routed to ``worker`` (call at decision time)."""
+        """Count a request routed to ``worker`` with ``num_prompt_tokens`` to prefill
+        (call at decision time)."""
         worker.num_in_flight_requests += 1
         worker.num_in_flight_prompt_tokens += num_prompt_tokens
 

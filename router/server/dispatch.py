@@ -55,7 +55,7 @@ async def serve_openai(request: web.Request, endpoint: str) -> web.StreamRespons
             matched = match(router, workers, prompt, tenant)
             ranked = choose(router, workers, matched, prompt, tenant)
             router.metrics.decision_seconds.observe(time.monotonic() - decision_started)
-            worker, response, exchange = await forward(router, request, call, ranked)
+            worker, response, exchange = await forward(router, request, call, ranked, matched)
             worker_id = worker.worker_id
             learn(router, worker, prompt, matched, exchange, started)
         finally:
@@ -114,15 +114,17 @@ def choose(router: Router, workers: list[WorkerState], matched: dict[str, int],
     return [by_id[i] for i in decision.ranked[: router.config.proxy.max_attempts]]
 
 
-async def forward(router: Router, request: web.Request, call: Call, ranked: list[WorkerState]
-                  ) -> tuple[WorkerState, web.StreamResponse, Exchange]:
+async def forward(router: Router, request: web.Request, call: Call, ranked: list[WorkerState],
+                  matched: dict[str, int]) -> tuple[WorkerState, web.StreamResponse, Exchange]:
     """Try the ranked workers in turn until one serves the client. Each attempt is
-    counted in flight and noted in the index (speculative entry) at decision time."""
-    num_tokens = len(call.prompt.token_ids)
+    counted in flight and noted in the index (speculative entry) at decision time.
+    In flight counts the tokens the worker must prefill (prompt minus its match): a
+    request that hits the cache adds little queued work, so locality is not punished."""
     failure: UpstreamUnavailable | None = None
     for worker in ranked:
         if failure is not None:
             router.metrics.retries.inc()
+        num_tokens = len(call.prompt.token_ids) - matched.get(worker.worker_id, 0)
         router.registry.begin(worker, num_tokens)
         router.index.note_routed(worker.namespace, worker.worker_id, call.prompt.key, call.scope)
         try:
