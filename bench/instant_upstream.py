@@ -14,12 +14,14 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import base64
 import json
 import signal
 import uuid
 
 from aiohttp import web
 
+from radix.keys import from_key
 from radix.namespace import CacheNamespace
 from radix.tokenizer import PromptTokenizer
 from router.server.app import bind_socket
@@ -73,9 +75,13 @@ def status_routes(worker_id: str = "instant") -> list[web.RouteDef]:
 
 
 async def generate(request: web.Request) -> web.StreamResponse:
-    """``POST /generate``: ``max_tokens`` (default 16) tokens of "a" at once."""
+    """``POST /generate``: ``max_tokens`` (default 16) tokens of "a" at once. The
+    prompt is ``token_ids`` or ``token_ids_b64`` (decoded, as a worker must)."""
     body = await request.json()
-    num_prompt = len(body["token_ids"])
+    if "token_ids_b64" in body:
+        num_prompt = len(from_key(base64.b64decode(body["token_ids_b64"], validate=True)))
+    else:
+        num_prompt = len(body["token_ids"])
     num_tokens = int(body.get("sampling", {}).get("max_tokens") or 16)
     usage = {"prompt_tokens": num_prompt, "completion_tokens": num_tokens, "cached_tokens": 0}
     if not body.get("stream"):

@@ -140,8 +140,11 @@ class PromptTokenizer:
 
         Special-token strings inside ``text`` become their special tokens, as in
         transformers: callers that must not allow that have to escape user text.
+        Uses ``encode_batch_fast``, which skips the character offsets ``encode``
+        computes and nobody here reads (half the CPU; same ids, property-tested).
         """
-        return self._tokenizer.encode(text, add_special_tokens=add_special_tokens).ids
+        encoding = self._tokenizer.encode_batch_fast([text], add_special_tokens=add_special_tokens)
+        return encoding[0].ids
 
     def decode(self, token_ids: Sequence[int], skip_special_tokens: bool = True) -> str:
         """Text of ``token_ids``; incomplete UTF-8 sequences decode to U+FFFD."""

@@ -1,9 +1,10 @@
 """One attempt to serve a request on one worker, streaming through without buffering.
 
-``radix`` workers get ``POST /generate`` (token ids, scope, ``num_public_tokens``,
-sampling) and their results are reshaped into OpenAI objects; ``openai`` workers get
-the client's OpenAI request (completions prompts as the router's token ids) and
-their responses pass through.
+``radix`` workers get ``POST /generate`` (the prompt as ``token_ids_b64``: its key
+in base64, a tenth of the cost of JSON-encoding the id list; scope,
+``num_public_tokens``, sampling) and their results are reshaped into OpenAI objects;
+``openai`` workers get the client's OpenAI request (completions prompts as the
+router's token ids) and their responses pass through.
 
 Contract of ``Proxy.send``: either it answers the client (whole or streamed) and
 returns an ``Exchange``, or it raises ``UpstreamUnavailable`` having sent the client
@@ -14,6 +15,7 @@ closes the upstream response, which cancels the request on the worker.
 
 from __future__ import annotations
 
+import base64
 import json
 import time
 from collections.abc import AsyncIterator
@@ -33,6 +35,7 @@ from router.tokenization import Prompt
 CLIENT_CLOSED = 499  # the client went away (nginx's convention)
 SSE_HEADERS = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
 _RETRIABLE_STATUS = frozenset({401, 403, 404, 408, 429})
+_MAX_SSE_LINE_BYTES = 1 << 20
 
 
 @dataclass(frozen=True)
@@ -108,7 +111,8 @@ class Proxy:
 
     @staticmethod
     def _generate_body(call: Call) -> dict[str, Any]:
-        return {"token_ids": call.prompt.token_ids, "scope": call.scope,
+        return {"token_ids_b64": base64.b64encode(call.prompt.key).decode(),
+                "scope": call.scope,
                 "num_public_tokens": call.prompt.num_public_tokens,
                 "sampling": call.request.sampling.to_wire(call.max_tokens),
                 "stream": call.request.stream}
@@ -144,31 +148,24 @@ class Proxy:
                                upstream: aiohttp.ClientResponse
                                ) -> tuple[web.StreamResponse, Exchange]:
         shape = ResponseShape(call.request.endpoint, call.model_name)
-        events = _sse_events(upstream)
+        batches = _sse_batches(upstream)
         try:
-            first = await anext(events)
-        except (aiohttp.ClientError, TimeoutError, ValueError, StopAsyncIteration) as exc:
+            batch = await anext(batches)
+        except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
             raise _unavailable(worker, exc) from exc
+        if batch[0] is None:
+            raise _unavailable(worker, EOFError("stream ended before its first event"))
         out = web.StreamResponse(headers=SSE_HEADERS)
         await out.prepare(client)
         exchange = Exchange(200, first_byte_at=time.monotonic())
-        event: dict[str, Any] | None = first
         try:
-            while event is not None:
-                if "usage" in event:
-                    usage = openai_usage(event["usage"])
-                    exchange.num_completion_tokens = usage["completion_tokens"]
-                    exchange.num_cached_tokens = usage["prompt_tokens_details"]["cached_tokens"]
-                    if call.request.include_usage:
-                        await out.write(shape.usage_chunk(event["usage"]))
-                elif "error" in event:
-                    await out.write(sse_frame({"error": event["error"]}))
-                    exchange.status = 502
+            while True:
+                frames, ended = _client_frames(batch, shape, call.request.include_usage,
+                                               exchange)
+                await out.write(frames)
+                if ended:
                     return out, exchange
-                else:
-                    await out.write(shape.chunk(event))
-                event = await anext(events, None)
-            await out.write(DONE_FRAME)
+                batch = await anext(batches)
         except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
             await _end_stream_with_error(out, exchange, worker, exc)
         except ConnectionResetError:
@@ -215,16 +212,54 @@ class Proxy:
         return out, exchange
 
 
-async def _sse_events(upstream: aiohttp.ClientResponse) -> AsyncIterator[dict[str, Any]]:
-    """The JSON objects of an SSE stream's ``data:`` lines, up to ``[DONE]``."""
-    async for line in upstream.content:
-        if not line.startswith(b"data:"):
-            continue
-        data = line[5:].strip()
-        if data == b"[DONE]":
-            return
-        yield json.loads(data)
+async def _sse_batches(upstream: aiohttp.ClientResponse
+                       ) -> AsyncIterator[list[dict[str, Any] | None]]:
+    """The JSON objects of an SSE stream's ``data:`` lines, batched by network read
+    (so the relay answers events that arrived together with one write instead of one
+    syscall each, and never waits for more). ``None`` stands for ``[DONE]`` and ends
+    the last batch; a stream that ends without it raises ``ClientPayloadError``."""
+    pending = b""
+    async for chunk in upstream.content.iter_any():
+        *lines, pending = (pending + chunk).split(b"\n")
+        if len(pending) > _MAX_SSE_LINE_BYTES:
+            raise ValueError(f"SSE line longer than {_MAX_SSE_LINE_BYTES} bytes")
+        batch: list[dict[str, Any] | None] = []
+        for line in lines:
+            if not line.startswith(b"data:"):
+                continue
+            data = line[5:].strip()
+            if data == b"[DONE]":
+                batch.append(None)
+                yield batch
+                return
+            batch.append(json.loads(data))
+        if batch:
+            yield batch
     raise aiohttp.ClientPayloadError("stream ended before [DONE]")
+
+
+def _client_frames(batch: list[dict[str, Any] | None], shape: ResponseShape,
+                   include_usage: bool, exchange: Exchange) -> tuple[bytes, bool]:
+    """The client's SSE bytes for one batch of ``/generate`` events, noting usage and
+    errors in ``exchange``; True when the stream is over (``[DONE]`` or an error)."""
+    frames = []
+    for event in batch:
+        if event is None:
+            frames.append(DONE_FRAME)
+            return b"".join(frames), True
+        if "usage" in event:
+            usage = openai_usage(event["usage"])
+            exchange.num_completion_tokens = usage["completion_tokens"]
+            exchange.num_cached_tokens = usage["prompt_tokens_details"]["cached_tokens"]
+            if include_usage:
+                frames.append(shape.usage_chunk(event["usage"]))
+        elif "error" in event:
+            frames.append(sse_frame({"error": event["error"]}))
+            exchange.status = 502
+            return b"".join(frames), True
+        else:
+            frames.append(shape.chunk(event))
+    return b"".join(frames), False
 
 
 def _note_usage(exchange: Exchange, usage: Any) -> None:

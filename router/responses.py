@@ -7,6 +7,7 @@ ids, ``object`` names, ``choices`` and ``usage`` with
 
 from __future__ import annotations
 
+import functools
 import json
 import time
 import uuid
@@ -15,6 +16,8 @@ from typing import Any
 from router.requests import CHAT
 
 DONE_FRAME = b"data: [DONE]\n\n"
+_CHOICES_TAIL = b"]}\n\n"
+_compact_json = json.JSONEncoder(separators=(",", ":")).encode
 
 
 def openai_usage(usage: dict[str, Any]) -> dict[str, Any]:
@@ -31,7 +34,7 @@ def openai_usage(usage: dict[str, Any]) -> dict[str, Any]:
 
 def sse_frame(obj: dict[str, Any]) -> bytes:
     """One SSE event carrying ``obj`` as compact JSON."""
-    return b"data: " + json.dumps(obj, separators=(",", ":")).encode() + b"\n\n"
+    return b"data: " + _compact_json(obj).encode() + b"\n\n"
 
 
 class ResponseShape:
@@ -45,6 +48,14 @@ class ResponseShape:
         self.id = f"{'chatcmpl' if self._chat else 'cmpl'}-{uuid.uuid4().hex}"
         self.created = int(time.time())
         self._started: set[int] = set()
+
+    @functools.cached_property
+    def _chunk_head(self) -> bytes:
+        """A chunk frame up to its choices, the same for every chunk of the request: a
+        chunk then costs one small JSON encoding of its choice, and its bytes are
+        those of ``sse_frame(self._envelope(<chunk object>, [choice]))``."""
+        chunk_object = "chat.completion.chunk" if self._chat else "text_completion"
+        return sse_frame(self._envelope(chunk_object, []))[: -len(_CHOICES_TAIL)]
 
     def _envelope(self, object_name: str, choices: list[dict[str, Any]]) -> dict[str, Any]:
         return {"id": self.id, "object": object_name, "created": self.created,
@@ -77,9 +88,9 @@ class ResponseShape:
                 self._started.add(index)
                 delta["role"] = "assistant"
             choice = {"index": index, "delta": delta, "logprobs": None, "finish_reason": reason}
-            return sse_frame(self._envelope("chat.completion.chunk", [choice]))
-        choice = {"index": index, "text": text, "logprobs": None, "finish_reason": reason}
-        return sse_frame(self._envelope("text_completion", [choice]))
+        else:
+            choice = {"index": index, "text": text, "logprobs": None, "finish_reason": reason}
+        return self._chunk_head + _compact_json(choice).encode() + _CHOICES_TAIL
 
     def usage_chunk(self, usage: dict[str, Any]) -> bytes:
         """The final usage-only chunk (``stream_options.include_usage``)."""

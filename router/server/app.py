@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import ctypes
+import gc
 import logging
 import os
 import signal
@@ -28,6 +29,7 @@ from router.shared_state import shared_state_for
 
 MAX_BODY_BYTES = 32 * 2**20
 _PR_SET_PDEATHSIG = 1
+_GC_YOUNG_THRESHOLD = 20_000
 log = logging.getLogger(__name__)
 
 
@@ -123,6 +125,7 @@ async def serve(config: RouterConfig, secret: bytes, sock: socket.socket,
     router = Router.build(config, secret, shared_state_for(config.redis_url))
     runner = web.AppRunner(create_app(router), handler_cancellation=True, access_log=None)
     await runner.setup()
+    tune_gc()
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGINT, signal.SIGTERM):
@@ -135,6 +138,16 @@ async def serve(config: RouterConfig, secret: bytes, sock: socket.socket,
         await stop.wait()
     finally:
         await runner.cleanup()
+
+
+def tune_gc() -> None:
+    """Freeze what start-up built (modules, tokenizer, app: never garbage) out of the
+    collector's reach, and collect the young generation every 20,000 allocations
+    instead of 700: every young collection walks each in-flight request's token id
+    list (thousands of references), so at 700 it cost about 50 us per request."""
+    gc.collect()
+    gc.freeze()
+    gc.set_threshold(_GC_YOUNG_THRESHOLD, *gc.get_threshold()[1:])
 
 
 def serve_processes(config: RouterConfig, secret: bytes, num_processes: int) -> None:

@@ -69,7 +69,7 @@ async def serve_openai(request: web.Request, endpoint: str) -> web.StreamRespons
         code = CLIENT_CLOSED
         raise
     finally:
-        router.metrics.requests.labels(worker_id, tenant_id, str(code)).inc()
+        router.metrics.count_request(worker_id, tenant_id, code)
 
 
 def tokenize(model: ModelTokenizer, parsed: OpenAIRequest) -> Prompt:

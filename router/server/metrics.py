@@ -41,6 +41,18 @@ class RouterMetrics:
         self.ttft_seconds = Histogram("router_ttft_seconds", "Time to the first byte sent",
                                       buckets=_LATENCY_BUCKETS, registry=r)
         self.retries = Counter("router_retries", "Attempts moved to another worker", registry=r)
+        self._request_counters: dict[tuple[str, str, int], Counter] = {}
+
+    def count_request(self, worker_id: str, tenant_id: str, code: int) -> None:
+        """Count one finished request in ``router_requests_total``. The labelled child
+        is cached (as many as Prometheus itself keeps): ``labels()`` takes a lock and
+        builds its key, several times the cost of the increment."""
+        key = (worker_id, tenant_id, code)
+        counter = self._request_counters.get(key)
+        if counter is None:
+            counter = self._request_counters[key] = self.requests.labels(worker_id, tenant_id,
+                                                                         str(code))
+        counter.inc()
 
     def render(self, workers: Iterable[WorkerState], index_nodes: int) -> bytes:
         """Refresh the gauges and return the Prometheus text exposition."""

@@ -10,7 +10,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from radix.tokenizer import IncrementalDecoder, PromptTokenizer, demo_tokenizer_files
+from radix.tokenizer import (
+    DEMO_SPECIAL_TOKENS,
+    IncrementalDecoder,
+    PromptTokenizer,
+    demo_tokenizer_files,
+)
 
 DEMO_DIGEST = "9263baf465f52b68703e73838f6120a24933b45739c3053df979df489f110612"
 MESSAGES = [
@@ -61,6 +66,34 @@ def test_round_trip_is_exact(text):
 
 def test_special_token_text_encodes_to_the_special_token(demo):
     assert demo.encode("a<|user|>", add_special_tokens=False) == [97, 259]
+
+
+def _merging_bpe() -> PromptTokenizer:
+    """A byte-level BPE with merges and GPT-2's regex pre-tokenizer, trained in memory."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    bpe = Tokenizer(models.BPE())
+    bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    bpe.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=400, special_tokens=list(DEMO_SPECIAL_TOKENS),
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    bpe.train_from_iterator(["the router routes the prompt", "héllo wörld 😀 " * 3], trainer)
+    return PromptTokenizer(bpe.to_str(), None, "<|bos|>", "<|eos|>")
+
+
+MERGING_BPE = _merging_bpe()
+# Any text, with special-token strings spliced in (they must become special tokens).
+TEXT_WITH_SPECIALS = st.lists(st.one_of(st.text(), st.sampled_from(DEMO_SPECIAL_TOKENS))).map(
+    "".join
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(TEXT_WITH_SPECIALS, st.booleans())
+def test_fast_encode_gives_the_ids_of_the_full_encode(text, add_special_tokens):
+    for tokenizer in (DEMO, MERGING_BPE):
+        full = tokenizer._tokenizer.encode(text, add_special_tokens=add_special_tokens)
+        assert tokenizer.encode(text, add_special_tokens) == full.ids
 
 
 def test_chat_template_renders_and_encodes_once(demo):

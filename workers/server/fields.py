@@ -7,10 +7,13 @@ ignored, as OpenAI does.
 
 from __future__ import annotations
 
+import base64
+import binascii
 import json
 import math
 from typing import Any
 
+from radix.keys import TOKEN_BYTES, from_key
 from workers.server.errors import bad_request
 
 
@@ -106,6 +109,28 @@ def token_id_list(value: object, param: str, vocab_size: int) -> tuple[int, ...]
     if not all(type(t) is int and 0 <= t < vocab_size for t in value):
         raise bad_request(f"{param} must hold integer token ids in [0, {vocab_size})", param)
     return tuple(value)
+
+
+def token_ids_b64(value: object, param: str, vocab_size: int) -> tuple[int, ...]:
+    """Token ids sent as base64 of their ``radix.keys`` encoding (4 little-endian bytes
+    per id), all in ``[0, vocab_size)``. Decoding is linear and runs at C speed
+    (``base64`` then ``array.frombytes``); 400 naming ``param`` when malformed."""
+    if not isinstance(value, str) or not value:
+        raise bad_request(f"{param} must be a non-empty base64 string", param)
+    try:
+        raw = base64.b64decode(value, validate=True)
+    except (binascii.Error, ValueError) as exc:
+        raise bad_request(f"{param} is not valid base64: {exc}", param) from exc
+    if not raw or len(raw) % TOKEN_BYTES:
+        raise bad_request(
+            f"{param} must decode to a non-empty multiple of {TOKEN_BYTES} bytes "
+            f"({TOKEN_BYTES} little-endian bytes per token id), got {len(raw)} bytes",
+            param,
+        )
+    token_ids = from_key(raw)
+    if max(token_ids) >= vocab_size:
+        raise bad_request(f"{param} must hold token ids in [0, {vocab_size})", param)
+    return tuple(token_ids)
 
 
 def _show(value: object) -> str:

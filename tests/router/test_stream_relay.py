@@ -1,0 +1,117 @@
+"""The router's relay of worker ``/generate`` streams: events split or merged across
+network reads, error events, streams cut short, and the exact chunk bytes."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import aiohttp
+import pytest
+from aiohttp import web
+from support.aio import running_router, serving
+from test_server import ALICE, make_config, sse_objects
+
+from bench import instant_upstream
+from router.requests import CHAT, COMPLETIONS
+from router.responses import ResponseShape, sse_frame
+
+pytestmark = pytest.mark.anyio
+STREAM = {"model": "demo", "prompt": "hello", "max_tokens": 3, "stream": True,
+          "stream_options": {"include_usage": True}}
+
+
+@pytest.fixture
+def anyio_backend() -> str:
+    return "asyncio"
+
+
+def event(text: str, reason: str | None = None) -> bytes:
+    return sse_frame({"request_id": "r", "index": 0, "token_ids": [97], "text": text,
+                      "finish_reason": reason})
+
+
+USAGE = sse_frame({"request_id": "r", "usage": {"prompt_tokens": 6, "completion_tokens": 3,
+                                                "cached_tokens": 2}})
+WHOLE = event("a") + event("b") + event("c", "length") + USAGE + b"data: [DONE]\n\n"
+
+
+def scripted_upstream(pieces: list[bytes]) -> web.Application:
+    """An upstream whose ``/generate`` stream is ``pieces``, each sent on its own after
+    a short pause (so each is a separate network read on the router's side)."""
+    async def generate(request: web.Request) -> web.StreamResponse:
+        out = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await out.prepare(request)
+        for piece in pieces:
+            await out.write(piece)
+            await asyncio.sleep(0.02)
+        return out
+
+    app = web.Application()
+    app.add_routes([*instant_upstream.status_routes(), web.post("/generate", generate)])
+    return app
+
+
+async def relay(pieces: list[bytes], body: dict = STREAM) -> tuple[int, str]:
+    async with serving(scripted_upstream(pieces)) as up, \
+            running_router(make_config([up])) as (url, _), \
+            aiohttp.ClientSession() as session, \
+            session.post(f"{url}/v1/completions", json=body, headers=ALICE) as resp:
+        return resp.status, await resp.text()
+
+
+@pytest.mark.parametrize("cut", [1, 5, 17, 60, len(WHOLE) - 3])
+async def test_events_split_anywhere_across_reads_relay_the_same(cut: int) -> None:
+    whole_status, whole = await relay([WHOLE])
+    bytewise = [WHOLE[i:i + cut] for i in range(0, len(WHOLE), cut)]
+    split_status, split = await relay(bytewise)
+    assert whole_status == split_status == 200
+    strip = [{k: v for k, v in c.items() if k not in ("id", "created")}
+             for c in sse_objects(whole)]
+    assert [{k: v for k, v in c.items() if k not in ("id", "created")}
+            for c in sse_objects(split)] == strip
+    assert [c["choices"][0]["text"] for c in strip[:3]] == ["a", "b", "c"]
+    assert strip[3]["usage"]["prompt_tokens_details"] == {"cached_tokens": 2}
+
+
+async def test_comments_crlf_and_blank_lines_are_ignored() -> None:
+    status, text = await relay([b": keep-alive\r\n\r\n", event("a").replace(b"\n", b"\r\n"),
+                                b"\n\n", b"data: [DONE]\r\n\r\n"])
+    assert status == 200 and [c["choices"][0]["text"] for c in sse_objects(text)] == ["a"]
+
+
+async def test_an_error_event_ends_the_stream_with_an_error_frame() -> None:
+    error = sse_frame({"request_id": "r", "error": {"message": "boom", "code": "timeout"}})
+    status, text = await relay([event("a") + error + event("never")])
+    frames = [json.loads(line[6:]) for line in text.split("\n") if line.startswith("data: ")]
+    assert status == 200 and frames[0]["choices"][0]["text"] == "a"
+    assert frames[1:] == [{"error": {"message": "boom", "code": "timeout"}}]
+
+
+async def test_a_stream_cut_short_ends_with_an_error_frame() -> None:
+    status, text = await relay([event("a"), event("b")[:9]])
+    frames = [json.loads(line[6:]) for line in text.split("\n") if line.startswith("data: ")]
+    assert status == 200 and [f["choices"][0]["text"] for f in frames[:1]] == ["a"]
+    assert "before [DONE]" in frames[-1]["error"]["message"] and len(frames) == 2
+
+
+async def test_a_stream_without_events_is_a_failed_attempt() -> None:
+    status, text = await relay([b"data: [DONE]\n\n"])
+    assert status == 502 and "stream ended before its first event" in text
+
+
+@pytest.mark.parametrize("endpoint", [COMPLETIONS, CHAT])
+def test_chunk_bytes_are_the_compact_json_of_the_envelope(endpoint: str) -> None:
+    shape = ResponseShape(endpoint, "demo")
+    for reason in (None, "length"):
+        step = {"index": 1, "text": 'a"é\n', "finish_reason": reason}
+        chunk = shape.chunk(step)
+        assert chunk.startswith(b"data: ") and chunk.endswith(b"\n\n")
+        body = json.loads(chunk[6:])
+        assert chunk == sse_frame(body)
+        assert body["choices"][0]["index"] == 1 and body["model"] == "demo"
+        if endpoint == CHAT:
+            assert body["object"] == "chat.completion.chunk"
+            assert body["choices"][0]["delta"]["content"] == 'a"é\n'
+        else:
+            assert body["object"] == "text_completion" and body["choices"][0]["text"] == 'a"é\n'
