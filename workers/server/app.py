@@ -19,7 +19,7 @@ from aiohttp import web
 from aiohttp.typedefs import Handler
 
 from workers.server import routes_generate, routes_kv, routes_openai, routes_status
-from workers.server.errors import ApiError, error_body
+from workers.server.errors import ApiError, error_body, error_response
 from workers.server.state import STATE, WorkerState
 
 log = logging.getLogger(__name__)
@@ -33,7 +33,7 @@ async def error_middleware(request: web.Request, handler: Handler) -> web.Stream
     try:
         return await handler(request)
     except ApiError as exc:
-        return exc.response()
+        return error_response(exc)
     except web.HTTPException as exc:
         if exc.status < 400:
             raise
@@ -51,7 +51,7 @@ async def auth_middleware(request: web.Request, handler: Handler) -> web.StreamR
     if key is not None and request.path not in PUBLIC_PATHS:
         given = request.headers.get("Authorization", "")
         if not hmac.compare_digest(given.encode(), f"Bearer {key}".encode()):
-            raise ApiError(401, "missing or invalid worker API key", None, "invalid_api_key")
+            raise ApiError(401, "missing or invalid worker API key", code="invalid_api_key")
     return await handler(request)
 
 

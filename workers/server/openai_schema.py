@@ -100,7 +100,7 @@ def _model(fields: Fields, served: str) -> str:
         raise bad_request("model must be a string", "model")
     if model != served:
         raise ApiError(404, f"the model {model!r} does not exist; this worker serves {served!r}",
-                       "model", "model_not_found")  # fmt: skip
+                       param="model", code="model_not_found")  # fmt: skip
     return model
 
 

@@ -32,10 +32,10 @@ def submit(engine: AsyncEngine, request: GenerationRequest) -> RequestStream:
     try:
         return engine.submit(request)
     except QueueFullError as exc:
-        raise ApiError(429, f"the worker queue is full ({exc})", None, "queue_full",
-                       {"Retry-After": "1"}) from exc  # fmt: skip
+        raise ApiError(429, f"the worker queue is full ({exc})", code="queue_full",
+                       headers={"Retry-After": "1"}) from exc  # fmt: skip
     except EngineError as exc:
-        raise ApiError(503, str(exc), None, "engine_stopped") from exc
+        raise ApiError(503, str(exc), code="engine_stopped") from exc
 
 
 @dataclass
@@ -65,7 +65,7 @@ async def collect(
                 if output.usage is not None:
                     return choices, output.usage
     except TimeoutError as exc:
-        raise ApiError(504, f"request timed out after {timeout_s:g} s", None, "timeout") from exc
+        raise ApiError(504, f"request timed out after {timeout_s:g} s", code="timeout") from exc
     finally:
         stream.close()
     raise AssertionError("the engine stream ended without usage")
