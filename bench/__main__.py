@@ -17,6 +17,7 @@ from bench import (
     radix_bench,
     router_overhead,
     routing_quality,
+    routing_real,
 )
 
 BENCHMARKS: dict[str, Callable[[list[str]], dict]] = {
@@ -25,6 +26,7 @@ BENCHMARKS: dict[str, Callable[[list[str]], dict]] = {
     "model": model_bench.main,
     "e2e_worker": e2e_worker_bench.main,
     "routing": routing_quality.main,
+    "routing_real": routing_real.main,
     "router_overhead": router_overhead.main,
 }
 

@@ -17,14 +17,13 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
 import statistics
-import sys
 import time
 from dataclasses import asdict, dataclass
-from pathlib import Path
 
 import aiohttp
+
+from bench.procs import start_worker
 
 CONCURRENCY = (1, 8, 32)
 MODES = {"cache on": (), "cache off": ("--no-prefix-cache",)}
@@ -39,35 +38,6 @@ class Level:
     output_tokens_per_s: float
     ttft_p50_ms: float
     ttft_p99_ms: float
-
-
-class Worker:
-    """A ``python -m workers`` child; ``url`` once it printed ``READY <url>``."""
-
-    def __init__(self, flags: list[str]) -> None:
-        self.flags = flags
-        self.url = ""
-        self.proc: asyncio.subprocess.Process | None = None
-
-    async def __aenter__(self) -> Worker:
-        env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
-        self.proc = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "workers", "--model", "demo", "--port", "0",
-            "--log-level", "WARNING", *self.flags, env=env,
-            stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE,
-        )  # fmt: skip
-        assert self.proc.stdout is not None
-        while line := (await self.proc.stdout.readline()).decode():
-            if line.startswith("READY "):
-                self.url = line.split()[1]
-                return self
-        raise RuntimeError(f"worker exited with {await self.proc.wait()} before READY")
-
-    async def __aexit__(self, *exc: object) -> None:
-        assert self.proc is not None
-        if self.proc.returncode is None:
-            self.proc.terminate()
-            await self.proc.wait()
 
 
 def prompt(prefix_tokens: int, request_index: int) -> list[int]:
@@ -130,7 +100,8 @@ async def run_level(url: str, num_clients: int, prompts: list[list[int]], max_to
 async def run_mode(flags: list[str], args: argparse.Namespace) -> list[Level]:
     """Start a worker with ``flags`` and run every concurrency level on it."""
     levels = []
-    async with Worker(flags) as worker:
+    worker = await asyncio.to_thread(start_worker, *flags, kv_cache_bytes=args.kv_cache_bytes)
+    try:
         warmup = [prompt(args.prefix_tokens, -1 - i) for i in range(2)]
         await run_level(worker.url, 1, warmup, args.max_tokens)
         next_index = 0
@@ -139,6 +110,8 @@ async def run_mode(flags: list[str], args: argparse.Namespace) -> list[Level]:
             prompts = [prompt(args.prefix_tokens, next_index + i) for i in range(count)]
             next_index += count
             levels.append(await run_level(worker.url, num_clients, prompts, args.max_tokens))
+    finally:
+        worker.stop()
     return levels
 
 
@@ -155,7 +128,7 @@ def _parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> dict:
     """Run both modes, print the table, return ``{mode: {clients: Level fields}, ratios}``."""
     args = _parser().parse_args(argv)
-    common = ["--kv-cache-bytes", args.kv_cache_bytes, "--num-threads", str(args.num_threads)]
+    common = ["--num-threads", str(args.num_threads)]
     results: dict[str, dict[int, Level]] = {}
     for mode, flags in MODES.items():
         levels = asyncio.run(run_mode([*common, *flags], args))

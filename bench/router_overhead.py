@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import os
 import random
 import sys
 import tempfile
@@ -28,10 +27,12 @@ from typing import Any
 
 import aiohttp
 
+from bench.procs import start_process, start_router
 from radix.tokenizer import PromptTokenizer
 from router.auth import hash_key
 
 KEY = "bench-key"
+UPSTREAM_ARGS = [sys.executable, "-m", "bench.instant_upstream"]
 NUM_UPSTREAMS = 4
 PROMPT_BYTES = 2048
 MAX_TOKENS = 16
@@ -57,48 +58,6 @@ class Run:
         """The ``q`` quantile of the latencies, in milliseconds."""
         ordered = sorted(self.latencies_s)
         return 1000 * ordered[min(len(ordered) - 1, int(q * len(ordered)))]
-
-
-class Child:
-    """A child process that prints ``READY <url>``."""
-
-    def __init__(self, args: list[str]) -> None:
-        env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1]),
-               "RADIX_ROUTER_SECRET": "router-overhead-bench"}
-        self._args, self._env = args, env
-        self.url = ""
-
-    async def start(self) -> Child:
-        """Start the process and wait for its READY line."""
-        self.proc = await asyncio.create_subprocess_exec(
-            sys.executable, *self._args, env=self._env, stdout=asyncio.subprocess.PIPE,
-            stdin=asyncio.subprocess.DEVNULL)
-        assert self.proc.stdout is not None
-        while line := (await self.proc.stdout.readline()).decode():
-            if line.startswith("READY "):
-                self.url = line.split()[1]
-                return self
-        raise RuntimeError(f"{self._args} exited before READY")
-
-    def cpu_s(self) -> tuple[float, float]:
-        """(user, system) CPU seconds of the process and its direct children so far
-        (``--processes`` forks the extra router processes)."""
-        user = system = 0.0
-        for stat in Path("/proc").glob("[0-9]*/stat"):
-            try:
-                fields = stat.read_text().rsplit(")", 1)[1].split()
-            except OSError:
-                continue
-            if stat.parent.name == str(self.proc.pid) or fields[1] == str(self.proc.pid):
-                user += int(fields[11]) / os.sysconf("SC_CLK_TCK")
-                system += int(fields[12]) / os.sysconf("SC_CLK_TCK")
-        return user, system
-
-    async def stop(self) -> None:
-        """SIGTERM and wait."""
-        if self.proc.returncode is None:
-            self.proc.terminate()
-            await self.proc.wait()
 
 
 def _config(urls: list[str]) -> str:
@@ -153,16 +112,13 @@ async def _drive(url: str, bodies: list[dict[str, Any]], headers: dict[str, str]
 
 
 async def _bench(num_requests: int, processes: int) -> dict[str, Any]:
-    upstreams = [await Child(["-m", "bench.instant_upstream"]).start()
+    upstreams = [await asyncio.to_thread(start_process, UPSTREAM_ARGS)
                  for _ in range(NUM_UPSTREAMS)]
     with tempfile.TemporaryDirectory() as tmp:
         config = Path(tmp) / "router.toml"
         config.write_text(_config([u.url for u in upstreams]))
-        router_args = ["-m", "router", "router", "--config", str(config), "--port", "0",
-                       "--log-level", "WARNING"]
-        if processes > 1:
-            router_args += ["--processes", str(processes)]
-        router = await Child(router_args).start()
+        flags = ["--processes", str(processes)] if processes > 1 else []
+        router = await asyncio.to_thread(start_router, config, *flags)
     tokenizer = PromptTokenizer.demo()
     prompts = _prompts(512)
     results: dict[str, Any] = {}
@@ -179,19 +135,17 @@ async def _bench(num_requests: int, processes: int) -> dict[str, Any]:
             direct = [{"token_ids": i, "scope": "bench", "stream": stream,
                        "sampling": {"max_tokens": MAX_TOKENS}} for i in ids]
             await _drive(f"{router.url}/v1/completions", via_router[:20], auth, 4, stream)
-            user_before, system_before = router.cpu_s()
+            cpu_before = router.cpu_s()
             routed = await _drive(f"{router.url}/v1/completions", via_router, auth,
                                   num_clients, stream)
-            user_after, system_after = router.cpu_s()
+            cpu_after = router.cpu_s()
             baseline = await _drive(f"{upstreams[0].url}/generate", direct, {},
                                     num_clients, stream)
             results[name] = {
                 "requests": n,
                 "router_rps": n / routed.wall_s,
                 "direct_rps": n / baseline.wall_s,
-                "router_cpu_us_per_request": 1e6 * (user_after + system_after
-                                                    - user_before - system_before) / n,
-                "router_sys_us_per_request": 1e6 * (system_after - system_before) / n,
+                "router_cpu_us_per_request": 1e6 * (cpu_after - cpu_before) / n,
                 "added_p50_ms": routed.percentile_ms(0.5) - baseline.percentile_ms(0.5),
                 "added_p99_ms": routed.percentile_ms(0.99) - baseline.percentile_ms(0.99),
                 "router_p50_ms": routed.percentile_ms(0.5),
@@ -200,15 +154,14 @@ async def _bench(num_requests: int, processes: int) -> dict[str, Any]:
                 "direct_max_stream_gap_ms": 1000 * baseline.max_gap_s if stream else None,
             }
     finally:
-        await router.stop()
-        for upstream in upstreams:
-            await upstream.stop()
+        for process in (router, *upstreams):
+            process.stop()
     return results
 
 
 def _table(results: dict[str, Any]) -> str:
     header = (f"{'scenario':<16} {'req':>5} {'router r/s':>10} {'direct r/s':>10} "
-              f"{'CPU us/req':>10} {'(sys)':>6} {'+p50 ms':>8} {'+p99 ms':>8} "
+              f"{'CPU us/req':>10} {'+p50 ms':>8} {'+p99 ms':>8} "
               f"{'max gap ms':>10} {'(direct)':>8}")
     rows = [header, "-" * len(header)]
     for name, r in results.items():
@@ -216,7 +169,6 @@ def _table(results: dict[str, Any]) -> str:
                            (f"{r['max_stream_gap_ms']:.1f}", f"{r['direct_max_stream_gap_ms']:.1f}"))
         rows.append(f"{name:<16} {r['requests']:>5} {r['router_rps']:>10.0f} "
                     f"{r['direct_rps']:>10.0f} {r['router_cpu_us_per_request']:>10.0f} "
-                    f"{r['router_sys_us_per_request']:>6.0f} "
                     f"{r['added_p50_ms']:>8.2f} {r['added_p99_ms']:>8.2f} {gap:>10} "
                     f"{direct_gap:>8}")
     return "\n".join(rows)

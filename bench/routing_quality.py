@@ -64,21 +64,41 @@ class SimRequest:
         return len(self.key) // TOKEN_BYTES
 
 
+@dataclass(frozen=True)
+class WorkloadShape:
+    """Sizes of a ``Workload``: counts, and [low, high) token ranges drawn uniformly.
+    The defaults are the simulation's; ``vocab_size`` bounds the random token ids."""
+
+    num_docs: int = 120
+    doc_tokens: tuple[int, int] = (1000, 4000)
+    question_tokens: tuple[int, int] = (50, 200)
+    answer_tokens: tuple[int, int] = (32, 128)
+    num_system_prompts: int = 4
+    system_tokens: tuple[int, int] = (300, 301)
+    first_message_tokens: tuple[int, int] = (100, 400)
+    turn_tokens: tuple[int, int] = (50, 200)
+    num_turns: tuple[int, int] = (2, 8)
+    zipf_exponent: float = 1.1
+    vocab_size: int = 32_000
+
+
 class Workload:
     """RAG documents (1,000-4,000 tokens, Zipf(1.1) popularity, registered public), each
     request a document plus a private 50-200 token question; and conversations on one
     of four public system prompts, each turn resending the history plus a new message
-    3 s (mean) after the previous answer."""
+    3 s (mean) after the previous answer. ``shape`` changes these sizes."""
 
-    def __init__(self, rng: np.random.Generator):
+    def __init__(self, rng: np.random.Generator, shape: WorkloadShape = WorkloadShape()):
         self.rng = rng
-        self.docs = [self._tokens(1000, 4000) for _ in range(120)]
-        popularity = np.arange(1, len(self.docs) + 1, dtype=np.float64) ** -1.1
+        self.shape = shape
+        self.docs = [self._tokens(shape.doc_tokens) for _ in range(shape.num_docs)]
+        popularity = np.arange(1, len(self.docs) + 1, dtype=np.float64) ** -shape.zipf_exponent
         self.popularity = popularity / popularity.sum()
-        self.system_prompts = [self._tokens(300, 301) for _ in range(4)]
+        self.system_prompts = [self._tokens(shape.system_tokens) for _ in range(shape.num_system_prompts)]
 
-    def _tokens(self, low: int, high: int) -> bytes:
-        return self.rng.integers(0, 32_000, int(self.rng.integers(low, high)), dtype=np.uint32).tobytes()
+    def _tokens(self, bounds: tuple[int, int]) -> bytes:
+        length = int(self.rng.integers(*bounds))
+        return self.rng.integers(0, self.shape.vocab_size, length, dtype=np.uint32).tobytes()
 
     def _tenant(self) -> str:
         return TENANTS[int(self.rng.integers(len(TENANTS)))]
@@ -87,21 +107,23 @@ class Workload:
         """A question about a document drawn by popularity, arriving at ``now``."""
         doc = self.docs[self.rng.choice(len(self.docs), p=self.popularity)]
         num_public = len(doc) // TOKEN_BYTES // BLOCK_SIZE * BLOCK_SIZE
-        return SimRequest(doc + self._tokens(50, 200), self._tenant(), num_public, self._tokens(32, 128), now)
+        return SimRequest(doc + self._tokens(self.shape.question_tokens), self._tenant(), num_public,
+                          self._tokens(self.shape.answer_tokens), now)
 
     def first_turn(self, now: float) -> SimRequest:
         """The opening turn of a new conversation, arriving at ``now``."""
         system = self.system_prompts[int(self.rng.integers(len(self.system_prompts)))]
         num_public = len(system) // TOKEN_BYTES // BLOCK_SIZE * BLOCK_SIZE
-        return SimRequest(system + self._tokens(100, 400), self._tenant(), num_public,
-                          self._tokens(50, 200), now, turns_left=int(self.rng.integers(2, 8)))
+        return SimRequest(system + self._tokens(self.shape.first_message_tokens), self._tenant(),
+                          num_public, self._tokens(self.shape.turn_tokens), now,
+                          turns_left=int(self.rng.integers(*self.shape.num_turns)))
 
     def next_turn(self, previous: SimRequest, now: float) -> tuple[float, SimRequest]:
         """When the turn after ``previous`` arrives, and the turn itself."""
         arrival = now + float(self.rng.exponential(3.0))
-        history = previous.key + previous.output + self._tokens(50, 200)
+        history = previous.key + previous.output + self._tokens(self.shape.turn_tokens)
         return arrival, SimRequest(history, previous.scope, previous.num_public_tokens,
-                                   self._tokens(50, 200), arrival, previous.turns_left - 1)
+                                   self._tokens(self.shape.turn_tokens), arrival, previous.turns_left - 1)
 
 
 class SimWorker:

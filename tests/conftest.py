@@ -1,4 +1,4 @@
-"""Shared fixtures. Process helpers live in tests/support/procs.py (a plain module,
+"""Shared fixtures. Process helpers live in bench/procs.py (a plain module,
 importable as ``support.procs`` because this directory is on sys.path)."""
 
 from __future__ import annotations
@@ -6,7 +6,8 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 
 import pytest
-from support.procs import ManagedProcess, start_worker
+
+from bench.procs import ManagedProcess, start_worker
 
 
 @pytest.fixture

@@ -16,8 +16,8 @@ from typing import Any
 
 import pytest
 from openai import OpenAI
-from support.procs import ManagedProcess, http_json, start_router, start_worker, stream_lines
 
+from bench.procs import ManagedProcess, http_json, start_router, start_worker, stream_lines
 from radix.events import KVEvent, decode_event
 from router.auth import hash_key
 from router.index import RouterIndex

@@ -11,7 +11,8 @@ import urllib.error
 import urllib.request
 
 import pytest
-from support.procs import REPO_ROOT, child_env, http_json
+
+from bench.procs import REPO_ROOT, child_env, http_json
 
 pytestmark = pytest.mark.slow
 

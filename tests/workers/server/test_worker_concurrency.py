@@ -6,8 +6,9 @@ import asyncio
 
 import openai
 import pytest
-from support.procs import start_worker
 from worker_checks import metric, used_blocks_settle
+
+from bench.procs import start_worker
 
 NUM_CLIENTS = 32
 MAX_TOKENS = 10

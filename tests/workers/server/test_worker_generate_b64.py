@@ -9,8 +9,8 @@ import urllib.request
 from collections.abc import Iterator
 
 import pytest
-from support.procs import ManagedProcess, start_worker
 
+from bench.procs import ManagedProcess, start_worker
 from radix.keys import to_key
 
 PROMPT = [5, 17, 200, 3, 99, 261, 0, 42]

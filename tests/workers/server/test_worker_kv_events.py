@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 from kv_replay import EventStream, Replay, tree_paths
-from support.procs import start_worker
+
+from bench.procs import start_worker
 
 BLOCK_SIZE = 16
 

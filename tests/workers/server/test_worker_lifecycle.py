@@ -10,9 +10,9 @@ import urllib.request
 
 import openai
 import pytest
-from support.procs import REPO_ROOT, child_env, free_port, http_json
 from worker_checks import used_blocks_settle
 
+from bench.procs import REPO_ROOT, child_env, free_port, http_json
 from workers.config import WorkerConfig, load_config
 
 KEY = "worker-key"

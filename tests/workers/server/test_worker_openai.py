@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import openai
 import pytest
-from support.procs import start_worker
+
+from bench.procs import start_worker
 
 
 @pytest.fixture(scope="module")

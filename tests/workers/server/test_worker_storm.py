@@ -6,8 +6,9 @@ import asyncio
 import json
 
 import aiohttp
-from support.procs import start_worker
 from worker_checks import metric, used_blocks_settle
+
+from bench.procs import start_worker
 
 CHAT = "/v1/chat/completions"
 COMPLETIONS = "/v1/completions"

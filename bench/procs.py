@@ -1,4 +1,4 @@
-"""Start real server processes for integration tests and wait until they are ready.
+"""Start real server processes for integration tests and benchmarks; wait until ready.
 
 A managed process prints one line ``READY <url>`` on stdout once it serves (the
 worker does so after its self-test; any server following the same convention can
@@ -6,8 +6,8 @@ use ``start_process``). stderr goes to a file, readable with ``log_text()``, so 
 chatty process never blocks on a full pipe. ``stop()`` sends SIGTERM, then SIGKILL
 after a grace period, and returns the exit status.
 
-Plain module (no pytest imports): fixtures in conftest.py wrap it, and the router's
-tests can start workers (``start_worker``) and routers alike.
+Plain module (no pytest imports): fixtures in tests/conftest.py wrap it; tests and
+benchmarks start workers (``start_worker``) and routers alike.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ import urllib.request
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
+REPO_ROOT = Path(__file__).resolve().parents[1]
 READY_PREFIX = "READY "
 TEST_SECRET = "radix-router-test-secret"
 
@@ -89,6 +89,19 @@ class ManagedProcess:
                 self.proc.wait()
         self._log.close()
         return self.proc.returncode
+
+    def cpu_s(self) -> float:
+        """User + system CPU seconds of the process and its direct children so far
+        (a router with ``--processes`` forks its extra processes), from /proc."""
+        ticks = 0
+        for stat in Path("/proc").glob("[0-9]*/stat"):
+            try:
+                fields = stat.read_text().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            if stat.parent.name == str(self.proc.pid) or fields[1] == str(self.proc.pid):
+                ticks += int(fields[11]) + int(fields[12])
+        return ticks / os.sysconf("SC_CLK_TCK")
 
     def get_json(self, path: str, headers: Mapping[str, str] | None = None) -> tuple[int, object]:
         """``GET url+path``; returns (status, parsed JSON body)."""
