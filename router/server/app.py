@@ -102,13 +102,19 @@ def create_app(router: Router) -> web.Application:
 
 
 def bind_socket(host: str, port: int, reuse_port: bool = False) -> socket.socket:
-    """A listening TCP socket (``port = 0`` picks a free one)."""
+    """A listening TCP socket (``port = 0`` picks a free one); RuntimeError naming the
+    address when it cannot be bound (e.g. the port is taken)."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     if reuse_port:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
-    sock.bind((host, port))
+    try:
+        sock.bind((host, port))
+    except OSError as exc:
+        sock.close()
+        raise RuntimeError(f"listen: cannot listen on {host}:{port}: {exc.strerror} "
+                           "(set [listen] port in the config or pass --port)") from exc
     sock.listen(1024)
     sock.setblocking(False)
     return sock
