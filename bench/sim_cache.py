@@ -8,12 +8,11 @@ docs/protocol.md specifies for a worker.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-
 from radix.events import EventBlock, KVEvent
-from radix.hashing import BlockHash, BlockHasher
-from radix.keys import TOKEN_BYTES, from_key
+from radix.hashing import BlockHasher
+from radix.keys import TOKEN_BYTES
 from radix.tree import PUBLIC, Node, RadixTree, Scope
+from workers.kv.block_events import ROOT_STATE, BlockChainer, ChainState
 
 
 class SimCache:
@@ -21,7 +20,8 @@ class SimCache:
     recently used leaves past ``capacity_tokens`` and describes every change as KV
     events exactly as docs/protocol.md specifies (stored blocks cut at absolute block
     starts, removed blocks ending in an evicted leaf's span, chained hashes with each
-    block's scope). Events are returned to the caller, who delivers them."""
+    block's scope). The block model is the worker's own (``workers.kv.block_events``);
+    events are returned to the caller, who delivers them."""
 
     def __init__(self, worker: str, namespace: str, capacity_tokens: int, block_size: int = 16):
         self.worker = worker
@@ -29,7 +29,7 @@ class SimCache:
         self.capacity_tokens = capacity_tokens
         self.block_size = block_size
         self.tree: RadixTree[None] = RadixTree()
-        self._hasher = BlockHasher(bytes.fromhex(namespace), "xxh3_128")
+        self._chainer = BlockChainer(BlockHasher(bytes.fromhex(namespace), "xxh3_128"), block_size)
         self._num_epochs = 0
         self.epoch = f"{worker}-0"
         self._seq = 0
@@ -66,62 +66,31 @@ class SimCache:
         seq H, then one ``stored`` event (seq H) per cached node, parents first."""
         head = self._seq
         events = [KVEvent(self.worker, self.epoch, head, "cleared", self.namespace, PUBLIC)]
+        states: dict[Node[None], ChainState] = {self.tree.root: ROOT_STATE}
         for node in self.tree.iter_nodes():
-            blocks = self._stored_blocks(self.tree.path_key(node), self._path(node), node.start, node.end)
-            events.append(KVEvent(self.worker, self.epoch, head, "stored", self.namespace, node.scope, blocks))
+            blocks, states[node] = self._chainer.node_blocks(states[node.parent], node, True)
+            events.append(KVEvent(self.worker, self.epoch, head, "stored", self.namespace,
+                                  node.scope, tuple(blocks)))
         return events
 
     def _insert(self, key: bytes, scope: Scope) -> list[KVEvent]:
         result = self.tree.insert(key, scope)
-        e0, e1 = result.num_existing_tokens, len(key) // TOKEN_BYTES
-        if e0 == e1:
-            return []
-        return [self._event("stored", scope, self._stored_blocks(key, result.nodes, e0, e1))]
-
-    def _stored_blocks(self, key: bytes, nodes: Sequence[Node[None]], e0: int, e1: int) -> tuple[EventBlock, ...]:
-        """Blocks announcing tokens [e0, e1) of ``key``: each cut at its absolute start."""
-        size = self.block_size
-        hashes = self._hashes(key, nodes, e1)
-        return tuple(
-            EventBlock(hashes[k].hex(), hashes[k - 1].hex() if k else None,
-                       tuple(from_key(key[k * size * TOKEN_BYTES : min((k + 1) * size, e1) * TOKEN_BYTES])))
-            for k in range(e0 // size, (e1 - 1) // size + 1)
-        )
+        return [self._event("stored", leaf.scope, self._blocks(leaf, with_tokens=True))
+                for leaf in result.new_nodes]
 
     def _removed(self, leaf: Node[None]) -> KVEvent:
-        size, start, end = self.block_size, leaf.start, leaf.end
-        hashes = self._hashes(self.tree.path_key(leaf), self._path(leaf), end)
-        ends = list(range((start // size + 1) * size, end + 1, size))
-        if end % size:
-            ends.append(end)
-        blocks = tuple(
-            EventBlock(hashes[(e - 1) // size].hex(), hashes[(e - 1) // size - 1].hex() if e > size else None)
-            for e in ends
-        )
-        return self._event("removed", leaf.scope, blocks)
+        return self._event("removed", leaf.scope, self._blocks(leaf, with_tokens=False))
 
-    @staticmethod
-    def _path(node: Node[None]) -> list[Node[None]]:
-        """Root-first nodes down to ``node`` (works on evicted nodes: they keep ``parent``)."""
+    def _blocks(self, node: Node[None], with_tokens: bool) -> tuple[EventBlock, ...]:
+        """The blocks belonging to ``node`` (works on evicted nodes: they keep ``parent``)."""
         path = []
-        while node.parent is not None:
-            path.append(node)
-            node = node.parent
-        return path[::-1]
-
-    def _hashes(self, key: bytes, nodes: Sequence[Node[None]], end: int) -> list[BlockHash]:
-        """Chained hashes of the blocks of ``key[:end]``; ``nodes`` is its root-first path.
-        A block's scope is that of the node holding its last token."""
-        size, hashes, i = self.block_size, [], 0
-        for k in range((end + size - 1) // size):
-            last = min((k + 1) * size, end) - 1
-            while nodes[i].end <= last:
-                i += 1
-            scope = nodes[i].scope
-            parent = hashes[-1] if hashes else self._hasher.root_hash(scope)
-            block_key = key[k * size * TOKEN_BYTES : (last + 1) * TOKEN_BYTES]
-            hashes.append(self._hasher.block_hash(parent, scope, block_key))
-        return hashes
+        parent = node.parent
+        while parent is not None and parent.parent is not None:
+            path.append(parent)
+            parent = parent.parent
+        state = self._chainer.state_after(reversed(path))
+        blocks, _ = self._chainer.node_blocks(state, node, with_tokens)
+        return tuple(blocks)
 
     def _event(self, kind: str, scope: str, blocks: tuple[EventBlock, ...]) -> KVEvent:
         if kind != "cleared":
