@@ -66,6 +66,18 @@ class RequestStream:
         self.done = item.finished
         return item
 
+    async def token_ids(self) -> list[int]:
+        """Read the request to its end and return every generated token id (all choices,
+        in arrival order); closes the stream even when reading fails."""
+        token_ids: list[int] = []
+        try:
+            async for output in self:
+                for delta in output.deltas:
+                    token_ids.extend(delta.token_ids)
+        finally:
+            self.close()
+        return token_ids
+
     def close(self) -> None:
         """Stop listening; abort the request unless it already finished."""
         self._engine.forget(self, abort=not self.done)

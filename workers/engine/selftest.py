@@ -45,13 +45,7 @@ async def _generate(
 ) -> tuple[int, ...]:
     params = GenerationParams(SamplingParams(temperature=0.0, max_tokens=num_tokens, ignore_eos=True))
     stream = engine.submit(GenerationRequest(prompt, params, scope=SELF_TEST_SCOPE))
-    token_ids: list[int] = []
-    try:
-        async for output in stream:
-            for delta in output.deltas:
-                token_ids.extend(delta.token_ids)
-    finally:
-        stream.close()
+    token_ids = await stream.token_ids()
     if len(token_ids) != num_tokens or not all(0 <= t < vocab_size for t in token_ids):
         raise SelfTestError(f"self-test: expected {num_tokens} tokens below {vocab_size}, got {token_ids}")
     return tuple(token_ids)

@@ -9,7 +9,7 @@ from collections.abc import Awaitable, Callable
 import pytest
 from engine_support import make_engine, prompt, request
 
-from workers.engine.async_engine import AsyncEngine, QueueFullError, RequestStream
+from workers.engine.async_engine import AsyncEngine, QueueFullError
 from workers.engine.engine import Engine
 from workers.engine.kv_feed import KVEventFeed
 from workers.engine.request import EngineError
@@ -30,17 +30,6 @@ def run_async(test: Callable[[AsyncEngine], Awaitable[None]], max_in_flight: int
     asyncio.run(main())
 
 
-async def tokens_of(stream: RequestStream) -> list[int]:
-    token_ids: list[int] = []
-    try:
-        async for output in stream:
-            for delta in output.deltas:
-                token_ids.extend(delta.token_ids)
-    finally:
-        stream.close()
-    return token_ids
-
-
 def used_blocks(engine: Engine) -> int:
     engine.manager.check_invariants()
     return engine.manager.stats().num_used_blocks
@@ -49,7 +38,7 @@ def used_blocks(engine: Engine) -> int:
 def test_streams_run_concurrently_and_finish_with_usage():
     async def test(bridge: AsyncEngine):
         streams = [bridge.submit(request(prompt(20, salt=i), max_tokens=5)) for i in range(4)]
-        results = await asyncio.gather(*(tokens_of(s) for s in streams))
+        results = await asyncio.gather(*(s.token_ids() for s in streams))
         assert [len(r) for r in results] == [5] * 4
         assert bridge.num_in_flight == 0 and bridge.stats.num_requests_running == 0
         assert await bridge.call(used_blocks) == 0
@@ -75,9 +64,9 @@ def test_a_failing_step_fails_its_requests_and_the_engine_carries_on():
         good = request(prompt(20), max_tokens=3)
         broken = dataclasses.replace(good, num_public_tokens=5)  # bypasses server validation
         with pytest.raises(EngineError):
-            await tokens_of(bridge.submit(broken))
+            await bridge.submit(broken).token_ids()
         assert await bridge.call(used_blocks) == 0
-        assert len(await tokens_of(bridge.submit(good))) == 3
+        assert len(await bridge.submit(good).token_ids()) == 3
         assert not bridge.failed
 
     run_async(test)
@@ -88,6 +77,6 @@ def test_submit_beyond_the_bound_is_refused():
         streams = [bridge.submit(request(prompt(10), max_tokens=2)) for _ in range(2)]
         with pytest.raises(QueueFullError):
             bridge.submit(request(prompt(10), max_tokens=2))
-        await asyncio.gather(*(tokens_of(s) for s in streams))
+        await asyncio.gather(*(s.token_ids() for s in streams))
 
     run_async(test, max_in_flight=2)
