@@ -139,10 +139,9 @@ class Proxy:
         except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
             raise _unavailable(worker, exc) from exc
         body = ResponseShape(call.request.endpoint, call.model_name).full(result)
-        usage = body["usage"]
-        return web.json_response(body), Exchange(
-            200, usage["completion_tokens"], usage["prompt_tokens_details"]["cached_tokens"],
-            time.monotonic())
+        exchange = Exchange(200, first_byte_at=time.monotonic())
+        _note_usage(exchange, body["usage"])
+        return web.json_response(body), exchange
 
     async def _stream_generate(self, client: web.Request, call: Call, worker: WorkerState,
                                upstream: aiohttp.ClientResponse
@@ -248,9 +247,7 @@ def _client_frames(batch: list[dict[str, Any] | None], shape: ResponseShape,
             frames.append(DONE_FRAME)
             return b"".join(frames), True
         if "usage" in event:
-            usage = openai_usage(event["usage"])
-            exchange.num_completion_tokens = usage["completion_tokens"]
-            exchange.num_cached_tokens = usage["prompt_tokens_details"]["cached_tokens"]
+            _note_usage(exchange, openai_usage(event["usage"]))
             if include_usage:
                 frames.append(shape.usage_chunk(event["usage"]))
         elif "error" in event:
@@ -263,6 +260,7 @@ def _client_frames(batch: list[dict[str, Any] | None], shape: ResponseShape,
 
 
 def _note_usage(exchange: Exchange, usage: Any) -> None:
+    """Copy completion and cached token counts from an OpenAI ``usage`` object."""
     if isinstance(usage, dict):
         exchange.num_completion_tokens = int(usage.get("completion_tokens") or 0)
         details = usage.get("prompt_tokens_details")
