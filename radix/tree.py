@@ -217,6 +217,21 @@ class RadixTree(Generic[P]):
             self._touch(path[-1])
         return InsertResult(num_existing, tuple(path), new_nodes)
 
+    def split(self, node: Node[P], depth: int) -> Node[P]:
+        """Make a node boundary fall at ``depth`` (``node.start < depth <= node.end``) and
+        return the node that ends there: ``node`` itself when it already ends at
+        ``depth``, else a new head holding ``node``'s first tokens (``node`` keeps the
+        rest). Payloads divide with ``split_payload``; locks carry over to the head. The
+        path through the returned node counts as used, so a caller can lock exactly a
+        match that ended inside an edge and leave the unmatched rest evictable."""
+        if not node.start < depth <= node.end:
+            raise ValueError(f"depth {depth} is not inside {node!r}")
+        if depth == node.end:
+            return node
+        head = self._split(node, depth - node.start)
+        self._touch(head)
+        return head
+
     def lock(self, node: Node[P]) -> None:
         """Lock ``node`` and its ancestors against eviction (counted; pair with ``unlock``)."""
         while node is not self.root:
@@ -275,8 +290,8 @@ class RadixTree(Generic[P]):
     def _split(self, node: Node[P], num_head_tokens: int) -> Node[P]:
         """Split ``node`` after ``num_head_tokens``; returns the new head (the parent of
         the shortened ``node``). The head inherits the tail's locks; it enters the LRU
-        order as most recent, which is exact because ``insert`` (the only caller) then
-        uses the whole path through it."""
+        order as most recent, which is exact because both callers (``insert`` and
+        ``split``) then use the whole path through it."""
         cut = num_head_tokens * TOKEN_BYTES
         head_payload, tail_payload = self._split_payload(node.payload, num_head_tokens)
         parent = node.parent

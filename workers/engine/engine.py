@@ -217,4 +217,5 @@ class Engine:
             num_requests_waiting=len(self._requests) - len(running),
             num_waiting_tokens=waiting_tokens,
             num_preemptions=self.scheduler.num_preemptions,
+            num_stalls=self.scheduler.num_stalls,
         )

@@ -40,6 +40,7 @@ class EngineStats:
     kv_evicted_blocks_total: int
     cow_copies_total: int
     preemptions_total: int
+    engine_stalls_total: int
 
     @property
     def kv_cache_usage_ratio(self) -> float:
@@ -56,6 +57,7 @@ class EngineStats:
         num_requests_waiting: int,
         num_waiting_tokens: int,
         num_preemptions: int,
+        num_stalls: int,
     ) -> EngineStats:
         """Read the KV manager's gauges and counters (engine thread only)."""
         kv = manager.stats()
@@ -71,6 +73,7 @@ class EngineStats:
             kv_evicted_blocks_total=kv.num_evicted_blocks_total,
             cow_copies_total=kv.num_cow_copies_total,
             preemptions_total=num_preemptions,
+            engine_stalls_total=num_stalls,
         )
 
     def load(self) -> dict[str, float]:
@@ -97,6 +100,7 @@ _COUNTERS = {
     "kv_evicted_blocks_total": "KV blocks evicted from the prefix cache.",
     "cow_copies_total": "KV blocks copied on write.",
     "preemptions_total": "Sequences preempted for lack of KV blocks (recomputed later).",
+    "engine_stalls_total": "Requests that could not be admitted with nothing running (a bug).",
 }
 
 

@@ -17,17 +17,26 @@ Policy, in order, under a budget of ``max_batched_tokens`` tokens per step:
    (it evicts cached leaves first) and ``max_num_seqs`` allows. The first one that
    does not fit stops admission (no overtaking: large requests do not starve).
 
+Liveness: a waiting sequence waits only behind running ones, which finish or are
+preempted. The KV manager admits any prompt that fits the pool when nothing else is
+live, and the server refuses longer ones before they queue, so admission failing
+with nothing running is a bug: it is logged and counted (``num_stalls``), once per
+sequence.
+
 The scheduler never runs the model; the engine does, then reports back.
 """
 
 from __future__ import annotations
 
+import logging
 from collections import deque
 from dataclasses import dataclass
 
 from workers.config import EngineConfig
 from workers.engine.sequence import Sequence, SequenceStatus
 from workers.kv.manager import KVCacheManager
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -49,6 +58,8 @@ class Scheduler:
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
         self.num_preemptions = 0
+        self.num_stalls = 0
+        self._stalled_seq_id: int | None = None
 
     def add(self, seq: Sequence) -> None:
         """Queue a new sequence for admission."""
@@ -121,6 +132,8 @@ class Scheduler:
                 seq.seq_id, seq.token_ids, request.request.scope, request.request.num_public_tokens
             )
             if num_cached is None:
+                if not self.running:
+                    self._report_stall(seq)
                 break
             self.waiting.popleft()
             if request.num_cached_tokens is None:
@@ -135,3 +148,20 @@ class Scheduler:
             chunks.append(ScheduledChunk(seq, num_new))
             budget -= num_new
         return chunks
+
+    def _report_stall(self, seq: Sequence) -> None:
+        """Log and count a sequence that cannot be admitted with nothing running."""
+        if seq.seq_id == self._stalled_seq_id:
+            return
+        self._stalled_seq_id = seq.seq_id
+        self.num_stalls += 1
+        stats = self._manager.stats()
+        log.error(
+            "engine stall: sequence %d (%d tokens) cannot be admitted with nothing running "
+            "(%d free, %d cached of %d blocks)",
+            seq.seq_id,
+            len(seq.token_ids),
+            stats.num_free_blocks,
+            stats.num_cached_blocks,
+            stats.num_total_blocks,
+        )

@@ -15,6 +15,16 @@ sequences copy their shared last block when they diverge.
 Every call that can run out of blocks counts what it needs first, evicts cached
 leaves if the free list is short, and changes nothing if the blocks are still not
 there: a failed ``admit`` holds nothing, a failed ``append_slots`` holds nothing new.
+
+Liveness. A sequence's tree lock covers exactly the tokens it matched or committed,
+and the sequence references every block that locked path names (its table, plus the
+few ``extra_blocks`` an ancestor edge names for a logical block it reads elsewhere).
+So a block that no sequence references is never pinned by a lock: every cached
+block is evictable at every moment, ``free + cached`` is exactly what admission can
+get, and with no sequence live, evicting everything frees every block. An admission
+that does not fit with its prefix hit retries with less of it (whole blocks, then,
+with nothing else live, none), so a prompt that fits an empty pool is always
+admitted when nothing else runs.
 """
 
 from __future__ import annotations
@@ -57,6 +67,7 @@ class _SeqState:
     scope: Scope
     num_public_tokens: int
     lock: Node | None
+    extra_blocks: list[BlockId]
 
 
 class KVCacheManager:
@@ -96,20 +107,46 @@ class KVCacheManager:
                 f" got {num_public_tokens}"
             )
         key = to_key(token_ids)
-        hit = self.prefix_cache.match(key[: (num_tokens - 1) * TOKEN_BYTES], scope)
-        self.prefix_cache.lock(hit.node)
-        seq = _SeqState(
-            list(hit.block_ids), hit.num_cached_tokens, scope, num_public_tokens, hit.node
-        )
-        if not self._make_room(self._num_blocks_needed(seq, num_tokens)):
-            self.prefix_cache.unlock(hit.node)
+        seq = None
+        num_hit_tokens: int | None = num_tokens - 1
+        while seq is None and num_hit_tokens is not None:
+            seq = self._try_admit(key[: num_hit_tokens * TOKEN_BYTES], scope, num_tokens)
+            num_hit_tokens = self._smaller_hit(num_hit_tokens) if seq is None else None
+        if seq is None:
             return None
-        self.pool.incref(seq.block_table)
-        self._reserve(seq, num_tokens)
+        seq.num_public_tokens = num_public_tokens
         self._seqs[seq_id] = seq
         self._num_query_tokens += num_tokens
-        self._num_hit_tokens += hit.num_cached_tokens
-        return hit.num_cached_tokens
+        self._num_hit_tokens += seq.num_computed_tokens
+        return seq.num_computed_tokens
+
+    def _try_admit(self, hit_key: bytes, scope: Scope, num_tokens: int) -> _SeqState | None:
+        """Match ``hit_key``, then hold the hit and reserve ``num_tokens`` positions;
+        None, holding nothing, when the blocks are not there."""
+        hit = self.prefix_cache.match(hit_key, scope)
+        self.prefix_cache.lock(hit.node)
+        table = list(hit.block_ids)
+        extra = self.prefix_cache.blocks_beyond(hit.node, table)
+        self.pool.incref(table)
+        self.pool.incref(extra)
+        seq = _SeqState(table, hit.num_cached_tokens, scope, 0, hit.node, extra)
+        if not self._make_room(self._num_blocks_needed(seq, num_tokens)):
+            self.pool.decref(table)
+            self.pool.decref(extra)
+            self.prefix_cache.unlock(hit.node)
+            return None
+        self._reserve(seq, num_tokens)
+        return seq
+
+    def _smaller_hit(self, num_hit_tokens: int) -> int | None:
+        """The prefix hit to try after one of ``num_hit_tokens`` did not fit, or None:
+        first drop a partial last block (its copy costs a block); then, when no other
+        sequence is live, no hit at all (every cached block is then evictable, so a
+        prompt that fits the pool fits); else wait for the running sequences."""
+        whole = num_hit_tokens - num_hit_tokens % self.block_size
+        if whole < num_hit_tokens:
+            return whole
+        return 0 if num_hit_tokens and not self._seqs else None
 
     def append_slots(self, seq_id: SeqId, num_new_tokens: int) -> bool:
         """Make positions ``[c, c + num_new_tokens)`` writable, ``c`` being
@@ -162,8 +199,9 @@ class KVCacheManager:
         if count > num_public:
             node = self.prefix_cache.insert(key, seq.scope, seq.block_table)
         self.prefix_cache.lock(node)
-        self.prefix_cache.unlock(seq.lock)
-        seq.lock = node
+        previous_lock, seq.lock = seq.lock, node
+        self._hold_lock_path(seq)
+        self.prefix_cache.unlock(previous_lock)
 
     def fork(self, parent_seq_id: SeqId, child_seq_id: SeqId) -> None:
         """Start ``child_seq_id`` sharing every block of ``parent_seq_id`` (each copied on
@@ -173,6 +211,7 @@ class KVCacheManager:
             raise ValueError(f"sequence {child_seq_id} is already admitted")
         parent = self._seqs[parent_seq_id]
         self.pool.incref(parent.block_table)
+        self.pool.incref(parent.extra_blocks)
         self.prefix_cache.lock(parent.lock)
         self._seqs[child_seq_id] = _SeqState(
             list(parent.block_table),
@@ -180,6 +219,7 @@ class KVCacheManager:
             parent.scope,
             parent.num_public_tokens,
             parent.lock,
+            list(parent.extra_blocks),
         )
 
     def free(self, seq_id: SeqId) -> None:
@@ -189,6 +229,7 @@ class KVCacheManager:
         if seq is None:
             return
         self.pool.decref(seq.block_table)
+        self.pool.decref(seq.extra_blocks)
         self.prefix_cache.unlock(seq.lock)
 
     # ---- blocks --------------------------------------------------------------------
@@ -227,8 +268,16 @@ class KVCacheManager:
                 table[k] = copies[-1][1]
         if copies:
             self.tensors.copy_blocks(copies)
+            self._hold_lock_path(seq)  # the lock may name a source: keep holding it
             self.pool.decref([source for source, _ in copies])
             self._num_cow_copies += len(copies)
+
+    def _hold_lock_path(self, seq: _SeqState) -> None:
+        """Reference exactly the blocks ``seq``'s locked path names beyond its table."""
+        extra = self.prefix_cache.blocks_beyond(seq.lock, seq.block_table)
+        self.pool.incref(extra)
+        self.pool.decref(seq.extra_blocks)
+        seq.extra_blocks = extra
 
     # ---- observation ---------------------------------------------------------------
 
@@ -265,8 +314,10 @@ class KVCacheManager:
 
     def check_invariants(self) -> None:
         """Raise AssertionError unless pool, prefix cache and block tables agree: each
-        block's refcount is the number of tables holding it, tree slot counts match
-        the tree, locks match the sequences, free + cached + in use == total."""
+        block's refcount is the number of sequences holding it (tables and extra
+        blocks), tree slot counts match the tree, locks match the sequences, no lock
+        pins a block that no sequence holds (so every cached block is evictable),
+        free + cached + in use == total."""
         self.pool.check_invariants()
         self.prefix_cache.check_invariants([seq.lock for seq in self._seqs.values()])
         held: Counter[BlockId] = Counter()
@@ -274,6 +325,8 @@ class KVCacheManager:
             table = seq.block_table
             assert len(set(table)) == len(table), f"sequence {seq_id} holds a block twice"
             assert len(table) * self.block_size >= seq.num_computed_tokens, f"{seq_id}: short table"
+            assert not set(seq.extra_blocks) & set(table), f"sequence {seq_id} holds a block twice"
             held.update(table)
+            held.update(seq.extra_blocks)
         for block in range(self.pool.num_total_blocks):
             assert self.pool.refcount(BlockId(block)) == held[BlockId(block)], f"block {block} refs"

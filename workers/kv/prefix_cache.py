@@ -22,8 +22,8 @@ from workers.kv.ids import BlockId
 class PrefixHit:
     """A match of ``num_cached_tokens`` tokens. ``block_ids[k]`` holds valid KV for the
     positions ``[k*B, min(num_cached_tokens, (k+1)*B))``. The ids are only safe to use
-    while ``node`` (the lock handle; None for an empty hit) is locked or the caller
-    holds references to the blocks."""
+    while the caller holds references to the blocks; ``node`` is the lock handle for
+    the whole blocks (None when the hit has none)."""
 
     num_cached_tokens: int
     block_ids: tuple[BlockId, ...]
@@ -46,7 +46,10 @@ class PrefixCache(ABC):
 
     @abstractmethod
     def match(self, key: bytes, scope: Scope) -> PrefixHit:
-        """Longest cached prefix of ``key`` visible to ``scope``; counts as a use."""
+        """Longest cached prefix of ``key`` visible to ``scope``; counts as a use. The
+        hit's ``node`` ends at its last whole block (None when there is none), so a lock
+        keeps only matched blocks in the tree; a partly matched last block is kept
+        alive by the caller's reference to it, not by the lock."""
 
     @abstractmethod
     def lock(self, node: Node | None) -> None:
@@ -55,6 +58,13 @@ class PrefixCache(ABC):
     @abstractmethod
     def unlock(self, node: Node | None) -> None:
         """Release one ``lock`` (None is a no-op)."""
+
+    @abstractmethod
+    def blocks_beyond(self, node: Node | None, block_table: Sequence[BlockId]) -> list[BlockId]:
+        """The blocks that slots on the path to ``node`` name although ``block_table``
+        holds another block (or none) for their logical block. A lock on ``node`` keeps
+        them in the tree, so its holder must also reference them: then every block no
+        sequence references is evictable, and admission can count on it."""
 
     @abstractmethod
     def insert(self, key: bytes, scope: Scope, block_table: Sequence[BlockId]) -> Node | None:
@@ -102,6 +112,10 @@ class NullPrefixCache(PrefixCache):
 
     def unlock(self, node: Node | None) -> None:
         """No-op."""
+
+    def blocks_beyond(self, node: Node | None, block_table: Sequence[BlockId]) -> list[BlockId]:
+        """Nothing is ever locked."""
+        return []
 
     def insert(self, key: bytes, scope: Scope, block_table: Sequence[BlockId]) -> Node | None:
         """Caches nothing."""

@@ -63,7 +63,9 @@ class RadixPrefixCache(PrefixCache):
 
     def match(self, key: bytes, scope: Scope) -> PrefixHit:
         """Longest visible prefix; logical block ``k`` maps to the block of the slot at
-        position ``min(m, (k+1)*B) - 1`` (see the module docstring)."""
+        position ``min(m, (k+1)*B) - 1`` (see the module docstring). The handle ends
+        at the hit's last whole block, splitting an edge there if needed (a block
+        boundary, so events stay exact): the unmatched rest stays an evictable leaf."""
         result = self.tree.match(key, scope)
         num_matched = result.num_matched_tokens
         if num_matched == 0:
@@ -79,7 +81,12 @@ class RadixPrefixCache(PrefixCache):
         if num_matched % block_size:  # the partial last block, through its last token
             last = result.nodes[-1]
             blocks.append(last.payload[num_matched - 1 - last.start] // block_size)
-        return PrefixHit(num_matched, cast(tuple[BlockId, ...], tuple(blocks)), result.nodes[-1])
+        num_whole = num_matched - num_matched % block_size
+        handle = None
+        if num_whole:
+            node = next(node for node in result.nodes if node.end >= num_whole)
+            handle = self.tree.split(node, num_whole)
+        return PrefixHit(num_matched, cast(tuple[BlockId, ...], tuple(blocks)), handle)
 
     def lock(self, node: Node | None) -> None:
         """Lock ``node``'s path in the tree."""
@@ -90,6 +97,22 @@ class RadixPrefixCache(PrefixCache):
         """Unlock ``node``'s path (counts as a use for LRU)."""
         if node is not None:
             self.tree.unlock(node)
+
+    def blocks_beyond(self, node: Node | None, block_table: Sequence[BlockId]) -> list[BlockId]:
+        """Blocks named on the path to ``node`` that ``block_table`` does not hold at their
+        logical block: where an edge ends inside a block that a later sequence copied
+        on write, or where another sequence cached the same tokens first."""
+        beyond: set[BlockId] = set()
+        num_table_blocks = len(block_table)
+        while node is not None and node is not self.tree.root:
+            at = node.start
+            for block, count in self._runs(node):
+                k = at // self._block_size
+                if k >= num_table_blocks or block_table[k] != block:
+                    beyond.add(block)
+                at += count
+            node = node.parent
+        return sorted(beyond)
 
     def insert(self, key: bytes, scope: Scope, block_table: Sequence[BlockId]) -> Node | None:
         """Insert ``key``; the new leaf (if any) takes its slots from ``block_table``,
@@ -144,7 +167,9 @@ class RadixPrefixCache(PrefixCache):
     def check_invariants(self, lock_handles: Sequence[Node | None]) -> None:
         """The tree's own invariants; each node locked exactly by the handles at or below
         it; payload lengths; one block per logical-block run; the pool's tree slot
-        counts equal the tree's references."""
+        counts equal the tree's references; every block a locked node names is held by
+        a sequence, so evicting every unlocked leaf would free every block that no
+        sequence holds."""
         self.tree.check_invariants()
         direct = Counter(handle for handle in lock_handles if handle is not None)
         for node in self.tree.iter_nodes():
@@ -167,6 +192,10 @@ class RadixPrefixCache(PrefixCache):
                 at += count
         for block, count in enumerate(counts):
             assert self._pool.num_tree_slots(BlockId(block)) == count, f"block {block} tree slots"
+        for node in self.tree.iter_nodes():  # liveness: no lock keeps an unreferenced block
+            if node.lock_ref:
+                for block, _ in self._runs(node):
+                    assert self._pool.refcount(block), f"{node} pins unreferenced block {block}"
         live = set(self.tree.iter_nodes())
         assert all(node in live for node in self._chain_at_end), "chain memo holds an evicted node"
 

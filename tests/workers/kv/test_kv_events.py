@@ -113,10 +113,12 @@ def test_stored_and_removed_blocks_follow_the_protocol_exactly():
         (h1.hex(), h0.hex(), None),
         (hx.hex(), h1.hex(), None),
     ]
-    assert cache.evict(3) == 4  # y's tail [6, 9) frees 3, 4; the head [0, 6) frees 0, 1
+    # y's match split x's edge at its last whole block (4), y's insert split it at 6:
+    # y's tail [6, 9) frees 3, 4; then [4, 6) frees 1; then [0, 4) frees 0
+    assert cache.evict(4) == 4
     (removed,) = new_events(manager, 3)  # one event per eviction call and scope
     hsplit = h(h0, "t1", [5, 6])  # the partial block at the split point, never stored
-    assert [b.hash for b in removed.blocks] == [hy1.hex(), hy2.hex(), h0.hex(), hsplit.hex()]
+    assert [b.hash for b in removed.blocks] == [hy1.hex(), hy2.hex(), hsplit.hex(), h0.hex()]
     assert cache.tree.num_nodes == 0
     for event in new_events(manager, -1):
         assert decode_event(encode_event(event)) == event
@@ -153,7 +155,7 @@ def test_the_conservative_case_a_partial_block_at_a_split_point():
     from_snapshot.apply(snapshot, snapshot=True)
     assert from_snapshot.last_seq == head
     assert from_snapshot.paths() == worker_paths(tree, B)  # a snapshot describes every node
-    manager.prefix_cache.evict(1)
+    assert manager.prefix_cache.evict(2) == 2  # the rest: [4, 6), then [0, 4)
     consumer.apply(new_events(manager, consumer.last_seq))
     from_snapshot.apply(new_events(manager, head))
     assert consumer.blocks == from_snapshot.blocks == {}

@@ -68,7 +68,7 @@ def test_a_use_moves_a_path_to_the_back():
 
 def test_a_locked_path_is_never_evicted():
     manager = filled()
-    assert manager.admit(4, A, "t1") == 7  # locks [1 2 3 4] and [5 6 7 8]
+    assert manager.admit(4, [*A, 99], "t1") == 8  # locks [1 2 3 4] and [5 6 7 8]
     freed = manager.prefix_cache.evict(100)
     assert freed == 2  # blocks 2 (A2's tail) and 3 (C)
     assert free_blocks(manager) >= {2, 3} and not free_blocks(manager) & {0, 1}
@@ -86,21 +86,36 @@ def test_the_allocator_evicts_lru_blocks_before_it_fails():
     manager.check_invariants()
 
 
-def test_admission_that_cannot_fit_holds_nothing():
+def test_a_lock_covers_whole_matched_blocks_only():
+    manager = filled()
+    assert manager.admit(4, A, "t1") == 7  # holds block 0 and block 1 (partly matched)
+    assert manager.block_table(4) == [0, 4]  # block 1 was copied for position 7
+    assert manager.prefix_cache.evict(100) == 3  # A's tail (1), A2's tail (2), C (3)
+    assert manager.prefix_cache.tree.num_nodes == 1  # [1 2 3 4], locked
+    manager.check_invariants()
+    manager.free(4)
+    assert manager.prefix_cache.evict(100) == 1
+
+
+def test_admission_that_cannot_fit_holds_nothing_and_evicts_nothing():
     manager = filled(num_blocks=5)
-    assert manager.admit(5, A, "t1") == 7  # holds blocks 0 and 4 (a copy of 1); locks 1
+    assert manager.admit(5, A, "t1") == 7  # holds blocks 0 and 4 (a copy of 1)
     before = manager.stats()
     assert (before.num_used_blocks, before.num_cached_blocks, before.num_free_blocks) == (2, 3, 0)
-    assert manager.admit(6, list(range(40, 52)), "t1") is None  # needs 3 blocks
+    # Every cached block is evictable, so free + cached is exact: an admission that
+    # needs more fails at once, evicting nothing and holding nothing.
+    assert manager.admit(6, list(range(40, 56)), "t1") is None  # needs 4 blocks
+    assert manager.stats() == before
+    manager.check_invariants()
+    assert manager.admit(7, list(range(40, 52)), "t1") == 0  # 3 blocks: all cached ones
     after = manager.stats()
-    # It evicted what it could (A2's and C's blocks, now free), but block 1 is pinned
-    # by the lock of sequence 5, so it gave up and holds nothing.
-    assert (after.num_used_blocks, after.num_cached_blocks, after.num_free_blocks) == (2, 1, 2)
-    assert after.prefix_cache_queries_tokens_total == before.prefix_cache_queries_tokens_total
-    manager.check_invariants()  # no stray lock, no stray reference
-    assert manager.admit(7, list(range(40, 60)), "t1") is None  # more than free + cached
-    assert manager.stats() == after  # ... fails without evicting anything
+    assert (after.num_used_blocks, after.num_cached_blocks, after.num_evicted_blocks_total) == (
+        5,
+        0,
+        3,
+    )
     manager.free(5)
+    manager.free(7)
     manager.check_invariants()
 
 

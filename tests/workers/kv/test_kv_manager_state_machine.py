@@ -11,11 +11,17 @@ must read its own prefix's K/V at every computed position, so a block written
 while shared, a wrong prefix-hit mapping or a bad copy is caught.
 
 After every step: the manager's invariants (pool, tree, locks, refcounts; no block
-both free and referenced), and the event log replayed into a fresh consumer agrees
+both free and referenced; no lock pins a block that no sequence holds, so evicting
+everything would free every unreferenced block), and the event log replayed into a fresh consumer agrees
 with the worker's tree (see ``assert_replay_equivalent``; the workload splits nodes
 mid-block, so the conservative rule applies). At teardown everything is freed or
 cancelled: no block is in use, every block is free or cached, and evicting all
 leaves empties the cache and the replay.
+
+Liveness: whenever no sequence is live, a prompt that fits the pool is admitted
+(``finish_all_then_admit``). The tiny-pool machine runs the same programs over a pool only a
+few blocks larger than the longest prompt, so admission evicts or fails on most
+steps and mid-block hits must give up their partial block to fit.
 """
 
 from __future__ import annotations
@@ -46,6 +52,8 @@ BASES = (
     (1, 2, 3, 1, 2, 3, 1, 2, 3),
     (1, 2, 3, 1, 2, 3, 3),
     (2, 2, 1, 3, 3, 1),
+    (1, 2, 3, 1, 2, 3, 1, 2, 3, 1, 2, 3),
+    (1, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3),  # long, diverging from the others at 1
 )
 PROMPTS = st.builds(
     lambda base, suffix: [*base, *suffix],
@@ -74,9 +82,11 @@ class Model:
 
 
 class KVManagerMachine(RuleBasedStateMachine):
+    num_blocks = NUM_BLOCKS
+
     def __init__(self) -> None:
         super().__init__()
-        self.manager = make_manager(NUM_BLOCKS, BLOCK_SIZE)
+        self.manager = make_manager(self.num_blocks, BLOCK_SIZE)
         self.cache = self.manager.prefix_cache
         self.consumer = EventConsumer(BLOCK_SIZE)
         self.consumer.apply(self.manager.event_log.since(-1, self.manager.event_log.epoch))
@@ -112,6 +122,15 @@ class KVManagerMachine(RuleBasedStateMachine):
     @rule(**ADMIT_ARGS)
     def admit(self, prompt: list[int], num_public_blocks: int, scope: str) -> None:
         self._admit(prompt, num_public_blocks, scope)
+
+    @rule(**ADMIT_ARGS)
+    def finish_all_then_admit(self, prompt: list[int], num_public_blocks: int, scope: str) -> None:
+        """Liveness: with nothing else live, a prompt that fits the pool is admitted."""
+        for seq_id in sorted(self.seqs):
+            self._commit(seq_id, self.seqs[seq_id].num_computed, whole_list=True)
+            del self.seqs[seq_id]
+            self.manager.free(seq_id)
+        assert self._admit(prompt, num_public_blocks, scope) is not None, "stalled alone"
 
     @rule(data=st.data(), num_decode=st.integers(0, 3), **ADMIT_ARGS)
     def serve(
@@ -242,9 +261,9 @@ class KVManagerMachine(RuleBasedStateMachine):
         pool = self.manager.pool
         self.manager.check_invariants()
         assert pool.num_used_blocks == 0
-        assert pool.num_free_blocks + pool.num_cached_blocks == NUM_BLOCKS
-        self.cache.evict(NUM_BLOCKS)
-        assert pool.num_free_blocks == NUM_BLOCKS
+        assert pool.num_free_blocks + pool.num_cached_blocks == self.num_blocks
+        self.cache.evict(self.num_blocks)
+        assert pool.num_free_blocks == self.num_blocks
         assert self.cache.tree.num_nodes == 0 and self.cache.num_cached_tokens == 0
         log = self.manager.event_log
         self.consumer.apply(log.since(self.consumer.last_seq, log.epoch))
@@ -258,3 +277,16 @@ KVManagerMachine.TestCase.settings = settings(
     suppress_health_check=[HealthCheck.too_slow],
 )
 test_kv_manager_state_machine = KVManagerMachine.TestCase
+
+
+class TinyPoolMachine(KVManagerMachine):
+    num_blocks = 7  # the longest prompt (24 tokens) needs 6
+
+
+TinyPoolMachine.TestCase.settings = settings(
+    max_examples=300,
+    stateful_step_count=40,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow],
+)
+test_kv_manager_state_machine_tiny_pool = TinyPoolMachine.TestCase
