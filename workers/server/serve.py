@@ -34,8 +34,11 @@ def base_url(host: str, port: int) -> str:
     return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
 
 
-async def serve(config: WorkerConfig, secret: bytes, announce: Callable[[str], None]) -> None:
-    """Run the worker until SIGTERM/SIGINT; ``announce`` gets the READY line.
+async def serve(config: WorkerConfig, secret: bytes, api_key: str | None,
+                announce: Callable[[str], None]) -> None:
+    """Run the worker until SIGTERM/SIGINT; ``announce`` gets the READY line. Every
+    route but ``/health`` requires ``api_key`` (None: none, loopback only; the caller
+    checked the listen address with ``workers.server.access``).
 
     Raises ValueError for a bad model or KV plan and ``SelfTestError`` if the engine
     fails its self-test (the process must then exit non-zero)."""
@@ -46,7 +49,7 @@ async def serve(config: WorkerConfig, secret: bytes, announce: Callable[[str], N
     url = base_url(server_config.host, port)
     worker_id = server_config.worker_id or f"{server_config.host}:{port}"
     worker = await asyncio.to_thread(build_worker, config, worker_id, secret)
-    state = WorkerState(server_config, worker)
+    state = WorkerState(server_config, worker, api_key)
     runner = web.AppRunner(create_app(state), handler_cancellation=True, access_log=None)
     await runner.setup()
     stop = asyncio.Event()
