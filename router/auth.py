@@ -179,6 +179,10 @@ class TenantLimiter:
             )
         return Admission(tenant, holds_slot, reservation_id, num_prompt_tokens)
 
+    async def tokens_in_window(self, tenant_id: str) -> int:
+        """Tokens reserved or charged against ``tenant_id``'s minute window now."""
+        return await self._state.tokens_in_window(tenant_id)
+
     async def release(self, admission: Admission, num_completion_tokens: int) -> None:
         """End the request: free its slot and settle its reservation to the prompt plus
         ``num_completion_tokens`` (what the client received)."""
