@@ -5,7 +5,8 @@ the worker id and event log exist), build the worker off the event loop (model
 load, KV plan, namespace), start serving HTTP (``/health`` answers; ``/ready`` is
 503), start the engine thread, run the self-test, mark ready, and only then
 announce ``READY http://HOST:PORT`` on stdout: a launcher that waits for that line
-never sees a worker that is not ready. SIGTERM or SIGINT stop it: the server
+never sees a worker that is not ready. From then on ``keep_ready`` drops readiness
+after a failed batched step until the self-test passes again. SIGTERM or SIGINT stop it: the server
 closes, then the engine thread finishes its step and exits.
 """
 
@@ -21,7 +22,7 @@ from aiohttp import web
 
 from workers.config import WorkerConfig
 from workers.engine.build import build_worker
-from workers.engine.selftest import run_self_test
+from workers.engine.selftest import keep_ready, run_self_test
 from workers.server.app import create_app
 from workers.server.state import WorkerState
 
@@ -56,18 +57,23 @@ async def serve(config: WorkerConfig, secret: bytes, api_key: str | None,
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, stop.set)
+    keeper: asyncio.Task[None] | None = None
+    vocab_size, block_size = worker.identity.vocab_size, worker.identity.namespace.block_size
     try:
         await web.SockSite(runner, sock, shutdown_timeout=SHUTDOWN_TIMEOUT_S).start()
         log.info("worker %s listening on %s (model %s)", worker_id, url, worker.identity.model)
         worker.engine.start(loop)
         await asyncio.sleep(server_config.self_test_delay_s)
-        await run_self_test(worker.engine, worker.identity.vocab_size,
-                            worker.identity.namespace.block_size)  # fmt: skip
+        await run_self_test(worker.engine, vocab_size, block_size)
         state.ready.set()
+        keeper = asyncio.create_task(keep_ready(worker.engine, state.ready, vocab_size,
+                                                block_size))
         announce(f"READY {url}")
         await stop.wait()
         log.info("shutting down")
     finally:
+        if keeper is not None:
+            keeper.cancel()
         worker.engine.kv_feed.drop_all()  # KV event streams never end by themselves
         await runner.cleanup()
         worker.engine.stop()
