@@ -92,9 +92,11 @@ class Engine:
             self._release(seq)
 
     def abort_all(self) -> list[int]:
-        """Abort every request (after an engine failure); returns their ids."""
-        request_ids = list(self._requests)
-        for request_id in request_ids:
+        """Abort every request (after an engine failure); returns their ids, with those
+        of requests that failed alone in the failed step (their outputs are dropped)."""
+        request_ids = [*self._requests, *self._failures]
+        self._failures.clear()
+        for request_id in list(self._requests):
             self.abort_request(request_id)
         return request_ids
 
