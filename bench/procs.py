@@ -2,7 +2,9 @@
 
 A managed process prints one line ``READY <url>`` on stdout once it serves (the
 worker does so after its self-test; any server following the same convention can
-use ``start_process``). stderr goes to a file, readable with ``log_text()``, so a
+use ``start_process``); a router prints ``METRICS <url>`` just before it. A worker
+started with ``api_key`` gets it in ``$RADIX_WORKER_API_KEY`` (never on its command
+line), and ``get_json``/``post_json`` send it. stderr goes to a file, readable with ``log_text()``, so a
 chatty process never blocks on a full pipe. ``stop()`` sends SIGTERM, then SIGKILL
 after a grace period, and returns the exit status.
 
@@ -29,7 +31,9 @@ from pathlib import Path
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 READY_PREFIX = "READY "
+METRICS_PREFIX = "METRICS "
 TEST_SECRET = "radix-router-test-secret"
+WORKER_KEY_ENV = "RADIX_WORKER_API_KEY"
 
 
 class ProcessFailed(RuntimeError):
@@ -37,10 +41,13 @@ class ProcessFailed(RuntimeError):
 
 
 class ManagedProcess:
-    """A child process started by ``start_process``; ``url`` is set once READY."""
+    """A child process started by ``start_process``; ``url`` is set once READY (and
+    ``metrics_url`` if it announced one). ``api_key``: the key its HTTP helpers send."""
 
-    def __init__(self, args: Sequence[str], env: Mapping[str, str]) -> None:
+    def __init__(self, args: Sequence[str], env: Mapping[str, str],
+                 api_key: str | None = None) -> None:
         self.args = list(args)
+        self.api_key = api_key
         # Outlives this call: the child writes to it until stop() closes it.
         self._log = tempfile.NamedTemporaryFile(prefix="proc-", suffix=".log", delete=False)  # noqa: SIM115
         self.proc = subprocess.Popen(
@@ -50,6 +57,7 @@ class ManagedProcess:
         self._lines: queue.Queue[str | None] = queue.Queue()
         threading.Thread(target=self._read_stdout, daemon=True).start()
         self.url: str | None = None
+        self.metrics_url: str | None = None
 
     def _read_stdout(self) -> None:
         assert self.proc.stdout is not None
@@ -70,6 +78,8 @@ class ManagedProcess:
             if line is None:
                 code = self.proc.wait()
                 raise ProcessFailed(f"exited with {code} before READY: {self.args}\n{self.log_text()}")
+            if line.startswith(METRICS_PREFIX):
+                self.metrics_url = line[len(METRICS_PREFIX) :].strip()
             if line.startswith(READY_PREFIX):
                 self.url = line[len(READY_PREFIX) :].strip()
                 return self.url
@@ -103,15 +113,20 @@ class ManagedProcess:
                 ticks += int(fields[11]) + int(fields[12])
         return ticks / os.sysconf("SC_CLK_TCK")
 
+    @property
+    def auth(self) -> dict[str, str]:
+        """The ``Authorization`` header for ``api_key`` (empty without one)."""
+        return {} if self.api_key is None else {"Authorization": f"Bearer {self.api_key}"}
+
     def get_json(self, path: str, headers: Mapping[str, str] | None = None) -> tuple[int, object]:
-        """``GET url+path``; returns (status, parsed JSON body)."""
-        return http_json("GET", f"{self.url}{path}", None, headers)
+        """``GET url+path`` (with ``auth``); returns (status, parsed JSON body)."""
+        return http_json("GET", f"{self.url}{path}", None, {**self.auth, **(headers or {})})
 
     def post_json(
         self, path: str, body: object, headers: Mapping[str, str] | None = None
     ) -> tuple[int, object]:
-        """``POST url+path`` with a JSON body; returns (status, parsed JSON body)."""
-        return http_json("POST", f"{self.url}{path}", body, headers)
+        """``POST url+path`` with a JSON body (and ``auth``); returns (status, body)."""
+        return http_json("POST", f"{self.url}{path}", body, {**self.auth, **(headers or {})})
 
 
 def http_json(
@@ -142,9 +157,10 @@ def free_port(host: str = "127.0.0.1") -> int:
 
 
 def child_env(extra: Mapping[str, str] | None = None) -> dict[str, str]:
-    """The environment for children: this one, a fixed deployment secret, the repo on
-    PYTHONPATH, and ``extra``."""
+    """The environment for children: this one without a worker API key, a fixed
+    deployment secret, the repo on PYTHONPATH, and ``extra``."""
     env = dict(os.environ)
+    env.pop(WORKER_KEY_ENV, None)
     env["RADIX_ROUTER_SECRET"] = TEST_SECRET
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO_ROOT), env.get("PYTHONPATH")]))
     env.update(extra or {})
@@ -153,10 +169,14 @@ def child_env(extra: Mapping[str, str] | None = None) -> dict[str, str]:
 
 def start_process(
     args: Sequence[str], env: Mapping[str, str] | None = None, timeout_s: float = 120.0,
-    wait: bool = True,
+    wait: bool = True, api_key: str | None = None,
 ) -> ManagedProcess:  # fmt: skip
-    """Start ``args`` and (with ``wait``) block until it prints ``READY <url>``."""
-    process = ManagedProcess(args, child_env(env))
+    """Start ``args`` and (with ``wait``) block until it prints ``READY <url>``;
+    ``api_key`` goes to its environment as ``$RADIX_WORKER_API_KEY``."""
+    extra = dict(env or {})
+    if api_key is not None:
+        extra[WORKER_KEY_ENV] = api_key
+    process = ManagedProcess(args, child_env(extra), api_key)
     if wait:
         process.wait_ready(timeout_s)
     return process
@@ -172,10 +192,13 @@ def worker_args(*flags: str, kv_cache_bytes: str = "4MiB") -> list[str]:
 
 def start_worker(
     *flags: str, kv_cache_bytes: str = "4MiB", env: Mapping[str, str] | None = None,
-    timeout_s: float = 120.0, wait: bool = True,
+    timeout_s: float = 120.0, wait: bool = True, api_key: str | None = None,
 ) -> ManagedProcess:  # fmt: skip
-    """A demo-model worker on a free loopback port (see ``worker_args``)."""
-    return start_process(worker_args(*flags, kv_cache_bytes=kv_cache_bytes), env, timeout_s, wait)
+    """A demo-model worker on a free loopback port (see ``worker_args``); with
+    ``api_key`` every route but ``/health`` requires it, else the worker runs keyless
+    (loopback only)."""
+    return start_process(worker_args(*flags, kv_cache_bytes=kv_cache_bytes), env, timeout_s,
+                         wait, api_key)
 
 
 def router_args(config_path: str | Path, *flags: str) -> list[str]:

@@ -20,7 +20,7 @@ from pathlib import Path
 from radix.namespace import load_secret
 from router.auth import hash_key
 from router.config import DEFAULT_CONFIG, RouterConfig
-from router.config_toml import load_config
+from router.config_toml import check_worker_url, load_config
 
 SUBCOMMANDS = ("up", "router", "worker", "bench", "hash-key")
 _EXEC_MODULES = {"worker": "workers", "bench": "bench"}
@@ -32,10 +32,13 @@ def _parser() -> argparse.ArgumentParser:
     up = sub.add_parser("up", help="start the configured workers and a router")
     up.add_argument("--config", default=str(DEFAULT_CONFIG))
     up.add_argument("--port", type=int, help="override the router's listen.port")
+    up.add_argument("--metrics-port", type=int, help="override the router's metrics.port")
     router = sub.add_parser("router", help="run the router alone")
     router.add_argument("--config", default=str(DEFAULT_CONFIG))
     router.add_argument("--host", help="override listen.host")
     router.add_argument("--port", type=int, help="override listen.port (0: a free port)")
+    router.add_argument("--metrics-port", type=int,
+                        help="override metrics.port (0: a free port)")
     router.add_argument("--worker-url", action="append", default=[], metavar="ID=URL",
                         help="set the URL of configured worker ID (repeatable)")
     router.add_argument("--processes", type=int, default=1,
@@ -49,22 +52,25 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def with_overrides(config: RouterConfig, host: str | None, port: int | None,
-                   worker_urls: Sequence[str]) -> RouterConfig:
+                   worker_urls: Sequence[str], metrics_port: int | None = None) -> RouterConfig:
     """``config`` with command-line overrides; ValueError naming a bad ``--worker-url``."""
     listen = dataclasses.replace(config.listen, host=host or config.listen.host,
                                  port=config.listen.port if port is None else port)
+    metrics = config.metrics if metrics_port is None else dataclasses.replace(
+        config.metrics, port=metrics_port)
     urls = {}
     for item in worker_urls:
         worker_id, sep, url = item.partition("=")
-        if not sep or not url.startswith(("http://", "https://")):
+        if not sep:
             raise ValueError(f"--worker-url: expected ID=http://HOST:PORT, got {item!r}")
+        check_worker_url(url, "--worker-url")
         urls[worker_id] = url
     unknown = set(urls) - {w.worker_id for w in config.workers}
     if unknown:
         raise ValueError(f"--worker-url: no configured worker {sorted(unknown)[0]!r}")
     workers = tuple(dataclasses.replace(w, url=urls.get(w.worker_id, w.url))
                     for w in config.workers)
-    return dataclasses.replace(config, listen=listen, workers=workers)
+    return dataclasses.replace(config, listen=listen, metrics=metrics, workers=workers)
 
 
 def router_secret(config: RouterConfig) -> bytes:
@@ -85,7 +91,8 @@ def _run_router(args: argparse.Namespace) -> int:
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     if args.processes < 1:
         raise ValueError("--processes: must be at least 1")
-    config = with_overrides(load_config(args.config), args.host, args.port, args.worker_url)
+    config = with_overrides(load_config(args.config), args.host, args.port, args.worker_url,
+                            args.metrics_port)
     serve_processes(config, router_secret(config), args.processes)
     return 0
 
@@ -93,7 +100,8 @@ def _run_router(args: argparse.Namespace) -> int:
 def _run_up(args: argparse.Namespace) -> int:
     from router.cluster import run_cluster
 
-    return asyncio.run(run_cluster(load_config(args.config), args.config, args.port))
+    return asyncio.run(run_cluster(load_config(args.config), args.config, args.port,
+                                   args.metrics_port))
 
 
 def main(argv: Sequence[str] | None = None) -> int:

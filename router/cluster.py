@@ -6,6 +6,11 @@ supervisor, and with a parent-death signal so a killed supervisor leaves no orph
 Each child prints ``READY http://HOST:PORT`` when it serves; the supervisor waits
 for every READY, prints how to use the router, and on SIGINT/SIGTERM (or any child
 exiting) stops them all: SIGTERM, then SIGKILL after a grace period.
+
+Secrets travel in the environment only, never on a command line (``ps`` shows
+argv): the deployment secret, and a worker API key generated for this deployment,
+which each launched worker reads from ``$RADIX_WORKER_API_KEY`` and the router from
+the worker's ``api_key_env``.
 """
 
 from __future__ import annotations
@@ -23,6 +28,7 @@ from router.config import RouterConfig
 from router.server.app import die_with_parent
 
 READY_PREFIX = "READY "
+WORKER_KEY_ENV = "RADIX_WORKER_API_KEY"  # read by workers.server.access
 _STOP_GRACE_S = 10.0
 
 
@@ -106,14 +112,26 @@ Ctrl-C stops the router and the workers.
 """.rstrip()
 
 
-async def run_cluster(config: RouterConfig, config_path: str, port: int | None = None) -> int:
-    """Start the launched workers (in parallel), then the router (on ``port`` if given,
-    else the config's); serve until a signal or a child exits; stop everything.
-    Returns the exit code (130 when interrupted during start-up)."""
+def cluster_env(config: RouterConfig, secret: str, worker_key: str) -> dict[str, str]:
+    """The children's environment: this one plus the deployment secret and the worker
+    key, under the worker's variable and every launched worker's ``api_key_env``."""
     env = dict(os.environ)
-    secret = deployment_secret(config)
     env[SECRET_ENV] = secret
     env[config.secret.env] = secret
+    env[WORKER_KEY_ENV] = worker_key
+    for worker in config.workers:
+        if worker.launch is not None and worker.api_key_env is not None:
+            env[worker.api_key_env] = worker_key
+    return env
+
+
+async def run_cluster(config: RouterConfig, config_path: str, port: int | None = None,
+                      metrics_port: int | None = None) -> int:
+    """Start the launched workers (in parallel), then the router (on ``port`` and
+    ``metrics_port`` if given, else the config's); serve until a signal or a child
+    exits; stop everything. Returns the exit code (130 when interrupted during
+    start-up)."""
+    env = cluster_env(config, deployment_secret(config), secrets.token_urlsafe(32))
     children: list[Child] = []
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -128,6 +146,8 @@ async def run_cluster(config: RouterConfig, config_path: str, port: int | None =
         router_args = ["-m", "router", "router", "--config", config_path]
         if port is not None:
             router_args += ["--port", str(port)]
+        if metrics_port is not None:
+            router_args += ["--metrics-port", str(metrics_port)]
         for worker, url in zip(launched, urls, strict=True):
             router_args += ["--worker-url", f"{worker.worker_id}={url}"]
         router = await Child.start("router", router_args, env)

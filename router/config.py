@@ -17,8 +17,7 @@ from router.index import IndexConfig
 DEFAULT_CONFIG = Path(__file__).resolve().parent.parent / "configs" / "local.toml"
 WORKER_KINDS = ("radix", "openai")
 RESERVED_TENANTS = ("public", "anonymous")
-_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
-_DIGEST = re.compile(r"^[0-9a-f]{64}$")
+WORKER_KEY_ENV_PREFIX = "RADIX_WORKER_KEY_"
 
 
 @dataclass(frozen=True)
@@ -27,6 +26,25 @@ class ListenConfig:
 
     host: str = "127.0.0.1"
     port: int = 0
+
+
+@dataclass(frozen=True)
+class MetricsConfig:
+    """Where ``GET /metrics`` listens: its own address, loopback by default, never the
+    client port (it names tenants and workers). ``port = 0`` picks a free port; with
+    ``--processes N`` process ``i`` listens on ``port + i``."""
+
+    host: str = "127.0.0.1"
+    port: int = 0
+
+
+@dataclass(frozen=True)
+class AdminConfig:
+    """Rules for ``POST /admin/workers``: the environment variable an added worker's
+    key comes from must start with ``worker_key_env_prefix`` (so an admin request
+    cannot send the deployment secret, or any other variable, to a host it names)."""
+
+    worker_key_env_prefix: str = WORKER_KEY_ENV_PREFIX
 
 
 @dataclass(frozen=True)
@@ -55,7 +73,10 @@ class ModelConfig:
 class WorkerConfig:
     """A worker: ``radix`` (our worker, exact KV events) or ``openai`` (any
     OpenAI-compatible server, approximate mode). ``url`` may be None only when
-    ``launch`` says how ``radix-router up`` starts it (the URL is then learnt)."""
+    ``launch`` says how ``radix-router up`` starts it (the URL is then learnt).
+    ``api_key_env`` names the environment variable holding the worker's API key; a
+    launched worker gets ``default_key_env(worker_id)`` unless the config names one,
+    and ``up`` puts its generated key there."""
 
     worker_id: str
     model: str
@@ -156,4 +177,12 @@ class RouterConfig:
     secret: SecretConfig = SecretConfig()
     launch: LaunchConfig = LaunchConfig()
     index: IndexConfig = IndexConfig()
+    metrics: MetricsConfig = MetricsConfig()
+    admin: AdminConfig = AdminConfig()
     redis_url: str | None = None
+
+
+def default_key_env(worker_id: str, prefix: str = WORKER_KEY_ENV_PREFIX) -> str:
+    """The key variable of a launched worker: ``prefix`` + its id in upper case, with
+    every character that is not a letter or digit as ``_`` (``w-0`` -> ``..._W_0``)."""
+    return prefix + re.sub(r"[^A-Z0-9]", "_", worker_id.upper())

@@ -8,6 +8,7 @@ back silently to a default.
 from __future__ import annotations
 
 import re
+import urllib.parse
 from collections.abc import Mapping
 from dataclasses import fields
 from pathlib import Path
@@ -19,10 +20,13 @@ import tomllib
 from router.config import (
     DEFAULT_CONFIG,
     RESERVED_TENANTS,
+    WORKER_KEY_ENV_PREFIX,
     WORKER_KINDS,
+    AdminConfig,
     AuthConfig,
     LaunchConfig,
     ListenConfig,
+    MetricsConfig,
     ModelConfig,
     PolicyConfig,
     ProxyConfig,
@@ -33,12 +37,14 @@ from router.config import (
     TenantConfig,
     TenantLimits,
     WorkerConfig,
+    default_key_env,
 )
 from router.index import IndexConfig
 from router.tables import Table
 
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 _DIGEST = re.compile(r"^[0-9a-f]{64}$")
+_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")
 
 
 def load_config(path: str | Path = DEFAULT_CONFIG) -> RouterConfig:
@@ -56,7 +62,8 @@ def parse_config(data: Mapping[str, Any]) -> RouterConfig:
     """Validate a decoded TOML document into a RouterConfig."""
     root = Table(data, "")
     models = _models(root.table("models"))
-    workers = _workers(root.array("workers"), models)
+    admin = _admin(root.table("admin"))
+    workers = _workers(root.array("workers"), models, admin.worker_key_env_prefix)
     config = RouterConfig(
         listen=_listen(root.table("listen")),
         models=MappingProxyType(models),
@@ -68,18 +75,51 @@ def parse_config(data: Mapping[str, Any]) -> RouterConfig:
         secret=_secret(root.table("secret")),
         launch=_launch(root.table("launch")),
         index=_index(root.table("index")),
+        metrics=_metrics(root.table("metrics")),
+        admin=admin,
         redis_url=root.text("redis_url", None),
     )
     root.finish()
     return config
 
 
-def _listen(t: Table) -> ListenConfig:
-    listen = ListenConfig(host=t.text("host", "127.0.0.1"), port=t.integer("port", 0, low=0))
-    if listen.port > 65535:
+def _address(t: Table) -> tuple[str, int]:
+    host, port = t.text("host", "127.0.0.1"), t.integer("port", 0, low=0)
+    if port > 65535:
         raise ValueError(f"{t.where('port')}: must be at most 65535")
     t.finish()
-    return listen
+    return host, port
+
+
+def _listen(t: Table) -> ListenConfig:
+    return ListenConfig(*_address(t))
+
+
+def _metrics(t: Table) -> MetricsConfig:
+    return MetricsConfig(*_address(t))
+
+
+def _admin(t: Table) -> AdminConfig:
+    prefix = t.text("worker_key_env_prefix", WORKER_KEY_ENV_PREFIX)
+    if not _ENV_NAME.match(prefix):
+        raise ValueError(f"{t.where('worker_key_env_prefix')}: use letters, digits and '_'")
+    t.finish()
+    return AdminConfig(prefix)
+
+
+def check_worker_url(url: str, where: str) -> None:
+    """ValueError naming ``where`` unless ``url`` is ``http(s)://HOST[:PORT][/PATH]``:
+    a host, a port in [1, 65535] if given, no user info, query or fragment."""
+    try:
+        parsed = urllib.parse.urlsplit(url)
+        port = parsed.port
+    except ValueError as exc:
+        raise ValueError(f"{where}: {url!r} is not a valid URL ({exc})") from exc
+    if parsed.scheme not in ("http", "https") or not parsed.hostname:
+        raise ValueError(f"{where}: must be http:// or https:// with a host, got {url!r}")
+    if port == 0 or parsed.username is not None or parsed.query or parsed.fragment:
+        raise ValueError(f"{where}: give http(s)://HOST[:PORT] (port 1-65535, no user "
+                         f"info, query or fragment), got {url!r}")
 
 
 def _models(t: Table) -> dict[str, ModelConfig]:
@@ -125,27 +165,34 @@ def _message(t: Table) -> Mapping[str, str]:
     return message
 
 
-def _workers(tables: list[Table], models: Mapping[str, ModelConfig]) -> tuple[WorkerConfig, ...]:
-    workers = tuple(_worker(t, models) for t in tables)
+def _workers(tables: list[Table], models: Mapping[str, ModelConfig],
+             key_env_prefix: str) -> tuple[WorkerConfig, ...]:
+    workers = tuple(_worker(t, models, key_env_prefix) for t in tables)
     ids = [w.worker_id for w in workers]
     if len(set(ids)) != len(ids):
         raise ValueError("workers: ids must be unique")
     return workers
 
 
-def parse_worker(data: Mapping[str, Any], models: Mapping[str, Any], path: str) -> WorkerConfig:
-    """Validate one worker table (config ``[[workers]]`` or ``POST /admin/workers``)."""
-    return _worker(Table(data, path), models)
+def parse_worker(data: Mapping[str, Any], models: Mapping[str, Any], path: str,
+                 key_env_prefix: str = WORKER_KEY_ENV_PREFIX) -> WorkerConfig:
+    """Validate one worker table (config ``[[workers]]`` or ``POST /admin/workers``);
+    a launched worker without ``api_key_env`` gets ``default_key_env``."""
+    return _worker(Table(data, path), models, key_env_prefix)
 
 
-def _worker(t: Table, models: Mapping[str, Any]) -> WorkerConfig:
+def _worker(t: Table, models: Mapping[str, Any], key_env_prefix: str) -> WorkerConfig:
+    worker_id, launch = t.text("id"), t.strings("launch")
+    api_key_env = t.text("api_key_env", None)
+    if api_key_env is None and launch is not None:
+        api_key_env = default_key_env(worker_id, key_env_prefix)
     worker = WorkerConfig(
-        worker_id=t.text("id"),
+        worker_id=worker_id,
         model=t.text("model"),
         kind=t.text("kind", "radix"),
         url=t.text("url", None),
-        api_key_env=t.text("api_key_env", None),
-        launch=t.strings("launch"),
+        api_key_env=api_key_env,
+        launch=launch,
     )
     if not _NAME.match(worker.worker_id):
         raise ValueError(f"{t.where('id')}: use letters, digits, '.', '_', '-'")
@@ -155,8 +202,11 @@ def _worker(t: Table, models: Mapping[str, Any]) -> WorkerConfig:
         raise ValueError(f"{t.where('kind')}: must be one of {WORKER_KINDS}")
     if worker.url is None and worker.launch is None:
         raise ValueError(f"{t.path}: give url, or launch for `radix-router up`")
-    if worker.url is not None and not worker.url.startswith(("http://", "https://")):
-        raise ValueError(f"{t.where('url')}: must start with http:// or https://")
+    if worker.url is not None:
+        check_worker_url(worker.url, t.where("url"))
+    if worker.api_key_env is not None and not _ENV_NAME.match(worker.api_key_env):
+        raise ValueError(f"{t.where('api_key_env')}: an environment variable name "
+                         "(letters, digits, '_')")
     t.finish()
     return worker
 

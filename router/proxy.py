@@ -6,17 +6,23 @@ in base64, a tenth of the cost of JSON-encoding the id list; scope,
 ``openai`` workers get the client's OpenAI request (completions prompts as the
 router's token ids) and their responses pass through.
 
-Contract of ``Proxy.send``: either it answers the client (whole or streamed) and
-returns an ``Exchange``, or it raises ``UpstreamUnavailable`` having sent the client
-nothing, so the caller may try the next worker. A stream that fails after its first
-byte ends with an error frame (no retry is possible then). A client that goes away
-closes the upstream response, which cancels the request on the worker.
+Contract of ``Proxy.send``: either it answers the client (whole or streamed),
+filling in the caller's ``Exchange`` as it goes, or it raises ``UpstreamUnavailable``
+having sent the client nothing, so the caller may try the next worker. A stream
+that fails after its first byte ends with an error event and then ``data: [DONE]``
+(no retry is possible then). A client that goes away closes the upstream response,
+which cancels the request on the worker; the exchange then holds the completion
+tokens streamed so far, which is what the tenant is charged.
+
+Errors sent to clients name no worker address and no exception text: the detail is
+logged under the request id (``router.server.request_ids``).
 """
 
 from __future__ import annotations
 
 import base64
 import json
+import logging
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -30,9 +36,12 @@ from router.errors import ApiError
 from router.registry import WorkerState
 from router.requests import CHAT, OpenAIRequest
 from router.responses import DONE_FRAME, ResponseShape, openai_usage, sse_frame
+from router.server.request_ids import request_id
 from router.tokenization import Prompt
 
+log = logging.getLogger(__name__)
 CLIENT_CLOSED = 499  # the client went away (nginx's convention)
+RETRY_AFTER_S = "1"
 SSE_HEADERS = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
 _RETRIABLE_STATUS = frozenset({401, 403, 404, 408, 429})
 _MAX_SSE_LINE_BYTES = 1 << 20
@@ -51,8 +60,10 @@ class Call:
 
 @dataclass
 class Exchange:
-    """What happened: the status the client got, tokens generated, tokens the worker
-    found cached, and when the first byte reached the client (monotonic seconds)."""
+    """What happened: the status the client got, completion tokens sent to the client
+    (counted as they stream; the worker's final usage when it arrives), tokens the
+    worker found cached, and when the first byte reached the client (monotonic
+    seconds). The caller creates it; ``Proxy.send`` fills it in."""
 
     status: int
     num_completion_tokens: int = 0
@@ -70,10 +81,15 @@ class UpstreamUnavailable(Exception):
         self.error = error
 
 
+def _worker_failed(code: str = "upstream_error") -> ApiError:
+    return ApiError(502, "the worker failed to answer; retry, or quote the X-Request-Id "
+                    "to the operator", code=code)
+
+
 def _unavailable(worker: WorkerState, exc: BaseException) -> UpstreamUnavailable:
     reason = f"{worker.worker_id}: {type(exc).__name__}: {exc}"
     return UpstreamUnavailable(reason, isinstance(exc, aiohttp.ClientConnectorError),
-                               ApiError(502, f"worker {worker.worker_id} failed: {reason}"))
+                               _worker_failed())
 
 
 class Proxy:
@@ -84,9 +100,18 @@ class Proxy:
         self._timeout = aiohttp.ClientTimeout(total=config.request_timeout_s,
                                               sock_connect=config.connect_timeout_s)
 
-    async def send(self, client: web.Request, call: Call, worker: WorkerState
-                   ) -> tuple[web.StreamResponse, Exchange]:
-        """Run ``call`` on ``worker``; see the module docstring for the contract."""
+    async def send(self, client: web.Request, call: Call, worker: WorkerState,
+                   exchange: Exchange) -> web.StreamResponse:
+        """Run ``call`` on ``worker``, filling in ``exchange``; see the module docstring
+        for the contract."""
+        try:
+            return await self._send(client, call, worker, exchange)
+        except UpstreamUnavailable as exc:
+            log.warning("request %s: worker unavailable: %s", request_id(client), exc)
+            raise
+
+    async def _send(self, client: web.Request, call: Call, worker: WorkerState,
+                    exchange: Exchange) -> web.StreamResponse:
         if worker.kind == "radix":
             path, payload = "/generate", self._generate_body(call)
         else:
@@ -103,9 +128,10 @@ class Proxy:
                 raise await _status_error(worker, upstream)
             if worker.kind == "radix":
                 if call.request.stream:
-                    return await self._stream_generate(client, call, worker, upstream)
-                return await self._whole_generate(call, worker, upstream)
-            return await self._pass_openai(client, call, worker, upstream)
+                    return await self._stream_generate(client, call, worker, upstream,
+                                                       exchange)
+                return await self._whole_generate(call, worker, upstream, exchange)
+            return await self._pass_openai(client, call, worker, upstream, exchange)
         finally:
             upstream.close()
 
@@ -132,20 +158,20 @@ class Proxy:
         return "/v1/completions", body
 
     async def _whole_generate(self, call: Call, worker: WorkerState,
-                              upstream: aiohttp.ClientResponse
-                              ) -> tuple[web.StreamResponse, Exchange]:
+                              upstream: aiohttp.ClientResponse, exchange: Exchange
+                              ) -> web.StreamResponse:
         try:
             result = json.loads(await upstream.read())
         except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
             raise _unavailable(worker, exc) from exc
         body = ResponseShape(call.request.endpoint, call.model_name).full(result)
-        exchange = Exchange(200, first_byte_at=time.monotonic())
+        _answered(exchange)
         _note_usage(exchange, body["usage"])
-        return web.json_response(body), exchange
+        return web.json_response(body)
 
     async def _stream_generate(self, client: web.Request, call: Call, worker: WorkerState,
-                               upstream: aiohttp.ClientResponse
-                               ) -> tuple[web.StreamResponse, Exchange]:
+                               upstream: aiohttp.ClientResponse, exchange: Exchange
+                               ) -> web.StreamResponse:
         shape = ResponseShape(call.request.endpoint, call.model_name)
         batches = _sse_batches(upstream)
         try:
@@ -156,33 +182,36 @@ class Proxy:
             raise _unavailable(worker, EOFError("stream ended before its first event"))
         out = web.StreamResponse(headers=SSE_HEADERS)
         await out.prepare(client)
-        exchange = Exchange(200, first_byte_at=time.monotonic())
+        _answered(exchange)
         try:
             while True:
                 frames, ended = _client_frames(batch, shape, call.request.include_usage,
                                                exchange)
                 await out.write(frames)
                 if ended:
-                    return out, exchange
+                    if exchange.status != 200:
+                        log.warning("request %s: worker %s sent an error event",
+                                    request_id(client), worker.worker_id)
+                    return out
                 batch = await anext(batches)
         except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
-            await _end_stream_with_error(out, exchange, worker, exc)
+            await _end_stream_with_error(client, out, exchange, worker, exc)
         except ConnectionResetError:
             exchange.status = CLIENT_CLOSED
-        return out, exchange
+        return out
 
     async def _pass_openai(self, client: web.Request, call: Call, worker: WorkerState,
-                           upstream: aiohttp.ClientResponse
-                           ) -> tuple[web.StreamResponse, Exchange]:
+                           upstream: aiohttp.ClientResponse, exchange: Exchange
+                           ) -> web.StreamResponse:
         if not call.request.stream:
             try:
                 result = json.loads(await upstream.read())
             except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
                 raise _unavailable(worker, exc) from exc
             result["model"] = call.model_name
-            exchange = Exchange(200, first_byte_at=time.monotonic())
+            _answered(exchange)
             _note_usage(exchange, result.get("usage"))
-            return web.json_response(result), exchange
+            return web.json_response(result)
         try:
             first = await upstream.content.readline()
         except (aiohttp.ClientError, TimeoutError) as exc:
@@ -191,7 +220,7 @@ class Proxy:
             raise _unavailable(worker, EOFError("empty stream"))
         out = web.StreamResponse(headers=SSE_HEADERS)
         await out.prepare(client)
-        exchange = Exchange(200, first_byte_at=time.monotonic())
+        _answered(exchange)
         line = first
         try:
             while line:
@@ -202,13 +231,15 @@ class Proxy:
                         await upstream.content.readline()  # the blank line ending the event
                         line = await upstream.content.readline()
                         continue
+                elif line.startswith(b"data: {"):
+                    exchange.num_completion_tokens += 1  # a chunk is about one token
                 await out.write(line)
                 line = await upstream.content.readline()
         except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
-            await _end_stream_with_error(out, exchange, worker, exc)
+            await _end_stream_with_error(client, out, exchange, worker, exc)
         except ConnectionResetError:
             exchange.status = CLIENT_CLOSED
-        return out, exchange
+        return out
 
 
 async def _sse_batches(upstream: aiohttp.ClientResponse
@@ -251,12 +282,21 @@ def _client_frames(batch: list[dict[str, Any] | None], shape: ResponseShape,
             if include_usage:
                 frames.append(shape.usage_chunk(event["usage"]))
         elif "error" in event:
-            frames.append(sse_frame({"error": event["error"]}))
+            code = event["error"].get("code") if isinstance(event["error"], dict) else None
+            error = _worker_failed(code if isinstance(code, str) else "upstream_error")
+            frames += [sse_frame(error.body()), DONE_FRAME]
             exchange.status = 502
             return b"".join(frames), True
         else:
+            exchange.num_completion_tokens += len(event.get("token_ids") or ())
             frames.append(shape.chunk(event))
     return b"".join(frames), False
+
+
+def _answered(exchange: Exchange) -> None:
+    """The client is getting a 200 answer from now on."""
+    exchange.status = 200
+    exchange.first_byte_at = time.monotonic()
 
 
 def _note_usage(exchange: Exchange, usage: Any) -> None:
@@ -278,10 +318,10 @@ async def _status_error(worker: WorkerState, upstream: aiohttp.ClientResponse) -
         body, message = None, f"HTTP {upstream.status}"
     status = upstream.status
     if status >= 500 or status in _RETRIABLE_STATUS:
-        return UpstreamUnavailable(
-            f"{worker.worker_id}: HTTP {status}: {message}", False,
-            ApiError(429 if status == 429 else 502, f"worker {worker.worker_id}: {message}",
-                     headers={"Retry-After": "1"} if status == 429 else {}))
+        saturated = ApiError(503, "every worker is saturated; retry later", code="saturated",
+                             headers={"Retry-After": RETRY_AFTER_S})
+        return UpstreamUnavailable(f"{worker.worker_id}: HTTP {status}: {message}", False,
+                                   saturated if status == 429 else _worker_failed())
     error = ApiError(status, message)
     if isinstance(body, dict) and isinstance(body.get("error"), dict):
         error.param = body["error"].get("param")
@@ -289,11 +329,15 @@ async def _status_error(worker: WorkerState, upstream: aiohttp.ClientResponse) -
     return error
 
 
-async def _end_stream_with_error(out: web.StreamResponse, exchange: Exchange,
-                                 worker: WorkerState, exc: BaseException) -> None:
+async def _end_stream_with_error(client: web.Request, out: web.StreamResponse,
+                                 exchange: Exchange, worker: WorkerState,
+                                 exc: BaseException) -> None:
+    """Log why the worker's stream broke; end the client's with an error event and
+    ``[DONE]``."""
+    log.warning("request %s: worker %s failed mid-stream: %s: %s", request_id(client),
+                worker.worker_id, type(exc).__name__, exc)
     exchange.status = 502
-    error = ApiError(502, f"worker {worker.worker_id} failed mid-stream: {exc}")
     try:
-        await out.write(sse_frame(error.body()))
+        await out.write(sse_frame(_worker_failed().body()) + DONE_FRAME)
     except ConnectionResetError:
         exchange.status = CLIENT_CLOSED

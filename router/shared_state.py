@@ -12,6 +12,7 @@ import logging
 import time
 from collections import deque
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Protocol
 
 log = logging.getLogger(__name__)
@@ -28,22 +29,37 @@ class SharedState(Protocol):
         """Give back one slot taken by ``acquire_slot``."""
         ...
 
-    async def reserve_tokens(self, key: str, num_tokens: int, limit: int) -> float | None:
-        """Record ``num_tokens`` in ``key``'s sliding window if the window total stays
-        within ``limit``: returns None. Otherwise records nothing and returns the seconds
-        until enough old entries expire for the reservation to fit."""
+    async def reserve_tokens(self, key: str, reservation_id: str, num_tokens: int,
+                             limit: int) -> float | None:
+        """Record ``num_tokens`` in ``key``'s sliding window under ``reservation_id`` if
+        the window total stays within ``limit``: returns None. Otherwise records nothing
+        and returns the seconds until enough old entries expire for it to fit."""
         ...
 
-    async def add_tokens(self, key: str, num_tokens: int) -> None:
-        """Record ``num_tokens`` in ``key``'s window unconditionally (completion tokens)."""
+    async def settle_tokens(self, key: str, reservation_id: str, num_tokens: int) -> None:
+        """Change the amount recorded under ``reservation_id`` to ``num_tokens`` (more or
+        less than reserved), keeping its time; nothing if it already left the window."""
         ...
+
+    async def tokens_in_window(self, key: str) -> int:
+        """The total recorded in ``key``'s window now."""
+        ...
+
+
+@dataclass(slots=True)
+class _WindowEntry:
+    recorded_at: float
+    num_tokens: int
+    reservation_id: str
 
 
 class InProcessSharedState:
     """``SharedState`` in this process's memory (the no-Redis null object).
 
-    The token window (``window_s`` long) is a deque of (time, tokens) with a running sum: each call drops
-    expired entries from the left, so cost is amortized O(1) per recorded entry.
+    The token window (``window_s`` long) is a deque of entries (time, tokens,
+    reservation id) with a running sum: each call drops expired entries from the left, so cost
+    is amortized O(1) per recorded entry. A dict finds an entry by reservation id for
+    ``settle_tokens``.
     """
 
     def __init__(
@@ -54,8 +70,9 @@ class InProcessSharedState:
         self._window_s = window_s
         self._clock = clock
         self._slots: dict[str, int] = {}
-        self._windows: dict[str, deque[tuple[float, int]]] = {}
+        self._windows: dict[str, deque[_WindowEntry]] = {}
         self._window_sums: dict[str, int] = {}
+        self._reservations: dict[str, _WindowEntry] = {}
 
     async def acquire_slot(self, key: str, limit: int) -> bool:
         """See ``SharedState.acquire_slot``."""
@@ -73,37 +90,46 @@ class InProcessSharedState:
         else:
             self._slots[key] = used - 1
 
-    async def reserve_tokens(self, key: str, num_tokens: int, limit: int) -> float | None:
+    async def reserve_tokens(self, key: str, reservation_id: str, num_tokens: int,
+                             limit: int) -> float | None:
         """See ``SharedState.reserve_tokens``."""
         now = self._clock()
         window = self._expire(key, now)
         total = self._window_sums.get(key, 0)
         if total + num_tokens <= limit:
-            self._record(key, num_tokens, now)
+            entry = _WindowEntry(now, num_tokens, reservation_id)
+            window.append(entry)
+            self._reservations[reservation_id] = entry
+            self._window_sums[key] = total + num_tokens
             return None
         excess = total + num_tokens - limit
-        for recorded_at, tokens in window:
-            excess -= tokens
+        for entry in window:
+            excess -= entry.num_tokens
             if excess <= 0:
-                return max(recorded_at + self._window_s - now, 0.0)
+                return max(entry.recorded_at + self._window_s - now, 0.0)
         return self._window_s
 
-    async def add_tokens(self, key: str, num_tokens: int) -> None:
-        """See ``SharedState.add_tokens``."""
-        now = self._clock()
-        self._expire(key, now)
-        self._record(key, num_tokens, now)
+    async def settle_tokens(self, key: str, reservation_id: str, num_tokens: int) -> None:
+        """See ``SharedState.settle_tokens``."""
+        self._expire(key, self._clock())
+        entry = self._reservations.pop(reservation_id, None)
+        if entry is not None:
+            self._window_sums[key] += num_tokens - entry.num_tokens
+            entry.num_tokens = num_tokens
 
-    def _expire(self, key: str, now: float) -> deque[tuple[float, int]]:
+    async def tokens_in_window(self, key: str) -> int:
+        """See ``SharedState.tokens_in_window``."""
+        self._expire(key, self._clock())
+        return self._window_sums.get(key, 0)
+
+    def _expire(self, key: str, now: float) -> deque[_WindowEntry]:
         window = self._windows.setdefault(key, deque())
         horizon = now - self._window_s
-        while window and window[0][0] <= horizon:
-            self._window_sums[key] -= window.popleft()[1]
+        while window and window[0].recorded_at <= horizon:
+            entry = window.popleft()
+            self._window_sums[key] -= entry.num_tokens
+            self._reservations.pop(entry.reservation_id, None)
         return window
-
-    def _record(self, key: str, num_tokens: int, now: float) -> None:
-        self._windows[key].append((now, num_tokens))
-        self._window_sums[key] = self._window_sums.get(key, 0) + num_tokens
 
 
 def shared_state_for(redis_url: str | None) -> SharedState:

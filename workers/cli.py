@@ -4,7 +4,10 @@ Configuration comes from ``--config FILE`` (TOML, see configs/worker.toml) with
 flags overriding single fields. Bad values exit with status 2 and a message naming
 the field. Once the self-test passed the process prints exactly one line
 ``READY http://HOST:PORT`` on stdout; logs go to stderr. The deployment secret
-comes from ``$RADIX_ROUTER_SECRET`` (``radix.namespace.load_secret``).
+comes from ``$RADIX_ROUTER_SECRET`` (``radix.namespace.load_secret``); the worker's
+API key from ``server.api_key_file`` or ``$RADIX_WORKER_API_KEY``, never from a flag
+(see ``workers.server.access``). A keyless worker asked to listen off loopback
+exits with status 2 and a one-line error.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ from typing import Any
 from radix.namespace import load_secret
 from workers.config import WorkerConfig, load_config
 from workers.kv.plan import parse_bytes
+from workers.server.access import check_listen_address, load_api_key
 
 # flag destination -> (config section, field)
 _FLAG_FIELDS = {
@@ -28,7 +32,6 @@ _FLAG_FIELDS = {
     "host": ("server", "host"),
     "port": ("server", "port"),
     "worker_id": ("server", "worker_id"),
-    "api_key": ("server", "api_key"),
     "self_test_delay_s": ("server", "self_test_delay_s"),
     "kv_cache_bytes": ("kv", "cache_bytes"),
     "block_size": ("kv", "block_size"),
@@ -49,7 +52,6 @@ def _parser() -> argparse.ArgumentParser:
     add("--host", help="address to listen on (default 127.0.0.1)")
     add("--port", type=int, help="port to listen on; 0 picks a free one")
     add("--worker-id", help="id in KV events and /ready (default HOST:PORT)")
-    add("--api-key", help="require 'Authorization: Bearer KEY' on every route but /health")
     add("--self-test-delay-s", type=float, help="hold /ready at 503 this long before the self-test")
     add("--kv-cache-bytes", type=parse_bytes, help="KV cache budget, e.g. 64MiB or 2GiB")
     add("--block-size", type=int, help="tokens per KV block (default 16)")
@@ -84,6 +86,13 @@ def main(argv: list[str] | None = None) -> int:
         level=args.log_level, stream=sys.stderr,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )  # fmt: skip
+    log = logging.getLogger("workers")
+    try:
+        api_key = load_api_key(config.server)
+        check_listen_address(config.server.host, api_key)
+    except ValueError as exc:
+        log.error("cannot start: %s", exc)
+        return 2
     from workers.engine.selftest import SelfTestError  # after logging: these import torch
     from workers.server.serve import serve
 
@@ -91,8 +100,8 @@ def main(argv: list[str] | None = None) -> int:
         print(line, flush=True)
 
     try:
-        asyncio.run(serve(config, load_secret(), announce))
+        asyncio.run(serve(config, load_secret(), api_key, announce))
     except (ValueError, SelfTestError) as exc:
-        logging.getLogger("workers").error("cannot start: %s", exc)
+        log.error("cannot start: %s", exc)
         return 1
     return 0

@@ -23,7 +23,9 @@ DEVICES = ("auto", "cpu", "cuda")
 class ServerConfig:
     """HTTP side: where to listen, who may call, and per-request limits.
 
-    ``port`` 0 picks a free port. ``api_key`` None means no key is required.
+    ``port`` 0 picks a free port. ``api_key_file`` names a file holding the worker's
+    API key (see ``workers.server.access``: without it the key comes from the
+    environment, and a worker with no key listens on loopback only).
     ``self_test_delay_s`` holds ``/ready`` at 503 that long before the start-up
     self-test (for exercising launchers that wait on readiness).
     """
@@ -31,7 +33,7 @@ class ServerConfig:
     host: str = "127.0.0.1"
     port: int = 0
     worker_id: str | None = None
-    api_key: str | None = None
+    api_key_file: str | None = None
     request_timeout_s: float = 600.0
     default_max_tokens: int = 256
     max_n: int = 16
@@ -42,7 +44,8 @@ class ServerConfig:
         _require(0 <= self.port <= 65535, "server.port", self.port, "in [0, 65535]")
         _require(bool(self.host), "server.host", self.host, "non-empty")
         _require(self.worker_id != "", "server.worker_id", self.worker_id, "non-empty or unset")
-        _require(self.api_key != "", "server.api_key", self.api_key, "non-empty or unset")
+        _require(self.api_key_file != "", "server.api_key_file", self.api_key_file,
+                 "non-empty or unset")
         _require(
             self.request_timeout_s > 0, "server.request_timeout_s", self.request_timeout_s, "> 0"
         )

@@ -1,6 +1,15 @@
-"""Admin routes (admin key required): workers, public prefixes, index statistics."""
+"""Admin routes (admin key required): workers, public prefixes, index statistics.
+
+Every change is logged (logger ``router.admin``) with who made it (the caller's
+address and request id; there is one admin key), what changed, and when (the log
+record's time). A worker added here may take its key only from an environment
+variable under ``admin.worker_key_env_prefix``: otherwise an admin request could
+have the router send any of its variables (the deployment secret) to a host it names.
+"""
 
 from __future__ import annotations
+
+import logging
 
 from aiohttp import web
 
@@ -8,12 +17,20 @@ from router.config_toml import parse_public_prefix, parse_worker
 from router.errors import ApiError
 from router.requests import decode_body
 from router.server.context import ROUTER, Router
+from router.server.request_ids import request_id
+
+audit = logging.getLogger("router.admin")
 
 
 async def _admin(request: web.Request) -> Router:
     router = request.app[ROUTER]
     router.auth.check_admin(request.headers.get("Authorization"))
     return router
+
+
+def _log_change(request: web.Request, what: str, *args: object) -> None:
+    audit.info("admin change by %s (request %s): " + what, request.remote, request_id(request),
+               *args)
 
 
 async def list_workers(request: web.Request) -> web.Response:
@@ -33,18 +50,26 @@ async def change_workers(request: web.Request) -> web.Response:
         worker = body.get("worker")
         if not isinstance(worker, dict):
             raise ApiError(400, "worker must be an object", param="worker")
+        prefix = router.config.admin.worker_key_env_prefix
         try:
-            config = parse_worker(worker, {n: None for n in router.models.names()}, "worker")
+            config = parse_worker(worker, {n: None for n in router.models.names()}, "worker",
+                                  prefix)
             if config.url is None:
                 raise ValueError("worker.url: required")
+            if config.api_key_env is not None and not config.api_key_env.startswith(prefix):
+                raise ValueError(f"worker.api_key_env: must start with {prefix!r} "
+                                 "(admin.worker_key_env_prefix)")
             state = router.registry.add(config)
         except ValueError as exc:
             raise ApiError(400, str(exc), param="worker") from exc
+        _log_change(request, "added worker %s (%s, %s, key from %s)", config.worker_id,
+                    config.kind, config.url, config.api_key_env or "no key")
         return web.json_response({"added": state.to_dict()})
     if action == "remove":
         worker_id = body.get("id")
         if not isinstance(worker_id, str) or not await router.registry.remove(worker_id):
             raise ApiError(404, f"no worker {worker_id!r}", param="id")
+        _log_change(request, "removed worker %s", worker_id)
         return web.json_response({"removed": worker_id})
     raise ApiError(400, "action must be 'add' or 'remove'", param="action")
 
@@ -62,6 +87,8 @@ async def add_public_prefix(request: web.Request) -> web.Response:
         raise ApiError(400, str(exc)) from exc
     token_ids = model.prefix_tokens(spec)
     num_public = model.public_prefixes.add(token_ids)
+    _log_change(request, "registered a public prefix of %d tokens for model %s",
+                len(token_ids), model.name)
     return web.json_response({"model": model.name, "num_tokens": len(token_ids),
                               "num_public_tokens": num_public,
                               "num_prefixes": model.public_prefixes.num_prefixes})

@@ -1,7 +1,9 @@
 """The router's aiohttp application and the loop that serves it.
 
-``create_app`` wires the routes around one ``Router``; ``serve`` binds the listening
-socket, prints ``READY http://HOST:PORT`` once requests are accepted, and shuts down
+``create_app`` wires the client routes around one ``Router``; ``create_metrics_app``
+serves ``GET /metrics`` on its own address (``[metrics]``, loopback by default: it
+names tenants and workers). ``serve`` binds both, prints ``METRICS http://HOST:PORT``
+and then ``READY http://HOST:PORT`` once requests are accepted, and shuts down
 cleanly on SIGINT/SIGTERM. Handlers run with ``handler_cancellation``: a client that
 disconnects cancels its handler, which closes the upstream response and so cancels
 the request on the worker.
@@ -25,6 +27,7 @@ from router.errors import ApiError
 from router.server.admin import add_admin_routes
 from router.server.context import ROUTER, Router
 from router.server.dispatch import chat_completions, completions
+from router.server.request_ids import add_request_id_header, request_id, request_id_middleware
 from router.shared_state import shared_state_for
 
 MAX_BODY_BYTES = 32 * 2**20
@@ -35,7 +38,8 @@ log = logging.getLogger(__name__)
 
 @web.middleware
 async def error_middleware(request: web.Request, handler) -> web.StreamResponse:
-    """Turn every refusal into an OpenAI-shaped error body; never a bare 500 page."""
+    """Turn every refusal into an OpenAI-shaped error body; never a bare 500 page. An
+    unexpected exception is logged under the request id, which the body quotes."""
     try:
         return await handler(request)
     except ApiError as exc:
@@ -46,8 +50,9 @@ async def error_middleware(request: web.Request, handler) -> web.StreamResponse:
         error = ApiError(exc.status, exc.reason)
         return web.json_response(error.body(), status=exc.status)
     except Exception:
-        log.exception("unhandled error on %s %s", request.method, request.path)
-        error = ApiError(500, "internal router error")
+        rid = request_id(request)
+        log.exception("request %s: unhandled error on %s %s", rid, request.method, request.path)
+        error = ApiError(500, f"internal router error (request id {rid})")
         return web.json_response(error.body(), status=500)
 
 
@@ -69,7 +74,7 @@ async def models(request: web.Request) -> web.Response:
 
 
 async def metrics(request: web.Request) -> web.Response:
-    """``GET /metrics``: Prometheus text."""
+    """``GET /metrics`` (metrics address only): Prometheus text."""
     router = request.app[ROUTER]
     body = router.metrics.render(router.registry.workers(), router.index.stats().num_nodes)
     return web.Response(body=body, headers={"Content-Type": "text/plain; version=0.0.4"})
@@ -78,8 +83,10 @@ async def metrics(request: web.Request) -> web.Response:
 def create_app(router: Router) -> web.Application:
     """The router app. Its startup registers the configured workers; its cleanup
     closes the router."""
-    app = web.Application(client_max_size=MAX_BODY_BYTES, middlewares=[error_middleware])
+    app = web.Application(client_max_size=MAX_BODY_BYTES,
+                          middlewares=[request_id_middleware, error_middleware])
     app[ROUTER] = router
+    app.on_response_prepare.append(add_request_id_header)
 
     async def start_workers(app: web.Application) -> None:
         for worker in router.config.workers:
@@ -95,15 +102,24 @@ def create_app(router: Router) -> web.Application:
         web.post("/v1/chat/completions", chat_completions),
         web.get("/v1/models", models),
         web.get("/health", health),
-        web.get("/metrics", metrics),
     ])
     add_admin_routes(app)
     return app
 
 
-def bind_socket(host: str, port: int, reuse_port: bool = False) -> socket.socket:
+def create_metrics_app(router: Router) -> web.Application:
+    """The metrics listener's app: ``GET /metrics`` of ``router`` and nothing else."""
+    app = web.Application()
+    app[ROUTER] = router
+    app.add_routes([web.get("/metrics", metrics)])
+    return app
+
+
+def bind_socket(host: str, port: int, reuse_port: bool = False,
+                setting: str = "listen") -> socket.socket:
     """A listening TCP socket (``port = 0`` picks a free one); RuntimeError naming the
-    address when it cannot be bound (e.g. the port is taken)."""
+    address and the config table ``setting`` when it cannot be bound (e.g. the port is
+    taken)."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -113,37 +129,57 @@ def bind_socket(host: str, port: int, reuse_port: bool = False) -> socket.socket
         sock.bind((host, port))
     except OSError as exc:
         sock.close()
-        raise RuntimeError(f"listen: cannot listen on {host}:{port}: {exc.strerror} "
-                           "(set [listen] port in the config or pass --port)") from exc
+        flag = "--port" if setting == "listen" else f"--{setting}-port"
+        raise RuntimeError(f"{setting}: cannot listen on {host}:{port}: {exc.strerror} "
+                           f"(set [{setting}] port in the config or pass {flag})") from exc
     sock.listen(1024)
     sock.setblocking(False)
     return sock
 
 
 async def serve(config: RouterConfig, secret: bytes, sock: socket.socket,
-                announce: bool = True) -> None:
-    """Serve on ``sock`` until SIGINT or SIGTERM, then close everything. With
-    ``announce``, print ``READY http://HOST:PORT`` once serving."""
+                metrics_sock: socket.socket, announce: bool = True) -> None:
+    """Serve clients on ``sock`` and ``/metrics`` on ``metrics_sock`` until SIGINT or
+    SIGTERM, then close everything. With ``announce``, print ``METRICS <url>`` and
+    ``READY <url>`` once serving."""
     for i, worker in enumerate(config.workers):
         if worker.url is None:
             raise ValueError(f"workers[{i}].url: required when the router runs on its own "
                              "(launch is for `radix-router up`)")
     router = Router.build(config, secret, shared_state_for(config.redis_url))
     runner = web.AppRunner(create_app(router), handler_cancellation=True, access_log=None)
+    metrics_runner = web.AppRunner(create_metrics_app(router), access_log=None)
     await runner.setup()
+    await metrics_runner.setup()
     tune_gc()
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(signum, stop.set)
     try:
+        await web.SockSite(metrics_runner, metrics_sock).start()
         await web.SockSite(runner, sock).start()
-        host, port = sock.getsockname()[:2]
+        metrics_url = _url(metrics_sock)
+        log.info("metrics at %s/metrics", metrics_url)
         if announce:
-            print(f"READY http://{host}:{port}", flush=True)
+            print(f"METRICS {metrics_url}", flush=True)
+            print(f"READY {_url(sock)}", flush=True)
         await stop.wait()
     finally:
         await runner.cleanup()
+        await metrics_runner.cleanup()
+
+
+def _url(sock: socket.socket) -> str:
+    host, port = sock.getsockname()[:2]
+    return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
+
+
+def metrics_socket(config: RouterConfig, process_index: int) -> socket.socket:
+    """The metrics listener of router process ``process_index`` (0 for the first):
+    ``metrics.port + process_index``, or a free port when ``metrics.port`` is 0."""
+    port = config.metrics.port + process_index if config.metrics.port else 0
+    return bind_socket(config.metrics.host, port, setting="metrics")
 
 
 def tune_gc() -> None:
@@ -163,22 +199,24 @@ def serve_processes(config: RouterConfig, secret: bytes, num_processes: int) -> 
     Limits are per process unless shared state is. The parent serves too, announces
     READY, and on exit stops the children it forked."""
     if num_processes == 1:
-        asyncio.run(serve(config, secret, bind_socket(config.listen.host, config.listen.port)))
+        asyncio.run(serve(config, secret, bind_socket(config.listen.host, config.listen.port),
+                          metrics_socket(config, 0)))
         return
     sock = bind_socket(config.listen.host, config.listen.port, reuse_port=True)
     port = sock.getsockname()[1]
     children = []
-    for _ in range(num_processes - 1):
+    for index in range(1, num_processes):
         pid = os.fork()
         if pid == 0:
             sock.close()
             die_with_parent()
             child_sock = bind_socket(config.listen.host, port, reuse_port=True)
-            asyncio.run(serve(config, secret, child_sock, announce=False))
+            asyncio.run(serve(config, secret, child_sock, metrics_socket(config, index),
+                              announce=False))
             os._exit(0)
         children.append(pid)
     try:
-        asyncio.run(serve(config, secret, sock))
+        asyncio.run(serve(config, secret, sock, metrics_socket(config, 0)))
     finally:
         for pid in children:
             with contextlib.suppress(ProcessLookupError):

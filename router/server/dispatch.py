@@ -14,7 +14,7 @@ from aiohttp import web
 from router.auth import Tenant
 from router.errors import ApiError
 from router.policy import RouteRequest, WorkerView
-from router.proxy import CLIENT_CLOSED, Call, Exchange, UpstreamUnavailable
+from router.proxy import CLIENT_CLOSED, RETRY_AFTER_S, Call, Exchange, UpstreamUnavailable
 from router.registry import WorkerState
 from router.requests import CHAT, COMPLETIONS, OpenAIRequest, decode_body, parse_request
 from router.server.context import ROUTER, Router
@@ -46,7 +46,8 @@ async def serve_openai(request: web.Request, endpoint: str) -> web.StreamRespons
         prompt = tokenize(model, parsed)
         max_tokens = router.limiter.check_sizes(tenant, len(prompt.token_ids),
                                                 parsed.sampling.max_tokens)
-        admission = await router.limiter.admit(tenant, len(prompt.token_ids))
+        admission = await router.limiter.admit(tenant, len(prompt.token_ids),
+                                               (max_tokens or 0) * parsed.sampling.n)
         exchange = Exchange(503)
         try:
             call = Call(parsed, model.name, prompt, tenant.tenant_id, max_tokens)
@@ -55,7 +56,7 @@ async def serve_openai(request: web.Request, endpoint: str) -> web.StreamRespons
             matched = match(router, workers, prompt, tenant)
             ranked = choose(router, workers, matched, prompt, tenant)
             router.metrics.decision_seconds.observe(time.monotonic() - decision_started)
-            worker, response, exchange = await forward(router, request, call, ranked, matched)
+            worker, response = await forward(router, request, call, ranked, matched, exchange)
             worker_id = worker.worker_id
             learn(router, worker, prompt, matched, exchange, started)
         finally:
@@ -94,7 +95,8 @@ def choose(router: Router, workers: list[WorkerState], matched: dict[str, int],
            prompt: Prompt, tenant: Tenant) -> list[WorkerState]:
     """The workers to try, best first, at most ``proxy.max_attempts`` of them."""
     if not workers:
-        raise ApiError(503, "no ready worker serves this model", code="no_worker")
+        raise ApiError(503, "no ready worker serves this model", code="no_worker",
+                       headers={"Retry-After": RETRY_AFTER_S})
     views = [
         WorkerView(
             worker_id=w.worker_id,
@@ -115,8 +117,10 @@ def choose(router: Router, workers: list[WorkerState], matched: dict[str, int],
 
 
 async def forward(router: Router, request: web.Request, call: Call, ranked: list[WorkerState],
-                  matched: dict[str, int]) -> tuple[WorkerState, web.StreamResponse, Exchange]:
-    """Try the ranked workers in turn until one serves the client. Each attempt is
+                  matched: dict[str, int], exchange: Exchange
+                  ) -> tuple[WorkerState, web.StreamResponse]:
+    """Try the ranked workers in turn until one serves the client, filling in
+    ``exchange`` (even when the client goes away mid-stream). Each attempt is
     counted in flight and noted in the index (speculative entry) at decision time.
     In flight counts the tokens the worker must prefill (prompt minus its match): a
     request that hits the cache adds little queued work, so locality is not punished."""
@@ -128,8 +132,7 @@ async def forward(router: Router, request: web.Request, call: Call, ranked: list
         router.registry.begin(worker, num_tokens)
         router.index.note_routed(worker.namespace, worker.worker_id, call.prompt.key, call.scope)
         try:
-            response, exchange = await router.proxy.send(request, call, worker)
-            return worker, response, exchange
+            return worker, await router.proxy.send(request, call, worker, exchange)
         except UpstreamUnavailable as exc:
             failure = exc
             if exc.unreachable:

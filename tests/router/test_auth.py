@@ -90,13 +90,13 @@ def test_concurrency_limit() -> None:
     async def scenario() -> None:
         limiter = TenantLimiter(InProcessSharedState())
         alice = Authenticator(AUTH).tenant("Bearer key-a")
-        first = await limiter.admit(alice, 1)
-        await limiter.admit(alice, 1)
+        first = await limiter.admit(alice, 1, 0)
+        await limiter.admit(alice, 1, 0)
         with pytest.raises(ApiError) as info:
-            await limiter.admit(alice, 1)
+            await limiter.admit(alice, 1, 0)
         assert info.value.status == 429 and info.value.headers == {"Retry-After": "1"}
         await limiter.release(first, 0)
-        await limiter.admit(alice, 1)
+        await limiter.admit(alice, 1, 0)
 
     run(scenario())
 
@@ -106,26 +106,49 @@ def test_tokens_per_minute_sliding_window() -> None:
         clock = Clock()
         limiter = TenantLimiter(InProcessSharedState(clock=clock))
         alice = Authenticator(AUTH).tenant("Bearer key-a")
-        a = await limiter.admit(alice, 100)               # t=1000: 100
+        a = await limiter.admit(alice, 100, 0)               # t=1000: 100
         await limiter.release(a, 50)                      # t=1000: +50 -> 150
         clock.now = 1030.0
-        b = await limiter.admit(alice, 100)               # t=1030: 250 in window
+        b = await limiter.admit(alice, 100, 0)               # t=1030: 250 in window
         await limiter.release(b, 0)
         with pytest.raises(ApiError) as info:
-            await limiter.admit(alice, 1)
+            await limiter.admit(alice, 1, 0)
         # 1 token fits once the 100 recorded at t=1000 expire at t=1060: 30 s.
         assert info.value.status == 429 and info.value.headers["Retry-After"] == "30"
         clock.now = 1060.0
-        c = await limiter.admit(alice, 100)               # t=1000 entries gone: 100 + 100
+        c = await limiter.admit(alice, 100, 0)               # t=1000 entries gone: 100 + 100
         await limiter.release(c, 0)
         with pytest.raises(ApiError) as info:
-            await limiter.admit(alice, 60)
+            await limiter.admit(alice, 60, 0)
         assert info.value.headers["Retry-After"] == "30"  # the t=1030 entry expires at 1090
         # A refused request holds no concurrency slot: two more are still admitted.
-        d = await limiter.admit(alice, 1)
-        e = await limiter.admit(alice, 1)
+        d = await limiter.admit(alice, 1, 0)
+        e = await limiter.admit(alice, 1, 0)
         await limiter.release(d, 0)
         await limiter.release(e, 0)
+
+    run(scenario())
+
+
+def test_admission_reserves_max_output_and_settles_to_what_was_sent() -> None:
+    async def scenario() -> None:
+        state = InProcessSharedState(clock=Clock())
+        limiter = TenantLimiter(state)
+        carol = Authenticator(AuthConfig(tenants=(TenantConfig(
+            "carol", (hash_key("k"),), TenantLimits(tokens_per_minute=100)),))).tenant("Bearer k")
+        first = await limiter.admit(carol, 10, 4 * 15)          # prompt + max_tokens x n
+        assert await state.tokens_in_window("carol") == 70
+        with pytest.raises(ApiError) as info:
+            await limiter.admit(carol, 10, 21)                   # 70 + 31 > 100
+        assert info.value.status == 429
+        await limiter.release(first, 7)                          # the client got 7 tokens
+        assert await state.tokens_in_window("carol") == 17
+        second = await limiter.admit(carol, 10, 21)
+        await limiter.release(second, 30)                        # more than reserved: charged
+        assert await state.tokens_in_window("carol") == 57
+        with pytest.raises(ApiError) as info:
+            await limiter.admit(carol, 50, 51)                   # could never fit: 413
+        assert info.value.status == 413 and info.value.param == "max_tokens"
 
     run(scenario())
 

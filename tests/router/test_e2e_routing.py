@@ -1,7 +1,8 @@
 """End to end: the openai client -> a router process -> two demo worker processes.
 
 One router and two workers serve the whole module (tiny KV budgets, short outputs);
-the failover test kills a worker, so it runs last.
+the failover test kills a worker, so it runs last. The workers require a key, which
+the router reads from the environment variable its config names.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from router.index import RouterIndex
 
 pytestmark = pytest.mark.slow
 ALICE, BOB, ADMIN = "key-alice", "key-bob", "key-admin"
+WORKER_KEY, WORKER_KEY_ENV = "e2e-worker-key", "RADIX_WORKER_KEY_E2E"
 SYSTEM = "You are a careful assistant. Cite the document when you answer. " * 2
 BLOCK_SIZE = 16
 FULL_LENGTH = {"ignore_eos": True}  # the random demo model may emit EOS at any step
@@ -42,19 +44,20 @@ def router_config(workers: dict[str, str], kind: str = "radix") -> str:
     ]
     for worker_id, url in workers.items():
         lines += ["[[workers]]", f'id = "{worker_id}"', 'model = "demo"', f'kind = "{kind}"',
-                  f'url = "{url}"']
+                  f'url = "{url}"', f'api_key_env = "{WORKER_KEY_ENV}"']
     return "\n".join(lines) + "\n"
 
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory
             ) -> Iterator[tuple[ManagedProcess, dict[str, ManagedProcess]]]:
-    workers = {name: start_worker(kv_cache_bytes="16MiB", wait=False) for name in ("w0", "w1")}
+    workers = {name: start_worker(kv_cache_bytes="16MiB", wait=False, api_key=WORKER_KEY)
+               for name in ("w0", "w1")}
     for worker in workers.values():
         worker.wait_ready(120)
     path = tmp_path_factory.mktemp("router") / "router.toml"
     path.write_text(router_config({name: w.url for name, w in workers.items()}))
-    router = start_router(path)
+    router = start_keyed_router(path)
     try:
         wait_until_ready(router)
         yield router, workers
@@ -62,6 +65,10 @@ def cluster(tmp_path_factory: pytest.TempPathFactory
         router.stop()
         for worker in workers.values():
             worker.stop()
+
+
+def start_keyed_router(path: Path) -> ManagedProcess:
+    return start_router(path, env={WORKER_KEY_ENV: WORKER_KEY})
 
 
 def wait_until_ready(router: ManagedProcess) -> None:
@@ -171,7 +178,8 @@ def test_tenants_share_public_prefixes_only(cluster) -> None:
 
 def worker_snapshot(worker: ManagedProcess) -> list[KVEvent]:
     """The worker's own prefix cache as a ``/kv/events`` snapshot (cleared + stored)."""
-    events = [decode_event(line) for line in stream_lines(f"{worker.url}/kv/events", quiet_s=0.3) if line]
+    lines = stream_lines(f"{worker.url}/kv/events", quiet_s=0.3, headers=worker.auth)
+    events = [decode_event(line) for line in lines if line]
     assert events[0].type == "cleared"
     return [e for e in events if e.seq == events[0].seq]
 
@@ -203,7 +211,7 @@ def test_openai_kind_worker_is_routed_approximately(cluster, tmp_path: Path) -> 
     _, workers = cluster
     path = tmp_path / "openai.toml"
     path.write_text(router_config({"oa": workers["w0"].url}, kind="openai"))
-    router = start_router(path)
+    router = start_keyed_router(path)
     try:
         wait_until_ready(router)
         prompt = "An OpenAI-compatible server sees only this text. " * 4
@@ -223,20 +231,20 @@ def test_openai_kind_worker_is_routed_approximately(cluster, tmp_path: Path) -> 
 
 def test_worker_restart_drops_its_old_entries(cluster) -> None:
     router, _ = cluster
-    worker = start_worker(kv_cache_bytes="4MiB")
+    worker = start_worker(kv_cache_bytes="4MiB", api_key=WORKER_KEY)
     port = worker.url.rsplit(":", 1)[1]
     try:
         admin(router, "/admin/workers", {"action": "add", "worker": {
-            "id": "w2", "url": worker.url, "model": "demo"}})
+            "id": "w2", "url": worker.url, "model": "demo", "api_key_env": WORKER_KEY_ENV}})
         baseline = worker_snapshot_blocks(worker)
         body = {"token_ids": list(range(1, 200)), "scope": "alice",
                 "sampling": {"max_tokens": 1}}
-        assert http_json("POST", f"{worker.url}/generate", body)[0] == 200
+        assert worker.post_json("/generate", body)[0] == 200
         wait_for(lambda: admin(router, "/admin/index")["index"]["num_blocks"].get("w2", 0)
                  >= baseline + 12)
         old_epoch = admin(router, "/admin/workers")["workers"][-1]["epoch"]
         worker.stop()
-        worker = start_worker("--port", port, kv_cache_bytes="4MiB")
+        worker = start_worker("--port", port, kv_cache_bytes="4MiB", api_key=WORKER_KEY)
         fresh = worker_snapshot_blocks(worker)
         wait_for(lambda: admin(router, "/admin/workers")["workers"][-1]["epoch"] != old_epoch)
         wait_for(lambda: admin(router, "/admin/index")["index"]["num_blocks"].get("w2", 0)

@@ -1,4 +1,5 @@
-"""`radix-router up` starts two demo workers and a router, serves, and stops cleanly."""
+"""`radix-router up` starts two demo workers and a router, serves, and stops cleanly;
+the workers require the key it generated, which no child has on its command line."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
+from pathlib import Path
 
 import pytest
 
@@ -17,11 +19,46 @@ from bench.procs import REPO_ROOT, child_env, http_json
 pytestmark = pytest.mark.slow
 
 
+def children(pid: int) -> list[int]:
+    """The direct children of ``pid``, from /proc."""
+    found = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            if stat.read_text().rsplit(")", 1)[1].split()[1] == str(pid):
+                found.append(int(stat.parent.name))
+        except (OSError, IndexError):
+            continue
+    return found
+
+
+def environ(pid: int) -> dict[str, str]:
+    raw = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+    return dict(item.decode().partition("=")[::2] for item in raw if item)
+
+
+def check_worker_key(up_pid: int, worker_urls: list[str]) -> None:
+    """Each worker child got one generated key through its environment, never argv;
+    the router got it under each worker's api_key_env; the workers require it."""
+    pids = children(up_pid)
+    assert len(pids) == 3
+    envs = {pid: environ(pid) for pid in pids}
+    keys = {env["RADIX_WORKER_API_KEY"] for env in envs.values()}
+    assert len(keys) == 1 and len(key := keys.pop()) >= 32
+    for pid, env in envs.items():
+        assert env["RADIX_WORKER_KEY_W0"] == env["RADIX_WORKER_KEY_W1"] == key
+        assert key.encode() not in Path(f"/proc/{pid}/cmdline").read_bytes()
+    for worker_url in worker_urls:
+        assert http_json("GET", f"{worker_url}/info")[0] == 401
+        assert http_json("GET", f"{worker_url}/info", None,
+                         {"Authorization": f"Bearer {key}"})[0] == 200
+
+
 def test_up_serves_and_exits_cleanly_on_sigint() -> None:
     env = child_env()
     del env["RADIX_ROUTER_SECRET"]  # `up` must make a shared dev secret itself
     proc = subprocess.Popen(
-        [sys.executable, "-m", "router", "up", "--config", "configs/local.toml", "--port", "0"],
+        [sys.executable, "-m", "router", "up", "--config", "configs/local.toml", "--port", "0",
+         "--metrics-port", "0"],
         cwd=REPO_ROOT, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT, text=True)
     output: list[str] = []
@@ -49,6 +86,10 @@ def test_up_serves_and_exits_cleanly_on_sigint() -> None:
         while (result := answered())[0] == 503 and time.monotonic() < deadline:
             time.sleep(0.2)
         assert result[0] == 200 and result[1]["usage"]["completion_tokens"] == 2
+        check_worker_key(proc.pid, worker_urls)
+        metrics_url = re.search(r"\[router\] METRICS (http://\S+)", text).group(1)
+        assert "router_requests_total" in http_json("GET", f"{metrics_url}/metrics")[1]
+        assert http_json("GET", f"{url}/metrics")[0] == 404
 
         proc.send_signal(signal.SIGINT)
         assert proc.wait(timeout=60) == 0

@@ -21,6 +21,7 @@ from radix.keys import from_key
 from router.auth import hash_key
 from router.config import RouterConfig
 from router.config_toml import parse_config
+from router.server.app import create_metrics_app
 
 pytestmark = pytest.mark.anyio
 ALICE = {"Authorization": "Bearer key-alice"}
@@ -165,7 +166,9 @@ async def test_completions_and_chat_through_the_router() -> None:
         assert [m["id"] for m in models["data"]] == ["demo"]
         status, health, _ = await call(session, "GET", f"{url}/health")
         assert health == {"status": "ok", "num_ready_workers": 1}
-        status, metrics, _ = await call(session, "GET", f"{url}/metrics")
+        assert (await call(session, "GET", f"{url}/metrics"))[0] == 404
+        async with serving(create_metrics_app(router)) as metrics_url:
+            status, metrics, _ = await call(session, "GET", f"{metrics_url}/metrics")
         for name in ("router_requests_total", "router_prompt_tokens_total",
                      "router_matched_tokens_total", "router_decision_seconds",
                      "router_index_nodes", "router_worker_load", "router_request_seconds",
@@ -216,16 +219,20 @@ async def test_unreachable_worker_leaves_routing_and_index() -> None:
             assert [w["ready"] for w in workers["workers"]] == [False, True]
 
 
-async def test_no_ready_worker_is_503() -> None:
+async def test_no_ready_worker_is_503(caplog) -> None:
     async with serving(failing_upstream(500)) as bad, \
             running_router(make_config([bad])) as (url, _), aiohttp.ClientSession() as session:
-        status, error, _ = await call(session, "POST", f"{url}/v1/completions",
-                                      {"model": "demo", "prompt": "hello"}, ALICE)
-        assert status == 502 and "boom" in error["error"]["message"]
+        status, error, headers = await call(session, "POST", f"{url}/v1/completions",
+                                            {"model": "demo", "prompt": "hello"}, ALICE)
+        assert status == 502 and error["error"]["code"] == "upstream_error"
+        assert "boom" not in error["error"]["message"] and bad[7:] not in str(error)
+        rid = headers["X-Request-Id"]
+        assert any(rid in r.getMessage() and "boom" in r.getMessage() for r in caplog.records)
     async with running_router(make_config([])) as (url, _), aiohttp.ClientSession() as session:
-        status, error, _ = await call(session, "POST", f"{url}/v1/completions",
-                                      {"model": "demo", "prompt": "hello"}, ALICE)
+        status, error, headers = await call(session, "POST", f"{url}/v1/completions",
+                                            {"model": "demo", "prompt": "hello"}, ALICE)
         assert status == 503 and error["error"]["code"] == "no_worker"
+        assert headers["Retry-After"] == "1"
 
 
 async def test_client_disconnect_cancels_the_upstream_request() -> None:

@@ -80,24 +80,32 @@ async def test_comments_crlf_and_blank_lines_are_ignored() -> None:
     assert status == 200 and [c["choices"][0]["text"] for c in sse_objects(text)] == ["a"]
 
 
-async def test_an_error_event_ends_the_stream_with_an_error_frame() -> None:
+def data_lines(text: str) -> list[str]:
+    return [line[6:] for line in text.split("\n") if line.startswith("data: ")]
+
+
+async def test_an_error_event_ends_the_stream_with_an_error_frame_and_done() -> None:
     error = sse_frame({"request_id": "r", "error": {"message": "boom", "code": "timeout"}})
     status, text = await relay([event("a") + error + event("never")])
-    frames = [json.loads(line[6:]) for line in text.split("\n") if line.startswith("data: ")]
-    assert status == 200 and frames[0]["choices"][0]["text"] == "a"
-    assert frames[1:] == [{"error": {"message": "boom", "code": "timeout"}}]
+    *frames, done = data_lines(text)
+    assert status == 200 and json.loads(frames[0])["choices"][0]["text"] == "a"
+    assert len(frames) == 2 and done == "[DONE]"
+    relayed = json.loads(frames[1])["error"]
+    assert relayed["code"] == "timeout" and "boom" not in relayed["message"]
 
 
-async def test_a_stream_cut_short_ends_with_an_error_frame() -> None:
+async def test_a_stream_cut_short_ends_with_an_error_frame_and_done() -> None:
     status, text = await relay([event("a"), event("b")[:9]])
-    frames = [json.loads(line[6:]) for line in text.split("\n") if line.startswith("data: ")]
-    assert status == 200 and [f["choices"][0]["text"] for f in frames[:1]] == ["a"]
-    assert "before [DONE]" in frames[-1]["error"]["message"] and len(frames) == 2
+    *frames, done = data_lines(text)
+    assert status == 200 and json.loads(frames[0])["choices"][0]["text"] == "a"
+    error = json.loads(frames[1])["error"]
+    assert len(frames) == 2 and done == "[DONE]" and error["code"] == "upstream_error"
+    assert "[DONE]" not in error["message"], "no exception text reaches the client"
 
 
 async def test_a_stream_without_events_is_a_failed_attempt() -> None:
     status, text = await relay([b"data: [DONE]\n\n"])
-    assert status == 502 and "stream ended before its first event" in text
+    assert status == 502 and json.loads(text)["error"]["code"] == "upstream_error"
 
 
 @pytest.mark.parametrize("endpoint", [COMPLETIONS, CHAT])

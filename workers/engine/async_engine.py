@@ -13,6 +13,12 @@ Engine thread loop::
         apply commands (block on the inbox when there is no work)
         outputs = engine.step()            # schedule -> run -> postprocess
         publish stats; hand outputs to the loop; publish new KV events
+
+A request that fails alone (``RequestOutput.error``) ends its stream with an
+``EngineError``. A step that fails as a whole (the batched model call) aborts every
+request in flight and sets ``batch_failed`` until someone (the worker's readiness
+keeper, ``workers.engine.selftest.keep_ready``) has checked the engine again. If the
+thread itself dies, ``failed`` becomes True for good.
 """
 
 from __future__ import annotations
@@ -102,6 +108,7 @@ class AsyncEngine:
         self._thread: threading.Thread | None = None
         self._stopping = False
         self.failed = False
+        self.batch_failed = asyncio.Event()
         self.stats: EngineStats = engine.stats()
 
     # ---- lifecycle (loop thread) ---------------------------------------------------
@@ -204,6 +211,7 @@ class AsyncEngine:
         except Exception:
             log.exception("engine step failed; aborting every request in flight")
             self._post(self._fail, self._engine.abort_all())
+            self._post(self.batch_failed.set)
             return {}
 
     def _request_stop(self) -> None:
@@ -222,7 +230,8 @@ class AsyncEngine:
         for request_id, output in outputs.items():
             stream = self._streams.get(request_id)
             if stream is not None:
-                stream.queue.put_nowait(output)
+                stream.queue.put_nowait(output if output.error is None
+                                        else EngineError(output.error))
                 if output.finished:
                     del self._streams[request_id]
 

@@ -7,6 +7,12 @@ all computed, appends it, checks stop conditions, and returns per-request
 outputs. Prefix-cache commits: whole blocks after each prefill chunk, everything
 computed when a sequence finishes, is preempted or is aborted.
 
+One request's failure ends that request only: an exception while preparing its
+inputs, sampling its rows or detokenizing its tokens is logged, its blocks are
+released, and its last output carries an error; the rest of the batch goes on.
+Only an exception from the batched model call (or the scheduler) leaves ``step``,
+and then the caller aborts every request.
+
 Invariant (checked by tests between steps): every sequence in ``scheduler.running``
 holds blocks in the KV manager, no other does; free + cached + in-use = total.
 """
@@ -14,6 +20,7 @@ holds blocks in the KV manager, no other does; free + cached + in-use = total.
 from __future__ import annotations
 
 import itertools
+import logging
 import time
 from collections.abc import Sequence as SequenceOf
 
@@ -29,6 +36,8 @@ from workers.engine.stopping import StopChecker
 from workers.kv.manager import KVCacheManager
 from workers.model.runner import ModelRunner, StepInput
 from workers.model.sampler import sample
+
+log = logging.getLogger(__name__)
 
 
 class Engine:
@@ -55,6 +64,7 @@ class Engine:
         self._max_model_len = max_model_len
         self._metrics = metrics
         self._requests: dict[int, RequestState] = {}
+        self._failures: dict[int, RequestOutput] = {}
         self._seq_ids = itertools.count()
         self._block_size = manager.block_size
 
@@ -82,9 +92,11 @@ class Engine:
             self._release(seq)
 
     def abort_all(self) -> list[int]:
-        """Abort every request (after an engine failure); returns their ids."""
-        request_ids = list(self._requests)
-        for request_id in request_ids:
+        """Abort every request (after an engine failure); returns their ids, with those
+        of requests that failed alone in the failed step (their outputs are dropped)."""
+        request_ids = [*self._requests, *self._failures]
+        self._failures.clear()
+        for request_id in list(self._requests):
             self.abort_request(request_id)
         return request_ids
 
@@ -95,12 +107,28 @@ class Engine:
     # ---- the step ------------------------------------------------------------------
 
     def step(self) -> dict[int, RequestOutput]:
-        """Run one batch; returns outputs of the requests that produced tokens."""
-        chunks = self.scheduler.schedule()
-        if not chunks:
-            return {}
-        logits = self._runner.execute([self._step_input(chunk) for chunk in chunks])
-        return self._postprocess(chunks, logits)
+        """Run one batch; returns outputs of the requests that produced tokens or
+        failed alone. Raises only when the batch as a whole failed."""
+        chunks, inputs = self._prepare(self.scheduler.schedule())
+        outputs = self._postprocess(chunks, self._runner.execute(inputs)) if chunks else {}
+        outputs.update(self._failures)
+        self._failures.clear()
+        return outputs
+
+    def _prepare(self, chunks: list[ScheduledChunk]
+                 ) -> tuple[list[ScheduledChunk], list[StepInput]]:
+        """Each chunk's model input; a request whose input fails is failed and all its
+        chunks leave the batch."""
+        inputs: dict[int, StepInput] = {}
+        for row, chunk in enumerate(chunks):
+            if chunk.seq.request.request_id not in self._requests:
+                continue
+            try:
+                inputs[row] = self._step_input(chunk)
+            except Exception:
+                self._fail(chunk.seq.request, "preparing its inputs")
+        kept = [row for row in inputs if chunks[row].seq.request.request_id in self._requests]
+        return [chunks[row] for row in kept], [inputs[row] for row in kept]
 
     def _step_input(self, chunk: ScheduledChunk) -> StepInput:
         seq = chunk.seq
@@ -110,6 +138,15 @@ class Engine:
             num_computed_tokens=start,
             block_table=self.manager.block_table(seq.seq_id),
         )
+
+    def _fail(self, state: RequestState, stage: str) -> None:
+        """End ``state`` alone after an exception in ``stage`` (call from its handler):
+        log it, release its blocks, queue its error output."""
+        log.exception("request %d failed while %s; the rest of the batch goes on",
+                      state.request_id, stage)
+        self.abort_request(state.request_id)
+        self._failures[state.request_id] = RequestOutput(
+            (), error=f"the worker failed while {stage} for this request")
 
     def _postprocess(
         self, chunks: SequenceOf[ScheduledChunk], logits: torch.Tensor
@@ -128,15 +165,42 @@ class Engine:
             to_sample.extend(family)
         if not to_sample:
             return {}
-        token_ids = sample(
-            logits[rows],
-            [seq.request.request.params.sampling for seq in to_sample],
-            [seq.generator for seq in to_sample],
-        )
         deltas: dict[int, list[ChoiceDelta]] = {}
-        for seq, token_id in zip(to_sample, token_ids, strict=True):
-            deltas.setdefault(seq.request.request_id, []).append(self._append(seq, int(token_id)))
-        return {rid: self._output(self._requests[rid], items) for rid, items in deltas.items()}
+        for seq, token_id in zip(to_sample, self._sample(logits, rows, to_sample), strict=True):
+            if token_id is None or seq.request.request_id not in self._requests:
+                continue
+            try:
+                delta = self._append(seq, token_id)
+            except Exception:
+                self._fail(seq.request, "detokenizing")
+                continue
+            deltas.setdefault(seq.request.request_id, []).append(delta)
+        return {rid: self._output(self._requests[rid], items) for rid, items in deltas.items()
+                if rid in self._requests}
+
+    def _sample(self, logits: torch.Tensor, rows: list[int], seqs: list[Sequence]
+                ) -> list[int | None]:
+        """One token per sequence, sampled as one batch. If the batch fails, each
+        request's rows are sampled on their own so that only the request at fault
+        fails (None for its rows)."""
+        try:
+            return list(_sample_rows(logits, rows, seqs))
+        except Exception:
+            log.warning("batched sampling failed; sampling each request on its own")
+        by_request: dict[int, list[int]] = {}
+        for i, seq in enumerate(seqs):
+            by_request.setdefault(seq.request.request_id, []).append(i)
+        token_ids: list[int | None] = [None] * len(seqs)
+        for indices in by_request.values():
+            try:
+                sampled = _sample_rows(logits, [rows[i] for i in indices],
+                                       [seqs[i] for i in indices])
+            except Exception:
+                self._fail(seqs[indices[0]].request, "sampling")
+                continue
+            for i, token_id in zip(indices, sampled, strict=True):
+                token_ids[i] = token_id
+        return token_ids
 
     def _append(self, seq: Sequence, token_id: int) -> ChoiceDelta:
         previous_time = seq.last_token_time
@@ -219,3 +283,10 @@ class Engine:
             num_preemptions=self.scheduler.num_preemptions,
             num_stalls=self.scheduler.num_stalls,
         )
+
+
+def _sample_rows(logits: torch.Tensor, rows: list[int], seqs: list[Sequence]) -> list[int]:
+    """The next token of each of ``seqs`` from its logits row ``rows[i]``."""
+    token_ids = sample(logits[rows], [seq.request.request.params.sampling for seq in seqs],
+                       [seq.generator for seq in seqs])
+    return [int(token_id) for token_id in token_ids]

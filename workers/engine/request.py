@@ -68,16 +68,18 @@ class Usage:
 
 @dataclass(frozen=True)
 class RequestOutput:
-    """One step's news for one request. ``usage`` is set exactly on the last output,
-    which is also the only one with ``finished`` True."""
+    """One step's news for one request. The last output, and only it, has ``finished``
+    True: it carries ``usage`` when the request completed, or ``error`` (what failed,
+    for the client; the detail is in the worker log) when it failed alone."""
 
     deltas: tuple[ChoiceDelta, ...]
     usage: Usage | None = None
+    error: str | None = None
 
     @property
     def finished(self) -> bool:
         """True on the request's last output."""
-        return self.usage is not None
+        return self.usage is not None or self.error is not None
 
 
 class EngineError(RuntimeError):

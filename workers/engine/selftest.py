@@ -8,15 +8,20 @@ requested number of in-vocabulary tokens and, once they finish, the KV manager's
 invariants hold with no block left in use. A disagreement between the second
 continuation and the first is logged, not fatal: reduced-precision kernels may
 legitimately flip a near-tie.
+
+``keep_ready`` runs for the worker's life after the start-up self-test: when a
+batched step fails, readiness drops until the self-test passes again, so routers
+stop sending work to a worker whose model call just broke.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 
 from workers.engine.async_engine import AsyncEngine
 from workers.engine.engine import Engine
-from workers.engine.request import GenerationParams, GenerationRequest
+from workers.engine.request import EngineError, GenerationParams, GenerationRequest
 from workers.model.sampler import SamplingParams
 
 log = logging.getLogger(__name__)
@@ -38,6 +43,26 @@ async def run_self_test(engine: AsyncEngine, vocab_size: int, block_size: int) -
         log.warning("self-test: prefill after decode disagrees (%s vs %s)", second, first[half:])
     await engine.call(_check_idle)
     log.info("self-test passed: %s", list(first))
+
+
+async def keep_ready(engine: AsyncEngine, ready: asyncio.Event, vocab_size: int,
+                     block_size: int, retry_s: float = 1.0) -> None:
+    """Forever (cancel to stop): after each batched-step failure clear ``ready``, rerun
+    the self-test every ``retry_s`` until it passes, then set ``ready`` again."""
+    while True:
+        await engine.batch_failed.wait()
+        ready.clear()
+        log.warning("a batched step failed: not ready until the self-test passes again")
+        while True:
+            engine.batch_failed.clear()
+            try:
+                await run_self_test(engine, vocab_size, block_size)
+                break
+            except (SelfTestError, EngineError) as exc:
+                log.error("self-test after a failed step: %s; retrying in %g s", exc, retry_s)
+                await asyncio.sleep(retry_s)
+        if not engine.batch_failed.is_set():
+            ready.set()
 
 
 async def _generate(

@@ -6,8 +6,10 @@ Middlewares, outermost first:
    405, body too large 413) become OpenAI-shaped JSON bodies. Any other exception
    is a bug: it is logged with its traceback, counted in
    ``http_unhandled_exceptions_total`` and answered 500 with an error body.
-2. auth: with a worker API key configured, every route but ``/health`` needs
-   ``Authorization: Bearer <key>`` (compared in constant time); else 401.
+2. auth: with a worker API key (``workers.server.access``), every route but
+   ``/health`` needs ``Authorization: Bearer <key>`` (compared in constant time);
+   else 401. ``/generate`` and ``/kv/events`` are the router's (it holds the key);
+   the OpenAI routes serve any holder of the key under one scope (trusted callers).
 """
 
 from __future__ import annotations
@@ -47,7 +49,7 @@ async def error_middleware(request: web.Request, handler: Handler) -> web.Stream
 @web.middleware
 async def auth_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
     """Require the worker key on every route but ``/health`` (when one is configured)."""
-    key = request.app[STATE].config.api_key
+    key = request.app[STATE].api_key
     if key is not None and request.path not in PUBLIC_PATHS:
         given = request.headers.get("Authorization", "")
         if not hmac.compare_digest(given.encode(), f"Bearer {key}".encode()):

@@ -19,19 +19,26 @@ async def health(request: web.Request) -> web.Response:
     return web.json_response({"status": "ok"})
 
 
+def is_ready(state: WorkerState) -> bool:
+    """The last self-test passed, no batched step failed since, the engine runs."""
+    return state.ready.is_set() and not state.engine.failed
+
+
 def _ready_body(state: WorkerState) -> dict[str, object]:
     stats = state.engine.stats
     return {
-        "ready": state.ready.is_set(),
+        "ready": is_ready(state),
         **state.identity.to_dict(),
         "num_free_blocks": stats.kv_blocks_free,
     }
 
 
 async def ready(request: web.Request) -> web.Response:
-    """200 once the start-up self-test passed, 503 before; same body either way."""
+    """200 while ``is_ready``: once the start-up self-test passed, and again after a
+    failed batched step once it passes anew; 503 otherwise, for good once the engine
+    thread has died. Same body either way."""
     state = request.app[STATE]
-    return web.json_response(_ready_body(state), status=200 if state.ready.is_set() else 503)
+    return web.json_response(_ready_body(state), status=200 if is_ready(state) else 503)
 
 
 async def info(request: web.Request) -> web.Response:

@@ -5,7 +5,8 @@ the worker id and event log exist), build the worker off the event loop (model
 load, KV plan, namespace), start serving HTTP (``/health`` answers; ``/ready`` is
 503), start the engine thread, run the self-test, mark ready, and only then
 announce ``READY http://HOST:PORT`` on stdout: a launcher that waits for that line
-never sees a worker that is not ready. SIGTERM or SIGINT stop it: the server
+never sees a worker that is not ready. From then on ``keep_ready`` drops readiness
+after a failed batched step until the self-test passes again. SIGTERM or SIGINT stop it: the server
 closes, then the engine thread finishes its step and exits.
 """
 
@@ -21,7 +22,7 @@ from aiohttp import web
 
 from workers.config import WorkerConfig
 from workers.engine.build import build_worker
-from workers.engine.selftest import run_self_test
+from workers.engine.selftest import keep_ready, run_self_test
 from workers.server.app import create_app
 from workers.server.state import WorkerState
 
@@ -34,8 +35,11 @@ def base_url(host: str, port: int) -> str:
     return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
 
 
-async def serve(config: WorkerConfig, secret: bytes, announce: Callable[[str], None]) -> None:
-    """Run the worker until SIGTERM/SIGINT; ``announce`` gets the READY line.
+async def serve(config: WorkerConfig, secret: bytes, api_key: str | None,
+                announce: Callable[[str], None]) -> None:
+    """Run the worker until SIGTERM/SIGINT; ``announce`` gets the READY line. Every
+    route but ``/health`` requires ``api_key`` (None: none, loopback only; the caller
+    checked the listen address with ``workers.server.access``).
 
     Raises ValueError for a bad model or KV plan and ``SelfTestError`` if the engine
     fails its self-test (the process must then exit non-zero)."""
@@ -46,25 +50,30 @@ async def serve(config: WorkerConfig, secret: bytes, announce: Callable[[str], N
     url = base_url(server_config.host, port)
     worker_id = server_config.worker_id or f"{server_config.host}:{port}"
     worker = await asyncio.to_thread(build_worker, config, worker_id, secret)
-    state = WorkerState(server_config, worker)
+    state = WorkerState(server_config, worker, api_key)
     runner = web.AppRunner(create_app(state), handler_cancellation=True, access_log=None)
     await runner.setup()
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, stop.set)
+    keeper: asyncio.Task[None] | None = None
+    vocab_size, block_size = worker.identity.vocab_size, worker.identity.namespace.block_size
     try:
         await web.SockSite(runner, sock, shutdown_timeout=SHUTDOWN_TIMEOUT_S).start()
         log.info("worker %s listening on %s (model %s)", worker_id, url, worker.identity.model)
         worker.engine.start(loop)
         await asyncio.sleep(server_config.self_test_delay_s)
-        await run_self_test(worker.engine, worker.identity.vocab_size,
-                            worker.identity.namespace.block_size)  # fmt: skip
+        await run_self_test(worker.engine, vocab_size, block_size)
         state.ready.set()
+        keeper = asyncio.create_task(keep_ready(worker.engine, state.ready, vocab_size,
+                                                block_size))
         announce(f"READY {url}")
         await stop.wait()
         log.info("shutting down")
     finally:
+        if keeper is not None:
+            keeper.cancel()
         worker.engine.kv_feed.drop_all()  # KV event streams never end by themselves
         await runner.cleanup()
         worker.engine.stop()

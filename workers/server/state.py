@@ -17,12 +17,15 @@ from workers.server.sampling import RequestLimits
 
 @dataclass(frozen=True)
 class WorkerState:
-    """Per-process server state (one per app). ``ready`` is set once the start-up
-    self-test passed; ``unhandled_errors`` counts exceptions that reached the error
-    middleware (a bug, never a client's fault)."""
+    """Per-process server state (one per app). ``api_key`` is required on every route
+    but ``/health`` (None: no key, loopback only). ``ready`` is set while the last
+    self-test passed and no batched step has failed since; ``unhandled_errors``
+    counts exceptions that reached the error middleware (a bug, never a client's
+    fault)."""
 
     config: ServerConfig
     worker: BuiltWorker
+    api_key: str | None = None
     ready: asyncio.Event = field(default_factory=asyncio.Event)
     unhandled_errors: Counter = field(init=False)
 

@@ -51,7 +51,8 @@ class ChoiceResult:
 async def collect(
     engine: AsyncEngine, request: GenerationRequest, timeout_s: float
 ) -> tuple[list[ChoiceResult], Usage]:
-    """Run ``request`` to completion; 504 after ``timeout_s``."""
+    """Run ``request`` to completion; 504 after ``timeout_s``, 500 (``engine_error``)
+    when it failed in the engine (logged there)."""
     choices = [ChoiceResult(i) for i in range(request.params.n)]
     stream = submit(engine, request)
     try:
@@ -66,6 +67,8 @@ async def collect(
                     return choices, output.usage
     except TimeoutError as exc:
         raise ApiError(504, f"request timed out after {timeout_s:g} s", code="timeout") from exc
+    except EngineError as exc:
+        raise ApiError(500, str(exc), code="engine_error") from exc
     finally:
         stream.close()
     raise AssertionError("the engine stream ended without usage")

@@ -21,8 +21,8 @@ AUTH = {"Authorization": f"Bearer {KEY}"}
 
 def test_ready_is_503_until_the_self_test_passed_and_keys_are_checked(worker_factory):
     port = free_port()
-    worker = worker_factory("--port", str(port), "--api-key", KEY, "--self-test-delay-s", "1.5",
-                            wait=False)  # fmt: skip
+    worker = worker_factory("--port", str(port), "--self-test-delay-s", "1.5", wait=False,
+                            api_key=KEY)  # fmt: skip
     url = f"http://127.0.0.1:{port}"
     statuses = []
     deadline = time.monotonic() + 60

@@ -1,0 +1,118 @@
+"""What clients and admins can see and do at the edges: request ids, error bodies,
+Retry-After, worker saturation, the admin rules for added workers, and tokens charged
+for a stream the client cuts."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+import aiohttp
+import pytest
+from aiohttp import web
+from support.aio import eventually, running_router, serving
+from test_server import ADMIN, ALICE, call, failing_upstream, make_config
+
+from bench import instant_upstream
+from router.responses import sse_frame
+
+pytestmark = pytest.mark.anyio
+PROMPT = {"model": "demo", "prompt": "hello"}
+
+
+@pytest.fixture
+def anyio_backend() -> str:
+    return "asyncio"
+
+
+async def test_every_response_carries_a_request_id_echoing_a_valid_one() -> None:
+    async with serving(instant_upstream.create_app()) as up, \
+            running_router(make_config([up])) as (url, _), aiohttp.ClientSession() as session:
+        for headers, expected in [({"X-Request-Id": "trace-1:a.b_c"}, "trace-1:a.b_c"),
+                                  ({"X-Request-Id": "x" * 129}, None),
+                                  ({"X-Request-Id": "bad id\u00e9"}, None), ({}, None)]:
+            for auth in (ALICE, {}):  # served and refused alike
+                _, _, got = await call(session, "POST", f"{url}/v1/completions",
+                                       {**PROMPT, "stream": True}, {**auth, **headers})
+                rid = got["X-Request-Id"]
+                assert rid == expected if expected else len(rid) == 32 and rid.isalnum()
+        status, _, got = await call(session, "GET", f"{url}/nowhere")
+        assert status == 404 and got["X-Request-Id"]
+
+
+async def test_saturated_workers_are_a_503_with_retry_after() -> None:
+    async with serving(failing_upstream(429)) as a, serving(failing_upstream(429)) as b, \
+            running_router(make_config([a, b])) as (url, _), aiohttp.ClientSession() as session:
+        status, error, headers = await call(session, "POST", f"{url}/v1/completions", PROMPT,
+                                            ALICE)
+        assert status == 503 and headers["Retry-After"] == "1"
+        assert error["error"]["code"] == "saturated" and "boom" not in str(error)
+
+
+async def test_admin_added_workers_take_keys_only_from_the_prefix(caplog, monkeypatch) -> None:
+    monkeypatch.setenv("RADIX_WORKER_KEY_LATE", "late-key")
+    caplog.set_level(logging.INFO, logger="router.admin")
+    async with serving(instant_upstream.create_app()) as up, \
+            running_router(make_config([])) as (url, router), aiohttp.ClientSession() as session:
+        async def add(**worker: str) -> tuple[int, dict]:
+            body = {"action": "add", "worker": {"id": "late", "model": "demo", "url": up,
+                                                **worker}}
+            status, result, _ = await call(session, "POST", f"{url}/admin/workers", body, ADMIN)
+            return status, result
+
+        for worker, message in [
+                ({"api_key_env": "RADIX_ROUTER_SECRET"}, "must start with 'RADIX_WORKER_KEY_'"),
+                ({"api_key_env": "RADIX_WORKER_KEY_UNSET"}, "is not set"),
+                ({"api_key_env": "RADIX WORKER"}, "environment variable name"),
+                ({"url": "ftp://h:1"}, "http:// or https://"),
+                ({"url": "http://:80"}, "with a host"),
+                ({"url": "http://h:0"}, "port 1-65535"),
+                ({"url": "http://h:99999"}, "not a valid URL"),
+                ({"url": "http://user:pw@h:1"}, "no user info"),
+                ({"url": "http://h:1/?q=1"}, "query")]:
+            status, error = await add(**worker)
+            assert status == 400 and message in error["error"]["message"], (worker, error)
+        assert router.registry.workers() == []
+        status, added = await add(api_key_env="RADIX_WORKER_KEY_LATE")
+        assert status == 200 and router.registry.get("late").headers == {
+            "Authorization": "Bearer late-key"}
+        await call(session, "POST", f"{url}/admin/workers", {"action": "remove", "id": "late"},
+                   ADMIN)
+    changes = [r.getMessage() for r in caplog.records if r.name == "router.admin"]
+    assert len(changes) == 2 and "127.0.0.1" in changes[0] and "late-key" not in str(changes)
+    assert "added worker late" in changes[0] and "RADIX_WORKER_KEY_LATE" in changes[0]
+    assert "removed worker late" in changes[1]
+
+
+def stalling_upstream(num_events: int, sent: asyncio.Event) -> web.Application:
+    """``/generate`` streams ``num_events`` one-token events, then waits forever."""
+    async def generate(request: web.Request) -> web.StreamResponse:
+        out = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await out.prepare(request)
+        for _ in range(num_events):
+            await out.write(sse_frame({"index": 0, "token_ids": [97], "text": "a",
+                                       "finish_reason": None}))
+        sent.set()
+        await asyncio.sleep(3600)
+        return out
+
+    app = web.Application()
+    app.add_routes([*instant_upstream.status_routes(), web.post("/generate", generate)])
+    return app
+
+
+async def test_a_stream_the_client_cuts_is_charged_for_what_it_received() -> None:
+    sent = asyncio.Event()
+    async with serving(stalling_upstream(5, sent)) as up, \
+            running_router(make_config([up], tokens_per_minute=10_000)) as (url, router):
+        num_prompt = len(router.models.get("demo").completion_prompt("hello").token_ids)
+        body = {**PROMPT, "max_tokens": 40, "n": 2, "stream": True}
+        async with aiohttp.ClientSession() as session, \
+                session.post(f"{url}/v1/completions", json=body, headers=ALICE) as resp:
+            chunks = 0
+            while chunks < 5:
+                chunks += (await resp.content.readline()).startswith(b"data: {")
+            await sent.wait()
+            assert await router.limiter.tokens_in_window("alice") == num_prompt + 40 * 2
+        await eventually(lambda: router.registry.get("u0").num_in_flight_requests == 0)
+        assert await router.limiter.tokens_in_window("alice") == num_prompt + 5
