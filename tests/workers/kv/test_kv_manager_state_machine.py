@@ -270,12 +270,17 @@ class KVManagerMachine(RuleBasedStateMachine):
         assert self.consumer.blocks == {}
 
 
-KVManagerMachine.TestCase.settings = settings(
-    max_examples=500,
-    stateful_step_count=25,
-    deadline=None,
-    suppress_health_check=[HealthCheck.too_slow],
-)
+def machine_settings(max_examples: int, stateful_step_count: int) -> settings:
+    """Hypothesis settings for a state machine run (no deadline: steps vary a lot)."""
+    return settings(
+        max_examples=max_examples,
+        stateful_step_count=stateful_step_count,
+        deadline=None,
+        suppress_health_check=[HealthCheck.too_slow],
+    )
+
+
+KVManagerMachine.TestCase.settings = machine_settings(500, 25)
 test_kv_manager_state_machine = KVManagerMachine.TestCase
 
 
@@ -283,10 +288,5 @@ class TinyPoolMachine(KVManagerMachine):
     num_blocks = 7  # the longest prompt (24 tokens) needs 6
 
 
-TinyPoolMachine.TestCase.settings = settings(
-    max_examples=300,
-    stateful_step_count=40,
-    deadline=None,
-    suppress_health_check=[HealthCheck.too_slow],
-)
+TinyPoolMachine.TestCase.settings = machine_settings(300, 40)
 test_kv_manager_state_machine_tiny_pool = TinyPoolMachine.TestCase
