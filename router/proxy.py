@@ -3,8 +3,9 @@
 ``radix`` workers get ``POST /generate`` (the prompt as ``token_ids_b64``: its key
 in base64, a tenth of the cost of JSON-encoding the id list; scope,
 ``num_public_tokens``, sampling) and their results are reshaped into OpenAI objects;
-``openai`` workers get the client's OpenAI request (completions prompts as the
-router's token ids) and their responses pass through.
+``openai`` workers get the validated fields only (``OpenAIRequest.upstream_body``:
+completions prompts as the router's token ids, chat messages as rendered, the
+tenant's ``cache_salt``) and their responses pass through.
 
 Contract of ``Proxy.send``: either it answers the client (whole or streamed) and
 returns an ``Exchange``, or it raises ``UpstreamUnavailable`` having sent the client
@@ -25,11 +26,18 @@ from typing import Any
 import aiohttp
 from aiohttp import web
 
+from radix.openai.requests import OpenAIRequest
+from radix.openai.responses import (
+    DONE_FRAME,
+    ChoiceText,
+    ResponseShape,
+    TokenUsage,
+    sse_frame,
+    usage_object,
+)
 from router.config import ProxyConfig
 from router.errors import ApiError
 from router.registry import WorkerState
-from router.requests import CHAT, OpenAIRequest
-from router.responses import DONE_FRAME, ResponseShape, openai_usage, sse_frame
 from router.tokenization import Prompt
 
 CLIENT_CLOSED = 499  # the client went away (nginx's convention)
@@ -47,6 +55,7 @@ class Call:
     prompt: Prompt
     scope: str
     max_tokens: int | None
+    cache_salt: str
 
 
 @dataclass
@@ -119,26 +128,20 @@ class Proxy:
 
     @staticmethod
     def _openai_body(call: Call, worker: WorkerState) -> tuple[str, dict[str, Any]]:
-        body = dict(call.request.body)
-        body["model"] = worker.served_model
-        if call.max_tokens is not None:
-            body.pop("max_completion_tokens", None)
-            body["max_tokens"] = call.max_tokens
-        if call.request.stream:
-            body["stream_options"] = {"include_usage": True}
-        if call.request.endpoint == CHAT:
-            return "/v1/chat/completions", body
-        body["prompt"] = call.prompt.token_ids
-        return "/v1/completions", body
+        return call.request.upstream_body(worker.served_model, call.max_tokens,
+                                          call.prompt.token_ids, call.cache_salt)
 
     async def _whole_generate(self, call: Call, worker: WorkerState,
                               upstream: aiohttp.ClientResponse
                               ) -> tuple[web.StreamResponse, Exchange]:
         try:
             result = json.loads(await upstream.read())
-        except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
+            body = ResponseShape(call.request.endpoint, call.model_name).whole(
+                [ChoiceText(c["index"], c["text"], c["finish_reason"])
+                 for c in result["choices"]],
+                _generate_usage(result["usage"]))
+        except (aiohttp.ClientError, TimeoutError, ValueError, KeyError, TypeError) as exc:
             raise _unavailable(worker, exc) from exc
-        body = ResponseShape(call.request.endpoint, call.model_name).full(result)
         exchange = Exchange(200, first_byte_at=time.monotonic())
         _note_usage(exchange, body["usage"])
         return web.json_response(body), exchange
@@ -247,16 +250,23 @@ def _client_frames(batch: list[dict[str, Any] | None], shape: ResponseShape,
             frames.append(DONE_FRAME)
             return b"".join(frames), True
         if "usage" in event:
-            _note_usage(exchange, openai_usage(event["usage"]))
+            usage = _generate_usage(event["usage"])
+            _note_usage(exchange, usage_object(usage))
             if include_usage:
-                frames.append(shape.usage_chunk(event["usage"]))
+                frames.append(shape.usage_chunk(usage))
         elif "error" in event:
             frames.append(sse_frame({"error": event["error"]}))
             exchange.status = 502
             return b"".join(frames), True
         else:
-            frames.append(shape.chunk(event))
+            frames.append(shape.chunk(event["index"], event["text"], event["finish_reason"]))
     return b"".join(frames), False
+
+
+def _generate_usage(usage: dict[str, Any]) -> TokenUsage:
+    """A ``/generate`` usage object as ``TokenUsage``."""
+    return TokenUsage(int(usage["prompt_tokens"]), int(usage["completion_tokens"]),
+                      int(usage["cached_tokens"]))
 
 
 def _note_usage(exchange: Exchange, usage: Any) -> None:
