@@ -17,6 +17,7 @@ from typing import Any
 
 from radix.api_errors import ApiError
 from radix.openai.requests import OpenAIRequest, parse_openai_request, requested_model
+from radix.openai.sampling import SamplingBounds
 from radix.tokenizer import PromptTokenizer
 from workers.engine.request import GenerationRequest
 from workers.server.errors import bad_request
@@ -27,15 +28,18 @@ SALT_SCOPE_PREFIX = "salt:"
 
 
 def parse(body: dict[str, Any], endpoint: str, limits: RequestLimits, served_model: str,
-          max_chars_per_token: int) -> OpenAIRequest:
+          tokenizer: PromptTokenizer) -> OpenAIRequest:
     """The validated request; 404 for another model, 400 naming a bad field, 413 for
-    a prompt text too long for the context."""
+    a prompt text too long for the context. Token ids are bounded by the tokenizer's
+    vocabulary, as on the router (``/generate`` allows the model's padded one: a
+    resumed request carries generated ids)."""
     model = requested_model(body)
     if model is not None and model != served_model:
         raise ApiError(404, f"the model {model!r} does not exist; this worker serves "
                        f"{served_model!r}", param="model", code="model_not_found")
-    request = parse_openai_request(body, endpoint, limits.bounds, allow_cache_salt=True)
-    max_chars = limits.max_model_len * max_chars_per_token
+    bounds = SamplingBounds(min(limits.vocab_size, tokenizer.vocab_size), limits.max_n)
+    request = parse_openai_request(body, endpoint, bounds, allow_cache_salt=True)
+    max_chars = limits.max_model_len * tokenizer.max_chars_per_token
     if request.num_text_chars() > max_chars:
         raise ApiError(413, f"the prompt has {request.num_text_chars()} characters of text, "
                        f"more than this model's context of {limits.max_model_len} tokens "

@@ -58,8 +58,7 @@ async def _serve(request: web.Request, endpoint: str) -> web.StreamResponse:
     state = request.app[STATE]
     body = decode_json_object(await request.read())
     tokenizer = state.worker.tokenizer
-    parsed = openai_schema.parse(body, endpoint, state.limits, state.identity.model,
-                                 tokenizer.max_chars_per_token)
+    parsed = openai_schema.parse(body, endpoint, state.limits, state.identity.model, tokenizer)
     engine_request = openai_schema.engine_request(parsed, await _token_ids(parsed, request),
                                                   state.limits)
     shape = ResponseShape(endpoint, parsed.model or state.identity.model)

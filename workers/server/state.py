@@ -47,12 +47,11 @@ class WorkerState:
 
     @property
     def limits(self) -> RequestLimits:
-        """Bounds for request validation. Token ids are bounded by the tokenizer's
-        vocabulary (the one the router checks against), never beyond the model's."""
+        """Bounds for request validation."""
         identity = self.identity
         return RequestLimits(
             max_model_len=identity.max_model_len,
-            vocab_size=min(identity.vocab_size, self.worker.tokenizer.vocab_size),
+            vocab_size=identity.vocab_size,
             block_size=identity.namespace.block_size,
             max_n=self.config.max_n,
             default_max_tokens=self.config.default_max_tokens,
