@@ -109,7 +109,7 @@ class Proxy:
             raise _unavailable(worker, exc) from exc
         try:
             if upstream.status != 200:
-                raise await _status_error(worker, upstream)
+                raise await _status_error(worker, upstream, call.request)
             if worker.kind == "radix":
                 if call.request.stream:
                     return await self._stream_generate(client, call, worker, upstream)
@@ -278,9 +278,11 @@ def _note_usage(exchange: Exchange, usage: Any) -> None:
             exchange.num_cached_tokens = int(details["cached_tokens"])
 
 
-async def _status_error(worker: WorkerState, upstream: aiohttp.ClientResponse) -> Exception:
+async def _status_error(worker: WorkerState, upstream: aiohttp.ClientResponse,
+                        request: OpenAIRequest) -> Exception:
     """The error for a non-200 answer: client errors pass through as the worker wrote
-    them; overload, server errors and worker misconfiguration allow a retry."""
+    them, the field named as the client sent it; overload, server errors and worker
+    misconfiguration allow a retry."""
     try:
         body = json.loads(await upstream.read())
         message = str(body["error"]["message"])
@@ -292,11 +294,14 @@ async def _status_error(worker: WorkerState, upstream: aiohttp.ClientResponse) -
             f"{worker.worker_id}: HTTP {status}: {message}", False,
             ApiError(429 if status == 429 else 502, f"worker {worker.worker_id}: {message}",
                      headers={"Retry-After": "1"} if status == 429 else {}))
-    error = ApiError(status, message)
-    if isinstance(body, dict) and isinstance(body.get("error"), dict):
-        error.param = body["error"].get("param")
-        error.code = body["error"].get("code")
-    return error
+    details = body.get("error") if isinstance(body, dict) else None
+    if not isinstance(details, dict):
+        return ApiError(status, message)
+    upstream_param = details.get("param")
+    param = request.client_param(upstream_param) if isinstance(upstream_param, str) else None
+    if param is not None and param != upstream_param:
+        message = message.replace(upstream_param, param, 1)
+    return ApiError(status, message, param=param, code=details.get("code"))
 
 
 async def _end_stream_with_error(out: web.StreamResponse, exchange: Exchange,

@@ -41,6 +41,7 @@ CHAT = "chat"
 CHAT_ROLES = ("system", "developer", "user", "assistant", "tool")
 MAX_MESSAGES = 4096
 MAX_NAME_CHARS = 256
+_UPSTREAM_PROMPT_PARAMS = ("token_ids_b64", "token_ids")
 INLINE_TOKENIZE_CHARS = 8192  # longer prompt texts are tokenized off the event loop
 _COMMON = ("model", "stream", "stream_options", "user", "max_tokens", *SAMPLING_FIELDS,
            "presence_penalty", "frequency_penalty", "logit_bias", "logprobs", "cache_salt")
@@ -71,6 +72,16 @@ class OpenAIRequest:
     def prompt_param(self) -> str:
         """The field that carries the prompt (``prompt`` or ``messages``)."""
         return "messages" if self.endpoint == CHAT else "prompt"
+
+    def client_param(self, param: str | None) -> str | None:
+        """The name this request's client used for a field an upstream named in an
+        error: ``/generate`` calls the prompt ``token_ids_b64`` and the sampling fields
+        ``sampling.<name>``, and every upstream gets ``max_completion_tokens`` as
+        ``max_tokens``."""
+        if param in _UPSTREAM_PROMPT_PARAMS:
+            return self.prompt_param
+        name = param.removeprefix("sampling.") if param is not None else None
+        return self.sampling.max_tokens_param if name == "max_tokens" else name
 
     def num_text_chars(self) -> int:
         """Characters of text to tokenize (0 for a prompt given as token ids): every

@@ -93,6 +93,19 @@ def test_chat_names_the_max_tokens_field_the_client_used() -> None:
     assert refusal(lambda: parse(CHAT, max_completion_tokens=5, max_tokens=-1)).param == "max_tokens"
 
 
+def test_upstream_error_params_are_renamed_as_the_client_sent_them() -> None:
+    chat = parse(CHAT, max_completion_tokens=7)
+    assert chat.client_param("sampling.max_tokens") == "max_completion_tokens"
+    assert chat.client_param("max_tokens") == "max_completion_tokens"
+    assert chat.client_param("token_ids_b64") == "messages"
+    assert chat.client_param("sampling.top_k") == "top_k"
+    assert chat.client_param("messages[0].content") == "messages[0].content"
+    completion = parse(COMPLETIONS)
+    assert completion.client_param("sampling.max_tokens") == "max_tokens"
+    assert completion.client_param("token_ids") == "prompt"
+    assert completion.client_param(None) is None
+
+
 @pytest.mark.parametrize(("endpoint", "fields", "param"), [
     (COMPLETIONS, {"kv_transfer_params": {}}, "kv_transfer_params"),
     (COMPLETIONS, {"cache_salt": "s"}, "cache_salt"),

@@ -244,6 +244,10 @@ CONTRACT_BODIES = [
     ("/v1/chat/completions", {"messages": CHAT_MESSAGES, "max_completion_tokens": 3, **FULL}),
     ("/v1/chat/completions", {"messages": CHAT_MESSAGES, "max_tokens": 3, "stream": True,
                               "n": 2, "stream_options": {"include_usage": True}, **FULL}),
+    ("/v1/completions", {"prompt": "x" * 2030}),  # over the worker's context of 2000
+    ("/v1/completions", {"prompt": "x" * 1995, "max_tokens": 8}),  # no room for 8
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x" * 1990}],
+                              "max_completion_tokens": 8}),
     ("/v1/completions", {"prompt": "x", "top_k": 9223372036854775808}),
     ("/v1/completions", {"prompt": "x", "top_k": -2}),
     ("/v1/completions", {"prompt": "x", "temperature": 5}),
