@@ -14,6 +14,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from radix.api_errors import ApiError
 from radix.keys import to_key
 from radix.openai.fields import token_id_list
 from radix.openai.requests import OpenAIRequest
@@ -21,7 +22,6 @@ from radix.openai.sampling import SamplingBounds
 from radix.tokenizer import PromptTokenizer
 from radix.tree import PUBLIC, RadixTree
 from router.config import ModelConfig, PublicPrefixSpec, TenantLimits
-from router.errors import ApiError
 
 
 @dataclass(frozen=True)

@@ -11,9 +11,9 @@ import time
 
 from aiohttp import web
 
+from radix.api_errors import ApiError
 from radix.openai.requests import CHAT, COMPLETIONS, INLINE_TOKENIZE_CHARS, OpenAIRequest
 from router.auth import Tenant
-from router.errors import ApiError
 from router.policy import RouteRequest, WorkerView
 from router.proxy import CLIENT_CLOSED, Call, Exchange, UpstreamUnavailable
 from router.registry import WorkerState

@@ -15,12 +15,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from radix.api_errors import ApiError
+from radix.api_errors import ApiError, bad_request
 from radix.openai.requests import OpenAIRequest, parse_openai_request, requested_model
 from radix.openai.sampling import SamplingBounds
 from radix.tokenizer import PromptTokenizer
 from workers.engine.request import GenerationRequest
-from workers.server.errors import bad_request
 from workers.server.sampling import RequestLimits, generation_request
 
 DIRECT_SCOPE = "anonymous"

@@ -13,10 +13,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from radix.api_errors import bad_request
 from radix.openai.sampling import Sampling, SamplingBounds
 from workers.engine.request import GenerationParams, GenerationRequest
 from workers.model.sampler import SamplingParams
-from workers.server.errors import bad_request, context_too_long
+from workers.server.errors import context_too_long
 
 
 @dataclass(frozen=True)
