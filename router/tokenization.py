@@ -2,9 +2,9 @@
 
 The router renders chat templates and tokenizes every prompt itself with the model's
 ``PromptTokenizer`` (the same files the workers load, checked by digest), so limits
-and routing never rest on lengths a client declared. Special-token strings inside
-chat message content are encoded as text (``PromptTokenizer.encode_chat``). Each model also keeps the
-operator-registered public prefixes; a request's ``num_public_tokens`` is the longest
+and routing never rest on lengths a client declared; the prompt rule is the one the
+workers use (``radix.openai.prompt``: chat content special-token strings stay text).
+Each model also keeps the operator-registered public prefixes; a request's ``num_public_tokens`` is the longest
 registered prefix its tokens start with, rounded down to a whole number of blocks.
 """
 
@@ -17,6 +17,7 @@ from typing import Any
 from radix.api_errors import ApiError
 from radix.keys import to_key
 from radix.openai.fields import token_id_list
+from radix.openai.prompt import encode_messages, prompt_token_ids
 from radix.openai.requests import OpenAIRequest
 from radix.openai.sampling import SamplingBounds
 from radix.tokenizer import PromptTokenizer
@@ -96,7 +97,7 @@ class ModelTokenizer:
             vocab_size = self.tokenizer.vocab_size
             return list(token_id_list(list(spec.token_ids), "token_ids", vocab_size))
         if spec.messages is not None:
-            return self._encode_chat(spec.messages, add_generation_prompt=False)
+            return encode_messages(self.tokenizer, spec.messages, add_generation_prompt=False)
         return self.tokenizer.encode(spec.text or "")
 
     def max_prompt_chars(self, limits: TenantLimits) -> int | None:
@@ -110,25 +111,9 @@ class ModelTokenizer:
         return limits.max_prompt_tokens * self.tokenizer.max_chars_per_token
 
     def prompt(self, request: OpenAIRequest) -> Prompt:
-        """The router's own token ids for a validated request: chat messages rendered
-        with the template (content as text), a text prompt encoded with BOS, token ids
-        as given (the parser checked them against this vocabulary)."""
-        if request.messages is not None:
-            return self._prompt(self._encode_chat(request.messages, add_generation_prompt=True))
-        if isinstance(request.prompt, str):
-            return self._prompt(self.tokenizer.encode(request.prompt))
-        assert request.prompt is not None
-        return self._prompt(list(request.prompt))
-
-    def _encode_chat(self, messages: Sequence[Mapping[str, Any]],
-                     add_generation_prompt: bool) -> list[int]:
-        try:
-            return self.tokenizer.encode_chat(messages, add_generation_prompt)
-        except ValueError as exc:
-            raise ApiError(400, f"messages could not be rendered: {exc}", param="messages",
-                           code="invalid_value") from exc
-
-    def _prompt(self, token_ids: list[int]) -> Prompt:
+        """The router's own token ids for a validated request
+        (``radix.openai.prompt.prompt_token_ids``) with their key and public part."""
+        token_ids = prompt_token_ids(request, self.tokenizer)
         key = to_key(token_ids)
         return Prompt(token_ids, key, self.public_prefixes.num_public_tokens(key))
 

@@ -267,6 +267,7 @@ CONTRACT_BODIES = [
     ("/v1/chat/completions", {"messages": CHAT_MESSAGES, "response_format": {"type": "json"}}),
     ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x", "name": "eve"}]}),
     ("/v1/chat/completions", {"messages": [{"role": "wizard", "content": "x"}]}),
+    ("/v1/chat/completions", {"messages": [{"role": "tool", "content": "x"}]}),  # template
     ("/v1/chat/completions", {"messages": CHAT_MESSAGES, "max_completion_tokens": 0}),
     ("/v1/chat/completions", {"messages": CHAT_MESSAGES, "stream_options": {"x": True}}),
     ("/v1/chat/completions", {"messages": CHAT_MESSAGES, "chat_template": "{{ 1 }}"}),

@@ -1,6 +1,6 @@
 """The worker's side of the shared OpenAI layer (``radix.openai.requests``): which
-requests this worker takes, how their prompts become token ids, and the engine
-request they become.
+requests this worker takes and the engine request they become (their prompts
+become token ids by ``radix.openai.prompt``, as on the router).
 
 ``model``, when given, must be the served model name (404 otherwise); absent, it
 is the served one. The worker's direct routes serve trusted callers in scope
@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from radix.api_errors import ApiError, bad_request
+from radix.api_errors import ApiError
 from radix.openai.requests import OpenAIRequest, parse_openai_request, requested_model
 from radix.openai.sampling import SamplingBounds
 from radix.tokenizer import PromptTokenizer
@@ -44,20 +44,6 @@ def parse(body: dict[str, Any], endpoint: str, limits: RequestLimits, served_mod
                        f"more than this model's context of {limits.max_model_len} tokens "
                        "can hold", param=request.prompt_param, code="context_length_exceeded")
     return request
-
-
-def prompt_token_ids(request: OpenAIRequest, tokenizer: PromptTokenizer) -> tuple[int, ...]:
-    """The prompt's token ids: chat rendered with the template (content as text), a
-    text prompt encoded with BOS, token ids as given (already checked)."""
-    if request.messages is not None:
-        try:
-            return tuple(tokenizer.encode_chat(request.messages))
-        except ValueError as exc:
-            raise bad_request(f"messages could not be rendered: {exc}", "messages") from exc
-    if isinstance(request.prompt, str):
-        return tuple(tokenizer.encode(request.prompt))
-    assert request.prompt is not None
-    return request.prompt
 
 
 def engine_request(request: OpenAIRequest, token_ids: tuple[int, ...],

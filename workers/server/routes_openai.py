@@ -16,6 +16,7 @@ import asyncio
 from aiohttp import web
 
 from radix.openai.json_body import decode_json_object
+from radix.openai.prompt import prompt_token_ids
 from radix.openai.requests import CHAT, COMPLETIONS, INLINE_TOKENIZE_CHARS, OpenAIRequest
 from radix.openai.responses import ChoiceText, ResponseShape, TokenUsage
 from workers.engine.request import RequestOutput, Usage
@@ -49,9 +50,10 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
 async def _token_ids(parsed: OpenAIRequest, request: web.Request) -> tuple[int, ...]:
     tokenizer = request.app[STATE].worker.tokenizer
     if parsed.num_text_chars() <= INLINE_TOKENIZE_CHARS:
-        return openai_schema.prompt_token_ids(parsed, tokenizer)
-    return await asyncio.get_running_loop().run_in_executor(
-        None, openai_schema.prompt_token_ids, parsed, tokenizer)
+        return tuple(prompt_token_ids(parsed, tokenizer))
+    token_ids = await asyncio.get_running_loop().run_in_executor(
+        None, prompt_token_ids, parsed, tokenizer)
+    return tuple(token_ids)
 
 
 async def _serve(request: web.Request, endpoint: str) -> web.StreamResponse:
