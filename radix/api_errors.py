@@ -59,3 +59,8 @@ class ApiError(Exception):
     def body(self) -> dict[str, object]:
         """The JSON error body."""
         return error_body(self.status, self.message, self.param, self.code)
+
+
+def bad_request(message: str, param: str | None = None) -> ApiError:
+    """A 400 naming the bad field."""
+    return ApiError(400, message, param=param, code="invalid_value")

@@ -14,6 +14,7 @@ No torch here: the router imports this module.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 from collections.abc import Iterable, Mapping, Sequence
@@ -26,6 +27,8 @@ import jinja2.ext
 import jinja2.nodes
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 from tokenizers import Tokenizer
+
+from radix.chat_text import ChatContentEncoder
 
 _DIGEST_DOMAIN = b"radix-router/tokenizer/v1"
 _REPLACEMENT_CHAR = "\ufffd"
@@ -48,7 +51,8 @@ class PromptTokenizer:
 
     Guarantees: ``encode``/``decode`` are those of the wrapped tokenizer;
     ``encode_chat`` renders the template and encodes it without adding special tokens a
-    second time; ``digest`` is a pure function of the loaded file contents.
+    second time, keeping special-token strings inside message content as text;
+    ``digest`` is a pure function of the loaded file contents.
     """
 
     def __init__(
@@ -166,9 +170,33 @@ class PromptTokenizer:
         except jinja2.TemplateError as exc:
             raise ValueError(f"chat template failed: {exc}") from exc
 
-    def encode_chat(self, messages: Sequence[Mapping[str, Any]]) -> list[int]:
-        """Token ids of the rendered chat with a generation prompt, specials not re-added."""
-        return self.encode(self.apply_chat_template(messages), add_special_tokens=False)
+    def encode_chat(
+        self, messages: Sequence[Mapping[str, Any]], add_generation_prompt: bool = True
+    ) -> list[int]:
+        """Token ids of the rendered chat, specials not re-added. Special-token strings
+        inside message ``content`` are encoded as plain text; the template's own
+        control tokens stay special (``radix.chat_text``). ValueError as
+        ``apply_chat_template``."""
+
+        def render(rendered: Sequence[Mapping[str, Any]]) -> str:
+            return self.apply_chat_template(rendered, add_generation_prompt)
+
+        if self._content_encoder.needs_masking(messages):
+            return self._content_encoder.encode(messages, render)
+        return self.encode(render(messages), add_special_tokens=False)
+
+    @functools.cached_property
+    def _content_encoder(self) -> ChatContentEncoder:
+        return ChatContentEncoder(self._tokenizer, self.chat_template or "")
+
+    @functools.cached_property
+    def max_chars_per_token(self) -> int:
+        """The most characters of input text one token can stand for: the longest
+        vocabulary entry (byte-level entries have one character per byte, the widest
+        a character can be). A text of ``c`` characters has at least
+        ``c / max_chars_per_token`` tokens unless the tokenizer's normalizer deletes
+        characters, so prompts can be bounded before they are tokenized."""
+        return max(map(len, self._tokenizer.get_vocab(with_added_tokens=True)))
 
     def _token_id(self, token: str | None) -> int | None:
         if token is None:

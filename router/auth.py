@@ -115,11 +115,12 @@ class TenantLimiter:
     def __init__(self, state: SharedState) -> None:
         self._state = state
 
-    def check_sizes(self, tenant: Tenant, num_prompt_tokens: int, max_tokens: int | None
-                    ) -> int | None:
+    def check_sizes(self, tenant: Tenant, num_prompt_tokens: int, max_tokens: int | None,
+                    max_tokens_param: str = "max_tokens") -> int | None:
         """Check the prompt and the requested output against the tenant's limits and
         return the output cap to use (``max_tokens``, else the tenant's limit, else
-        None passes through as the worker default)."""
+        None passes through as the worker default). A refusal of ``max_tokens`` names
+        ``max_tokens_param``, the field the client sent it in."""
         limits = tenant.limits
         if limits.max_prompt_tokens is not None and num_prompt_tokens > limits.max_prompt_tokens:
             raise ApiError(
@@ -139,8 +140,8 @@ class TenantLimiter:
         if max_tokens is None:
             return cap
         if cap is not None and max_tokens > cap:
-            raise ApiError(400, f"max_tokens is {max_tokens}; this key allows at most {cap}",
-                           param="max_tokens", code="max_tokens_too_large")
+            raise ApiError(400, f"{max_tokens_param} is {max_tokens}; this key allows at most "
+                           f"{cap}", param=max_tokens_param, code="max_tokens_too_large")
         return max_tokens
 
     async def admit(self, tenant: Tenant, num_prompt_tokens: int,

@@ -96,9 +96,12 @@ class PolicyConfig:
 
 @dataclass(frozen=True)
 class TenantLimits:
-    """Per-tenant limits; None means unlimited."""
+    """Per-tenant limits; None means unlimited. ``max_prompt_chars`` bounds a prompt's
+    text before it is tokenized (default: ``max_prompt_tokens`` times the model's
+    longest token, so no prompt that could fit is refused)."""
 
     max_prompt_tokens: int | None = None
+    max_prompt_chars: int | None = None
     max_output_tokens: int | None = None
     max_concurrent_requests: int | None = None
     tokens_per_minute: int | None = None

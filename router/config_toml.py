@@ -226,6 +226,7 @@ def _limits(t: Table) -> TenantLimits:
             name: t.integer(name, None, low=1)
             for name in (
                 "max_prompt_tokens",
+                "max_prompt_chars",
                 "max_output_tokens",
                 "max_concurrent_requests",
                 "tokens_per_minute",

@@ -3,8 +3,9 @@
 ``radix`` workers get ``POST /generate`` (the prompt as ``token_ids_b64``: its key
 in base64, a tenth of the cost of JSON-encoding the id list; scope,
 ``num_public_tokens``, sampling) and their results are reshaped into OpenAI objects;
-``openai`` workers get the client's OpenAI request (completions prompts as the
-router's token ids) and their responses pass through.
+``openai`` workers get the validated fields only (``OpenAIRequest.upstream_body``:
+completions prompts as the router's token ids, chat messages as rendered, the
+tenant's ``cache_salt``) and their responses pass through.
 
 Contract of ``Proxy.send``: either it answers the client (whole or streamed),
 filling in the caller's ``Exchange`` as it goes, or it raises ``UpstreamUnavailable``
@@ -31,11 +32,18 @@ from typing import Any
 import aiohttp
 from aiohttp import web
 
+from radix.openai.requests import OpenAIRequest
+from radix.openai.responses import (
+    DONE_FRAME,
+    ChoiceText,
+    ResponseShape,
+    TokenUsage,
+    sse_frame,
+    usage_object,
+)
 from router.config import ProxyConfig
 from router.errors import ApiError
 from router.registry import WorkerState
-from router.requests import CHAT, OpenAIRequest
-from router.responses import DONE_FRAME, ResponseShape, openai_usage, sse_frame
 from router.server.request_ids import request_id
 from router.tokenization import Prompt
 
@@ -56,6 +64,7 @@ class Call:
     prompt: Prompt
     scope: str
     max_tokens: int | None
+    cache_salt: str
 
 
 @dataclass
@@ -125,7 +134,7 @@ class Proxy:
             raise _unavailable(worker, exc) from exc
         try:
             if upstream.status != 200:
-                raise await _status_error(worker, upstream)
+                raise await _status_error(worker, upstream, call.request)
             if worker.kind == "radix":
                 if call.request.stream:
                     return await self._stream_generate(client, call, worker, upstream,
@@ -145,26 +154,20 @@ class Proxy:
 
     @staticmethod
     def _openai_body(call: Call, worker: WorkerState) -> tuple[str, dict[str, Any]]:
-        body = dict(call.request.body)
-        body["model"] = worker.served_model
-        if call.max_tokens is not None:
-            body.pop("max_completion_tokens", None)
-            body["max_tokens"] = call.max_tokens
-        if call.request.stream:
-            body["stream_options"] = {"include_usage": True}
-        if call.request.endpoint == CHAT:
-            return "/v1/chat/completions", body
-        body["prompt"] = call.prompt.token_ids
-        return "/v1/completions", body
+        return call.request.upstream_body(worker.served_model, call.max_tokens,
+                                          call.prompt.token_ids, call.cache_salt)
 
     async def _whole_generate(self, call: Call, worker: WorkerState,
                               upstream: aiohttp.ClientResponse, exchange: Exchange
                               ) -> web.StreamResponse:
         try:
             result = json.loads(await upstream.read())
-        except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
+            body = ResponseShape(call.request.endpoint, call.model_name).whole(
+                [ChoiceText(c["index"], c["text"], c["finish_reason"])
+                 for c in result["choices"]],
+                _generate_usage(result["usage"]))
+        except (aiohttp.ClientError, TimeoutError, ValueError, KeyError, TypeError) as exc:
             raise _unavailable(worker, exc) from exc
-        body = ResponseShape(call.request.endpoint, call.model_name).full(result)
         _answered(exchange)
         _note_usage(exchange, body["usage"])
         return web.json_response(body)
@@ -278,9 +281,10 @@ def _client_frames(batch: list[dict[str, Any] | None], shape: ResponseShape,
             frames.append(DONE_FRAME)
             return b"".join(frames), True
         if "usage" in event:
-            _note_usage(exchange, openai_usage(event["usage"]))
+            usage = _generate_usage(event["usage"])
+            _note_usage(exchange, usage_object(usage))
             if include_usage:
-                frames.append(shape.usage_chunk(event["usage"]))
+                frames.append(shape.usage_chunk(usage))
         elif "error" in event:
             code = event["error"].get("code") if isinstance(event["error"], dict) else None
             error = _worker_failed(code if isinstance(code, str) else "upstream_error")
@@ -289,7 +293,7 @@ def _client_frames(batch: list[dict[str, Any] | None], shape: ResponseShape,
             return b"".join(frames), True
         else:
             exchange.num_completion_tokens += len(event.get("token_ids") or ())
-            frames.append(shape.chunk(event))
+            frames.append(shape.chunk(event["index"], event["text"], event["finish_reason"]))
     return b"".join(frames), False
 
 
@@ -297,6 +301,12 @@ def _answered(exchange: Exchange) -> None:
     """The client is getting a 200 answer from now on."""
     exchange.status = 200
     exchange.first_byte_at = time.monotonic()
+
+
+def _generate_usage(usage: dict[str, Any]) -> TokenUsage:
+    """A ``/generate`` usage object as ``TokenUsage``."""
+    return TokenUsage(int(usage["prompt_tokens"]), int(usage["completion_tokens"]),
+                      int(usage["cached_tokens"]))
 
 
 def _note_usage(exchange: Exchange, usage: Any) -> None:
@@ -308,9 +318,11 @@ def _note_usage(exchange: Exchange, usage: Any) -> None:
             exchange.num_cached_tokens = int(details["cached_tokens"])
 
 
-async def _status_error(worker: WorkerState, upstream: aiohttp.ClientResponse) -> Exception:
+async def _status_error(worker: WorkerState, upstream: aiohttp.ClientResponse,
+                        request: OpenAIRequest) -> Exception:
     """The error for a non-200 answer: client errors pass through as the worker wrote
-    them; overload, server errors and worker misconfiguration allow a retry."""
+    them, the field named as the client sent it; overload, server errors and worker
+    misconfiguration allow a retry."""
     try:
         body = json.loads(await upstream.read())
         message = str(body["error"]["message"])
@@ -322,11 +334,14 @@ async def _status_error(worker: WorkerState, upstream: aiohttp.ClientResponse) -
                              headers={"Retry-After": RETRY_AFTER_S})
         return UpstreamUnavailable(f"{worker.worker_id}: HTTP {status}: {message}", False,
                                    saturated if status == 429 else _worker_failed())
-    error = ApiError(status, message)
-    if isinstance(body, dict) and isinstance(body.get("error"), dict):
-        error.param = body["error"].get("param")
-        error.code = body["error"].get("code")
-    return error
+    details = body.get("error") if isinstance(body, dict) else None
+    if not isinstance(details, dict):
+        return ApiError(status, message)
+    upstream_param = details.get("param")
+    param = request.client_param(upstream_param) if isinstance(upstream_param, str) else None
+    if param is not None and param != upstream_param:
+        message = message.replace(upstream_param, param, 1)
+    return ApiError(status, message, param=param, code=details.get("code"))
 
 
 async def _end_stream_with_error(client: web.Request, out: web.StreamResponse,

@@ -2,23 +2,27 @@
 
 The router renders chat templates and tokenizes every prompt itself with the model's
 ``PromptTokenizer`` (the same files the workers load, checked by digest), so limits
-and routing never rest on lengths a client declared. Each model also keeps the
-operator-registered public prefixes; a request's ``num_public_tokens`` is the longest
+and routing never rest on lengths a client declared; the prompt rule is the one the
+workers use (``radix.openai.prompt``: chat content special-token strings stay text).
+Each model also keeps the operator-registered public prefixes; a request's ``num_public_tokens`` is the longest
 registered prefix its tokens start with, rounded down to a whole number of blocks.
 """
 
 from __future__ import annotations
 
-from array import array
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from radix.api_errors import ApiError
 from radix.keys import to_key
+from radix.openai.fields import token_id_list
+from radix.openai.prompt import encode_messages, prompt_token_ids
+from radix.openai.requests import OpenAIRequest
+from radix.openai.sampling import SamplingBounds
 from radix.tokenizer import PromptTokenizer
 from radix.tree import PUBLIC, RadixTree
-from router.config import ModelConfig, PublicPrefixSpec
-from router.errors import ApiError
+from router.config import ModelConfig, PublicPrefixSpec, TenantLimits
 
 
 @dataclass(frozen=True)
@@ -77,6 +81,11 @@ class ModelTokenizer:
             self.public_prefixes.add(self.prefix_tokens(spec))
 
     @property
+    def bounds(self) -> SamplingBounds:
+        """The sampling bounds of requests for this model (its vocabulary)."""
+        return SamplingBounds(self.tokenizer.vocab_size)
+
+    @property
     def digest(self) -> str:
         """The tokenizer digest workers must report in ``/ready`` to serve this model."""
         return self.tokenizer.digest
@@ -85,73 +94,28 @@ class ModelTokenizer:
         """Token ids of a public prefix: text like a completions prompt, messages like a
         chat prompt without the generation prompt."""
         if spec.token_ids is not None:
-            return self._checked_ids(spec.token_ids, "token_ids")
+            vocab_size = self.tokenizer.vocab_size
+            return list(token_id_list(list(spec.token_ids), "token_ids", vocab_size))
         if spec.messages is not None:
-            text = self._render(spec.messages, add_generation_prompt=False)
-            return self.tokenizer.encode(text, add_special_tokens=False)
+            return encode_messages(self.tokenizer, spec.messages, add_generation_prompt=False)
         return self.tokenizer.encode(spec.text or "")
 
-    def completion_prompt(self, prompt: Any) -> Prompt:
-        """Tokenize a completions ``prompt`` (a string or a list of token ids)."""
-        if isinstance(prompt, str):
-            if not prompt:
-                raise ApiError(400, "prompt must not be empty", param="prompt")
-            return self._prompt(self.tokenizer.encode(prompt))
-        if isinstance(prompt, list) and prompt and type(prompt[0]) is int:
-            return self._prompt(self._checked_ids(prompt, "prompt"))
-        raise ApiError(400, "prompt must be a non-empty string or a list of token ids "
-                       "(batched prompts are not supported)", param="prompt")
+    def max_prompt_chars(self, limits: TenantLimits) -> int | None:
+        """The most text characters a prompt may have under ``limits`` before it is
+        tokenized: ``max_prompt_chars`` when set, else ``max_prompt_tokens`` times the
+        tokenizer's longest token (a prompt over it cannot fit), else no bound."""
+        if limits.max_prompt_chars is not None:
+            return limits.max_prompt_chars
+        if limits.max_prompt_tokens is None:
+            return None
+        return limits.max_prompt_tokens * self.tokenizer.max_chars_per_token
 
-    def chat_prompt(self, messages: Any) -> Prompt:
-        """Render and tokenize chat ``messages`` with a generation prompt."""
-        text = self._render(_checked_messages(messages), add_generation_prompt=True)
-        return self._prompt(self.tokenizer.encode(text, add_special_tokens=False))
-
-    def _render(self, messages: Sequence[Mapping[str, Any]], add_generation_prompt: bool) -> str:
-        try:
-            return self.tokenizer.apply_chat_template(messages, add_generation_prompt)
-        except ValueError as exc:
-            raise ApiError(400, str(exc), param="messages") from exc
-
-    def _prompt(self, token_ids: list[int]) -> Prompt:
+    def prompt(self, request: OpenAIRequest) -> Prompt:
+        """The router's own token ids for a validated request
+        (``radix.openai.prompt.prompt_token_ids``) with their key and public part."""
+        token_ids = prompt_token_ids(request, self.tokenizer)
         key = to_key(token_ids)
         return Prompt(token_ids, key, self.public_prefixes.num_public_tokens(key))
-
-    def _checked_ids(self, token_ids: Sequence[int], param: str) -> list[int]:
-        """The ids as a list if all are integers in [0, vocab_size); checked at C speed
-        (``array`` refuses non-integers and values outside [0, 2**32))."""
-        vocab_size = self.tokenizer.vocab_size
-        try:
-            packed = array("I", token_ids)
-        except (TypeError, OverflowError):
-            packed = None
-        if not packed or max(packed) >= vocab_size:
-            raise ApiError(400, f"{param} must hold token ids in [0, {vocab_size})", param=param)
-        return list(token_ids)
-
-
-def _checked_messages(messages: Any) -> list[dict[str, str]]:
-    """Chat messages as ``{"role", "content"}`` strings; content parts of type text are
-    joined. ApiError 400 naming the bad message otherwise."""
-    if not isinstance(messages, list) or not messages:
-        raise ApiError(400, "messages must be a non-empty list", param="messages")
-    out = []
-    for i, message in enumerate(messages):
-        where = f"messages[{i}]"
-        if not isinstance(message, dict) or not isinstance(message.get("role"), str):
-            raise ApiError(400, f"{where} must be an object with a string role", param=where)
-        content = message.get("content")
-        if isinstance(content, list):
-            parts = [p.get("text") if isinstance(p, dict) and p.get("type") == "text" else None
-                     for p in content]
-            if not all(isinstance(p, str) for p in parts):
-                raise ApiError(400, f"{where}.content parts must be text parts",
-                               param=f"{where}.content")
-            content = "".join(parts)
-        if not isinstance(content, str):
-            raise ApiError(400, f"{where}.content must be a string", param=f"{where}.content")
-        out.append({"role": message["role"], "content": content})
-    return out
 
 
 def load_tokenizer(source: str) -> PromptTokenizer:

@@ -13,9 +13,9 @@ import logging
 
 from aiohttp import web
 
+from radix.openai.json_body import decode_json_object
 from router.config_toml import parse_public_prefix, parse_worker
 from router.errors import ApiError
-from router.requests import decode_body
 from router.server.context import ROUTER, Router
 from router.server.request_ids import request_id
 
@@ -44,7 +44,7 @@ async def change_workers(request: web.Request) -> web.Response:
     api_key_env}}`` registers a worker (routed once its probe passes);
     ``{"action": "remove", "id": ...}`` removes one and drops its index entries."""
     router = await _admin(request)
-    body = decode_body(await request.read())
+    body = decode_json_object(await request.read())
     action = body.get("action")
     if action == "add":
         worker = body.get("worker")
@@ -79,7 +79,7 @@ async def add_public_prefix(request: web.Request) -> web.Response:
     "token_ids"}``. Later requests starting with it share its whole blocks across
     tenants."""
     router = await _admin(request)
-    body = decode_body(await request.read())
+    body = decode_json_object(await request.read())
     model = router.models.get(body.pop("model", None))
     try:
         spec = parse_public_prefix(body, "prefix")

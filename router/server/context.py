@@ -12,6 +12,7 @@ from dataclasses import dataclass
 import aiohttp
 from aiohttp import web
 
+from radix.openai.salt import CacheSalts
 from router.auth import Authenticator, TenantLimiter
 from router.config import RouterConfig
 from router.index import NamespaceDigest, RouterIndex, WorkerId
@@ -39,6 +40,7 @@ class Router:
     registry: WorkerRegistry
     proxy: Proxy
     metrics: RouterMetrics
+    cache_salts: CacheSalts
 
     @classmethod
     def build(cls, config: RouterConfig, secret: bytes, state: SharedState) -> Router:
@@ -57,7 +59,8 @@ class Router:
 
         registry = WorkerRegistry(config.registry, models, secret, session, index, follow)
         return cls(config, models, Authenticator(config.auth), TenantLimiter(state), index,
-                   policy, session, registry, Proxy(session, config.proxy), RouterMetrics())
+                   policy, session, registry, Proxy(session, config.proxy), RouterMetrics(),
+                   CacheSalts(secret))
 
     async def close(self) -> None:
         """Stop polling and following every worker, then close the client session."""

@@ -11,12 +11,13 @@ import time
 
 from aiohttp import web
 
+from radix.api_errors import ApiError
+from radix.openai.requests import CHAT, COMPLETIONS, INLINE_TOKENIZE_CHARS, OpenAIRequest
 from router.auth import Tenant
-from router.errors import ApiError
 from router.policy import RouteRequest, WorkerView
 from router.proxy import CLIENT_CLOSED, RETRY_AFTER_S, Call, Exchange, UpstreamUnavailable
 from router.registry import WorkerState
-from router.requests import CHAT, COMPLETIONS, OpenAIRequest, decode_body, parse_request
+from router.requests import check_text_size, parse_request
 from router.server.context import ROUTER, Router
 from router.tokenization import ModelTokenizer, Prompt
 
@@ -41,16 +42,18 @@ async def serve_openai(request: web.Request, endpoint: str) -> web.StreamRespons
     try:
         tenant = router.auth.tenant(request.headers.get("Authorization"))
         tenant_id = tenant.tenant_id
-        parsed = parse_request(decode_body(await request.read()), endpoint)
-        model = router.models.get(parsed.model)
-        prompt = tokenize(model, parsed)
+        model, parsed = parse_request(await request.read(), endpoint, router.models)
+        check_text_size(model, parsed, tenant.limits)
+        prompt = await tokenize(model, parsed)
         max_tokens = router.limiter.check_sizes(tenant, len(prompt.token_ids),
-                                                parsed.sampling.max_tokens)
+                                                parsed.sampling.max_tokens,
+                                                parsed.sampling.max_tokens_param)
         admission = await router.limiter.admit(tenant, len(prompt.token_ids),
                                                (max_tokens or 0) * parsed.sampling.n)
         exchange = Exchange(503)
         try:
-            call = Call(parsed, model.name, prompt, tenant.tenant_id, max_tokens)
+            call = Call(parsed, model.name, prompt, tenant.tenant_id, max_tokens,
+                        router.cache_salts.salt(tenant.tenant_id))
             decision_started = time.monotonic()
             workers = router.registry.routable(model.name)
             matched = match(router, workers, prompt, tenant)
@@ -73,13 +76,13 @@ async def serve_openai(request: web.Request, endpoint: str) -> web.StreamRespons
         router.metrics.count_request(worker_id, tenant_id, code)
 
 
-def tokenize(model: ModelTokenizer, parsed: OpenAIRequest) -> Prompt:
-    """The router's own token ids for the prompt (chat rendered with the template)."""
-    if parsed.endpoint == CHAT:
-        return model.chat_prompt(parsed.body.get("messages"))
-    if "prompt" not in parsed.body:
-        raise ApiError(400, "prompt is required", param="prompt")
-    return model.completion_prompt(parsed.body["prompt"])
+async def tokenize(model: ModelTokenizer, parsed: OpenAIRequest) -> Prompt:
+    """The router's own token ids for the prompt (chat rendered with the template).
+    Long texts are tokenized on a worker thread (Hugging Face ``tokenizers`` release
+    the GIL), so one request never holds the event loop for long."""
+    if parsed.num_text_chars() <= INLINE_TOKENIZE_CHARS:
+        return model.prompt(parsed)
+    return await asyncio.get_running_loop().run_in_executor(None, model.prompt, parsed)
 
 
 def match(router: Router, workers: list[WorkerState], prompt: Prompt,

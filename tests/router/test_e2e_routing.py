@@ -130,7 +130,9 @@ def test_openai_client_streaming_and_not(cluster) -> None:
     assert [c.choices[0].finish_reason for c in chunks[:-1]][-1] == "length"
     streamed = list(openai.completions.create(model="demo", prompt="Hello", max_tokens=3,
                                               stream=True, extra_body=FULL_LENGTH))
-    assert len(streamed) == 3 and streamed[-1].choices[0].finish_reason == "length"
+    # One chunk per step with text (held-back partial characters send none) or a finish.
+    assert 1 <= len(streamed) <= 3 and streamed[-1].choices[0].finish_reason == "length"
+    assert all(c.choices[0].text or c.choices[0].finish_reason for c in streamed)
 
 
 def test_shared_prefix_lands_on_one_worker_and_is_cached(cluster) -> None:

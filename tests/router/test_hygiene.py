@@ -14,7 +14,7 @@ from support.aio import eventually, running_router, serving
 from test_server import ADMIN, ALICE, call, failing_upstream, make_config
 
 from bench import instant_upstream
-from router.responses import sse_frame
+from radix.openai.responses import sse_frame
 
 pytestmark = pytest.mark.anyio
 PROMPT = {"model": "demo", "prompt": "hello"}
@@ -105,7 +105,7 @@ async def test_a_stream_the_client_cuts_is_charged_for_what_it_received() -> Non
     sent = asyncio.Event()
     async with serving(stalling_upstream(5, sent)) as up, \
             running_router(make_config([up], tokens_per_minute=10_000)) as (url, router):
-        num_prompt = len(router.models.get("demo").completion_prompt("hello").token_ids)
+        num_prompt = len(router.models.get("demo").tokenizer.encode("hello"))
         body = {**PROMPT, "max_tokens": 40, "n": 2, "stream": True}
         async with aiohttp.ClientSession() as session, \
                 session.post(f"{url}/v1/completions", json=body, headers=ALICE) as resp:

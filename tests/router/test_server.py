@@ -18,6 +18,7 @@ from support.aio import eventually, running_router, serving
 
 from bench import instant_upstream
 from radix.keys import from_key
+from radix.openai.requests import COMPLETIONS, parse_openai_request
 from router.auth import hash_key
 from router.config import RouterConfig
 from router.config_toml import parse_config
@@ -308,7 +309,9 @@ async def test_admin_workers_and_public_prefixes() -> None:
         status, result, _ = await call(session, "POST", f"{url}/admin/public-prefixes",
                                        prefix, ADMIN)
         assert status == 200 and result["num_tokens"] == 45 and result["num_public_tokens"] == 32
-        prompt = router.models.get("demo").completion_prompt("Shared doc " * 4 + "question")
+        model = router.models.get("demo")
+        body = {"model": "demo", "prompt": "Shared doc " * 4 + "question"}
+        prompt = model.prompt(parse_openai_request(body, COMPLETIONS, model.bounds))
         assert prompt.num_public_tokens == 32
         status, error, _ = await call(session, "POST", f"{url}/admin/public-prefixes",
                                       {"model": "demo", "text": "a", "token_ids": [1]}, ADMIN)
@@ -346,10 +349,19 @@ async def test_openai_kind_worker_gets_token_ids_and_passes_through() -> None:
         status, result, _ = await call(session, "POST", f"{url}/v1/completions", body, ALICE)
         assert status == 200 and result["model"] == "demo" and result["choices"][0]["text"] == "aa"
         assert seen[-1]["prompt"] == router.models.get("demo").tokenizer.encode("hello")
-        assert seen[-1]["user"] == "u" and seen[-1]["max_tokens"] == 2
+        assert set(seen[-1]) == {"model", "prompt", "max_tokens", "n", "stream", "cache_salt"}
+        assert seen[-1]["max_tokens"] == 2 and seen[-1]["stream"] is False
+        salt = seen[-1]["cache_salt"]
+        assert salt == router.cache_salts.salt("alice") and "alice" not in salt and len(salt) == 43
+        for field, value in (("cache_salt", "mine"), ("kv_transfer_params", {}), ("priority", 1),
+                             ("chat_template", "{{x}}")):
+            status, error, _ = await call(session, "POST", f"{url}/v1/completions",
+                                          {**body, field: value}, ALICE)
+            assert (status, error["error"]["param"]) == (400, field)
+        assert len(seen) == 1
         body["stream"] = True
         async with session.post(f"{url}/v1/completions", json=body, headers=ALICE) as resp:
             chunks = sse_objects(await resp.text())
         assert [c["choices"][0]["text"] for c in chunks] == ["a", "a"]  # usage chunk dropped
-        assert seen[-1]["stream_options"] == {"include_usage": True}
+        assert seen[-1]["stream_options"] == {"include_usage": True} and seen[-1]["stream"]
         assert router.index.stats().num_approx_tokens["u0"] > 0

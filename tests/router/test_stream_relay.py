@@ -13,8 +13,8 @@ from support.aio import running_router, serving
 from test_server import ALICE, make_config, sse_objects
 
 from bench import instant_upstream
-from router.requests import CHAT, COMPLETIONS
-from router.responses import ResponseShape, sse_frame
+from radix.openai.requests import CHAT, COMPLETIONS
+from radix.openai.responses import ResponseShape, sse_frame
 
 pytestmark = pytest.mark.anyio
 STREAM = {"model": "demo", "prompt": "hello", "max_tokens": 3, "stream": True,
@@ -112,8 +112,7 @@ async def test_a_stream_without_events_is_a_failed_attempt() -> None:
 def test_chunk_bytes_are_the_compact_json_of_the_envelope(endpoint: str) -> None:
     shape = ResponseShape(endpoint, "demo")
     for reason in (None, "length"):
-        step = {"index": 1, "text": 'a"é\n', "finish_reason": reason}
-        chunk = shape.chunk(step)
+        chunk = shape.chunk(1, 'a"é\n', reason)
         assert chunk.startswith(b"data: ") and chunk.endswith(b"\n\n")
         body = json.loads(chunk[6:])
         assert chunk == sse_frame(body)

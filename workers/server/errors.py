@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from aiohttp import web
 
-from radix.api_errors import ApiError, error_body
+from radix.api_errors import ApiError, bad_request, error_body
 
 __all__ = ["ApiError", "bad_request", "context_too_long", "error_body", "error_response"]
 
@@ -18,11 +18,6 @@ __all__ = ["ApiError", "bad_request", "context_too_long", "error_body", "error_r
 def error_response(error: ApiError) -> web.Response:
     """The JSON response for ``error``: its status, body and headers."""
     return web.json_response(error.body(), status=error.status, headers=error.headers)
-
-
-def bad_request(message: str, param: str | None = None) -> ApiError:
-    """A 400 naming the bad field."""
-    return ApiError(400, message, param=param, code="invalid_value")
 
 
 def context_too_long(param: str, num_tokens: int, max_model_len: int) -> ApiError:

@@ -5,7 +5,7 @@ Body: ``{"request_id"?, "token_ids" | "token_ids_b64", "scope"?, "num_public_tok
 ``token_ids_b64`` (base64 of 4 little-endian bytes per id, what routers send: a
 third of the cost of decoding and checking a JSON list). ``scope`` defaults
 to ``anonymous``, ``num_public_tokens`` to 0 (a multiple of the block size, at most
-the prompt length); ``sampling`` takes the fields of ``workers.server.sampling``. A
+the prompt length); ``sampling`` takes the fields of ``radix.openai.sampling``. A
 missing ``request_id`` is generated.
 Streaming sends one event per choice per step (``token_ids`` may be non-empty
 while ``text`` is empty: text is held back until it cannot be part of a stop
@@ -18,10 +18,11 @@ import uuid
 
 from aiohttp import web
 
+from radix.openai.fields import Fields, token_id_list, token_ids_b64
+from radix.openai.sampling import parse_sampling
 from workers.engine.request import RequestOutput, Usage
 from workers.server.errors import bad_request
-from workers.server.fields import Fields, token_id_list, token_ids_b64
-from workers.server.sampling import generation_request, parse_sampling
+from workers.server.sampling import generation_request
 from workers.server.state import STATE, read_fields
 from workers.server.streaming import collect, stream_response
 
@@ -61,7 +62,7 @@ async def generate(request: web.Request) -> web.StreamResponse:
             f"num_public_tokens must be a multiple of the block size {limits.block_size}",
             "num_public_tokens",
         )
-    sampling = parse_sampling(fields.object("sampling"), limits)
+    sampling = parse_sampling(fields.object("sampling"), limits.bounds)
     stream_mode = fields.boolean("stream", False)
     engine_request = generation_request(
         token_ids, sampling, limits, prompt_param, scope=scope, num_public_tokens=num_public

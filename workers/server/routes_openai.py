@@ -1,68 +1,33 @@
-"""``POST /v1/completions``, ``POST /v1/chat/completions`` (OpenAI shape) and
+"""``POST /v1/completions``, ``POST /v1/chat/completions`` (OpenAI shape, rendered by
+``radix.openai.responses``, the same shapes the router renders) and
 ``GET /v1/models``.
 
-Both run in scope ``anonymous`` with no public prefix. Streaming sends one SSE
-chunk per choice per step that produced text (chat choices open with a
-``{"role": "assistant"}`` delta), the finish reason on each choice's last chunk,
-a usage chunk (``choices: []``) when ``stream_options.include_usage`` is set, then
-``data: [DONE]``. A timeout mid-stream sends an error event before ``[DONE]``.
+Requests run in scope ``anonymous``, or in their ``cache_salt``'s scope (see
+``openai_schema``), with no public prefix. Long prompt texts are tokenized on a
+thread, off the event loop. Streams end with a usage chunk when
+``stream_options.include_usage`` is set, then ``data: [DONE]``; a timeout
+mid-stream sends an error event before ``[DONE]``.
 """
 
 from __future__ import annotations
 
-import time
-import uuid
-from dataclasses import dataclass
+import asyncio
 
 from aiohttp import web
 
-from workers.engine.request import ChoiceDelta, RequestOutput, Usage
-from workers.server.fields import Fields
-from workers.server.openai_schema import OpenAIRequest, parse_chat, parse_completion
-from workers.server.state import STATE, WorkerState, read_fields
-from workers.server.streaming import ChoiceResult, collect, stream_response
+from radix.openai.json_body import decode_json_object
+from radix.openai.prompt import prompt_token_ids
+from radix.openai.requests import CHAT, COMPLETIONS, INLINE_TOKENIZE_CHARS, OpenAIRequest
+from radix.openai.responses import ChoiceText, ResponseShape, TokenUsage
+from workers.engine.request import RequestOutput, Usage
+from workers.server import openai_schema
+from workers.server.state import STATE
+from workers.server.streaming import collect, stream_response
 
 
-def usage_dict(usage: Usage) -> dict[str, object]:
-    """OpenAI usage with ``prompt_tokens_details.cached_tokens``."""
-    return {
-        "prompt_tokens": usage.prompt_tokens,
-        "completion_tokens": usage.completion_tokens,
-        "total_tokens": usage.prompt_tokens + usage.completion_tokens,
-        "prompt_tokens_details": {"cached_tokens": usage.cached_tokens},
-    }
-
-
-@dataclass(frozen=True)
-class _Shape:
-    """How completions and chat differ on the wire."""
-
-    id_prefix: str
-    object_name: str
-    chunk_object_name: str
-    is_chat: bool
-
-    def choice(self, result: ChoiceResult) -> dict[str, object]:
-        body: dict[str, object] = {"index": result.index, "logprobs": None,
-                                   "finish_reason": result.finish_reason}  # fmt: skip
-        if self.is_chat:
-            body["message"] = {"role": "assistant", "content": result.text}
-        else:
-            body["text"] = result.text
-        return body
-
-    def chunk_choice(self, delta: ChoiceDelta) -> dict[str, object]:
-        body: dict[str, object] = {"index": delta.index, "logprobs": None,
-                                   "finish_reason": delta.finish_reason}  # fmt: skip
-        if self.is_chat:
-            body["delta"] = {"content": delta.text} if delta.text else {}
-        else:
-            body["text"] = delta.text
-        return body
-
-
-COMPLETION = _Shape("cmpl-", "text_completion", "text_completion", is_chat=False)
-CHAT = _Shape("chatcmpl-", "chat.completion", "chat.completion.chunk", is_chat=True)
+def token_usage(usage: Usage) -> TokenUsage:
+    """The engine's usage in the shared shape."""
+    return TokenUsage(usage.prompt_tokens, usage.completion_tokens, usage.cached_tokens)
 
 
 async def models(request: web.Request) -> web.Response:
@@ -74,48 +39,41 @@ async def models(request: web.Request) -> web.Response:
 
 async def completions(request: web.Request) -> web.StreamResponse:
     """``POST /v1/completions``."""
-    state = request.app[STATE]
-    fields = await read_fields(request)
-    parsed = parse_completion(fields, state.worker.tokenizer, state.limits, state.identity.model)
-    return await _respond(request, state, parsed, COMPLETION)
+    return await _serve(request, COMPLETIONS)
 
 
 async def chat_completions(request: web.Request) -> web.StreamResponse:
     """``POST /v1/chat/completions``."""
+    return await _serve(request, CHAT)
+
+
+async def _token_ids(parsed: OpenAIRequest, request: web.Request) -> tuple[int, ...]:
+    tokenizer = request.app[STATE].worker.tokenizer
+    if parsed.num_text_chars() <= INLINE_TOKENIZE_CHARS:
+        return tuple(prompt_token_ids(parsed, tokenizer))
+    token_ids = await asyncio.get_running_loop().run_in_executor(
+        None, prompt_token_ids, parsed, tokenizer)
+    return tuple(token_ids)
+
+
+async def _serve(request: web.Request, endpoint: str) -> web.StreamResponse:
     state = request.app[STATE]
-    fields: Fields = await read_fields(request)
-    parsed = parse_chat(fields, state.worker.tokenizer, state.limits, state.identity.model)
-    return await _respond(request, state, parsed, CHAT)
-
-
-async def _respond(
-    request: web.Request, state: WorkerState, parsed: OpenAIRequest, shape: _Shape
-) -> web.StreamResponse:
-    head = {"id": shape.id_prefix + uuid.uuid4().hex, "created": int(time.time()),
-            "model": parsed.model}  # fmt: skip
+    body = decode_json_object(await request.read())
+    tokenizer = state.worker.tokenizer
+    parsed = openai_schema.parse(body, endpoint, state.limits, state.identity.model, tokenizer)
+    engine_request = openai_schema.engine_request(parsed, await _token_ids(parsed, request),
+                                                  state.limits)
+    shape = ResponseShape(endpoint, parsed.model or state.identity.model)
     timeout_s = state.config.request_timeout_s
     if not parsed.stream:
-        choices, usage = await collect(state.engine, parsed.request, timeout_s)
-        return web.json_response({**head, "object": shape.object_name,
-                                  "choices": [shape.choice(c) for c in choices],
-                                  "usage": usage_dict(usage)})  # fmt: skip
-    chunk_head = {**head, "object": shape.chunk_object_name}
-    preamble = []
-    if shape.is_chat:
-        preamble = [
-            {**chunk_head, "choices": [{"index": index, "delta": {"role": "assistant", "content": ""},
-                                        "logprobs": None, "finish_reason": None}]}
-            for index in range(parsed.request.params.n)
-        ]  # fmt: skip
+        choices, usage = await collect(state.engine, engine_request, timeout_s)
+        return web.json_response(shape.whole(
+            [ChoiceText(c.index, c.text, c.finish_reason) for c in choices], token_usage(usage)))
 
-    def render(output: RequestOutput) -> list[object]:
-        chunks: list[object] = [
-            {**chunk_head, "choices": [shape.chunk_choice(delta)]}
-            for delta in output.deltas
-            if delta.text or delta.finish_reason
-        ]
+    def render(output: RequestOutput) -> list[bytes]:
+        frames = [shape.chunk(d.index, d.text, d.finish_reason) for d in output.deltas]
         if output.usage is not None and parsed.include_usage:
-            chunks.append({**chunk_head, "choices": [], "usage": usage_dict(output.usage)})
-        return chunks
+            frames.append(shape.usage_chunk(token_usage(output.usage)))
+        return [frame for frame in frames if frame]
 
-    return await stream_response(request, state.engine, parsed.request, timeout_s, render, preamble)
+    return await stream_response(request, state.engine, engine_request, timeout_s, render)

@@ -8,10 +8,11 @@ from dataclasses import dataclass, field
 from aiohttp import web
 from prometheus_client import Counter
 
+from radix.openai.fields import Fields
+from radix.openai.json_body import decode_json_object
 from workers.config import ServerConfig
 from workers.engine.async_engine import AsyncEngine
 from workers.engine.build import BuiltWorker, WorkerIdentity
-from workers.server.fields import Fields, parse_json_object
 from workers.server.sampling import RequestLimits
 
 
@@ -65,4 +66,4 @@ STATE = web.AppKey("state", WorkerState)
 
 async def read_fields(request: web.Request) -> Fields:
     """The JSON object body of ``request`` (400 if malformed, 413 if too large)."""
-    return parse_json_object(await request.read())
+    return Fields(decode_json_object(await request.read()))

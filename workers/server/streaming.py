@@ -91,10 +91,15 @@ class EventStream:
         await self.response.prepare(self._request)
 
     async def send(self, payload: object) -> bool:
-        """Send one event (a JSON value, or the literal ``[DONE]``)."""
-        data = payload if payload == "[DONE]" else json.dumps(payload, separators=(",", ":"))
+        """Send one event: a JSON value, the literal ``[DONE]``, or ``bytes`` that are
+        already a whole SSE frame."""
+        if isinstance(payload, bytes):
+            frame = payload
+        else:
+            data = payload if payload == "[DONE]" else json.dumps(payload, separators=(",", ":"))
+            frame = f"data: {data}\n\n".encode()
         try:
-            await self.response.write(f"data: {data}\n\n".encode())
+            await self.response.write(frame)
         except ConnectionError:
             return False
         return True
@@ -111,19 +116,16 @@ async def stream_response(
     engine: AsyncEngine,
     engine_request: GenerationRequest,
     timeout_s: float,
-    render: Callable[[RequestOutput], list[object]],
-    preamble: Sequence[object] = (),
+    render: Callable[[RequestOutput], Sequence[object]],
 ) -> web.StreamResponse:
-    """Serve ``engine_request`` as SSE: ``preamble`` events, ``render(output)`` events for
-    each engine output, then ``[DONE]``. A 429 comes before the headers; a timeout or
+    """Serve ``engine_request`` as SSE: ``render(output)`` events for each engine
+    output, then ``[DONE]``. A 429 comes before the headers; a timeout or
     an engine failure after them is an error event (then ``[DONE]``); a gone client
     stops it."""
     stream = submit(engine, engine_request)
     events = EventStream(request)
     try:
         await events.open()
-        for payload in preamble:
-            await events.send(payload)
         async with asyncio.timeout(timeout_s):
             async for output in stream:
                 for payload in render(output):
