@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+from support.bpe import merging_bpe as trained_bpe
 
 from radix.tokenizer import DEMO_CHAT_TEMPLATE, DEMO_SPECIAL_TOKENS, PromptTokenizer
 
@@ -17,14 +17,8 @@ TRIMMING_TEMPLATE = (
 
 
 def merging_bpe(template: str) -> PromptTokenizer:
-    """A byte-level BPE with merges and GPT-2's regex pre-tokenizer, trained in memory."""
-    bpe = Tokenizer(models.BPE())
-    bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    bpe.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=400, special_tokens=list(DEMO_SPECIAL_TOKENS),
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
-    bpe.train_from_iterator(["the user said hi to the system", "héllo wörld 😀 " * 3], trainer)
-    return PromptTokenizer(bpe.to_str(), template, "<|bos|>", "<|eos|>")
+    """A trained byte-level BPE with merges and ``template``."""
+    return trained_bpe(["the user said hi to the system", "héllo wörld 😀 " * 3], template)
 
 
 TOKENIZERS = [PromptTokenizer.demo(), merging_bpe(DEMO_CHAT_TEMPLATE),

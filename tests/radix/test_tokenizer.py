@@ -9,6 +9,7 @@ import sys
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from support.bpe import merging_bpe
 
 from radix.tokenizer import (
     DEMO_SPECIAL_TOKENS,
@@ -68,20 +69,7 @@ def test_special_token_text_encodes_to_the_special_token(demo):
     assert demo.encode("a<|user|>", add_special_tokens=False) == [97, 259]
 
 
-def _merging_bpe() -> PromptTokenizer:
-    """A byte-level BPE with merges and GPT-2's regex pre-tokenizer, trained in memory."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-
-    bpe = Tokenizer(models.BPE())
-    bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    bpe.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=400, special_tokens=list(DEMO_SPECIAL_TOKENS),
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
-    bpe.train_from_iterator(["the router routes the prompt", "héllo wörld 😀 " * 3], trainer)
-    return PromptTokenizer(bpe.to_str(), None, "<|bos|>", "<|eos|>")
-
-
-MERGING_BPE = _merging_bpe()
+MERGING_BPE = merging_bpe(["the router routes the prompt", "héllo wörld 😀 " * 3])
 # Any text, with special-token strings spliced in (they must become special tokens).
 TEXT_WITH_SPECIALS = st.lists(st.one_of(st.text(), st.sampled_from(DEMO_SPECIAL_TOKENS))).map(
     "".join
