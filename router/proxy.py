@@ -3,9 +3,11 @@
 ``radix`` workers get ``POST /generate`` (the prompt as ``token_ids_b64``: its key
 in base64, a tenth of the cost of JSON-encoding the id list; scope,
 ``num_public_tokens``, sampling) and their results are reshaped into OpenAI objects;
-``openai`` workers get the validated fields only (``OpenAIRequest.upstream_body``:
-completions prompts as the router's token ids, chat messages as rendered, the
-tenant's ``cache_salt``) and their responses pass through.
+``openai`` workers get ``/v1/completions`` with the validated fields only
+(``OpenAIRequest.upstream_body``: the router's token ids as the prompt, chat
+messages rendered by the router with content as text, the tenant's
+``cache_salt``); completions answers pass through, chat requests' answers are
+reshaped into chat objects like a radix worker's.
 
 Contract of ``Proxy.send``: either it answers the client (whole or streamed),
 filling in the caller's ``Exchange`` as it goes, or it raises ``UpstreamUnavailable``
@@ -25,14 +27,14 @@ import base64
 import json
 import logging
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Any
 
 import aiohttp
 from aiohttp import web
 
-from radix.openai.requests import OpenAIRequest
+from radix.openai.requests import COMPLETIONS, OpenAIRequest
 from radix.openai.responses import (
     DONE_FRAME,
     ChoiceText,
@@ -51,8 +53,12 @@ log = logging.getLogger(__name__)
 CLIENT_CLOSED = 499  # the client went away (nginx's convention)
 RETRY_AFTER_S = "1"
 SSE_HEADERS = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
+# Upstream objects (``None`` for ``[DONE]``) to ``/generate``-style events.
+EventTranslator = Callable[[list[dict[str, Any] | None]], list[dict[str, Any] | None]]
 _RETRIABLE_STATUS = frozenset({401, 403, 404, 408, 429})
 _MAX_SSE_LINE_BYTES = 1 << 20
+# A broken connection or an answer that is not what the route promises.
+_MALFORMED = (aiohttp.ClientError, TimeoutError, ValueError, KeyError, TypeError)
 
 
 @dataclass(frozen=True)
@@ -135,12 +141,13 @@ class Proxy:
         try:
             if upstream.status != 200:
                 raise await _status_error(worker, upstream, call.request)
-            if worker.kind == "radix":
-                if call.request.stream:
-                    return await self._stream_generate(client, call, worker, upstream,
-                                                       exchange)
-                return await self._whole_generate(call, worker, upstream, exchange)
-            return await self._pass_openai(client, call, worker, upstream, exchange)
+            if worker.kind == "openai" and call.request.endpoint == COMPLETIONS:
+                return await self._pass_openai(client, call, worker, upstream, exchange)
+            translate = _generate_events if worker.kind == "radix" else _completion_events
+            if call.request.stream:
+                return await self._stream_shaped(client, call, worker, upstream, exchange,
+                                                 translate)
+            return await self._whole_shaped(call, worker, upstream, exchange)
         finally:
             upstream.close()
 
@@ -157,29 +164,29 @@ class Proxy:
         return call.request.upstream_body(worker.served_model, call.max_tokens,
                                           call.prompt.token_ids, call.cache_salt)
 
-    async def _whole_generate(self, call: Call, worker: WorkerState,
-                              upstream: aiohttp.ClientResponse, exchange: Exchange
-                              ) -> web.StreamResponse:
+    async def _whole_shaped(self, call: Call, worker: WorkerState,
+                            upstream: aiohttp.ClientResponse, exchange: Exchange
+                            ) -> web.StreamResponse:
         try:
             result = json.loads(await upstream.read())
             body = ResponseShape(call.request.endpoint, call.model_name).whole(
                 [ChoiceText(c["index"], c["text"], c["finish_reason"])
                  for c in result["choices"]],
-                _generate_usage(result["usage"]))
-        except (aiohttp.ClientError, TimeoutError, ValueError, KeyError, TypeError) as exc:
+                _token_usage(result["usage"]))
+        except _MALFORMED as exc:
             raise _unavailable(worker, exc) from exc
         _answered(exchange)
         _note_usage(exchange, body["usage"])
         return web.json_response(body)
 
-    async def _stream_generate(self, client: web.Request, call: Call, worker: WorkerState,
-                               upstream: aiohttp.ClientResponse, exchange: Exchange
-                               ) -> web.StreamResponse:
+    async def _stream_shaped(self, client: web.Request, call: Call, worker: WorkerState,
+                             upstream: aiohttp.ClientResponse, exchange: Exchange,
+                             translate: EventTranslator) -> web.StreamResponse:
         shape = ResponseShape(call.request.endpoint, call.model_name)
-        batches = _sse_batches(upstream)
+        batches = _translated(_sse_batches(upstream), translate)
         try:
             batch = await anext(batches)
-        except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
+        except _MALFORMED as exc:
             raise _unavailable(worker, exc) from exc
         if batch[0] is None:
             raise _unavailable(worker, EOFError("stream ended before its first event"))
@@ -197,7 +204,7 @@ class Proxy:
                                     request_id(client), worker.worker_id)
                     return out
                 batch = await anext(batches)
-        except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
+        except _MALFORMED as exc:
             await _end_stream_with_error(client, out, exchange, worker, exc)
         except ConnectionResetError:
             exchange.status = CLIENT_CLOSED
@@ -245,6 +252,37 @@ class Proxy:
         return out
 
 
+def _generate_events(batch: list[dict[str, Any] | None]) -> list[dict[str, Any] | None]:
+    """A radix worker's ``/generate`` objects are the events already."""
+    return batch
+
+
+def _completion_events(batch: list[dict[str, Any] | None]) -> list[dict[str, Any] | None]:
+    """An OpenAI-compatible backend's completions chunks as ``/generate``-style events:
+    one per choice (``index``, ``text``, ``finish_reason``), a usage chunk as
+    ``usage``, errors and ``[DONE]`` as they are. Chunks carry no token ids, so a cut
+    stream counts one token per chunk with text (vLLM and SGLang send about one)."""
+    events: list[dict[str, Any] | None] = []
+    for item in batch:
+        if item is None or "error" in item:
+            events.append(item)
+            continue
+        events += [{"index": c["index"], "text": c["text"], "finish_reason": c["finish_reason"]}
+                   for c in item.get("choices") or ()]
+        if item.get("usage") is not None:
+            events.append({"usage": item["usage"]})
+    return events
+
+
+async def _translated(batches: AsyncIterator[list[dict[str, Any] | None]],
+                      translate: EventTranslator) -> AsyncIterator[list[dict[str, Any] | None]]:
+    """``batches`` with each batch translated (empty ones are skipped)."""
+    async for batch in batches:
+        events = translate(batch)
+        if events:
+            yield events
+
+
 async def _sse_batches(upstream: aiohttp.ClientResponse
                        ) -> AsyncIterator[list[dict[str, Any] | None]]:
     """The JSON objects of an SSE stream's ``data:`` lines, batched by network read
@@ -281,7 +319,7 @@ def _client_frames(batch: list[dict[str, Any] | None], shape: ResponseShape,
             frames.append(DONE_FRAME)
             return b"".join(frames), True
         if "usage" in event:
-            usage = _generate_usage(event["usage"])
+            usage = _token_usage(event["usage"])
             _note_usage(exchange, usage_object(usage))
             if include_usage:
                 frames.append(shape.usage_chunk(usage))
@@ -292,7 +330,7 @@ def _client_frames(batch: list[dict[str, Any] | None], shape: ResponseShape,
             exchange.status = 502
             return b"".join(frames), True
         else:
-            exchange.num_completion_tokens += len(event.get("token_ids") or ())
+            exchange.num_completion_tokens += len(event.get("token_ids") or event["text"][:1])
             frames.append(shape.chunk(event["index"], event["text"], event["finish_reason"]))
     return b"".join(frames), False
 
@@ -303,10 +341,15 @@ def _answered(exchange: Exchange) -> None:
     exchange.first_byte_at = time.monotonic()
 
 
-def _generate_usage(usage: dict[str, Any]) -> TokenUsage:
-    """A ``/generate`` usage object as ``TokenUsage``."""
+def _token_usage(usage: dict[str, Any]) -> TokenUsage:
+    """A usage object as ``TokenUsage``: ``/generate``'s (``cached_tokens`` at the top)
+    or OpenAI's (in ``prompt_tokens_details``, which a backend may leave out)."""
+    cached = usage.get("cached_tokens")
+    if cached is None:
+        details = usage.get("prompt_tokens_details")
+        cached = details.get("cached_tokens") if isinstance(details, dict) else None
     return TokenUsage(int(usage["prompt_tokens"]), int(usage["completion_tokens"]),
-                      int(usage["cached_tokens"]))
+                      int(cached or 0))
 
 
 def _note_usage(exchange: Exchange, usage: Any) -> None:

@@ -41,7 +41,7 @@ CHAT = "chat"
 CHAT_ROLES = ("system", "developer", "user", "assistant", "tool")
 MAX_MESSAGES = 4096
 MAX_NAME_CHARS = 256
-_UPSTREAM_PROMPT_PARAMS = ("token_ids_b64", "token_ids")
+_UPSTREAM_PROMPT_PARAMS = ("token_ids_b64", "token_ids", "prompt")
 INLINE_TOKENIZE_CHARS = 8192  # longer prompt texts are tokenized off the event loop
 _COMMON = ("model", "stream", "stream_options", "user", "max_tokens", *SAMPLING_FIELDS,
            "presence_penalty", "frequency_penalty", "logit_bias", "logprobs", "cache_salt")
@@ -93,18 +93,16 @@ class OpenAIRequest:
 
     def upstream_body(self, model: str, max_tokens: int | None,
                       prompt_token_ids: list[int], cache_salt: str) -> tuple[str, dict[str, Any]]:
-        """Path and body for an OpenAI-compatible backend: only validated fields, the
-        router's own token ids as a completions prompt, the messages exactly as the
-        router rendered them for chat, usage always asked for when streaming, and the
-        tenant's ``cache_salt``."""
+        """Path and body for an OpenAI-compatible backend: always ``/v1/completions``
+        with the router's own token ids as the prompt (for chat, the messages as the
+        router rendered and counted them, content as text), only validated fields,
+        usage always asked for when streaming, and the tenant's ``cache_salt``. The
+        caller shapes a chat request's answer back into chat objects."""
         body: dict[str, Any] = {"model": model, **self.sampling.to_wire(max_tokens),
-                                "stream": self.stream, "cache_salt": cache_salt}
+                                "stream": self.stream, "cache_salt": cache_salt,
+                                "prompt": prompt_token_ids}
         if self.stream:
             body["stream_options"] = {"include_usage": True}
-        if self.messages is not None:
-            body["messages"] = [dict(message) for message in self.messages]
-            return "/v1/chat/completions", body
-        body["prompt"] = prompt_token_ids
         return "/v1/completions", body
 
 

@@ -98,6 +98,7 @@ def test_upstream_error_params_are_renamed_as_the_client_sent_them() -> None:
     assert chat.client_param("sampling.max_tokens") == "max_completion_tokens"
     assert chat.client_param("max_tokens") == "max_completion_tokens"
     assert chat.client_param("token_ids_b64") == "messages"
+    assert chat.client_param("prompt") == "messages"  # chat goes upstream as completions
     assert chat.client_param("sampling.top_k") == "top_k"
     assert chat.client_param("messages[0].content") == "messages[0].content"
     completion = parse(COMPLETIONS)
@@ -154,11 +155,10 @@ def test_upstream_body_holds_only_validated_fields_and_the_salt() -> None:
                                                                  {"type": "text", "text": "b"}]}],
                     temperature=0.5, stop="x", stream=True, user="u", max_completion_tokens=9)
     path, body = request.upstream_body("served", 4, [1, 2], "salt")
-    assert path == "/v1/chat/completions"
+    assert path == "/v1/completions"  # the router renders chat; the backend never does
     assert body == {"model": "served", "n": 1, "temperature": 0.5, "max_tokens": 4, "stop": ["x"],
                     "stream": True, "cache_salt": "salt",
-                    "stream_options": {"include_usage": True},
-                    "messages": [{"role": "user", "content": "ab"}]}
+                    "stream_options": {"include_usage": True}, "prompt": [1, 2]}
     path, body = parse(COMPLETIONS, top_k=-1).upstream_body("served", None, [5, 6], "salt")
     assert path == "/v1/completions" and body["prompt"] == [5, 6] and body["top_k"] == -1
 
