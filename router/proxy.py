@@ -13,9 +13,10 @@ Contract of ``Proxy.send``: either it answers the client (whole or streamed),
 filling in the caller's ``Exchange`` as it goes, or it raises ``UpstreamUnavailable``
 having sent the client nothing, so the caller may try the next worker. A stream
 that fails after its first byte ends with an error event and then ``data: [DONE]``
-(no retry is possible then). A client that goes away closes the upstream response,
-which cancels the request on the worker; the exchange then holds the completion
-tokens streamed so far, which is what the tenant is charged.
+(no retry is possible then); on a passed-through ``openai`` stream, a backend's own
+error event or an end without ``[DONE]`` is such a failure. A client that goes away
+closes the upstream response, which cancels the request on the worker; the exchange
+then holds the completion tokens streamed so far, which is what the tenant is charged.
 
 Errors sent to clients name no worker address and no exception text: the detail is
 logged under the request id (``router.server.request_ids``).
@@ -234,17 +235,26 @@ class Proxy:
         line = first
         try:
             while line:
-                if b'"usage"' in line and line.startswith(b"data: {"):
-                    chunk = json.loads(line[6:])
-                    _note_usage(exchange, chunk.get("usage"))
-                    if not chunk.get("choices") and not call.request.include_usage:
-                        await upstream.content.readline()  # the blank line ending the event
-                        line = await upstream.content.readline()
-                        continue
-                elif line.startswith(b"data: {"):
-                    exchange.num_completion_tokens += 1  # a chunk is about one token
+                if line.startswith(b"data: {"):
+                    if b'"choices"' in line and b'"usage"' not in line:
+                        exchange.num_completion_tokens += 1  # a chunk is about one token
+                    else:  # usage, or an error event: the rare lines
+                        chunk = json.loads(line[6:])
+                        if "error" in chunk or chunk.get("object") == "error":
+                            await _end_stream_with_error(client, out, exchange, worker,
+                                                         ValueError(f"error event {chunk}"))
+                            return out
+                        _note_usage(exchange, chunk.get("usage"))
+                        if not chunk.get("choices") and not call.request.include_usage:
+                            await upstream.content.readline()  # the blank line ending it
+                            line = await upstream.content.readline()
+                            continue
+                elif line.rstrip() == b"data: [DONE]":
+                    await out.write(DONE_FRAME)
+                    return out
                 await out.write(line)
                 line = await upstream.content.readline()
+            raise aiohttp.ClientPayloadError("stream ended before [DONE]")
         except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
             await _end_stream_with_error(client, out, exchange, worker, exc)
         except ConnectionResetError:

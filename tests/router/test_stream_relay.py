@@ -1,5 +1,6 @@
 """The router's relay of worker ``/generate`` streams: events split or merged across
-network reads, error events, streams cut short, and the exact chunk bytes."""
+network reads, error events, streams cut short, and the exact chunk bytes; and the
+pass-through of an ``openai``-kind worker's completions stream when it fails."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import json
 import aiohttp
 import pytest
 from aiohttp import web
-from support.aio import running_router, serving
+from support.aio import eventually, running_router, serving
 from test_server import ALICE, make_config, sse_objects
 
 from bench import instant_upstream
@@ -103,6 +104,14 @@ async def test_a_stream_cut_short_ends_with_an_error_frame_and_done() -> None:
     assert "[DONE]" not in error["message"], "no exception text reaches the client"
 
 
+async def test_a_stream_ending_in_an_error_frame_is_counted_as_a_502() -> None:
+    async with serving(scripted_upstream([event("a"), event("b")[:9]])) as up, \
+            running_router(make_config([up])) as (url, router), \
+            aiohttp.ClientSession() as session:
+        async with session.post(f"{url}/v1/completions", json=STREAM, headers=ALICE) as resp:
+            assert resp.status == 200 and "error" in await resp.text()
+        failed = router.metrics.requests.labels("u0", "alice", "502")
+        await eventually(lambda: failed._value.get() == 1, 5.0)
 async def test_a_stream_without_events_is_a_failed_attempt() -> None:
     status, text = await relay([b"data: [DONE]\n\n"])
     assert status == 502 and json.loads(text)["error"]["code"] == "upstream_error"
@@ -122,3 +131,62 @@ def test_chunk_bytes_are_the_compact_json_of_the_envelope(endpoint: str) -> None
             assert body["choices"][0]["delta"]["content"] == 'a"é\n'
         else:
             assert body["object"] == "text_completion" and body["choices"][0]["text"] == 'a"é\n'
+
+
+# ---- openai-kind workers: completions streams pass through --------------------------
+
+
+def completion_chunk(text: str) -> bytes:
+    return sse_frame({"id": "c", "object": "text_completion", "created": 0, "model": "m",
+                      "choices": [{"index": 0, "text": text, "finish_reason": None}]})
+
+
+def scripted_openai_upstream(pieces: list[bytes]) -> web.Application:
+    """An OpenAI-compatible upstream whose ``/v1/completions`` stream is ``pieces``."""
+    async def completions(request: web.Request) -> web.StreamResponse:
+        out = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await out.prepare(request)
+        for piece in pieces:
+            await out.write(piece)
+            await asyncio.sleep(0.02)
+        return out
+
+    app = web.Application()
+    app.add_routes([*instant_upstream.status_routes(),
+                    web.get("/v1/models", instant_upstream.models),
+                    web.post("/v1/completions", completions)])
+    return app
+
+
+async def relay_openai(pieces: list[bytes]) -> tuple[int, str]:
+    async with serving(scripted_openai_upstream(pieces)) as up, \
+            running_router(make_config([up], kind="openai")) as (url, _), \
+            aiohttp.ClientSession() as session, \
+            session.post(f"{url}/v1/completions", json=STREAM, headers=ALICE) as resp:
+        return resp.status, await resp.text()
+
+
+BACKEND_ERROR = sse_frame({"error": {"message": "Traceback: 10.0.0.7:8000 exploded",
+                                     "type": "InternalServerError", "code": 500}})
+VLLM_ERROR = sse_frame({"object": "error", "message": "CUDA error at 10.0.0.7:8000",
+                        "type": "InternalServerError", "code": 500})
+
+
+async def test_an_openai_stream_passes_through_to_its_done() -> None:
+    status, text = await relay_openai([completion_chunk("a"), completion_chunk("b"),
+                                       b"data: [DONE]\n\n"])
+    assert status == 200 and data_lines(text)[-1] == "[DONE]"
+    assert [json.loads(f)["choices"][0]["text"] for f in data_lines(text)[:-1]] == ["a", "b"]
+
+
+@pytest.mark.parametrize("ending", [[], [BACKEND_ERROR, b"data: [DONE]\n\n"],
+                                    [VLLM_ERROR, completion_chunk("never")]])
+async def test_an_openai_stream_that_fails_ends_with_our_error_frame_and_done(ending) -> None:
+    """Cut short without ``[DONE]``, or an error event from the backend: the client gets
+    the router's own error frame (no backend text, no address) and then ``[DONE]``."""
+    status, text = await relay_openai([completion_chunk("a"), *ending])
+    *frames, done = data_lines(text)
+    assert status == 200 and json.loads(frames[0])["choices"][0]["text"] == "a"
+    error = json.loads(frames[1])["error"]
+    assert len(frames) == 2 and done == "[DONE]" and error["code"] == "upstream_error"
+    assert "10.0.0.7" not in text and "Traceback" not in text and "CUDA" not in text
