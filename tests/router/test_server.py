@@ -176,6 +176,9 @@ async def test_completions_and_chat_through_the_router() -> None:
                      "router_ttft_seconds", "router_retries_total"):
             assert name in metrics
         assert 'router_requests_total{code="200",tenant="alice",worker="u0"} 2.0' in metrics
+        assert 'router_worker_ready{worker="u0"} 1.0' in metrics
+        assert 'router_prompt_tokens_total{worker="u0"} ' in metrics
+        assert 'router_matched_tokens_total{worker="u0"} ' in metrics
 
 
 async def test_error_before_first_byte_moves_to_the_next_worker() -> None:
@@ -389,3 +392,43 @@ async def test_openai_kind_worker_gets_chat_as_the_routers_token_ids_and_answers
         deltas = [c["choices"][0]["delta"] for c in chunks if c["choices"]]
         assert deltas == [{"role": "assistant", "content": "a"}, {"content": "a"}, {"content": "a"}]
         assert chunks[-1]["usage"]["completion_tokens"] == 3
+
+
+async def test_a_worker_whose_ready_answers_503_leaves_routing_until_ready_again() -> None:
+    """A worker's ``/ready`` drops to 503 after a failed batched step (issue 10, item 5):
+    the router stops routing there on the first such answer, and routes there again
+    once ``/ready`` is 200."""
+    failing = asyncio.Event()
+    served: list[str] = []
+    base = {route.path: route for route in instant_upstream.status_routes()}
+
+    def upstream(worker_id: str) -> web.Application:
+        async def ready(request: web.Request) -> web.StreamResponse:
+            if failing.is_set() and worker_id == "u0":
+                return web.json_response({"ready": False}, status=503)
+            return await base["/ready"].handler(request)
+
+        async def generate(request: web.Request) -> web.StreamResponse:
+            served.append(worker_id)
+            return await instant_upstream.generate(request)
+
+        app = web.Application()
+        app.add_routes([*(r for path, r in base.items() if path != "/ready"),
+                        web.get("/ready", ready), web.post("/generate", generate)])
+        return app
+
+    async with serving(upstream("u0")) as first, serving(upstream("u1")) as second, \
+            running_router(make_config([first, second])) as (url, router), \
+            aiohttp.ClientSession() as session:
+        await eventually(lambda: len(router.registry.routable("demo")) == 2)
+        failing.set()
+        await eventually(lambda: not router.registry.get("u0").ready)
+        assert "503" in router.registry.get("u0").reason
+        served.clear()
+        for _ in range(4):
+            status, _, _ = await call(session, "POST", f"{url}/v1/completions",
+                                      {"model": "demo", "prompt": "hello"}, ALICE)
+            assert status == 200
+        assert served == ["u1"] * 4
+        failing.clear()
+        await eventually(lambda: len(router.registry.routable("demo")) == 2)
