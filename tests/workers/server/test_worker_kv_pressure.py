@@ -1,5 +1,6 @@
-"""Issue 9 over HTTP: on a small KV pool, prompts that share a mid-block prefix all run,
-and once nothing runs, evicting the cache gives every block back."""
+"""Issue 9 over HTTP: on a small KV pool, prompts that share a mid-block prefix all run
+(each hitting the shared prefix), a prompt no empty pool could hold is a 413 before it
+queues, and once nothing runs, evicting the cache gives every block back."""
 
 from __future__ import annotations
 
@@ -24,9 +25,16 @@ def test_prompts_larger_than_the_free_pool_run_after_a_mid_block_hit() -> None:
                 "/v1/completions", {"model": "demo", "prompt": document(i), "max_tokens": 1}
             )
             assert status == 200, body
-            if i:
-                assert body["usage"]["prompt_tokens_details"]["cached_tokens"] > 0, body["usage"]
+            # the hit is the shared "document " (BOS + 9 bytes), ending inside block 0
+            expected = 10 if i else 0
+            assert body["usage"]["prompt_tokens_details"]["cached_tokens"] == expected, body
         info = used_blocks_settle(worker)
+        queried = metric(worker, "prefix_cache_queries_tokens_total")
+        status, body = worker.post_json(
+            "/v1/completions", {"model": "demo", "prompt": "z" * (total * 16), "max_tokens": 1}
+        )  # more than an empty pool holds: refused at once, never queued
+        assert (status, body["error"]["code"]) == (413, "context_length_exceeded"), body
+        assert metric(worker, "prefix_cache_queries_tokens_total") == queried
         assert info["kv"]["num_free_blocks"] + info["kv"]["num_cached_blocks"] == total, info["kv"]
         assert metric(worker, "engine_stalls_total") == 0
     finally:
