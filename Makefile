@@ -7,7 +7,7 @@ PY := $(VENV)/bin/python
 TORCH_SPEC ?= torch==2.13.0
 STAMP := $(VENV)/.installed
 
-.PHONY: run test bench lint install redis clean
+.PHONY: run test bench lint install redis promtool clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -25,10 +25,15 @@ redis:
 	  echo "redis-server not found: installing it with apt-get"; \
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq redis-server >/dev/null; }
 
+promtool:
+	@command -v promtool >/dev/null 2>&1 || { \
+	  echo "promtool not found: installing the prometheus package with apt-get"; \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends prometheus >/dev/null; }
+
 run: install
 	$(VENV)/bin/radix-router up --config configs/local.toml
 
-test: install redis
+test: install redis promtool
 	$(PY) -m pytest -q -p no:cacheprovider
 
 bench: install

@@ -151,8 +151,7 @@ def learn(router: Router, worker: WorkerState, prompt: Prompt, matched: dict[str
     """Record what the request taught: the index's prediction for the chosen worker
     against what it reported as cached, and the latencies."""
     num_matched = matched.get(worker.worker_id, 0)
-    router.metrics.prompt_tokens.inc(len(prompt.token_ids))
-    router.metrics.matched_tokens.inc(num_matched)
+    router.metrics.count_tokens(worker.worker_id, len(prompt.token_ids), num_matched)
     worker.stats.record(len(prompt.token_ids), num_matched, exchange.num_cached_tokens)
     now = time.monotonic()
     router.metrics.request_seconds.observe(now - started)

@@ -1,7 +1,9 @@
 """The router's Prometheus metrics, on a per-app ``CollectorRegistry`` (no globals).
 
 Counters and histograms are updated as requests pass; the gauges (index size, worker
-load) are refreshed from their owners when ``/metrics`` is scraped.
+readiness and load) are refreshed from their owners when ``/metrics`` is scraped. A
+stream that fails after its first byte (an error frame, then ``[DONE]``) is counted
+in ``router_requests_total`` with code 502, like an error before it.
 """
 
 from __future__ import annotations
@@ -26,14 +28,18 @@ class RouterMetrics:
         r = self.registry
         self.requests = Counter("router_requests", "Requests by worker, tenant and status code",
                                 ["worker", "tenant", "code"], registry=r)
-        self.prompt_tokens = Counter("router_prompt_tokens", "Prompt tokens routed", registry=r)
+        self.prompt_tokens = Counter("router_prompt_tokens", "Prompt tokens routed, by worker",
+                                     ["worker"], registry=r)
         self.matched_tokens = Counter("router_matched_tokens",
                                       "Prompt tokens the index matched on the chosen worker",
-                                      registry=r)
+                                      ["worker"], registry=r)
         self.decision_seconds = Histogram("router_decision_seconds",
                                           "Time to match and choose a worker",
                                           buckets=_DECISION_BUCKETS, registry=r)
         self.index_nodes = Gauge("router_index_nodes", "Nodes in the router index", registry=r)
+        self.worker_ready = Gauge("router_worker_ready",
+                                  "1 while the worker passes its readiness probe and is routed to",
+                                  ["worker"], registry=r)
         self.worker_load = Gauge("router_worker_load", "Worker load as the router sees it",
                                  ["worker", "measure"], registry=r)
         self.request_seconds = Histogram("router_request_seconds", "Whole request latency",
@@ -42,6 +48,7 @@ class RouterMetrics:
                                       buckets=_LATENCY_BUCKETS, registry=r)
         self.retries = Counter("router_retries", "Attempts moved to another worker", registry=r)
         self._request_counters: dict[tuple[str, str, int], Counter] = {}
+        self._token_counters: dict[str, tuple[Counter, Counter]] = {}
 
     def count_request(self, worker_id: str, tenant_id: str, code: int) -> None:
         """Count one finished request in ``router_requests_total``. The labelled child
@@ -54,11 +61,24 @@ class RouterMetrics:
                                                                          str(code))
         counter.inc()
 
+    def count_tokens(self, worker_id: str, num_prompt_tokens: int, num_matched_tokens: int
+                     ) -> None:
+        """Count one routed prompt and the index's predicted match on ``worker_id`` (the
+        labelled children are cached, as in ``count_request``)."""
+        counters = self._token_counters.get(worker_id)
+        if counters is None:
+            counters = self._token_counters[worker_id] = (
+                self.prompt_tokens.labels(worker_id), self.matched_tokens.labels(worker_id))
+        counters[0].inc(num_prompt_tokens)
+        counters[1].inc(num_matched_tokens)
+
     def render(self, workers: Iterable[WorkerState], index_nodes: int) -> bytes:
         """Refresh the gauges and return the Prometheus text exposition."""
         self.index_nodes.set(index_nodes)
         self.worker_load.clear()
+        self.worker_ready.clear()
         for worker in workers:
+            self.worker_ready.labels(worker.worker_id).set(float(worker.ready))
             for measure, value in _load_measures(worker).items():
                 self.worker_load.labels(worker.worker_id, measure).set(value)
         return generate_latest(self.registry)
@@ -67,7 +87,6 @@ class RouterMetrics:
 def _load_measures(worker: WorkerState) -> Mapping[str, float]:
     load = worker.load
     return {
-        "ready": float(worker.ready),
         "in_flight_requests": worker.num_in_flight_requests,
         "in_flight_prompt_tokens": worker.num_in_flight_prompt_tokens,
         "requests_running": load.num_requests_running,

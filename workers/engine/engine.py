@@ -28,7 +28,7 @@ import torch
 
 from radix.tokenizer import PromptTokenizer
 from workers.config import EngineConfig
-from workers.engine.metrics import EngineMetrics, EngineStats
+from workers.engine.metrics import EngineMetrics, EngineStats, TailBlockFill
 from workers.engine.request import ChoiceDelta, GenerationRequest, RequestOutput, Usage
 from workers.engine.scheduler import ScheduledChunk, Scheduler
 from workers.engine.sequence import RequestState, Sequence, SequenceStatus
@@ -67,6 +67,8 @@ class Engine:
         self._failures: dict[int, RequestOutput] = {}
         self._seq_ids = itertools.count()
         self._block_size = manager.block_size
+        self._num_prompt_tokens = 0
+        self._num_generation_tokens = 0
 
     # ---- requests ------------------------------------------------------------------
 
@@ -205,8 +207,13 @@ class Engine:
     def _append(self, seq: Sequence, token_id: int) -> ChoiceDelta:
         previous_time = seq.last_token_time
         seq.append_token(token_id)
+        self._num_generation_tokens += 1
         if previous_time is None:
-            self._metrics.observe_ttft(seq.last_token_time - seq.request.arrival_time)
+            num_prompt_tokens = seq.request.num_prompt_tokens
+            self._metrics.observe_ttft(seq.last_token_time - seq.request.arrival_time,
+                                       num_prompt_tokens)
+            if seq.index == 0:
+                self._num_prompt_tokens += num_prompt_tokens
         else:
             self._metrics.observe_tpot(seq.last_token_time - previous_time)
         step = seq.stop_checker.append(token_id, len(seq.token_ids))
@@ -219,6 +226,7 @@ class Engine:
         if not state.is_finished:
             return RequestOutput(tuple(deltas))
         del self._requests[state.request_id]
+        self._metrics.observe_finished(state.num_prompt_tokens, state.num_completion_tokens())
         usage = Usage(
             prompt_tokens=state.num_prompt_tokens,
             completion_tokens=state.num_completion_tokens(),
@@ -282,6 +290,11 @@ class Engine:
             num_waiting_tokens=waiting_tokens,
             num_preemptions=self.scheduler.num_preemptions,
             num_stalls=self.scheduler.num_stalls,
+            num_prompt_tokens=self._num_prompt_tokens,
+            num_generation_tokens=self._num_generation_tokens,
+            tail_fill=TailBlockFill.measure(
+                [(len(s.token_ids), self.manager.num_table_blocks(s.seq_id))
+                 for s in self.scheduler.running], self._block_size),
         )
 
 

@@ -2,14 +2,16 @@
 
 The engine thread builds an ``EngineStats`` after every step and publishes it by
 swapping one reference; the event loop (``/info``, ``/metrics``) only reads the
-latest snapshot, so no lock is held across threads. Latency histograms are
-observed on the engine thread (prometheus_client histograms are thread-safe).
+latest snapshot, so no lock is held across threads. Histograms (latencies and
+lengths) are observed on the engine thread (prometheus_client histograms are
+thread-safe).
 Everything registers in a per-process ``CollectorRegistry`` passed in, never the
 global default registry.
 """
 
 from __future__ import annotations
 
+import bisect
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
@@ -23,6 +25,11 @@ _LATENCY_BUCKETS = (
     0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.15, 0.2, 0.3, 0.5,
     0.75, 1.0, 1.5, 2.0, 3.0, 5.0, 10.0, 20.0, 40.0,
 )  # fmt: skip
+_TOKEN_COUNT_BUCKETS = (
+    1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 10000, 20000, 50000, 100000,
+)  # fmt: skip
+# Upper bounds (tokens) of the ``prompt_len_bucket`` label of the TTFT histogram.
+PROMPT_LEN_BOUNDS = (128, 512, 2048, 8192, 32768)
 
 
 @dataclass(frozen=True)
@@ -41,6 +48,10 @@ class EngineStats:
     cow_copies_total: int
     preemptions_total: int
     engine_stalls_total: int
+    prompt_tokens_total: int
+    generation_tokens_total: int
+    kv_tail_block_fill_ratio: float
+    num_kv_tail_empty_slots: int
 
     @property
     def kv_cache_usage_ratio(self) -> float:
@@ -58,6 +69,9 @@ class EngineStats:
         num_waiting_tokens: int,
         num_preemptions: int,
         num_stalls: int,
+        num_prompt_tokens: int,
+        num_generation_tokens: int,
+        tail_fill: TailBlockFill,
     ) -> EngineStats:
         """Read the KV manager's gauges and counters (engine thread only)."""
         kv = manager.stats()
@@ -74,6 +88,10 @@ class EngineStats:
             cow_copies_total=kv.num_cow_copies_total,
             preemptions_total=num_preemptions,
             engine_stalls_total=num_stalls,
+            prompt_tokens_total=num_prompt_tokens,
+            generation_tokens_total=num_generation_tokens,
+            kv_tail_block_fill_ratio=tail_fill.fill_ratio,
+            num_kv_tail_empty_slots=tail_fill.num_empty_slots,
         )
 
     def load(self) -> dict[str, float]:
@@ -86,6 +104,31 @@ class EngineStats:
         }
 
 
+@dataclass(frozen=True)
+class TailBlockFill:
+    """Internal fragmentation of the paged pool: how full the last block of each
+    running sequence's block table is (every other block of a table is full).
+
+    ``num_empty_slots``: token slots of those last blocks that hold no token (a block
+    shared by forked sequences counts once per sequence). ``fill_ratio``: the mean,
+    over running sequences, of the share of the last block's slots holding tokens;
+    1.0 (nothing wasted) when no sequence runs.
+    """
+
+    fill_ratio: float
+    num_empty_slots: int
+
+    @classmethod
+    def measure(cls, num_tokens_and_blocks: list[tuple[int, int]], block_size: int
+                ) -> TailBlockFill:
+        """From ``(tokens, blocks held)`` per running sequence; a token without its
+        block yet (sampled, not computed) counts as filling nothing."""
+        if not num_tokens_and_blocks:
+            return cls(1.0, 0)
+        empty = sum(b * block_size - min(t, b * block_size) for t, b in num_tokens_and_blocks)
+        return cls(1.0 - empty / (len(num_tokens_and_blocks) * block_size), empty)
+
+
 _GAUGES = {
     "num_requests_running": "Requests holding KV blocks.",
     "num_requests_waiting": "Requests queued for admission (new or preempted).",
@@ -93,6 +136,10 @@ _GAUGES = {
     "kv_blocks_total": "KV blocks preallocated.",
     "kv_blocks_free": "KV blocks on the free list.",
     "kv_blocks_cached": "KV blocks held only by the prefix cache (evictable).",
+    "kv_tail_block_fill_ratio": "Mean share of the slots of running sequences' last KV"
+    " block that hold tokens (1: no slot wasted; 1 when nothing runs).",
+    "num_kv_tail_empty_slots": "Token slots left empty in the last KV block of running"
+    " sequences (internal fragmentation; a shared block counts once per sequence).",
 }
 _COUNTERS = {
     "prefix_cache_queries_tokens_total": "Prompt tokens looked up in the prefix cache.",
@@ -101,6 +148,8 @@ _COUNTERS = {
     "cow_copies_total": "KV blocks copied on write.",
     "preemptions_total": "Sequences preempted for lack of KV blocks (recomputed later).",
     "engine_stalls_total": "Requests that could not be admitted with nothing running (a bug).",
+    "prompt_tokens_total": "Prompt tokens of requests whose prefill completed (cached or not).",
+    "generation_tokens_total": "Output tokens generated (all choices, aborted requests too).",
 }
 
 
@@ -124,29 +173,55 @@ class _StatsCollector(Collector):
 
 
 class EngineMetrics:
-    """TTFT and TPOT histograms in ``registry``, observed by the engine thread."""
+    """Latency and length histograms in ``registry``, observed by the engine thread.
+
+    ``time_to_first_token_seconds`` carries a ``prompt_len_bucket`` label: the
+    smallest bound of ``PROMPT_LEN_BOUNDS`` the prompt fits in, or ``+Inf``; every
+    child exists from the start (sum over the label for the overall TTFT).
+    """
 
     def __init__(self, registry: CollectorRegistry) -> None:
-        self._ttft = Histogram(
+        ttft = Histogram(
             "time_to_first_token_seconds",
-            "Arrival to first output token, per request choice.",
+            "Arrival to first output token, per request choice, by prompt length.",
+            ["prompt_len_bucket"],
             buckets=_LATENCY_BUCKETS,
             registry=registry,
         )
+        labels = [str(bound) for bound in PROMPT_LEN_BOUNDS] + ["+Inf"]
+        self._ttft_by_prompt_len = [ttft.labels(label) for label in labels]
         self._tpot = Histogram(
             "time_per_output_token_seconds",
             "Interval between consecutive output tokens of a choice.",
             buckets=_LATENCY_BUCKETS,
             registry=registry,
         )
+        self._prompt_len = Histogram(
+            "request_prompt_tokens",
+            "Prompt length of each finished request, in tokens.",
+            buckets=_TOKEN_COUNT_BUCKETS,
+            registry=registry,
+        )
+        self._output_len = Histogram(
+            "request_generation_tokens",
+            "Output tokens of each finished request (all choices).",
+            buckets=_TOKEN_COUNT_BUCKETS,
+            registry=registry,
+        )
 
-    def observe_ttft(self, seconds: float) -> None:
-        """Record one time to first token."""
-        self._ttft.observe(seconds)
+    def observe_ttft(self, seconds: float, num_prompt_tokens: int) -> None:
+        """Record one time to first token of a prompt of ``num_prompt_tokens``."""
+        bucket = bisect.bisect_left(PROMPT_LEN_BOUNDS, num_prompt_tokens)
+        self._ttft_by_prompt_len[bucket].observe(seconds)
 
     def observe_tpot(self, seconds: float) -> None:
         """Record one inter-token interval."""
         self._tpot.observe(seconds)
+
+    def observe_finished(self, num_prompt_tokens: int, num_output_tokens: int) -> None:
+        """Record the lengths of one request that finished (not aborted or failed)."""
+        self._prompt_len.observe(num_prompt_tokens)
+        self._output_len.observe(num_output_tokens)
 
 
 def register_stats(registry: CollectorRegistry, read_stats: Callable[[], EngineStats]) -> None:

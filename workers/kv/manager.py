@@ -168,6 +168,10 @@ class KVCacheManager:
         """A copy of the physical block ids of ``seq_id``'s logical blocks."""
         return list(self._seqs[seq_id].block_table)
 
+    def num_table_blocks(self, seq_id: SeqId) -> int:
+        """Length of ``seq_id``'s block table (blocks it holds for its positions)."""
+        return len(self._seqs[seq_id].block_table)
+
     def num_computed_tokens(self, seq_id: SeqId) -> int:
         """Positions with KV written or assigned to the current step."""
         return self._seqs[seq_id].num_computed_tokens

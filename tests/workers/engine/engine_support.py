@@ -39,8 +39,10 @@ def make_engine(
     max_batched_tokens: int = 512,
     max_num_seqs: int = 64,
     prefix_caching: bool = True,
+    registry: CollectorRegistry | None = None,
 ) -> Engine:
-    """An engine over a fresh KV cache of ``num_blocks`` blocks."""
+    """An engine over a fresh KV cache of ``num_blocks`` blocks; its histograms go to
+    ``registry`` (a fresh one by default)."""
     loaded = demo_model()
     spec = kv_spec(loaded.config, BLOCK_SIZE)
     manager = build_kv_cache_manager(
@@ -53,7 +55,7 @@ def make_engine(
     config = EngineConfig(max_batched_tokens=max_batched_tokens, max_num_seqs=max_num_seqs)
     return Engine(
         manager, runner, loaded.tokenizer, config, min(4096, num_blocks * BLOCK_SIZE),
-        EngineMetrics(CollectorRegistry()),
+        EngineMetrics(registry or CollectorRegistry()),
     )  # fmt: skip
 
 
