@@ -257,7 +257,7 @@ def demo_tokenizer_files() -> dict[str, str]:
     (ids 256..261). BOS is prepended when special tokens are added. The text is
     built from literals, so it is identical on every machine and library version.
     """
-    byte_chars = _bytes_to_unicode()
+    byte_chars = byte_alphabet()
     flags = {"single_word": False, "lstrip": False, "rstrip": False, "normalized": False}
     added = [
         {"id": len(byte_chars) + i, "content": token, **flags, "special": True}
@@ -296,8 +296,9 @@ def demo_tokenizer_files() -> dict[str, str]:
     }
 
 
-def _bytes_to_unicode() -> list[str]:
-    """GPT-2's printable stand-in character for each byte value, indexed by byte."""
+def byte_alphabet() -> list[str]:
+    """GPT-2's printable stand-in character for each byte value, indexed by byte (the
+    alphabet byte-level BPE vocabularies are spelled in)."""
     printable = {*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1)}
     printable |= set(range(ord("®"), ord("ÿ") + 1))
     others = (b for b in range(256) if b not in printable)

@@ -60,7 +60,8 @@ class PublicPrefixSpec:
 
 @dataclass(frozen=True)
 class ModelConfig:
-    """A served model: its tokenizer (``"demo"`` or a local Hugging Face directory),
+    """A served model: its tokenizer (``"demo"``, a packaged model name, a GGUF file or
+    a local Hugging Face directory: ``radix.model_source``),
     KV block size, and public prefixes registered at start."""
 
     name: str

@@ -16,6 +16,7 @@ from typing import Any
 
 from radix.api_errors import ApiError
 from radix.keys import to_key
+from radix.model_source import load_tokenizer
 from radix.openai.fields import token_id_list
 from radix.openai.prompt import encode_messages, prompt_token_ids
 from radix.openai.requests import OpenAIRequest
@@ -116,11 +117,6 @@ class ModelTokenizer:
         token_ids = prompt_token_ids(request, self.tokenizer)
         key = to_key(token_ids)
         return Prompt(token_ids, key, self.public_prefixes.num_public_tokens(key))
-
-
-def load_tokenizer(source: str) -> PromptTokenizer:
-    """``"demo"`` -> the built-in byte-level tokenizer, else a local HF model directory."""
-    return PromptTokenizer.demo() if source == "demo" else PromptTokenizer.from_dir(source)
 
 
 class Models:

@@ -1,22 +1,24 @@
-"""Load a Llama-family model, its tokenizer and a weights digest from a local HF directory.
+"""Load a Llama-family model, its tokenizer and a weights digest from local files.
 
-Expected files: config.json, tokenizer.json (+ optional tokenizer_config.json,
+Two formats: a Hugging Face directory, or a GGUF file (``workers.model.gguf_weights``:
+config and tokenizer from its metadata, tensors dequantized at load). A directory
+holds config.json, tokenizer.json (+ optional tokenizer_config.json,
 chat_template.jinja, generation_config.json), and weights as ``model.safetensors``
 or shards listed by ``model.safetensors.index.json``. Every tensor the model needs
-is checked by name, shape and file before anything is loaded; a problem raises
+is checked by name, shape and file before the model is built; a problem raises
 ValueError naming the file and tensor.
 
-``weights_digest`` is a SHA-256 over config.json and the full bytes of every
-weight file (not just headers: two fine-tunes of one architecture have identical
-headers, and their KV blocks must never be shared). Files are hashed in parallel
-threads; expect about a second per GB per core.
+``weights_digest`` is a SHA-256 over the config and the full bytes of every weight
+file (not just headers: two fine-tunes of one architecture have identical headers,
+and their KV blocks must never be shared); for a GGUF that is the whole file.
+Files are hashed in parallel threads; expect about a second per GB per core.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,8 +26,10 @@ from pathlib import Path
 import torch
 from safetensors import SafetensorError, safe_open
 
+from radix.model_source import is_gguf
 from radix.tokenizer import PromptTokenizer
 from workers.model.config import ModelConfig
+from workers.model.gguf_weights import GGUFCheckpoint
 from workers.model.llama import LlamaForCausalLM
 
 _DIGEST_DOMAIN = b"radix-router/weights/v1"
@@ -47,21 +51,18 @@ class LoadedModel:
 def load_model(
     path: str | Path, device: torch.device | str = "cpu", dtype: torch.dtype | None = None
 ) -> LoadedModel:
-    """Load the checkpoint in ``path`` onto ``device`` in ``dtype`` (default: the
-    config's). Raises ValueError naming the offending file or tensor."""
+    """Load the HF directory or GGUF file ``path`` onto ``device`` in ``dtype`` (default:
+    the config's). Raises ValueError naming the offending file or tensor."""
     root = Path(path)
+    if is_gguf(root):
+        return _load_gguf(root, device, dtype)
     if not root.is_dir():
-        raise ValueError(f"{root}: model directory does not exist")
+        raise ValueError(f"{root}: neither a model directory nor a GGUF file")
     config = ModelConfig.from_file(root / "config.json")
     tokenizer = PromptTokenizer.from_dir(root)
-    if tokenizer.vocab_size > config.vocab_size:
-        raise ValueError(
-            f"{root / 'tokenizer.json'}: {tokenizer.vocab_size} tokens exceed "
-            f"vocab_size {config.vocab_size} of config.json"
-        )
+    _check_vocab(tokenizer, config, root / "tokenizer.json")
     files = weight_files(root)
-    with torch.device("meta"):
-        model = LlamaForCausalLM(config)
+    model = _meta_model(config)
     expected = {name: tuple(t.shape) for name, t in model.state_dict().items()}
     located = _locate_tensors(files, expected, config.tie_word_embeddings)
     state = {}
@@ -69,17 +70,48 @@ def load_model(
         with safe_open(file, framework="pt") as handle:
             for name in names:
                 state[name] = handle.get_tensor(name).to(device=device, dtype=dtype or config.dtype)
+    config_file = root / "config.json"
+    digest = weights_digest(files, config_file.read_bytes())
+    return LoadedModel(root, config, _assemble(model, state, config), tokenizer, digest)
+
+
+def _load_gguf(path: Path, device: torch.device | str, dtype: torch.dtype | None) -> LoadedModel:
+    checkpoint = GGUFCheckpoint.open(path)
+    try:
+        config = ModelConfig.from_dict(checkpoint.config_fields)
+    except ValueError as exc:
+        raise ValueError(f"{path}: {exc}") from exc
+    _check_vocab(checkpoint.tokenizer, config, path)
+    model = _meta_model(config)
+    expected = {name: tuple(t.shape) for name, t in model.state_dict().items()}
+    state = checkpoint.state_dict(expected, dtype or config.dtype, device)
+    digest = weights_digest([path], b"")
+    return LoadedModel(path, config, _assemble(model, state, config), checkpoint.tokenizer, digest)
+
+
+def _meta_model(config: ModelConfig) -> LlamaForCausalLM:
+    with torch.device("meta"):
+        return LlamaForCausalLM(config)
+
+
+def _assemble(
+    model: LlamaForCausalLM, state: Mapping[str, torch.Tensor], config: ModelConfig
+) -> LlamaForCausalLM:
+    """Put ``state`` into the meta ``model`` (tying the head if the config says so)."""
+    state = dict(state)
     if config.tie_word_embeddings:
         state["lm_head.weight"] = state["model.embed_tokens.weight"]
     model.load_state_dict(state, strict=True, assign=True)
     model.tie_weights()
-    return LoadedModel(
-        path=root,
-        config=config,
-        model=model.eval(),
-        tokenizer=tokenizer,
-        weights_digest=weights_digest(root / "config.json", files),
-    )
+    return model.eval()
+
+
+def _check_vocab(tokenizer: PromptTokenizer, config: ModelConfig, where: Path) -> None:
+    if tokenizer.vocab_size > config.vocab_size:
+        raise ValueError(
+            f"{where}: {tokenizer.vocab_size} tokens exceed vocab_size {config.vocab_size} "
+            "of the model"
+        )
 
 
 def weight_files(root: Path) -> list[Path]:
@@ -102,12 +134,13 @@ def weight_files(root: Path) -> list[Path]:
     return [single]
 
 
-def weights_digest(config_file: Path, files: Iterable[Path]) -> str:
-    """Hex SHA-256 over config.json and each weight file's name and full-content hash."""
+def weights_digest(files: Iterable[Path], config_bytes: bytes) -> str:
+    """Hex SHA-256 over the config's bytes and each weight file's name and full-content
+    hash (a GGUF's config is inside the file: ``config_bytes`` is then empty)."""
     files = sorted(files, key=lambda f: f.name)
     with ThreadPoolExecutor(max_workers=max(1, min(8, len(files)))) as pool:
         file_hashes = list(pool.map(_file_sha256, files))
-    fields = [_DIGEST_DOMAIN, config_file.read_bytes()]
+    fields = [_DIGEST_DOMAIN, config_bytes]
     for file, file_hash in zip(files, file_hashes, strict=True):
         fields += [file.name.encode(), file_hash]
     return hashlib.sha256(b"".join(len(f).to_bytes(8, "big") + f for f in fields)).hexdigest()
