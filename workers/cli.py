@@ -26,6 +26,7 @@ from workers.server.access import check_listen_address, load_api_key
 # flag destination -> (config section, field)
 _FLAG_FIELDS = {
     "model": ("model", "name"),
+    "served_model_name": ("model", "served_model_names"),
     "device": ("model", "device"),
     "max_model_len": ("model", "max_model_len"),
     "num_threads": ("model", "num_threads"),
@@ -45,7 +46,11 @@ def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m workers", description=__doc__.splitlines()[0])
     add = parser.add_argument
     add("--config", help="TOML config file (flags override its values)")
-    add("--model", help="'demo' or a local Hugging Face model directory")
+    add("--model", help="'demo', 'SmolLM2-135M-Instruct' (packaged), a GGUF file or a local "
+                        "Hugging Face model directory")
+    add("--served-model-name", nargs="+", metavar="NAME",
+        help="names clients send as 'model' (the first is used in responses; default: --model "
+             "exactly as given)")  # fmt: skip
     add("--device", choices=("auto", "cpu", "cuda"))
     add("--max-model-len", type=int, help="cap on prompt + output tokens")
     add("--num-threads", type=int, help="torch CPU threads (default: torch's choice)")

@@ -66,20 +66,34 @@ class ServerConfig:
 
 @dataclass(frozen=True)
 class ModelSettings:
-    """Which model to serve: ``name`` is ``demo`` or a local Hugging Face directory.
+    """Which model to serve and under which names.
 
-    ``max_model_len`` None means the model's own maximum. ``num_threads`` sets torch's
+    ``name`` is ``demo``, a packaged model (``radix.model_source.PACKAGED_MODELS``), a
+    GGUF file or a local Hugging Face directory. ``served_model_names`` are the names
+    clients may send as ``model`` (the first is the one responses carry); empty means
+    ``name`` exactly as given, as vLLM does. ``max_model_len`` None means the model's
+    own maximum. ``num_threads`` sets torch's
     CPU thread count for the process (None: torch's default); one thread avoids
     oversubscription when several workers share a small machine.
     """
 
     name: str = "demo"
+    served_model_names: tuple[str, ...] = ()
     device: str = "cpu"
     max_model_len: int | None = None
     num_threads: int | None = None
 
+    @property
+    def served_names(self) -> tuple[str, ...]:
+        """The names this model answers to, the response name first."""
+        return self.served_model_names or (self.name,)
+
     def __post_init__(self) -> None:
         _require(bool(self.name), "model.name", self.name, "non-empty")
+        names = tuple(self.served_model_names)
+        _require(all(isinstance(n, str) and n for n in names), "model.served_model_names",
+                 self.served_model_names, "a list of non-empty strings")  # fmt: skip
+        object.__setattr__(self, "served_model_names", names)
         _require(self.device in DEVICES, "model.device", self.device, f"one of {DEVICES}")
         _require(
             self.max_model_len is None or self.max_model_len > 0,
@@ -183,6 +197,7 @@ _TYPES: dict[str, tuple[type, ...]] = {
     "bool": (bool,),
     "str | None": (str, type(None)),
     "int | None": (int, type(None)),
+    "tuple[str, ...]": (list, tuple),
 }
 
 

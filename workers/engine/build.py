@@ -1,6 +1,7 @@
 """Assemble a worker's engine from its configuration: model, KV plan, namespace.
 
-Order: load the checkpoint (``demo`` is written once, then loaded like any other),
+Order: load the checkpoint (``demo`` is written once, then loaded like any other; a
+packaged model's GGUF is found in its installed distribution),
 plan the KV cache from the byte budget, derive the cache namespace and its digest
 under the deployment secret, build the KV manager (radix or null prefix cache),
 the model runner, the engine and its thread bridge, and the metrics registry.
@@ -10,11 +11,11 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from pathlib import Path
 
 import torch
 from prometheus_client import CollectorRegistry
 
+from radix.model_source import DEMO_MODEL, resolve_model_path
 from radix.namespace import CacheNamespace
 from radix.tokenizer import PromptTokenizer
 from workers.config import EngineConfig, WorkerConfig
@@ -31,7 +32,6 @@ from workers.model.loader import LoadedModel, load_model
 from workers.model.runner import ModelRunner
 
 log = logging.getLogger(__name__)
-DEMO_MODEL = "demo"
 
 
 @dataclass(frozen=True)
@@ -40,16 +40,25 @@ class WorkerIdentity:
 
     ``max_model_len`` is the longest sequence (prompt + output) accepted: the model's
     limit, the configured cap and the KV capacity, whichever is smallest.
+    ``served_model_names`` are the names requests may use; responses carry the first
+    (``model``). ``model_source`` is the model argument as given (``demo``, a packaged
+    name or a path).
     """
 
     worker_id: str
     epoch: str
-    model: str
+    served_model_names: tuple[str, ...]
+    model_source: str
     namespace: CacheNamespace
     namespace_digest: str
     max_model_len: int
     vocab_size: int
     kv_plan: KVCachePlan
+
+    @property
+    def model(self) -> str:
+        """The name responses carry: the first served name."""
+        return self.served_model_names[0]
 
     def to_dict(self) -> dict[str, object]:
         """The identity fields shared by ``/ready`` and ``/info``."""
@@ -57,6 +66,7 @@ class WorkerIdentity:
             "worker_id": self.worker_id,
             "epoch": self.epoch,
             "model": self.model,
+            "served_model_names": list(self.served_model_names),
             "namespace": self.namespace.to_dict(),
             "namespace_digest": self.namespace_digest,
             "tokenizer_digest": self.namespace.tokenizer_digest,
@@ -97,13 +107,13 @@ def build_worker(config: WorkerConfig, worker_id: str, secret: bytes) -> BuiltWo
     device = _device(config.model.device)
     if config.model.num_threads is not None:
         torch.set_num_threads(config.model.num_threads)
-    is_demo = config.model.name == DEMO_MODEL
-    path = ensure_demo_checkpoint() if is_demo else Path(config.model.name)
-    served_name = DEMO_MODEL if is_demo else path.name
+    name = config.model.name
+    path = ensure_demo_checkpoint() if name == DEMO_MODEL else resolve_model_path(name)
+    served_names = config.model.served_names
     loaded = load_model(path, device)
     spec = kv_spec(loaded.config, config.kv.block_size)
     plan = plan_kv_cache(spec, config.kv.cache_bytes)
-    namespace = cache_namespace(served_name, loaded, spec)
+    namespace = cache_namespace(served_names[0], loaded, spec)
     digest = namespace.digest(secret)
     manager = build_kv_cache_manager(
         spec, plan.num_blocks, namespace_digest=digest, worker_id=worker_id, device=device,
@@ -124,14 +134,16 @@ def build_worker(config: WorkerConfig, worker_id: str, secret: bytes) -> BuiltWo
     identity = WorkerIdentity(
         worker_id=worker_id,
         epoch=manager.event_log.epoch,
-        model=served_name,
+        served_model_names=served_names,
+        model_source=name,
         namespace=namespace,
         namespace_digest=digest.hex(),
         max_model_len=max_model_len,
         vocab_size=loaded.config.vocab_size,
         kv_plan=plan,
     )
-    log.info("model %s from %s on %s (max_model_len %d)", served_name, path, device, max_model_len)
+    log.info("model %s from %s on %s (max_model_len %d)", ", ".join(served_names), path, device,
+             max_model_len)  # fmt: skip
     log.info("KV plan:\n%s", describe(plan, None))
     log.info("namespace fingerprint %s (prefix cache %s)", digest.hex(),
              "on" if config.kv.prefix_cache else "off")  # fmt: skip

@@ -2,8 +2,8 @@
 requests this worker takes and the engine request they become (their prompts
 become token ids by ``radix.openai.prompt``, as on the router).
 
-``model``, when given, must be the served model name (404 otherwise); absent, it
-is the served one. The worker's direct routes serve trusted callers in scope
+``model``, when given, must be one of the served model names (404 listing them
+otherwise); absent, it is the first. The worker's direct routes serve trusted callers in scope
 ``anonymous``; a ``cache_salt`` moves a request into scope ``salt:<cache_salt>``,
 so requests with different salts never share prefix-cache blocks (vLLM's rule),
 which is what lets a router put this worker behind it as ``kind = "openai"``. A
@@ -26,16 +26,17 @@ DIRECT_SCOPE = "anonymous"
 SALT_SCOPE_PREFIX = "salt:"
 
 
-def parse(body: dict[str, Any], endpoint: str, limits: RequestLimits, served_model: str,
-          tokenizer: PromptTokenizer) -> OpenAIRequest:
+def parse(body: dict[str, Any], endpoint: str, limits: RequestLimits,
+          served_models: tuple[str, ...], tokenizer: PromptTokenizer) -> OpenAIRequest:
     """The validated request; 404 for another model, 400 naming a bad field, 413 for
     a prompt text too long for the context. Token ids are bounded by the tokenizer's
     vocabulary, as on the router (``/generate`` allows the model's padded one: a
     resumed request carries generated ids)."""
     model = requested_model(body)
-    if model is not None and model != served_model:
-        raise ApiError(404, f"the model {model!r} does not exist; this worker serves "
-                       f"{served_model!r}", param="model", code="model_not_found")
+    if model is not None and model not in served_models:
+        served = ", ".join(repr(name) for name in served_models)
+        raise ApiError(404, f"the model {model!r} does not exist; this worker serves {served}",
+                       param="model", code="model_not_found")
     bounds = SamplingBounds(min(limits.vocab_size, tokenizer.vocab_size), limits.max_n)
     request = parse_openai_request(body, endpoint, bounds, allow_cache_salt=True)
     max_chars = limits.max_model_len * tokenizer.max_chars_per_token

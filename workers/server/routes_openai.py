@@ -31,10 +31,13 @@ def token_usage(usage: Usage) -> TokenUsage:
 
 
 async def models(request: web.Request) -> web.Response:
-    """``GET /v1/models``: the one served model."""
-    model = request.app[STATE].identity.model
+    """``GET /v1/models``: each served name of the model (vLLM's shape: ``root`` is the
+    model as loaded, ``max_model_len`` the longest prompt + output accepted)."""
+    identity = request.app[STATE].identity
     return web.json_response({"object": "list", "data": [
-        {"id": model, "object": "model", "created": 0, "owned_by": "radix-router"}]})  # fmt: skip
+        {"id": name, "object": "model", "created": 0, "owned_by": "radix-router",
+         "root": identity.model_source, "max_model_len": identity.max_model_len}
+        for name in identity.served_model_names]})  # fmt: skip
 
 
 async def completions(request: web.Request) -> web.StreamResponse:
@@ -60,7 +63,8 @@ async def _serve(request: web.Request, endpoint: str) -> web.StreamResponse:
     state = request.app[STATE]
     body = decode_json_object(await request.read())
     tokenizer = state.worker.tokenizer
-    parsed = openai_schema.parse(body, endpoint, state.limits, state.identity.model, tokenizer)
+    parsed = openai_schema.parse(body, endpoint, state.limits, state.identity.served_model_names,
+                                 tokenizer)  # fmt: skip
     engine_request = openai_schema.engine_request(parsed, await _token_ids(parsed, request),
                                                   state.limits)
     shape = ResponseShape(endpoint, parsed.model or state.identity.model)
