@@ -17,7 +17,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import json
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -67,6 +67,7 @@ class PromptTokenizer:
             self._tokenizer = Tokenizer.from_str(tokenizer_json)
         except Exception as exc:  # tokenizers raises a bare Exception on bad JSON
             raise ValueError(f"tokenizer.json: invalid tokenizer: {exc}") from exc
+        self.tokenizer_json = tokenizer_json
         self.chat_template = chat_template
         self.bos_token = bos_token
         self.eos_token = eos_token
@@ -150,6 +151,11 @@ class PromptTokenizer:
         encoding = self._tokenizer.encode_batch_fast([text], add_special_tokens=add_special_tokens)
         return encoding[0].ids
 
+    def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
+        """``encode(text, add_special_tokens=False)`` of each text, in one call."""
+        encodings = self._tokenizer.encode_batch_fast(list(texts), add_special_tokens=False)
+        return [encoding.ids for encoding in encodings]
+
     def decode(self, token_ids: Sequence[int], skip_special_tokens: bool = True) -> str:
         """Text of ``token_ids``; incomplete UTF-8 sequences decode to U+FFFD."""
         return self._tokenizer.decode(list(token_ids), skip_special_tokens=skip_special_tokens)
@@ -171,11 +177,16 @@ class PromptTokenizer:
             raise ValueError(f"chat template failed: {exc}") from exc
 
     def encode_chat(
-        self, messages: Sequence[Mapping[str, Any]], add_generation_prompt: bool = True
+        self,
+        messages: Sequence[Mapping[str, Any]],
+        add_generation_prompt: bool = True,
+        encode_text: Callable[[str], list[int]] | None = None,
     ) -> list[int]:
         """Token ids of the rendered chat, specials not re-added. Special-token strings
         inside message ``content`` are encoded as plain text; the template's own
-        control tokens stay special (``radix.chat_text``). ValueError as
+        control tokens stay special (``radix.chat_text``). ``encode_text`` (default
+        ``encode(text, add_special_tokens=False)``) encodes a render that needs no
+        masking: a cache of token ids plugs in there. ValueError as
         ``apply_chat_template``."""
 
         def render(rendered: Sequence[Mapping[str, Any]]) -> str:
@@ -183,7 +194,9 @@ class PromptTokenizer:
 
         if self._content_encoder.needs_masking(messages):
             return self._content_encoder.encode(messages, render)
-        return self.encode(render(messages), add_special_tokens=False)
+        if encode_text is None:
+            return self.encode(render(messages), add_special_tokens=False)
+        return encode_text(render(messages))
 
     @functools.cached_property
     def _content_encoder(self) -> ChatContentEncoder:

@@ -61,13 +61,15 @@ class PublicPrefixSpec:
 @dataclass(frozen=True)
 class ModelConfig:
     """A served model: its tokenizer (``"demo"``, a packaged model name, a GGUF file or
-    a local Hugging Face directory: ``radix.model_source``),
-    KV block size, and public prefixes registered at start."""
+    a local Hugging Face directory: ``radix.model_source``), KV block size, public
+    prefixes registered at start, and the character budget of its token cache
+    (``radix.token_cache``; 0 turns it off)."""
 
     name: str
     tokenizer: str
     block_size: int = 16
     public_prefixes: tuple[PublicPrefixSpec, ...] = ()
+    token_cache_chars: int = 4_000_000
 
 
 @dataclass(frozen=True)

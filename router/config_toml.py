@@ -133,6 +133,7 @@ def _models(t: Table) -> dict[str, ModelConfig]:
             tokenizer=m.text("tokenizer"),
             block_size=m.integer("block_size", 16, low=1),
             public_prefixes=tuple(_prefix(p) for p in m.array("public_prefixes")),
+            token_cache_chars=m.integer("token_cache_chars", 4_000_000, low=0),
         )
         m.finish()
     t.finish()

@@ -21,8 +21,9 @@ from radix.openai.fields import token_id_list
 from radix.openai.prompt import encode_messages, prompt_token_ids
 from radix.openai.requests import OpenAIRequest
 from radix.openai.sampling import SamplingBounds
+from radix.token_cache import CacheStats, token_cache
 from radix.tokenizer import PromptTokenizer
-from radix.tree import PUBLIC, RadixTree
+from radix.tree import PUBLIC, RadixTree, Scope
 from router.config import ModelConfig, PublicPrefixSpec, TenantLimits
 
 
@@ -77,6 +78,7 @@ class ModelTokenizer:
         self.name = config.name
         self.block_size = config.block_size
         self.tokenizer = tokenizer
+        self.token_cache = token_cache(tokenizer, config.token_cache_chars)
         self.public_prefixes = PublicPrefixes(config.block_size)
         for spec in config.public_prefixes:
             self.public_prefixes.add(self.prefix_tokens(spec))
@@ -93,13 +95,15 @@ class ModelTokenizer:
 
     def prefix_tokens(self, spec: PublicPrefixSpec) -> list[int]:
         """Token ids of a public prefix: text like a completions prompt, messages like a
-        chat prompt without the generation prompt."""
+        chat prompt without the generation prompt. Its text enters the token cache as
+        ``PUBLIC``, so every tenant's prompts reuse it."""
         if spec.token_ids is not None:
             vocab_size = self.tokenizer.vocab_size
             return list(token_id_list(list(spec.token_ids), "token_ids", vocab_size))
+        encoder = self.token_cache.scoped(PUBLIC)
         if spec.messages is not None:
-            return encode_messages(self.tokenizer, spec.messages, add_generation_prompt=False)
-        return self.tokenizer.encode(spec.text or "")
+            return encode_messages(encoder, spec.messages, add_generation_prompt=False)
+        return encoder.encode(spec.text or "")
 
     def max_prompt_chars(self, limits: TenantLimits) -> int | None:
         """The most text characters a prompt may have under ``limits`` before it is
@@ -111,10 +115,11 @@ class ModelTokenizer:
             return None
         return limits.max_prompt_tokens * self.tokenizer.max_chars_per_token
 
-    def prompt(self, request: OpenAIRequest) -> Prompt:
+    def prompt(self, request: OpenAIRequest, tenant_id: str) -> Prompt:
         """The router's own token ids for a validated request
-        (``radix.openai.prompt.prompt_token_ids``) with their key and public part."""
-        token_ids = prompt_token_ids(request, self.tokenizer)
+        (``radix.openai.prompt.prompt_token_ids``, through the token cache in the
+        tenant's scope) with their key and public part."""
+        token_ids = prompt_token_ids(request, self.token_cache.scoped(Scope(tenant_id)))
         key = to_key(token_ids)
         return Prompt(token_ids, key, self.public_prefixes.num_public_tokens(key))
 
@@ -145,6 +150,10 @@ class Models:
             raise ApiError(404, f"model {name!r} does not exist", param="model",
                            code="model_not_found")
         return model
+
+    def token_cache_stats(self) -> dict[str, CacheStats]:
+        """Each model's token cache totals."""
+        return {name: model.token_cache.stats() for name, model in self._models.items()}
 
     def names(self) -> list[str]:
         """Model names in config order."""

@@ -13,10 +13,10 @@ from typing import Any
 
 from radix.api_errors import bad_request
 from radix.openai.requests import OpenAIRequest
-from radix.tokenizer import PromptTokenizer
+from radix.token_cache import TextEncoder
 
 
-def encode_messages(tokenizer: PromptTokenizer, messages: Sequence[Mapping[str, Any]],
+def encode_messages(tokenizer: TextEncoder, messages: Sequence[Mapping[str, Any]],
                     add_generation_prompt: bool = True) -> list[int]:
     """Token ids of the rendered chat; 400 naming ``messages`` when the template
     refuses them (``raise_exception``, an unknown role)."""
@@ -26,7 +26,7 @@ def encode_messages(tokenizer: PromptTokenizer, messages: Sequence[Mapping[str, 
         raise bad_request(f"messages could not be rendered: {exc}", "messages") from exc
 
 
-def prompt_token_ids(request: OpenAIRequest, tokenizer: PromptTokenizer) -> list[int]:
+def prompt_token_ids(request: OpenAIRequest, tokenizer: TextEncoder) -> list[int]:
     """The prompt of ``request`` as token ids (see the module docstring)."""
     if request.messages is not None:
         return encode_messages(tokenizer, request.messages)

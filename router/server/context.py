@@ -59,8 +59,8 @@ class Router:
 
         registry = WorkerRegistry(config.registry, models, secret, session, index, follow)
         return cls(config, models, Authenticator(config.auth), TenantLimiter(state), index,
-                   policy, session, registry, Proxy(session, config.proxy), RouterMetrics(),
-                   CacheSalts(secret))
+                   policy, session, registry, Proxy(session, config.proxy),
+                   RouterMetrics(models.token_cache_stats), CacheSalts(secret))
 
     async def close(self) -> None:
         """Stop polling and following every worker, then close the client session."""

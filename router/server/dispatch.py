@@ -44,7 +44,7 @@ async def serve_openai(request: web.Request, endpoint: str) -> web.StreamRespons
         tenant_id = tenant.tenant_id
         model, parsed = parse_request(await request.read(), endpoint, router.models)
         check_text_size(model, parsed, tenant.limits)
-        prompt = await tokenize(model, parsed)
+        prompt = await tokenize(model, parsed, tenant_id)
         max_tokens = router.limiter.check_sizes(tenant, len(prompt.token_ids),
                                                 parsed.sampling.max_tokens,
                                                 parsed.sampling.max_tokens_param)
@@ -76,13 +76,15 @@ async def serve_openai(request: web.Request, endpoint: str) -> web.StreamRespons
         router.metrics.count_request(worker_id, tenant_id, code)
 
 
-async def tokenize(model: ModelTokenizer, parsed: OpenAIRequest) -> Prompt:
-    """The router's own token ids for the prompt (chat rendered with the template).
-    Long texts are tokenized on a worker thread (Hugging Face ``tokenizers`` release
-    the GIL), so one request never holds the event loop for long."""
+async def tokenize(model: ModelTokenizer, parsed: OpenAIRequest, tenant_id: str) -> Prompt:
+    """The router's own token ids for the prompt (chat rendered with the template),
+    reusing the ids of text the tenant (or a public prefix) already sent. Long texts
+    are tokenized on a worker thread (Hugging Face ``tokenizers`` release the GIL), so
+    one request never holds the event loop for long."""
     if parsed.num_text_chars() <= INLINE_TOKENIZE_CHARS:
-        return model.prompt(parsed)
-    return await asyncio.get_running_loop().run_in_executor(None, model.prompt, parsed)
+        return model.prompt(parsed, tenant_id)
+    return await asyncio.get_running_loop().run_in_executor(None, model.prompt, parsed,
+                                                            tenant_id)  # fmt: skip
 
 
 def match(router: Router, workers: list[WorkerState], prompt: Prompt,

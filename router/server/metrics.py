@@ -8,10 +8,13 @@ in ``router_requests_total`` with code 502, like an error before it.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, Metric
+from prometheus_client.registry import Collector
 
+from radix.token_cache import CacheStats
 from router.registry import WorkerState
 
 _LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5,
@@ -23,9 +26,10 @@ _DECISION_BUCKETS = (0.00001, 0.000025, 0.00005, 0.0001, 0.00025, 0.0005, 0.001,
 class RouterMetrics:
     """All router metrics (names as in DESIGN.md). One instance per app."""
 
-    def __init__(self) -> None:
+    def __init__(self, token_cache_stats: Callable[[], Mapping[str, CacheStats]] = dict) -> None:
         self.registry = CollectorRegistry()
         r = self.registry
+        r.register(_TokenCacheCollector(token_cache_stats))
         self.requests = Counter("router_requests", "Requests by worker, tenant and status code",
                                 ["worker", "tenant", "code"], registry=r)
         self.prompt_tokens = Counter("router_prompt_tokens", "Prompt tokens routed, by worker",
@@ -82,6 +86,24 @@ class RouterMetrics:
             for measure, value in _load_measures(worker).items():
                 self.worker_load.labels(worker.worker_id, measure).set(value)
         return generate_latest(self.registry)
+
+
+class _TokenCacheCollector(Collector):
+    """``router_token_cache_chars_total{model, result}``: prompt text characters the
+    token cache reused (``reused``) and all it was asked for (``total``)."""
+
+    def __init__(self, stats: Callable[[], Mapping[str, CacheStats]]) -> None:
+        self._stats = stats
+
+    def collect(self) -> Iterator[Metric]:
+        """One sample per model and result, read at scrape time."""
+        family = CounterMetricFamily("router_token_cache_chars",
+                                     "Prompt characters tokenized, and those reused from the cache",
+                                     labels=["model", "result"])  # fmt: skip
+        for model, stats in self._stats().items():
+            family.add_metric([model, "total"], stats.num_chars)
+            family.add_metric([model, "reused"], stats.num_reused_chars)
+        yield family
 
 
 def _load_measures(worker: WorkerState) -> Mapping[str, float]:

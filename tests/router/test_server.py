@@ -181,6 +181,24 @@ async def test_completions_and_chat_through_the_router() -> None:
         assert 'router_matched_tokens_total{worker="u0"} ' in metrics
 
 
+async def test_a_repeated_document_is_tokenized_once_per_tenant() -> None:
+    document = " ".join(f"word{i}" for i in range(100))
+    async with serving(instant_upstream.create_app()) as up, \
+            running_router(make_config([up])) as (url, router), \
+            aiohttp.ClientSession() as session:
+        for question in (" first?", " second?"):
+            body = {"model": "demo", "prompt": document + question, "max_tokens": 1}
+            assert (await call(session, "POST", f"{url}/v1/completions", body, ALICE))[0] == 200
+        async with serving(create_metrics_app(router)) as metrics_url:
+            metrics = (await call(session, "GET", f"{metrics_url}/metrics"))[1]
+    samples = dict(line.rsplit(" ", 1) for line in metrics.splitlines()
+                   if line.startswith("router_token_cache_chars_total"))
+    total = float(samples['router_token_cache_chars_total{model="demo",result="total"}'])
+    reused = float(samples['router_token_cache_chars_total{model="demo",result="reused"}'])
+    assert total == 40 + 2 * len(document) + len(" first?") + len(" second?")
+    assert len(document) - 128 < reused <= len(document)
+
+
 async def test_error_before_first_byte_moves_to_the_next_worker() -> None:
     async with serving(failing_upstream(500)) as bad, \
             serving(instant_upstream.create_app()) as good, \
@@ -314,7 +332,7 @@ async def test_admin_workers_and_public_prefixes() -> None:
         assert status == 200 and result["num_tokens"] == 45 and result["num_public_tokens"] == 32
         model = router.models.get("demo")
         body = {"model": "demo", "prompt": "Shared doc " * 4 + "question"}
-        prompt = model.prompt(parse_openai_request(body, COMPLETIONS, model.bounds))
+        prompt = model.prompt(parse_openai_request(body, COMPLETIONS, model.bounds), "t")
         assert prompt.num_public_tokens == 32
         status, error, _ = await call(session, "POST", f"{url}/admin/public-prefixes",
                                       {"model": "demo", "text": "a", "token_ids": [1]}, ADMIN)
