@@ -18,15 +18,19 @@ from bench import (
     router_overhead,
     routing_quality,
     routing_real,
+    smollm2_bench,
+    token_cache_bench,
 )
 
 BENCHMARKS: dict[str, Callable[[list[str]], dict]] = {
     "radix": radix_bench.main,
     "kv": kv_bench.main,
     "model": model_bench.main,
+    "smollm2": smollm2_bench.main,
     "e2e_worker": e2e_worker_bench.main,
     "routing": routing_quality.main,
     "routing_real": routing_real.main,
+    "token_cache": token_cache_bench.main,
     "router_overhead": router_overhead.main,
 }
 

@@ -202,6 +202,10 @@ class PromptTokenizer:
     def _content_encoder(self) -> ChatContentEncoder:
         return ChatContentEncoder(self._tokenizer, self.chat_template or "")
 
+    def vocabulary(self) -> dict[str, int]:
+        """Token string -> id, added tokens included."""
+        return self._tokenizer.get_vocab(with_added_tokens=True)
+
     @functools.cached_property
     def max_chars_per_token(self) -> int:
         """The most characters of input text one token can stand for: the longest
@@ -209,7 +213,7 @@ class PromptTokenizer:
         a character can be). A text of ``c`` characters has at least
         ``c / max_chars_per_token`` tokens unless the tokenizer's normalizer deletes
         characters, so prompts can be bounded before they are tokenized."""
-        return max(map(len, self._tokenizer.get_vocab(with_added_tokens=True)))
+        return max(map(len, self.vocabulary()))
 
     def _token_id(self, token: str | None) -> int | None:
         if token is None:

@@ -85,6 +85,10 @@ def router_secret(config: RouterConfig) -> bytes:
 
 
 def _run_router(args: argparse.Namespace) -> int:
+    # Hugging Face tokenizers split a batch over a thread pool; a router tokenizes one
+    # prompt's chunks at a time on a busy machine, where waiting on those threads
+    # costs more than it saves (docs/router.md, "Performance"). Set before first use.
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     from router.server.app import serve_processes
 
     logging.basicConfig(level=args.log_level.upper(),
