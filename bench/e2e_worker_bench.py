@@ -49,12 +49,12 @@ def prompt(prefix_tokens: int, request_index: int) -> list[int]:
 
 async def one_request(
     session: aiohttp.ClientSession, url: str, token_ids: list[int], max_tokens: int
-) -> tuple[float, int]:
-    """(TTFT in s, output tokens) of one streamed ``/generate``."""
+) -> tuple[float, list[int]]:
+    """(TTFT in s, output token ids) of one streamed ``/generate``."""
     body = {"token_ids": token_ids, "stream": True,
             "sampling": {"max_tokens": max_tokens, "temperature": 0, "ignore_eos": True}}  # fmt: skip
     started = time.perf_counter()
-    ttft, num_tokens = None, 0
+    ttft, token_ids_out = None, []
     async with session.post(f"{url}/generate", json=body) as response:
         response.raise_for_status()
         async for raw in response.content:
@@ -64,9 +64,9 @@ async def one_request(
             event = json.loads(line[len(b"data: "):])
             if event.get("token_ids"):
                 ttft = ttft if ttft is not None else time.perf_counter() - started
-                num_tokens += len(event["token_ids"])
+                token_ids_out += event["token_ids"]
     assert ttft is not None, "no token came back"
-    return ttft, num_tokens
+    return ttft, token_ids_out
 
 
 async def run_level(url: str, num_clients: int, prompts: list[list[int]], max_tokens: int) -> Level:
@@ -80,7 +80,7 @@ async def run_level(url: str, num_clients: int, prompts: list[list[int]], max_to
         while pending:
             ttft, tokens = await one_request(session, url, pending.pop(), max_tokens)
             ttfts.append(ttft)
-            num_tokens += tokens
+            num_tokens += len(tokens)
 
     connector = aiohttp.TCPConnector(limit=num_clients)
     async with aiohttp.ClientSession(connector=connector) as session:
