@@ -13,10 +13,11 @@ docs/protocol.md for the block model and the snapshot rules.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Literal
+
+import orjson
 
 EventType = Literal["stored", "removed", "cleared"]
 EVENT_TYPES: tuple[EventType, ...] = ("stored", "removed", "cleared")
@@ -69,15 +70,15 @@ class KVEvent:
 
 def encode_event(event: KVEvent) -> str:
     """Compact JSON text of ``event``."""
-    return json.dumps(event.to_dict(), separators=(",", ":"))
+    return orjson.dumps(event.to_dict()).decode()
 
 
 def decode_event(data: str | bytes | Mapping[str, object]) -> KVEvent:
     """Parse and validate one event; raises EventDecodeError naming the bad field."""
     if isinstance(data, (str, bytes)):
         try:
-            data = json.loads(data)
-        except ValueError as exc:
+            data = orjson.loads(data)
+        except orjson.JSONDecodeError as exc:
             raise EventDecodeError(f"event is not JSON: {exc}") from exc
     if not isinstance(data, Mapping):
         raise EventDecodeError("event must be a JSON object")

@@ -11,17 +11,17 @@ a usage-only chunk (``choices: []``) when asked for, then ``data: [DONE]``.
 from __future__ import annotations
 
 import functools
-import json
 import time
 import uuid
 from collections.abc import Iterable
 from typing import Any, NamedTuple
 
+import orjson
+
 from radix.openai.requests import CHAT
 
 DONE_FRAME = b"data: [DONE]\n\n"
 _CHOICES_TAIL = b"]}\n\n"
-_compact_json = json.JSONEncoder(separators=(",", ":")).encode
 
 
 class TokenUsage(NamedTuple):
@@ -52,7 +52,7 @@ def usage_object(usage: TokenUsage) -> dict[str, Any]:
 
 def sse_frame(obj: object) -> bytes:
     """One SSE event carrying ``obj`` as compact JSON."""
-    return b"data: " + _compact_json(obj).encode() + b"\n\n"
+    return b"data: " + orjson.dumps(obj) + b"\n\n"
 
 
 class ResponseShape:
@@ -113,7 +113,7 @@ class ResponseShape:
             choice["text"] = text
         choice["logprobs"] = None
         choice["finish_reason"] = finish_reason
-        return self._chunk_head + _compact_json(choice).encode() + _CHOICES_TAIL
+        return self._chunk_head + orjson.dumps(choice) + _CHOICES_TAIL
 
     def usage_chunk(self, usage: TokenUsage) -> bytes:
         """The final usage-only chunk (``stream_options.include_usage``)."""

@@ -9,12 +9,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from aiohttp import web
 
+from radix.openai.responses import DONE_FRAME, sse_frame
 from workers.engine.async_engine import AsyncEngine, QueueFullError, RequestStream
 from workers.engine.request import (
     EngineError,
@@ -95,9 +95,10 @@ class EventStream:
         already a whole SSE frame."""
         if isinstance(payload, bytes):
             frame = payload
+        elif payload == "[DONE]":
+            frame = DONE_FRAME
         else:
-            data = payload if payload == "[DONE]" else json.dumps(payload, separators=(",", ":"))
-            frame = f"data: {data}\n\n".encode()
+            frame = sse_frame(payload)
         try:
             await self.response.write(frame)
         except ConnectionError:
