@@ -1,5 +1,6 @@
 """`radix-router up` starts two demo workers and a router, serves, and stops cleanly;
-the workers require the key it generated, which no child has on its command line."""
+the workers require the key it generated, which no child has on its command line.
+With configs/multi-router.toml it also runs Redis and a second router."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from bench.procs import REPO_ROOT, child_env, http_json
+from router.redis_state.server import redis_answers
 
 pytestmark = pytest.mark.slow
 
@@ -96,6 +98,48 @@ def test_up_serves_and_exits_cleanly_on_sigint() -> None:
         for child_url in [url, *worker_urls]:
             with pytest.raises(urllib.error.URLError):
                 urllib.request.urlopen(f"{child_url}/health", timeout=2)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+def test_up_multi_router_shares_one_launched_redis() -> None:
+    """configs/multi-router.toml: a launched redis-server, two routers on the shared
+    state (alice's 4-slot limit), three workers; everything, Redis included, stops."""
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "router", "up", "--config", "configs/multi-router.toml",
+         "--port", "0", "--metrics-port", "0"],
+        cwd=REPO_ROOT, env=child_env(), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT, text=True)
+    output: list[str] = []
+    try:
+        assert proc.stdout is not None
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and not any("Ctrl-C stops" in x for x in output):
+            line = proc.stdout.readline()
+            assert line, "".join(output)
+            output.append(line)
+        text = "".join(output)
+        routers = [re.search(r"is up at (http://\S+)", text).group(1),
+                   re.search(r"another router .* at (http://\S+)", text).group(1)]
+        redis_port = int(re.search(r"\[redis\] READY redis://127.0.0.1:(\d+)", text).group(1))
+        assert len(re.findall(r"\[w\d\] READY", text)) == 3
+        metrics = re.findall(r"\[router\d\] METRICS (http://\S+)", text)
+        for url in routers:
+            deadline = time.monotonic() + 30
+            while http_json("GET", f"{url}/health")[1]["num_ready_workers"] < 3:
+                assert time.monotonic() < deadline
+                time.sleep(0.2)
+            status, body = http_json("POST", f"{url}/v1/completions",
+                                     {"model": "demo", "prompt": "Hi", "max_tokens": 2},
+                                     {"Authorization": "Bearer sk-demo-alice"})
+            assert status == 200, body
+        for url in metrics:
+            assert "router_shared_state_up 1.0" in http_json("GET", f"{url}/metrics")[1]
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(timeout=60) == 0
+        assert not redis_answers(redis_port)
     finally:
         if proc.poll() is None:
             proc.kill()
