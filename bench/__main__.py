@@ -14,6 +14,7 @@ from bench import (
     e2e_worker_bench,
     kv_bench,
     model_bench,
+    multi_router,
     radix_bench,
     router_overhead,
     routing_quality,
@@ -28,6 +29,7 @@ BENCHMARKS: dict[str, Callable[[list[str]], dict]] = {
     "routing": routing_quality.main,
     "routing_real": routing_real.main,
     "router_overhead": router_overhead.main,
+    "multi_router": multi_router.main,
 }
 
 
