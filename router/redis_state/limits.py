@@ -34,13 +34,14 @@ class RedisSharedState:
         self._window_ms = int(window_s * 1000)
         self._local = InProcessSharedState(window_s)
         self._held: dict[str, int] = {}
+        self._num_held_changes = 0
         self._local_reservations: set[str] = set()
         self._acquire = link.script(scripts.ACQUIRE_SLOT)
         self._release = link.script(scripts.RELEASE_SLOT)
         self._reserve = link.script(scripts.RESERVE_TOKENS)
         self._settle = link.script(scripts.SETTLE_TOKENS)
         self._in_window = link.script(scripts.TOKENS_IN_WINDOW)
-        link.on_resync(self._write_held_slots)
+        link.on_resync(self._write_held_slots, final=True)
 
     async def acquire_slot(self, key: str, limit: int) -> bool:
         """See ``SharedState.acquire_slot``: exact over live routers, or this router's
@@ -55,6 +56,7 @@ class RedisSharedState:
             taken = self._held.get(key, 0) < local_share(limit, self._link.num_routers_alive)
         if taken:
             self._held[key] = self._held.get(key, 0) + 1
+            self._num_held_changes += 1
         return taken
 
     async def release_slot(self, key: str) -> None:
@@ -66,6 +68,7 @@ class RedisSharedState:
             del self._held[key]
         else:
             self._held[key] = held - 1
+        self._num_held_changes += 1
         with contextlib.suppress(RedisUnavailable):  # the resync hook writes it back
             await self._link.call(lambda _: self._release(
                 keys=[self._link.keys.slots(self._link.router_id)], args=[key]))
@@ -112,16 +115,20 @@ class RedisSharedState:
         return [self._link.keys.token_window(key), self._link.keys.token_amounts(key)]
 
     async def _write_held_slots(self) -> None:
-        """Resync hook: this router's slot hash := the slots it holds now."""
+        """Final resync hook: this router's slot hash := the slots it holds now,
+        written again if requests took or gave back slots (locally) meanwhile."""
         slots_key = self._link.keys.slots(self._link.router_id)
         lease_ms = int(self._link.config.lease_ttl_s * 1000)
 
-        async def write(client) -> None:
+        async def write(client, held: dict[str, int]) -> None:
             async with client.pipeline(transaction=True) as pipe:
                 pipe.delete(slots_key)
-                if self._held:
-                    pipe.hset(slots_key, mapping=self._held)
+                if held:
+                    pipe.hset(slots_key, mapping=held)
                     pipe.pexpire(slots_key, lease_ms)
                 await pipe.execute()
 
-        await self._link.call(write)
+        written = None
+        while written != self._num_held_changes:
+            written = self._num_held_changes
+            await self._link.call(lambda client, held=dict(self._held): write(client, held))

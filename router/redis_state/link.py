@@ -11,13 +11,16 @@ is also how the link comes back: when it succeeds after a failure, or finds that
 Redis lost its state (the ``epoch`` key changed: a restart without persistence) or
 that this router's lease had lapsed, it runs the registered resync hooks (each
 re-publishes what this router holds and reloads what the others published) and
-only then marks the link up. Each transition is logged once.
+only then marks the link up. Only the hooks reach Redis meanwhile (a context
+variable marks the heartbeat task); requests keep their local fallback until the
+link is up. Each transition is logged once.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import logging
 import os
 import secrets
@@ -37,6 +40,7 @@ from router.redis_state.keys import Keys
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 ResyncHook = Callable[[], Awaitable[None]]
+_RESYNCING: contextvars.ContextVar[bool] = contextvars.ContextVar("resyncing", default=False)
 
 
 class RedisUnavailable(Exception):
@@ -69,15 +73,17 @@ class RedisLink:
         self.up = False
         self.num_routers_alive = 1
         self._epoch: bytes | None = None
-        self._resyncing = False
-        self._ever_down_logged = False
+        self._down_logged = False
         self._hooks: list[ResyncHook] = []
+        self._final_hooks: list[ResyncHook] = []
         self._heartbeat = self.client.register_script(scripts.HEARTBEAT)
         self._task: asyncio.Task[None] | None = None
 
-    def on_resync(self, hook: ResyncHook) -> None:
-        """Run ``hook`` (in registration order) each time the link (re)joins."""
-        self._hooks.append(hook)
+    def on_resync(self, hook: ResyncHook, final: bool = False) -> None:
+        """Run ``hook`` each time the link (re)joins, in registration order; ``final``
+        hooks run after the others, and nothing awaits between the end of the last
+        one and the link being marked up."""
+        (self._final_hooks if final else self._hooks).append(hook)
 
     def script(self, source: str) -> Any:
         """A registered Lua script (``await s(keys=..., args=...)``; run it in ``call``)."""
@@ -86,7 +92,7 @@ class RedisLink:
     async def call(self, command: Callable[[Redis], Awaitable[T]]) -> T:
         """``await command(client)`` within the timeout; RedisUnavailable (link marked
         down) on any failure, or at once while the link is down."""
-        if not (self.up or self._resyncing):
+        if not (self.up or _RESYNCING.get()):
             raise RedisUnavailable("shared state is down")
         try:
             return await self._bounded(command(self.client))
@@ -144,14 +150,14 @@ class RedisLink:
         if self.up:
             log.warning("shared state: %s; resyncing",
                         "Redis lost its state" if epoch != self._epoch else "lease lapsed")
-        self._resyncing = True
+        token = _RESYNCING.set(True)
         try:
-            for hook in self._hooks:
+            for hook in [*self._hooks, *self._final_hooks]:
                 await hook()
         except RedisUnavailable:
             return
         finally:
-            self._resyncing = False
+            _RESYNCING.reset(token)
         self._epoch = epoch
         if not self.up:
             log.info("shared state up: %s, %d router(s) alive", self._where(),
@@ -159,10 +165,10 @@ class RedisLink:
         self.up = True
 
     def _mark_down(self, reason: str) -> None:
-        if self.up or not self._ever_down_logged:
+        if self.up or not self._down_logged:
             log.warning("shared state down (%s): %s; routing on local state, limits cut to "
                         "1/%d", self._where(), reason, self.num_routers_alive)
-            self._ever_down_logged = True
+            self._down_logged = True
         self.up = False
 
     def _where(self) -> str:

@@ -32,7 +32,7 @@ def shared_config(redis_url: str, workers: list[dict[str, str]]) -> RouterConfig
         "workers": workers,
         "registry": {"poll_interval_s": 0.1},
         "redis": {"url": redis_url, "key_prefix": "peers-test", "heartbeat_interval_s": 0.1,
-                  "lease_ttl_s": 0.5, "sync_interval_s": 0.1},
+                  "lease_ttl_s": 2.0, "sync_interval_s": 0.1},
         "auth": {"admin_key_digest": hash_key("key-admin"),
                  "tenants": {"alice": {"key_digests": [hash_key("key-alice")]}}},
     })

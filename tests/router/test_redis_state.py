@@ -10,13 +10,14 @@ import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 
+from support.aio import eventually
+
 from bench.procs import RedisServer
 from router.config import RedisConfig
 from router.redis_state import RedisLink, RedisSharedState
-from tests.support.aio import eventually
 
-FAST = RedisConfig(heartbeat_interval_s=0.1, lease_ttl_s=0.5, command_timeout_s=0.2,
-                   connect_timeout_s=0.2, key_prefix="test")
+FAST = RedisConfig(heartbeat_interval_s=0.2, lease_ttl_s=1.0, command_timeout_s=1.0,
+                   connect_timeout_s=0.5, key_prefix="test")
 
 
 def run(main: Callable[[], Awaitable[None]]) -> None:
