@@ -7,7 +7,7 @@ objects without Redis, the Redis ones (sharing one ``RedisLink``) with it.
 
 from __future__ import annotations
 
-from router.config import RedisConfig
+from router.config import RouterConfig
 from router.peers import NoPeers, Peers
 from router.redis_state.limits import RedisSharedState
 from router.redis_state.link import RedisLink, RedisUnavailable
@@ -18,10 +18,10 @@ __all__ = ["RedisLink", "RedisPeers", "RedisSharedState", "RedisUnavailable",
            "shared_backends"]
 
 
-def shared_backends(config: RedisConfig) -> tuple[SharedState, Peers]:
-    """(limits, peers) for ``config``: in process when ``url`` is None, else on Redis.
-    Build inside the event loop; ``peers.start`` connects."""
-    if config.url is None:
+def shared_backends(config: RouterConfig) -> tuple[SharedState, Peers]:
+    """(limits, peers) for ``config``: in process when ``redis.url`` is None, else on
+    Redis. Build inside the event loop; ``peers.start`` connects."""
+    if config.redis.url is None:
         return InProcessSharedState(), NoPeers()
-    link = RedisLink(config)
-    return RedisSharedState(link), RedisPeers(link)
+    link = RedisLink(config.redis)
+    return RedisSharedState(link), RedisPeers(link, config.admin.worker_key_env_prefix)

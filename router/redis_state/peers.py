@@ -4,8 +4,9 @@ Workers: one hash, worker id -> its shared fields as JSON, and a version counter
 bumped by every change (both in one script). A router's admin change is applied
 locally, then published; every ``sync_interval_s`` each router reads the version
 and, when it moved, the hash, and makes its own registry equal to it (adding,
-re-adding a worker whose fields changed, removing). A read that started before a
-local change is discarded, so a router never undoes its own newer change. A worker
+re-adding a worker whose fields changed, removing one no longer listed; an entry it
+cannot use, it skips and logs). A read that started before a local change is
+discarded, so a router never undoes its own newer change. A worker
 that stops answering leaves routing on every router by that router's own probes.
 
 Prefixes: one hash, ``model:digest`` -> token ids, add-only; a router adds the
@@ -26,6 +27,7 @@ import logging
 from collections.abc import Mapping
 
 from radix.keys import TOKEN_BYTES, from_key
+from router.config import WorkerConfig
 from router.config_toml import parse_worker
 from router.index import RouterIndex
 from router.redis_state import scripts
@@ -53,10 +55,15 @@ def prefix_field(model: str, key: bytes) -> str:
 
 
 class RedisPeers:
-    """``Peers`` on Redis. Owns the link's lifecycle (``start`` starts its heartbeat)."""
+    """``Peers`` on Redis. Owns the link's lifecycle (``start`` starts its heartbeat).
+    A shared worker passes the checks of ``POST /admin/workers`` before this router
+    uses it: its key variable must start with ``key_env_prefix``
+    (``admin.worker_key_env_prefix``), so whoever writes to Redis cannot make the
+    router send another of its variables to a host they name."""
 
-    def __init__(self, link: RedisLink) -> None:
+    def __init__(self, link: RedisLink, key_env_prefix: str) -> None:
         self._link = link
+        self._key_env_prefix = key_env_prefix
         self._add_worker = link.script(scripts.ADD_WORKER)
         self._remove_worker = link.script(scripts.REMOVE_WORKER)
         self._add_prefix = link.script(scripts.ADD_PREFIX)
@@ -179,13 +186,11 @@ class RedisPeers:
         self._version = version
 
     async def _apply_workers(self, version: int, entries: Mapping[bytes, bytes]) -> None:
-        models = {name: None for name in self._models.names()}
+        listed = {raw_id.decode(errors="replace"): raw for raw_id, raw in entries.items()}
         shared = {}
-        for raw_id, raw in entries.items():
-            worker_id = raw_id.decode(errors="replace")
+        for worker_id, raw in listed.items():
             try:
-                shared[worker_id] = parse_worker(json.loads(raw), models,
-                                                 f"{self._link.keys.workers}[{worker_id}]")
+                shared[worker_id] = self._parse(worker_id, raw)
             except ValueError as exc:
                 self._refuse(worker_id, raw, str(exc))
         for worker_id, config in shared.items():
@@ -201,10 +206,22 @@ class RedisPeers:
             except ValueError as exc:
                 self._refuse(worker_id, entries[worker_id.encode()], str(exc))
         for worker in self._registry.workers():
-            if worker.worker_id not in shared:
+            if worker.worker_id not in listed:
                 await self._registry.remove(worker.worker_id)
                 log.info("worker %s removed by the shared registry (version %d)",
                          worker.worker_id, version)
+
+    def _parse(self, worker_id: str, raw: bytes) -> WorkerConfig:
+        where = f"{self._link.keys.workers}[{worker_id}]"
+        config = parse_worker(json.loads(raw), {name: None for name in self._models.names()},
+                              where)
+        if config.worker_id != worker_id or config.url is None:
+            raise ValueError(f"{where}: id must be the field name, and url is required")
+        env = config.api_key_env
+        if env is not None and not env.startswith(self._key_env_prefix):
+            raise ValueError(f"{where}.api_key_env: must start with {self._key_env_prefix!r} "
+                             "(admin.worker_key_env_prefix)")
+        return config
 
     def _refuse(self, worker_id: str, raw: bytes, reason: str) -> None:
         """Log once per (worker, fields) that this router cannot use a shared worker."""

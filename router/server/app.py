@@ -150,7 +150,7 @@ async def serve(config: RouterConfig, secret: bytes, sock: socket.socket,
     if config.redis.launch and config.redis.url is None:
         raise ValueError("redis.url: required when the router runs on its own "
                          "(launch is for `radix-router up`)")
-    router = Router.build(config, secret, *shared_backends(config.redis))
+    router = Router.build(config, secret, *shared_backends(config))
     runner = web.AppRunner(create_app(router), handler_cancellation=True, access_log=None)
     metrics_runner = web.AppRunner(create_metrics_app(router), access_log=None)
     await runner.setup()

@@ -4,10 +4,12 @@ routing decisions for ``openai`` workers land in the other router's index."""
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import aiohttp
 import pytest
+import redis.asyncio as redis
 from support.aio import eventually, running_router, serving
 
 from bench import instant_upstream
@@ -90,3 +92,21 @@ async def test_openai_routing_decisions_reach_the_other_routers_index(redis_serv
                 lambda: b.index.match(namespace, key, "alice").get("vllm", 0), 3.0)
             assert matched == a.index.match(namespace, key, "alice")["vllm"]
             assert b.index.match(namespace, key, "bob") == {}  # still per tenant
+
+
+async def test_a_shared_worker_must_pass_the_admin_rules(redis_server) -> None:
+    """Whoever writes to Redis cannot make a router send its secret to a host."""
+    config = shared_config(redis_server.url, [])
+    async with serving(instant_upstream.create_app("x")) as up, \
+            running_router(config, shared=True) as (_, router):
+        client = redis.Redis.from_url(redis_server.url)
+        try:
+            await client.hset("peers-test:workers", mapping={
+                "evil": json.dumps({"id": "evil", "model": "demo", "url": up,
+                                    "api_key_env": "RADIX_ROUTER_SECRET"}),
+                "fine": json.dumps({"id": "fine", "model": "demo", "url": up})})
+            await client.incr("peers-test:workers:version")
+            await eventually(lambda: router.registry.get("fine") is not None, 3.0)
+            assert router.registry.get("evil") is None
+        finally:
+            await client.aclose()

@@ -43,7 +43,7 @@ async def running_router(config: RouterConfig, wait_ready_s: float = 10.0,
     """A real router for ``config``; waits until every configured worker is ready
     (when there are any) and yields (URL, Router). With ``shared`` its limits and
     peers are ``config.redis``'s (``shared_backends``), else in process."""
-    state, peers = shared_backends(config.redis) if shared else (InProcessSharedState(), None)
+    state, peers = shared_backends(config) if shared else (InProcessSharedState(), None)
     router = Router.build(config, TEST_SECRET, state, peers)
     async with serving(create_app(router)) as url:
         await eventually(lambda: all(w.ready for w in router.registry.workers()), wait_ready_s,
