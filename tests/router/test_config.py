@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from router.cli import with_overrides
+from router.cli import limits_for_processes, with_overrides
 from router.config_toml import load_config, parse_config
 
 BASE = {
@@ -116,3 +116,25 @@ def test_limits_shared_by_processes_are_conservative() -> None:
     a, b = (t.limits for t in auth.tenants)
     assert (a.max_concurrent_requests, a.tokens_per_minute, a.max_prompt_tokens) == (1, 333, 100)
     assert b.max_concurrent_requests == 1 and b.tokens_per_minute is None
+
+
+def test_processes_without_redis_get_a_share_of_each_limit(caplog) -> None:
+    tenants = {"a": {"key_digests": [], "max_concurrent_requests": 4, "tokens_per_minute": 900}}
+    config = parse_config({**BASE, "auth": {"tenants": tenants}})
+    with caplog.at_level("WARNING"):
+        shared = limits_for_processes(config, 4)
+    limits = shared.auth.tenants[0].limits
+    assert (limits.max_concurrent_requests, limits.tokens_per_minute) == (1, 225)
+    assert "each of the 4 router processes enforces 1/4" in caplog.text
+    with_redis = parse_config({**BASE, "auth": {"tenants": tenants},
+                               "redis": {"url": "redis://127.0.0.1:6379"}})
+    assert limits_for_processes(with_redis, 4) is with_redis
+    assert limits_for_processes(config, 1) is config
+
+
+def test_redis_url_override_replaces_launch() -> None:
+    config = parse_config({**BASE, "redis": {"launch": True}})
+    overridden = with_overrides(config, None, None, [], None, "redis://127.0.0.1:7000/0")
+    assert overridden.redis.url == "redis://127.0.0.1:7000/0" and not overridden.redis.launch
+    with pytest.raises(ValueError, match="--redis-url"):
+        with_overrides(config, None, None, [], None, "http://127.0.0.1:7000")
