@@ -61,8 +61,8 @@ class WorkerState:
     with; ``namespace`` is the router-side digest of the worker's cache namespace
     (None until the first passing probe)."""
 
-    __slots__ = ("config", "worker_id", "kind", "model", "url", "headers", "ready", "reason", "namespace",
-                 "epoch", "served_model", "load", "num_in_flight_requests",
+    __slots__ = ("config", "worker_id", "kind", "model", "url", "headers", "ready", "reason",
+                 "namespace", "epoch", "served_model", "load", "num_in_flight_requests",
                  "num_in_flight_prompt_tokens", "stats")
 
     def __init__(self, config: WorkerConfig, url: str, headers: dict[str, str]) -> None:
