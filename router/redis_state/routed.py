@@ -98,6 +98,10 @@ class RoutedStream:
                                                                  count=_READ_COUNT))
             except RedisUnavailable:
                 continue
+            except Exception:  # a bug must not end following
+                log.exception("reading the routed stream failed")
+                await asyncio.sleep(self._link.config.sync_interval_s)
+                continue
             entries = found[0][1] if found else []
             for entry_id, fields in entries:
                 self._last_id = entry_id.decode()
