@@ -14,6 +14,7 @@ from bench import (
     e2e_worker_bench,
     kv_bench,
     model_bench,
+    multi_router,
     radix_bench,
     router_overhead,
     routing_quality,
@@ -32,6 +33,7 @@ BENCHMARKS: dict[str, Callable[[list[str]], dict]] = {
     "routing_real": routing_real.main,
     "token_cache": token_cache_bench.main,
     "router_overhead": router_overhead.main,
+    "multi_router": multi_router.main,
 }
 
 

@@ -8,6 +8,9 @@ line), and ``get_json``/``post_json`` send it. stderr goes to a file, readable w
 chatty process never blocks on a full pipe. ``stop()`` sends SIGTERM, then SIGKILL
 after a grace period, and returns the exit status.
 
+``RedisServer`` runs a ``redis-server`` on a free loopback port, stopped by PID and
+startable again on the same port (an outage and its end).
+
 Plain module (no pytest imports): fixtures in tests/conftest.py wrap it; tests and
 benchmarks start workers (``start_worker``) and routers alike.
 """
@@ -28,6 +31,8 @@ import urllib.error
 import urllib.request
 from collections.abc import Mapping, Sequence
 from pathlib import Path
+
+from router.redis_state.server import redis_answers, redis_server_args
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 READY_PREFIX = "READY "
@@ -228,3 +233,40 @@ def stream_lines(url: str, quiet_s: float = 1.0, headers: Mapping[str, str] | No
         except TimeoutError:
             pass
     return lines
+
+
+class RedisServer:
+    """A ``redis-server`` child on 127.0.0.1 (a free port unless given), persisting
+    nothing. ``stop`` ends it by PID; ``start`` runs a fresh, empty one on the same
+    port."""
+
+    def __init__(self, port: int | None = None, timeout_s: float = 10.0) -> None:
+        self.port = port or free_port()
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.start(timeout_s)
+
+    @property
+    def url(self) -> str:
+        """``redis://127.0.0.1:PORT/0``."""
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    def start(self, timeout_s: float = 10.0) -> None:
+        """Start the server and wait until it answers PING; ProcessFailed otherwise."""
+        self.proc = subprocess.Popen(redis_server_args(self.port), stdin=subprocess.DEVNULL,
+                                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        deadline = time.monotonic() + timeout_s
+        while not redis_answers(self.port):
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                self.stop()
+                raise ProcessFailed(f"redis-server on port {self.port} did not start")
+            time.sleep(0.02)
+
+    def stop(self, grace_s: float = 5.0) -> None:
+        """SIGTERM by PID, then SIGKILL after ``grace_s``."""
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(grace_s)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()

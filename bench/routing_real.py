@@ -32,7 +32,7 @@ import contextlib
 import statistics
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -167,25 +167,29 @@ async def _send(client: AsyncOpenAI, request: SimRequest, max_tokens: int) -> Ou
     return Outcome(usage.prompt_tokens, usage.prompt_tokens_details.cached_tokens, ttft_s)
 
 
-async def drive(router_url: str, jobs: list[list[SimRequest]], num_clients: int,
+async def drive(router_urls: Sequence[str], jobs: list[list[SimRequest]], num_clients: int,
                 max_tokens: int) -> list[Outcome]:
-    """Send every job through the router from ``num_clients`` concurrent loops, each
-    taking the next job when its last one ends; the outcomes in completion order."""
-    clients = {t: AsyncOpenAI(base_url=f"{router_url}/v1", api_key=tenant_key(t), max_retries=0)
-               for t in TENANTS}
+    """Send every job from ``num_clients`` concurrent loops, each taking the next job
+    when its last one ends; loop ``i`` sends to ``router_urls[i % len(router_urls)]``
+    (several routers: the clients split between them). The outcomes in completion
+    order."""
+    clients = [{t: AsyncOpenAI(base_url=f"{url}/v1", api_key=tenant_key(t), max_retries=0)
+                for t in TENANTS} for url in router_urls]
     pending = iter(jobs)
     outcomes: list[Outcome] = []
 
-    async def loop() -> None:
+    async def loop(index: int) -> None:
+        mine = clients[index % len(clients)]
         for job in pending:
             for request in job:
-                outcomes.append(await _send(clients[request.scope], request, max_tokens))
+                outcomes.append(await _send(mine[request.scope], request, max_tokens))
 
     try:
-        await asyncio.gather(*(loop() for _ in range(num_clients)))
+        await asyncio.gather(*(loop(i) for i in range(num_clients)))
     finally:
-        for client in clients.values():
-            await client.close()
+        for per_router in clients:
+            for client in per_router.values():
+                await client.close()
     return outcomes
 
 
@@ -195,7 +199,7 @@ def run_one(policy: str, num_workers: int, args: argparse.Namespace) -> dict[str
     workload, jobs = build_jobs(args.requests, args.seed)
     with cluster(num_workers, policy, workload, args.kv_cache_bytes) as router:
         start = time.perf_counter()
-        outcomes = asyncio.run(drive(router.url, jobs, args.clients, args.max_tokens))
+        outcomes = asyncio.run(drive([router.url], jobs, args.clients, args.max_tokens))
         drive_s = time.perf_counter() - start
         status, index = http_json("GET", f"{router.url}/admin/index",
                                   headers={"Authorization": f"Bearer {ADMIN_KEY}"})

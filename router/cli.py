@@ -1,6 +1,6 @@
 """``radix-router`` / ``python -m router``: run the router, a local cluster, or helpers.
 
-Subcommands: ``up`` (two demo workers and a router from a config, as children),
+Subcommands: ``up`` (the workers, routers and Redis a config launches, as children),
 ``router`` (the router alone; also what ``python -m router --config F`` runs),
 ``worker`` (exec ``python -m workers ...``), ``bench`` (exec ``python -m bench ...``),
 ``hash-key KEY`` (the digest to put in a config for an API key).
@@ -20,8 +20,9 @@ from pathlib import Path
 from radix.namespace import load_secret
 from router.auth import hash_key
 from router.config import DEFAULT_CONFIG, RouterConfig
-from router.config_toml import check_worker_url, load_config
+from router.config_toml import check_redis_url, check_worker_url, load_config
 
+log = logging.getLogger(__name__)
 SUBCOMMANDS = ("up", "router", "worker", "bench", "hash-key")
 _EXEC_MODULES = {"worker": "workers", "bench": "bench"}
 
@@ -43,6 +44,7 @@ def _parser() -> argparse.ArgumentParser:
                         help="set the URL of configured worker ID (repeatable)")
     router.add_argument("--processes", type=int, default=1,
                         help="router processes sharing the port (SO_REUSEPORT)")
+    router.add_argument("--redis-url", help="override redis.url (shared state)")
     router.add_argument("--log-level", default="INFO")
     hashing = sub.add_parser("hash-key", help="print the config digest of an API key")
     hashing.add_argument("key")
@@ -52,8 +54,11 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def with_overrides(config: RouterConfig, host: str | None, port: int | None,
-                   worker_urls: Sequence[str], metrics_port: int | None = None) -> RouterConfig:
-    """``config`` with command-line overrides; ValueError naming a bad ``--worker-url``."""
+                   worker_urls: Sequence[str], metrics_port: int | None = None,
+                   redis_url: str | None = None) -> RouterConfig:
+    """``config`` with command-line overrides; ValueError naming a bad ``--worker-url``
+    or ``--redis-url``. A ``redis_url`` replaces ``redis.launch`` (``up`` passes the
+    URL of the server it launched)."""
     listen = dataclasses.replace(config.listen, host=host or config.listen.host,
                                  port=config.listen.port if port is None else port)
     metrics = config.metrics if metrics_port is None else dataclasses.replace(
@@ -70,7 +75,25 @@ def with_overrides(config: RouterConfig, host: str | None, port: int | None,
         raise ValueError(f"--worker-url: no configured worker {sorted(unknown)[0]!r}")
     workers = tuple(dataclasses.replace(w, url=urls.get(w.worker_id, w.url))
                     for w in config.workers)
-    return dataclasses.replace(config, listen=listen, metrics=metrics, workers=workers)
+    redis = config.redis
+    if redis_url is not None:
+        check_redis_url(redis_url, "--redis-url")
+        redis = dataclasses.replace(redis, url=redis_url, launch=False)
+    return dataclasses.replace(config, listen=listen, metrics=metrics, workers=workers,
+                               redis=redis)
+
+
+def limits_for_processes(config: RouterConfig, num_processes: int) -> RouterConfig:
+    """``config`` for one of ``num_processes`` router processes: unchanged when they
+    share state in Redis (limits are exact across them), else every tenant's
+    concurrency and token limits cut to a 1/N share (``AuthConfig.shared_by``), said
+    in the log."""
+    if num_processes == 1 or config.redis.enabled:
+        return config
+    log.warning("no [redis] configured: each of the %d router processes enforces 1/%d of "
+                "every tenant's concurrency and tokens-per-minute limits (at least 1)",
+                num_processes, num_processes)
+    return dataclasses.replace(config, auth=config.auth.shared_by(num_processes))
 
 
 def router_secret(config: RouterConfig) -> bytes:
@@ -96,7 +119,8 @@ def _run_router(args: argparse.Namespace) -> int:
     if args.processes < 1:
         raise ValueError("--processes: must be at least 1")
     config = with_overrides(load_config(args.config), args.host, args.port, args.worker_url,
-                            args.metrics_port)
+                            args.metrics_port, args.redis_url)
+    config = limits_for_processes(config, args.processes)
     serve_processes(config, router_secret(config), args.processes)
     return 0
 

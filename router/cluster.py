@@ -1,7 +1,10 @@
-"""``radix-router up``: run the workers a config launches and one router, as children.
+"""``radix-router up``: run the workers a config launches and its routers, as children.
 
 Each child is ``python -m workers ...`` or ``python -m router router ...`` (never an
-import of workers), in its own session so a terminal's Ctrl-C reaches only this
+import of workers), or, with ``[redis] launch = true``, a ``redis-server`` on a free
+loopback port that persists nothing, whose URL every router gets. ``launch.routers``
+routers run, router ``i`` on ``listen.port + i`` and ``metrics.port + i``. Children
+run in their own session so a terminal's Ctrl-C reaches only this
 supervisor, and with a parent-death signal so a killed supervisor leaves no orphan.
 Each child prints ``READY http://HOST:PORT`` when it serves; the supervisor waits
 for every READY, prints how to use the router with the answer to one example
@@ -21,6 +24,7 @@ import contextlib
 import os
 import secrets
 import signal
+import socket
 import sys
 import time
 from pathlib import Path
@@ -29,6 +33,7 @@ import aiohttp
 
 from radix.namespace import SECRET_ENV
 from router.config import RouterConfig
+from router.redis_state.server import redis_answers, redis_server_args
 from router.server.app import die_with_parent
 
 READY_PREFIX = "READY "
@@ -47,13 +52,24 @@ class Child:
         self._echo: asyncio.Task[None] | None = None
 
     @classmethod
-    async def start(cls, name: str, args: list[str], env: dict[str, str]) -> Child:
-        """Start ``python args...`` with ``env``."""
-        proc = await asyncio.create_subprocess_exec(
-            sys.executable, *args, env=env, stdin=asyncio.subprocess.DEVNULL,
+    async def start(cls, name: str, argv: list[str], env: dict[str, str]) -> Child:
+        """Start ``argv`` with ``env``; RuntimeError if the program is not found."""
+        try:
+            proc = await cls._exec(argv, env)
+        except FileNotFoundError as exc:
+            raise RuntimeError(f"{name}: {argv[0]} not found on PATH") from exc
+        return cls(name, proc)
+
+    @staticmethod
+    async def _exec(argv: list[str], env: dict[str, str]) -> asyncio.subprocess.Process:
+        return await asyncio.create_subprocess_exec(
+            *argv, env=env, stdin=asyncio.subprocess.DEVNULL,
             stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
             start_new_session=True, preexec_fn=die_with_parent)
-        return cls(name, proc)
+
+    def echo(self) -> None:
+        """Echo the child's output from now on (for a child with no READY line)."""
+        self._echo = asyncio.create_task(self._echo_rest())
 
     async def wait_ready(self) -> str:
         """Echo output until the READY line; returns the URL. RuntimeError if the child
@@ -97,14 +113,16 @@ def deployment_secret(config: RouterConfig) -> str:
     return os.environ.get(config.secret.env) or secrets.token_hex(32)
 
 
-def banner(url: str, config: RouterConfig, exchange: str | None = None) -> str:
-    """How to call the router: URL, an example curl, the openai-client snippet and,
-    if given, the answer the router gave to that example."""
+def banner(urls: list[str], config: RouterConfig, exchange: str | None = None) -> str:
+    """How to call the routers: URLs, an example curl, the openai-client snippet and,
+    if given, the answer the first router gave to that example."""
+    url = urls[0]
     model = next(iter(config.models))
     key = config.launch.example_api_key or "$RADIX_ROUTER_API_KEY"
+    more = "".join(f"\nanother router (same workers and shared state) at {u}" for u in urls[1:])
     answered = f"\n  It answered: {exchange!r}\n" if exchange is not None else ""
     return f"""
-radix-router is up at {url}
+radix-router is up at {url}{more}
 
   curl {url}/v1/chat/completions \\
     -H "Authorization: Bearer {key}" -H "Content-Type: application/json" \\
@@ -160,10 +178,10 @@ def cluster_env(config: RouterConfig, secret: str, worker_key: str) -> dict[str,
 
 async def run_cluster(config: RouterConfig, config_path: str, port: int | None = None,
                       metrics_port: int | None = None) -> int:
-    """Start the launched workers (in parallel), then the router (on ``port`` and
-    ``metrics_port`` if given, else the config's); serve until a signal or a child
-    exits; stop everything. Returns the exit code (130 when interrupted during
-    start-up)."""
+    """Start Redis if the config launches it, the launched workers (in parallel), then
+    the routers (from ``port`` and ``metrics_port`` if given, else the config's);
+    serve until a signal or a child exits; stop everything, Redis last. Returns the
+    exit code (130 when interrupted during start-up)."""
     env = cluster_env(config, deployment_secret(config), secrets.token_urlsafe(32))
     children: list[Child] = []
     stop = asyncio.Event()
@@ -171,22 +189,25 @@ async def run_cluster(config: RouterConfig, config_path: str, port: int | None =
     for signum in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(signum, stop.set)
     try:
+        redis_url = None
+        if config.redis.launch:
+            redis_url = await _start_redis(children, env, config, stop)
         launched = [w for w in config.workers if w.launch is not None]
-        for worker in launched:
-            children.append(await Child.start(
-                worker.worker_id, ["-m", "workers", *worker.launch], env))
-        urls = await asyncio.gather(*(_ready(c, config, stop) for c in children))
-        router_args = ["-m", "router", "router", "--config", config_path]
-        if port is not None:
-            router_args += ["--port", str(port)]
-        if metrics_port is not None:
-            router_args += ["--metrics-port", str(metrics_port)]
-        for worker, url in zip(launched, urls, strict=True):
-            router_args += ["--worker-url", f"{worker.worker_id}={url}"]
-        router = await Child.start("router", router_args, env)
-        children.append(router)
-        router_url = await _ready(router, config, stop)
-        print(banner(router_url, config, await example_exchange(router_url, config)), flush=True)
+        workers = [await Child.start(w.worker_id, [sys.executable, "-m", "workers", *w.launch],
+                                     env) for w in launched]
+        children += workers
+        urls = await asyncio.gather(*(_ready(c, config, stop) for c in workers))
+        worker_urls = [arg for w, url in zip(launched, urls, strict=True)
+                       for arg in ("--worker-url", f"{w.worker_id}={url}")]
+        routers = []
+        for i in range(config.launch.num_routers):
+            name = "router" if config.launch.num_routers == 1 else f"router{i}"
+            args = _router_args(config, config_path, i, port, metrics_port, redis_url)
+            routers.append(await Child.start(name, [*args, *worker_urls], env))
+        children += routers
+        router_urls = await asyncio.gather(*(_ready(r, config, stop) for r in routers))
+        exchange = await example_exchange(router_urls[0], config)
+        print(banner(list(router_urls), config, exchange), flush=True)
         exits = [asyncio.create_task(c.proc.wait()) for c in children]
         stopping = asyncio.create_task(stop.wait())
         await asyncio.wait([stopping, *exits], return_when=asyncio.FIRST_COMPLETED)
@@ -201,6 +222,45 @@ async def run_cluster(config: RouterConfig, config_path: str, port: int | None =
     finally:
         for child in reversed(children):
             await child.stop()
+
+
+def _router_args(config: RouterConfig, config_path: str, index: int, port: int | None,
+                 metrics_port: int | None, redis_url: str | None) -> list[str]:
+    """The command line of router ``index``: ports offset by ``index`` (0 stays 0: a
+    free port each) and the launched Redis."""
+    base = config.listen.port if port is None else port
+    metrics_base = config.metrics.port if metrics_port is None else metrics_port
+    args = [sys.executable, "-m", "router", "router", "--config", config_path,
+            "--port", str(base + index if base else 0),
+            "--metrics-port", str(metrics_base + index if metrics_base else 0)]
+    if redis_url is not None:
+        args += ["--redis-url", redis_url]
+    return args
+
+
+async def _start_redis(children: list[Child], env: dict[str, str], config: RouterConfig,
+                       stop: asyncio.Event) -> str:
+    """Start ``redis-server`` on a free loopback port (appended to ``children``) and
+    wait until it answers; its URL."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        redis_port = probe.getsockname()[1]
+    child = await Child.start("redis", redis_server_args(redis_port), env)
+    children.append(child)
+    child.echo()
+    deadline = asyncio.get_running_loop().time() + config.launch.ready_timeout_s
+    while not redis_answers(redis_port):
+        if stop.is_set():
+            raise Interrupted
+        if child.proc.returncode is not None:
+            raise RuntimeError(f"redis exited with code {child.proc.returncode} before it "
+                               "was ready")
+        if asyncio.get_running_loop().time() > deadline:
+            raise RuntimeError(f"redis not ready after {config.launch.ready_timeout_s}s")
+        await asyncio.sleep(0.05)
+    url = f"redis://127.0.0.1:{redis_port}/0"
+    print(f"[redis] READY {url}", flush=True)
+    return url
 
 
 class Interrupted(Exception):

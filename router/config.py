@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from types import MappingProxyType
 
@@ -109,6 +109,24 @@ class TenantLimits:
     max_concurrent_requests: int | None = None
     tokens_per_minute: int | None = None
 
+    def shared_by(self, num_sharers: int) -> TenantLimits:
+        """These limits with the concurrency and tokens-per-minute limits cut to one of
+        ``num_sharers`` conservative shares (``local_share``); the size limits stay."""
+        return replace(
+            self,
+            max_concurrent_requests=local_share(self.max_concurrent_requests, num_sharers),
+            tokens_per_minute=local_share(self.tokens_per_minute, num_sharers),
+        )
+
+
+def local_share(limit: int | None, num_sharers: int) -> int | None:
+    """One of ``num_sharers`` shares of ``limit``, rounded down but at least 1 (so the
+    shares together never exceed the limit unless it is below ``num_sharers``);
+    None (unlimited) stays None."""
+    if limit is None:
+        return None
+    return max(1, limit // max(1, num_sharers))
+
 
 @dataclass(frozen=True)
 class TenantConfig:
@@ -129,6 +147,13 @@ class AuthConfig:
     allow_anonymous: bool = False
     anonymous_limits: TenantLimits = TenantLimits()
     admin_key_digest: str | None = None
+
+    def shared_by(self, num_sharers: int) -> AuthConfig:
+        """This config with every tenant's (and the anonymous) rate limits cut to one
+        of ``num_sharers`` shares: for router processes that share no state."""
+        tenants = tuple(replace(t, limits=t.limits.shared_by(num_sharers)) for t in self.tenants)
+        return replace(self, tenants=tenants,
+                       anonymous_limits=self.anonymous_limits.shared_by(num_sharers))
 
 
 @dataclass(frozen=True)
@@ -161,17 +186,52 @@ class SecretConfig:
 
 @dataclass(frozen=True)
 class LaunchConfig:
-    """For ``radix-router up``: how long to wait for children, and a demo key shown in
-    the start banner (leave it out of real configs)."""
+    """For ``radix-router up``: how long to wait for children, how many routers to run
+    (router ``i`` on ``listen.port + i`` and ``metrics.port + i``), and a demo key
+    shown in the start banner (leave it out of real configs)."""
 
     ready_timeout_s: float = 120.0
+    num_routers: int = 1
     example_api_key: str | None = None
 
 
 @dataclass(frozen=True)
+class RedisConfig:
+    """Shared state for several routers (``router.redis_state``). ``url`` None (and no
+    ``launch``) keeps state in process. ``launch`` asks ``radix-router up`` to start a
+    local ``redis-server`` and hand its URL to the routers.
+
+    Every key lives under ``key_prefix:``. Each Redis call gives up after
+    ``command_timeout_s`` (``connect_timeout_s`` to connect), and the router then
+    runs on local state. A router renews its lease every ``heartbeat_interval_s``; a
+    router silent for ``lease_ttl_s`` counts as dead and its concurrency slots stop
+    counting. The registry and prefixes are re-read every ``sync_interval_s``. Caps:
+    ``max_workers`` shared workers, ``max_public_prefixes`` shared prefixes,
+    ``stream_maxlen`` (approximate) routing decisions; ``state_ttl_s`` is how long the
+    shared registry outlives the last router."""
+
+    url: str | None = None
+    key_prefix: str = "radix"
+    launch: bool = False
+    command_timeout_s: float = 0.25
+    connect_timeout_s: float = 0.5
+    heartbeat_interval_s: float = 1.0
+    lease_ttl_s: float = 5.0
+    sync_interval_s: float = 0.5
+    max_workers: int = 1024
+    max_public_prefixes: int = 10_000
+    stream_maxlen: int = 100_000
+    state_ttl_s: float = 86_400.0
+
+    @property
+    def enabled(self) -> bool:
+        """Whether routers share state (a URL is given or ``up`` launches a server)."""
+        return self.url is not None or self.launch
+
+
+@dataclass(frozen=True)
 class RouterConfig:
-    """The whole router configuration. ``redis_url`` is accepted for the multi-router
-    setup; this version keeps shared state in process."""
+    """The whole router configuration."""
 
     listen: ListenConfig
     models: Mapping[str, ModelConfig]
@@ -185,7 +245,7 @@ class RouterConfig:
     index: IndexConfig = IndexConfig()
     metrics: MetricsConfig = MetricsConfig()
     admin: AdminConfig = AdminConfig()
-    redis_url: str | None = None
+    redis: RedisConfig = RedisConfig()
 
 
 def default_key_env(worker_id: str, prefix: str = WORKER_KEY_ENV_PREFIX) -> str:

@@ -31,6 +31,7 @@ from router.config import (
     PolicyConfig,
     ProxyConfig,
     PublicPrefixSpec,
+    RedisConfig,
     RegistryConfig,
     RouterConfig,
     SecretConfig,
@@ -77,7 +78,7 @@ def parse_config(data: Mapping[str, Any]) -> RouterConfig:
         index=_index(root.table("index")),
         metrics=_metrics(root.table("metrics")),
         admin=admin,
-        redis_url=root.text("redis_url", None),
+        redis=_redis(root.table("redis")),
     )
     root.finish()
     return config
@@ -310,7 +311,45 @@ def _index(t: Table) -> IndexConfig:
 
 def _launch(t: Table) -> LaunchConfig:
     launch = LaunchConfig(
-        **t.floats(("ready_timeout_s",)), example_api_key=t.text("example_api_key", None)
+        **t.floats(("ready_timeout_s",)), num_routers=t.integer("routers", 1, low=1),
+        example_api_key=t.text("example_api_key", None),
     )
     t.finish()
     return launch
+
+
+_REDIS_SCHEMES = ("redis", "rediss", "unix")
+_KEY_PREFIX = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,63}$")
+
+
+def check_redis_url(url: str, where: str) -> None:
+    """ValueError naming ``where`` unless ``url`` is ``redis://``, ``rediss://`` (TLS)
+    or ``unix://`` with a host (or socket path)."""
+    parsed = urllib.parse.urlsplit(url)
+    if parsed.scheme not in _REDIS_SCHEMES or not (parsed.netloc or parsed.path):
+        raise ValueError(f"{where}: must be redis://HOST:PORT[/DB], rediss://... or "
+                         f"unix:///PATH, got {url!r}")
+
+
+def _redis(t: Table) -> RedisConfig:
+    config = RedisConfig(
+        url=t.text("url", None),
+        key_prefix=t.text("key_prefix", "radix"),
+        launch=t.boolean("launch", False),
+        **t.floats(("command_timeout_s", "connect_timeout_s", "heartbeat_interval_s",
+                    "lease_ttl_s", "sync_interval_s", "state_ttl_s")),
+        **{name: value for name in ("max_workers", "max_public_prefixes", "stream_maxlen")
+           if (value := t.integer(name, None, low=1)) is not None},
+    )
+    if config.url is not None:
+        check_redis_url(config.url, t.where("url"))
+        if config.launch:
+            raise ValueError(f"{t.where('launch')}: give url (an existing server) or "
+                             "launch = true (`up` starts one), not both")
+    if not _KEY_PREFIX.match(config.key_prefix):
+        raise ValueError(f"{t.where('key_prefix')}: use letters, digits, '.', '_', ':', '-'")
+    if config.heartbeat_interval_s * 2 > config.lease_ttl_s:
+        raise ValueError(f"{t.where('lease_ttl_s')}: must be at least twice "
+                         "heartbeat_interval_s (one late heartbeat must not end a lease)")
+    t.finish()
+    return config

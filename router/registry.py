@@ -57,14 +57,16 @@ class WorkerStats:
 
 class WorkerState:
     """One worker as the router sees it. Mutated only by the registry; read by the
-    dispatcher, the proxy and the admin routes. ``namespace`` is the router-side
-    digest of the worker's cache namespace (None until the first passing probe)."""
+    dispatcher, the proxy and the admin routes. ``config`` is what it was registered
+    with; ``namespace`` is the router-side digest of the worker's cache namespace
+    (None until the first passing probe)."""
 
-    __slots__ = ("worker_id", "kind", "model", "url", "headers", "ready", "reason", "namespace",
-                 "epoch", "served_model", "load", "num_in_flight_requests",
+    __slots__ = ("config", "worker_id", "kind", "model", "url", "headers", "ready", "reason",
+                 "namespace", "epoch", "served_model", "load", "num_in_flight_requests",
                  "num_in_flight_prompt_tokens", "stats")
 
     def __init__(self, config: WorkerConfig, url: str, headers: dict[str, str]) -> None:
+        self.config = config
         self.worker_id = config.worker_id
         self.kind = config.kind
         self.model = config.model

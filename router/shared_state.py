@@ -1,21 +1,19 @@
 """State that several routers would share: per-tenant concurrency slots and token windows.
 
-``SharedState`` is the seam; ``InProcessSharedState`` is the implementation used when
+``SharedState`` is the seam; ``InProcessSharedState`` is the null object used when
 no Redis is configured (the embedded default, a single router process): each router
-process then enforces limits on its own traffic only. Every operation is a single
+process then enforces limits on its own traffic only (``--processes N`` gives each a
+1/N share). ``router.redis_state.RedisSharedState`` shares them through Redis. Every operation is a single
 atomic check-and-update, so a networked implementation can map each to one script.
 """
 
 from __future__ import annotations
 
-import logging
 import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
-
-log = logging.getLogger(__name__)
 
 
 class SharedState(Protocol):
@@ -131,11 +129,3 @@ class InProcessSharedState:
             self._reservations.pop(entry.reservation_id, None)
         return window
 
-
-def shared_state_for(redis_url: str | None) -> SharedState:
-    """The shared state for a config. Redis-backed state is not in this version: with
-    ``redis_url`` set, the router warns and keeps limits per process."""
-    if redis_url is not None:
-        log.warning("redis_url is set but this version keeps shared state in process: "
-                    "limits apply per router process")
-    return InProcessSharedState()

@@ -59,6 +59,10 @@ class PublicPrefixes:
             self.num_prefixes += 1
         return len(token_ids) // self._block_size * self._block_size
 
+    def registered(self) -> list[bytes]:
+        """Every registered prefix, as a key (``radix.keys.to_key``)."""
+        return [self._tree.path_key(node) for node in self._tree.iter_nodes() if node.payload]
+
     def num_public_tokens(self, key: bytes) -> int:
         """Longest registered prefix that ``key`` starts with, rounded down to blocks."""
         match = self._tree.match(key, PUBLIC, touch=False)

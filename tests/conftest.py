@@ -7,7 +7,7 @@ from collections.abc import Callable, Iterator
 
 import pytest
 
-from bench.procs import ManagedProcess, start_worker
+from bench.procs import ManagedProcess, RedisServer, start_worker
 
 
 @pytest.fixture
@@ -24,3 +24,11 @@ def worker_factory() -> Iterator[Callable[..., ManagedProcess]]:
     yield factory
     for process in started:
         process.stop()
+
+
+@pytest.fixture
+def redis_server() -> Iterator[RedisServer]:
+    """A fresh ``redis-server`` on a free loopback port, stopped at teardown."""
+    server = RedisServer()
+    yield server
+    server.stop()

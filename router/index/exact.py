@@ -21,6 +21,7 @@ one count. Leaves whose payload empties are removed, cascading upward.
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -214,6 +215,17 @@ class ExactIndex:
                 if len(seen) == num_workers:
                     break
         return found
+
+    def fingerprint(self) -> str:
+        """A digest of which worker holds which block (namespace, scope, hash): equal
+        for two indexes holding the same blocks, whatever the order the events came in
+        or the shape of the trees. O(blocks log blocks): for tests and benchmarks."""
+        digest = hashlib.sha256()
+        for worker_id in sorted(self._blocks):
+            for block_hash, block in sorted(self._blocks[worker_id].items()):
+                namespace, scope = block.tree_id
+                digest.update(f"{worker_id}\0{namespace}\0{scope}\0{block_hash}\n".encode())
+        return digest.hexdigest()
 
     def stats(self) -> ExactStats:
         """Tree and block counts (O(number of trees and workers))."""

@@ -125,6 +125,10 @@ class RouterIndex:
                     found[worker_id] = num_tokens
         return found
 
+    def fingerprint(self) -> str:
+        """``ExactIndex.fingerprint`` of the exact part (what the KV events built)."""
+        return self._exact.fingerprint()
+
     def stats(self) -> IndexStats:
         """Current sizes (approximate tokens include entries expired since last use)."""
         exact = self._exact.stats()

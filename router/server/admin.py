@@ -5,6 +5,8 @@ address and request id; there is one admin key), what changed, and when (the log
 record's time). A worker added here may take its key only from an environment
 variable under ``admin.worker_key_env_prefix``: otherwise an admin request could
 have the router send any of its variables (the deployment secret) to a host it names.
+With several routers sharing Redis, each change is also published to the others
+(``router.peers``).
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ import logging
 
 from aiohttp import web
 
+from radix.keys import to_key
 from radix.openai.json_body import decode_json_object
 from router.config_toml import parse_public_prefix, parse_worker
 from router.errors import ApiError
@@ -62,6 +65,7 @@ async def change_workers(request: web.Request) -> web.Response:
             state = router.registry.add(config)
         except ValueError as exc:
             raise ApiError(400, str(exc), param="worker") from exc
+        await router.peers.worker_added(state)
         _log_change(request, "added worker %s (%s, %s, key from %s)", config.worker_id,
                     config.kind, config.url, config.api_key_env or "no key")
         return web.json_response({"added": state.to_dict()})
@@ -69,6 +73,7 @@ async def change_workers(request: web.Request) -> web.Response:
         worker_id = body.get("id")
         if not isinstance(worker_id, str) or not await router.registry.remove(worker_id):
             raise ApiError(404, f"no worker {worker_id!r}", param="id")
+        await router.peers.worker_removed(worker_id)
         _log_change(request, "removed worker %s", worker_id)
         return web.json_response({"removed": worker_id})
     raise ApiError(400, "action must be 'add' or 'remove'", param="action")
@@ -87,6 +92,7 @@ async def add_public_prefix(request: web.Request) -> web.Response:
         raise ApiError(400, str(exc)) from exc
     token_ids = model.prefix_tokens(spec)
     num_public = model.public_prefixes.add(token_ids)
+    await router.peers.prefix_added(model.name, to_key(token_ids))
     _log_change(request, "registered a public prefix of %d tokens for model %s",
                 len(token_ids), model.name)
     return web.json_response({"model": model.name, "num_tokens": len(token_ids),
@@ -95,7 +101,8 @@ async def add_public_prefix(request: web.Request) -> web.Response:
 
 
 async def index_stats(request: web.Request) -> web.Response:
-    """``GET /admin/index``: index totals, and per worker its namespace, the blocks and
+    """``GET /admin/index``: index totals, the exact index's ``fingerprint`` (equal on
+    routers that hold the same blocks), and per worker its namespace, the blocks and
     approximate tokens the index holds for it, and hit rates of the requests routed
     to it (cached = what the worker reported; predicted = what the index matched)."""
     router = await _admin(request)
@@ -110,7 +117,8 @@ async def index_stats(request: web.Request) -> web.Response:
         }
         for w in router.registry.workers()
     }
-    return web.json_response({"index": stats.to_dict(), "workers": workers})
+    return web.json_response({"index": stats.to_dict(), "fingerprint": router.index.fingerprint(),
+                              "workers": workers})
 
 
 def add_admin_routes(app: web.Application) -> None:

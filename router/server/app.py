@@ -24,11 +24,11 @@ from aiohttp import web
 
 from router.config import RouterConfig
 from router.errors import ApiError
+from router.redis_state import shared_backends
 from router.server.admin import add_admin_routes
 from router.server.context import ROUTER, Router
 from router.server.dispatch import chat_completions, completions
 from router.server.request_ids import add_request_id_header, request_id, request_id_middleware
-from router.shared_state import shared_state_for
 
 MAX_BODY_BYTES = 32 * 2**20
 _PR_SET_PDEATHSIG = 1
@@ -91,6 +91,7 @@ def create_app(router: Router) -> web.Application:
     async def start_workers(app: web.Application) -> None:
         for worker in router.config.workers:
             router.registry.add(worker)
+        await router.peers.start(router.registry, router.models, router.index)
 
     async def close(app: web.Application) -> None:
         await router.close()
@@ -146,7 +147,10 @@ async def serve(config: RouterConfig, secret: bytes, sock: socket.socket,
         if worker.url is None:
             raise ValueError(f"workers[{i}].url: required when the router runs on its own "
                              "(launch is for `radix-router up`)")
-    router = Router.build(config, secret, shared_state_for(config.redis_url))
+    if config.redis.launch and config.redis.url is None:
+        raise ValueError("redis.url: required when the router runs on its own "
+                         "(launch is for `radix-router up`)")
+    router = Router.build(config, secret, *shared_backends(config))
     runner = web.AppRunner(create_app(router), handler_cancellation=True, access_log=None)
     metrics_runner = web.AppRunner(create_metrics_app(router), access_log=None)
     await runner.setup()
@@ -195,9 +199,10 @@ def tune_gc() -> None:
 def serve_processes(config: RouterConfig, secret: bytes, num_processes: int) -> None:
     """Run ``num_processes`` router processes on one port. Each binds its own
     SO_REUSEPORT socket (the kernel spreads connections over them) and is a whole
-    router: its own index, following every worker's KV events, its own registry.
-    Limits are per process unless shared state is. The parent serves too, announces
-    READY, and on exit stops the children it forked."""
+    router: its own index, following every worker's KV events, its own registry and,
+    with Redis, its own router id and lease (limits exact across all of them; without
+    Redis the caller gives each a share, ``router.cli.limits_for_processes``). The
+    parent serves too, announces READY, and on exit stops the children it forked."""
     if num_processes == 1:
         asyncio.run(serve(config, secret, bind_socket(config.listen.host, config.listen.port),
                           metrics_socket(config, 0)))

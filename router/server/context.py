@@ -17,6 +17,7 @@ from router.auth import Authenticator, TenantLimiter
 from router.config import RouterConfig
 from router.index import NamespaceDigest, RouterIndex, WorkerId
 from router.kv_events import KVEventFollower
+from router.peers import NoPeers, Peers
 from router.policy import Policy, make_policy
 from router.proxy import Proxy
 from router.registry import WorkerRegistry, WorkerState
@@ -41,11 +42,15 @@ class Router:
     proxy: Proxy
     metrics: RouterMetrics
     cache_salts: CacheSalts
+    peers: Peers
 
     @classmethod
-    def build(cls, config: RouterConfig, secret: bytes, state: SharedState) -> Router:
+    def build(cls, config: RouterConfig, secret: bytes, state: SharedState,
+              peers: Peers | None = None) -> Router:
         """Load tokenizers, resolve the policy and wire the parts; ValueError naming
-        the config field when something is unusable. Call inside the event loop."""
+        the config field when something is unusable. Call inside the event loop.
+        ``state`` holds the tenant counters, ``peers`` (default ``NoPeers``) the
+        registry shared with other routers; the app's startup starts it."""
         models = Models.from_config(config.models)
         policy = make_policy(config.policy.name, config.policy.weights)
         index = RouterIndex(config.index)
@@ -58,12 +63,17 @@ class Router:
                                   worker.headers, NamespaceDigest(worker.namespace or "")).run()
 
         registry = WorkerRegistry(config.registry, models, secret, session, index, follow)
+        peers = peers or NoPeers()
+        metrics = RouterMetrics(models.token_cache_stats)
+        metrics.shared_state_up.set_function(lambda: float(peers.up))
         return cls(config, models, Authenticator(config.auth), TenantLimiter(state), index,
-                   policy, session, registry, Proxy(session, config.proxy),
-                   RouterMetrics(models.token_cache_stats), CacheSalts(secret))
+                   policy, session, registry, Proxy(session, config.proxy), metrics,
+                   CacheSalts(secret), peers)
 
     async def close(self) -> None:
-        """Stop polling and following every worker, then close the client session."""
+        """Leave the peers, stop polling and following every worker, then close the
+        client session."""
+        await self.peers.close()
         await self.registry.close()
         await self.session.close()
 

@@ -136,6 +136,7 @@ async def forward(router: Router, request: web.Request, call: Call, ranked: list
         num_tokens = len(call.prompt.token_ids) - matched.get(worker.worker_id, 0)
         router.registry.begin(worker, num_tokens)
         router.index.note_routed(worker.namespace, worker.worker_id, call.prompt.key, call.scope)
+        router.peers.routed(worker, call.prompt.key, call.scope)
         try:
             return worker, await router.proxy.send(request, call, worker, exchange)
         except UpstreamUnavailable as exc:

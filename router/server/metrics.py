@@ -51,6 +51,11 @@ class RouterMetrics:
         self.ttft_seconds = Histogram("router_ttft_seconds", "Time to the first byte sent",
                                       buckets=_LATENCY_BUCKETS, registry=r)
         self.retries = Counter("router_retries", "Attempts moved to another worker", registry=r)
+        # Several routers: whether the shared state (Redis) is reachable.
+        self.shared_state_up = Gauge(
+            "router_shared_state_up",
+            "1 while the shared state is reachable (always 1 without Redis: state is local)",
+            registry=r)
         self._request_counters: dict[tuple[str, str, int], Counter] = {}
         self._token_counters: dict[str, tuple[Counter, Counter]] = {}
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from router.cli import with_overrides
+from router.cli import limits_for_processes, with_overrides
 from router.config import DEFAULT_CONFIG
 from router.config_toml import load_config, parse_config
 
@@ -24,7 +24,7 @@ def test_embedded_configs_load(path, model) -> None:
     assert all(w.launch and w.url is None and w.model == model for w in config.workers)
     assert config.models[model].block_size == 16
     assert {t.tenant_id for t in config.auth.tenants} == {"alice", "bob"}
-    assert config.redis_url is None and not config.auth.allow_anonymous
+    assert not config.redis.enabled and not config.auth.allow_anonymous
 
 
 def test_minimal_config_defaults() -> None:
@@ -57,7 +57,16 @@ def test_minimal_config_defaults() -> None:
         ({"registry": {"poll_interval_s": -1}}, "registry.poll_interval_s"),
         ({"index": {"speculative_ttl_s": 0}}, "index.speculative_ttl_s"),
         ({"policy": {"weights": {"x": "y"}}}, "policy.weights.x"),
-        ({"redis_url": 5}, "redis_url"),
+        ({"redis_url": "redis://x"}, "redis_url: unknown key"),
+        ({"redis": {"url": "http://127.0.0.1:6379"}}, "redis.url"),
+        ({"redis": {"url": "redis://127.0.0.1", "launch": True}}, "redis.launch"),
+        ({"redis": {"launch": "yes"}}, "redis.launch"),
+        ({"redis": {"key_prefix": "a b"}}, "redis.key_prefix"),
+        ({"redis": {"command_timeout_s": 0}}, "redis.command_timeout_s"),
+        ({"redis": {"heartbeat_interval_s": 1, "lease_ttl_s": 1.5}}, "redis.lease_ttl_s"),
+        ({"redis": {"max_workers": 0}}, "redis.max_workers"),
+        ({"redis": {"urll": "redis://x"}}, "redis.urll: unknown key"),
+        ({"launch": {"routers": 0}}, "launch.routers"),
     ],
 )
 def test_errors_name_the_field(patch: dict, field: str) -> None:
@@ -94,3 +103,43 @@ def test_worker_url_overrides() -> None:
         with_overrides(config, None, None, ["w9=http://x"])
     with pytest.raises(ValueError, match="--worker-url: expected"):
         with_overrides(config, None, None, ["w1"])
+
+
+def test_redis_section_parses() -> None:
+    config = parse_config({**BASE, "redis": {"url": "redis://10.0.0.5:6379/2", "key_prefix": "prod",
+                                             "lease_ttl_s": 3}})
+    assert config.redis.enabled and config.redis.url == "redis://10.0.0.5:6379/2"
+    assert config.redis.key_prefix == "prod" and config.redis.lease_ttl_s == 3.0
+    assert parse_config({**BASE, "redis": {"launch": True}}).redis.enabled
+
+
+def test_limits_shared_by_processes_are_conservative() -> None:
+    tenants = {"a": {"key_digests": [], "max_concurrent_requests": 5, "tokens_per_minute": 1000,
+                     "max_prompt_tokens": 100},
+               "b": {"key_digests": [], "max_concurrent_requests": 1}}
+    auth = parse_config({**BASE, "auth": {"tenants": tenants}}).auth.shared_by(3)
+    a, b = (t.limits for t in auth.tenants)
+    assert (a.max_concurrent_requests, a.tokens_per_minute, a.max_prompt_tokens) == (1, 333, 100)
+    assert b.max_concurrent_requests == 1 and b.tokens_per_minute is None
+
+
+def test_processes_without_redis_get_a_share_of_each_limit(caplog) -> None:
+    tenants = {"a": {"key_digests": [], "max_concurrent_requests": 4, "tokens_per_minute": 900}}
+    config = parse_config({**BASE, "auth": {"tenants": tenants}})
+    with caplog.at_level("WARNING"):
+        shared = limits_for_processes(config, 4)
+    limits = shared.auth.tenants[0].limits
+    assert (limits.max_concurrent_requests, limits.tokens_per_minute) == (1, 225)
+    assert "each of the 4 router processes enforces 1/4" in caplog.text
+    with_redis = parse_config({**BASE, "auth": {"tenants": tenants},
+                               "redis": {"url": "redis://127.0.0.1:6379"}})
+    assert limits_for_processes(with_redis, 4) is with_redis
+    assert limits_for_processes(config, 1) is config
+
+
+def test_redis_url_override_replaces_launch() -> None:
+    config = parse_config({**BASE, "redis": {"launch": True}})
+    overridden = with_overrides(config, None, None, [], None, "redis://127.0.0.1:7000/0")
+    assert overridden.redis.url == "redis://127.0.0.1:7000/0" and not overridden.redis.launch
+    with pytest.raises(ValueError, match="--redis-url"):
+        with_overrides(config, None, None, [], None, "http://127.0.0.1:7000")

@@ -1,6 +1,7 @@
 """`radix-router up` starts two workers and a router, serves, and stops cleanly; the
 workers require the key it generated, which no child has on its command line. On the
-embedded default (SmolLM2) the start banner shows a real answer in English."""
+embedded default (SmolLM2) the start banner shows a real answer in English. With
+configs/multi-router.toml it also runs Redis and a second router."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ import pytest
 
 from bench.procs import REPO_ROOT, child_env, http_json
 from radix.model_source import packaged_model_path
+from router.redis_state.server import redis_answers
 
 pytestmark = pytest.mark.slow
 
@@ -135,6 +137,37 @@ def test_embedded_default_answers_in_english() -> None:
         assert again["usage"]["prompt_tokens_details"]["cached_tokens"] >= 16
         proc.send_signal(signal.SIGINT)
         assert proc.wait(timeout=60) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+def test_up_multi_router_shares_one_launched_redis() -> None:
+    """configs/multi-router.toml: a launched redis-server, two routers on the shared
+    state (alice's 4-slot limit), three workers; everything, Redis included, stops."""
+    proc = start_up("configs/multi-router.toml")
+    try:
+        text = read_banner(proc, 120)
+        routers = [re.search(r"is up at (http://\S+)", text).group(1),
+                   re.search(r"another router .* at (http://\S+)", text).group(1)]
+        redis_port = int(re.search(r"\[redis\] READY redis://127.0.0.1:(\d+)", text).group(1))
+        assert len(re.findall(r"\[w\d\] READY", text)) == 3
+        metrics = re.findall(r"\[router\d\] METRICS (http://\S+)", text)
+        for url in routers:
+            deadline = time.monotonic() + 30
+            while http_json("GET", f"{url}/health")[1]["num_ready_workers"] < 3:
+                assert time.monotonic() < deadline
+                time.sleep(0.2)
+            status, body = http_json("POST", f"{url}/v1/completions",
+                                     {"model": "demo", "prompt": "Hi", "max_tokens": 2},
+                                     {"Authorization": "Bearer sk-demo-alice"})
+            assert status == 200, body
+        for url in metrics:
+            assert "router_shared_state_up 1.0" in http_json("GET", f"{url}/metrics")[1]
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(timeout=60) == 0
+        assert not redis_answers(redis_port)
     finally:
         if proc.poll() is None:
             proc.kill()

@@ -14,6 +14,7 @@ from collections.abc import AsyncIterator
 from aiohttp import web
 
 from router.config import RouterConfig
+from router.redis_state import shared_backends
 from router.server.app import bind_socket, create_app
 from router.server.context import Router
 from router.shared_state import InProcessSharedState
@@ -37,11 +38,13 @@ async def serving(app: web.Application) -> AsyncIterator[str]:
 
 
 @contextlib.asynccontextmanager
-async def running_router(config: RouterConfig, wait_ready_s: float = 10.0
-                         ) -> AsyncIterator[tuple[str, Router]]:
+async def running_router(config: RouterConfig, wait_ready_s: float = 10.0,
+                         shared: bool = False) -> AsyncIterator[tuple[str, Router]]:
     """A real router for ``config``; waits until every configured worker is ready
-    (when there are any) and yields (URL, Router)."""
-    router = Router.build(config, TEST_SECRET, InProcessSharedState())
+    (when there are any) and yields (URL, Router). With ``shared`` its limits and
+    peers are ``config.redis``'s (``shared_backends``), else in process."""
+    state, peers = shared_backends(config) if shared else (InProcessSharedState(), None)
+    router = Router.build(config, TEST_SECRET, state, peers)
     async with serving(create_app(router)) as url:
         await eventually(lambda: all(w.ready for w in router.registry.workers()), wait_ready_s,
                          describe=lambda: {w.worker_id: w.reason for w in router.registry.workers()})

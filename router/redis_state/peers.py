@@ -1,0 +1,245 @@
+"""``RedisPeers``: the shared worker registry and public prefixes, plus the stream.
+
+Workers: one hash, worker id -> its shared fields as JSON, and a version counter
+bumped by every change (both in one script). A router's admin change is applied
+locally, then published; every ``sync_interval_s`` each router reads the version
+and, when it moved, the hash, and makes its own registry equal to it (adding,
+re-adding a worker whose fields changed, removing one no longer listed; an entry it
+cannot use, it skips and logs). A read that started before a local change is
+discarded, so a router never undoes its own newer change. A worker
+that stops answering leaves routing on every router by that router's own probes.
+
+Prefixes: one hash, ``model:digest`` -> token ids, add-only; a router adds the
+entries it does not know to its models' public prefixes.
+
+Joining or rejoining (the resync hook) publishes every worker and prefix this
+router holds (its config's, and changes made while Redis was down), then loads the
+rest. Config workers are thus re-asserted by each router that starts.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import json
+import logging
+from collections.abc import Mapping
+
+from radix.keys import TOKEN_BYTES, from_key
+from router.config import WorkerConfig
+from router.config_toml import parse_worker
+from router.index import RouterIndex
+from router.redis_state import scripts
+from router.redis_state.link import RedisLink, RedisUnavailable
+from router.redis_state.routed import RoutedStream
+from router.registry import WorkerRegistry, WorkerState
+from router.tokenization import Models
+
+log = logging.getLogger(__name__)
+
+
+def shared_fields(worker: WorkerState) -> dict[str, str]:
+    """What travels to other routers: id, model, kind, url and the name (never the
+    value) of the worker's key variable."""
+    fields = {"id": worker.worker_id, "model": worker.model, "kind": worker.kind,
+              "url": worker.url}
+    if worker.config.api_key_env is not None:
+        fields["api_key_env"] = worker.config.api_key_env
+    return fields
+
+
+def prefix_field(model: str, key: bytes) -> str:
+    """The hash field of a public prefix: the model and a digest of its tokens."""
+    return f"{model}:{hashlib.sha256(key).hexdigest()[:32]}"
+
+
+class RedisPeers:
+    """``Peers`` on Redis. Owns the link's lifecycle (``start`` starts its heartbeat).
+    A shared worker passes the checks of ``POST /admin/workers`` before this router
+    uses it: its key variable must start with ``key_env_prefix``
+    (``admin.worker_key_env_prefix``), so whoever writes to Redis cannot make the
+    router send another of its variables to a host they name."""
+
+    def __init__(self, link: RedisLink, key_env_prefix: str) -> None:
+        self._link = link
+        self._key_env_prefix = key_env_prefix
+        self._add_worker = link.script(scripts.ADD_WORKER)
+        self._remove_worker = link.script(scripts.REMOVE_WORKER)
+        self._add_prefix = link.script(scripts.ADD_PREFIX)
+        self._version: int | None = None
+        self._num_local_changes = 0
+        self._prefixes_seen: set[str] = set()
+        self._refused: set[tuple[str, str]] = set()
+        self._task: asyncio.Task[None] | None = None
+        self._stream: RoutedStream | None = None
+
+    @property
+    def up(self) -> bool:
+        """See ``Peers.up``."""
+        return self._link.up
+
+    async def start(self, registry: WorkerRegistry, models: Models, index: RouterIndex) -> None:
+        """See ``Peers.start``."""
+        self._registry, self._models = registry, models
+        self._stream = RoutedStream(self._link, registry, index)
+        self._link.on_resync(self._rejoin)
+        await self._link.start()
+        self._stream.start()
+        self._task = asyncio.create_task(self._sync())
+
+    async def close(self) -> None:
+        """See ``Peers.close``."""
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+        if self._stream is not None:
+            await self._stream.close()
+        await self._link.close()
+
+    async def worker_added(self, worker: WorkerState) -> None:
+        """See ``Peers.worker_added``."""
+        self._num_local_changes += 1
+        with contextlib.suppress(RedisUnavailable):
+            await self._publish_worker(worker)
+
+    async def worker_removed(self, worker_id: str) -> None:
+        """See ``Peers.worker_removed``."""
+        self._num_local_changes += 1
+        keys = self._link.keys
+        with contextlib.suppress(RedisUnavailable):
+            await self._link.call(lambda _: self._remove_worker(
+                keys=[keys.workers, keys.workers_version], args=[worker_id]))
+
+    async def prefix_added(self, model: str, key: bytes) -> None:
+        """See ``Peers.prefix_added``."""
+        with contextlib.suppress(RedisUnavailable):
+            await self._publish_prefix(model, key)
+
+    def routed(self, worker: WorkerState, key: bytes, scope: str) -> None:
+        """See ``Peers.routed``."""
+        if self._stream is not None:
+            self._stream.note(worker, key, scope)
+
+    async def _publish_worker(self, worker: WorkerState) -> None:
+        keys = self._link.keys
+        version = await self._link.call(lambda _: self._add_worker(
+            keys=[keys.workers, keys.workers_version],
+            args=[worker.worker_id, json.dumps(shared_fields(worker)),
+                  self._link.config.max_workers]))
+        if int(version) < 0:
+            log.warning("shared registry full (redis.max_workers = %d): worker %s is known "
+                        "to this router only", self._link.config.max_workers, worker.worker_id)
+
+    async def _publish_prefix(self, model: str, key: bytes) -> None:
+        field = prefix_field(model, key)
+        stored = await self._link.call(lambda _: self._add_prefix(
+            keys=[self._link.keys.prefixes],
+            args=[field, key, self._link.config.max_public_prefixes]))
+        if int(stored) < 0:
+            log.warning("shared public prefixes full (redis.max_public_prefixes = %d): a "
+                        "prefix of model %s is known to this router only",
+                        self._link.config.max_public_prefixes, model)
+        else:
+            self._prefixes_seen.add(field)
+
+    async def _rejoin(self) -> None:
+        """Resync hook: publish everything held here, then load everything shared."""
+        for worker in self._registry.workers():
+            await self._publish_worker(worker)
+        for name in self._models.names():
+            for key in self._models.get(name).public_prefixes.registered():
+                await self._publish_prefix(name, key)
+        self._version = None
+        await self._pull_workers()
+        await self._pull_prefixes()
+
+    async def _sync(self) -> None:
+        while True:
+            await asyncio.sleep(self._link.config.sync_interval_s)
+            if not self._link.up:
+                continue
+            try:
+                await self._pull_workers()
+                await self._pull_prefixes()
+            except RedisUnavailable:
+                continue
+            except Exception:  # a bug must not end following the registry
+                log.exception("shared registry sync failed")
+
+    async def _pull_workers(self) -> None:
+        keys = self._link.keys
+        num_changes = self._num_local_changes
+
+        async def read(client) -> list:
+            async with client.pipeline(transaction=True) as pipe:
+                pipe.get(keys.workers_version)
+                pipe.hgetall(keys.workers)
+                return await pipe.execute()
+
+        raw_version, entries = await self._link.call(read)
+        version = int(raw_version or 0)
+        if num_changes != self._num_local_changes or version == self._version:
+            return
+        await self._apply_workers(version, entries)
+        self._version = version
+
+    async def _apply_workers(self, version: int, entries: Mapping[bytes, bytes]) -> None:
+        listed = {raw_id.decode(errors="replace"): raw for raw_id, raw in entries.items()}
+        shared = {}
+        for worker_id, raw in listed.items():
+            try:
+                shared[worker_id] = self._parse(worker_id, raw)
+            except ValueError as exc:
+                self._refuse(worker_id, raw, str(exc))
+        for worker_id, config in shared.items():
+            local = self._registry.get(worker_id)
+            if local is not None and shared_fields(local) == json.loads(entries[worker_id.encode()]):
+                continue
+            if local is not None:
+                await self._registry.remove(worker_id)
+            try:
+                self._registry.add(config)
+                log.info("worker %s added from the shared registry (version %d)", worker_id,
+                         version)
+            except ValueError as exc:
+                self._refuse(worker_id, entries[worker_id.encode()], str(exc))
+        for worker in self._registry.workers():
+            if worker.worker_id not in listed:
+                await self._registry.remove(worker.worker_id)
+                log.info("worker %s removed by the shared registry (version %d)",
+                         worker.worker_id, version)
+
+    def _parse(self, worker_id: str, raw: bytes) -> WorkerConfig:
+        where = f"{self._link.keys.workers}[{worker_id}]"
+        config = parse_worker(json.loads(raw), {name: None for name in self._models.names()},
+                              where)
+        if config.worker_id != worker_id or config.url is None:
+            raise ValueError(f"{where}: id must be the field name, and url is required")
+        env = config.api_key_env
+        if env is not None and not env.startswith(self._key_env_prefix):
+            raise ValueError(f"{where}.api_key_env: must start with {self._key_env_prefix!r} "
+                             "(admin.worker_key_env_prefix)")
+        return config
+
+    def _refuse(self, worker_id: str, raw: bytes, reason: str) -> None:
+        """Log once per (worker, fields) that this router cannot use a shared worker."""
+        if (worker_id, raw.decode(errors="replace")) not in self._refused:
+            self._refused.add((worker_id, raw.decode(errors="replace")))
+            log.warning("shared worker %s not usable here: %s", worker_id, reason)
+
+    async def _pull_prefixes(self) -> None:
+        key = self._link.keys.prefixes
+        if await self._link.call(lambda client: client.hlen(key)) <= len(self._prefixes_seen):
+            return
+        entries = await self._link.call(lambda client: client.hgetall(key))
+        names = set(self._models.names())
+        for raw_field, token_key in entries.items():
+            field = raw_field.decode(errors="replace")
+            model = field.partition(":")[0]
+            if field in self._prefixes_seen:
+                continue
+            self._prefixes_seen.add(field)
+            if model in names and token_key and len(token_key) % TOKEN_BYTES == 0:
+                self._models.get(model).public_prefixes.add(from_key(token_key))

@@ -1,0 +1,112 @@
+"""Two in-process routers sharing one real ``redis-server``: a worker added or removed
+through either admin API reaches the other, public prefixes are shared, and the
+routing decisions for ``openai`` workers land in the other router's index."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import aiohttp
+import pytest
+import redis.asyncio as redis
+from support.aio import eventually, running_router, serving
+
+from bench import instant_upstream
+from radix.keys import to_key
+from router.auth import hash_key
+from router.config import RouterConfig
+from router.config_toml import parse_config
+
+pytestmark = pytest.mark.anyio
+ALICE = {"Authorization": "Bearer key-alice"}
+ADMIN = {"Authorization": "Bearer key-admin"}
+
+
+@pytest.fixture
+def anyio_backend() -> str:
+    return "asyncio"
+
+
+def shared_config(redis_url: str, workers: list[dict[str, str]]) -> RouterConfig:
+    return parse_config({
+        "models": {"demo": {"tokenizer": "demo"}},
+        "workers": workers,
+        "registry": {"poll_interval_s": 0.1},
+        "redis": {"url": redis_url, "key_prefix": "peers-test", "heartbeat_interval_s": 0.1,
+                  "lease_ttl_s": 2.0, "sync_interval_s": 0.1},
+        "auth": {"admin_key_digest": hash_key("key-admin"),
+                 "tenants": {"alice": {"key_digests": [hash_key("key-alice")]}}},
+    })
+
+
+async def post(session: aiohttp.ClientSession, url: str, body: Any,
+               headers: dict[str, str]) -> tuple[int, Any]:
+    async with session.post(url, json=body, headers=headers) as resp:
+        return resp.status, await resp.json()
+
+
+async def test_worker_changes_and_prefixes_reach_the_other_router(redis_server) -> None:
+    config = shared_config(redis_server.url, [])
+    async with serving(instant_upstream.create_app("x")) as up, \
+            running_router(config, shared=True) as (url_a, a), \
+            running_router(config, shared=True) as (url_b, b), \
+            aiohttp.ClientSession() as session:
+        worker = {"id": "extra", "model": "demo", "url": up}
+        status, _ = await post(session, f"{url_a}/admin/workers",
+                               {"action": "add", "worker": worker}, ADMIN)
+        assert status == 200
+        await eventually(lambda: (w := b.registry.get("extra")) is not None and w.ready, 3.0)
+        status, _ = await post(session, f"{url_b}/v1/completions",
+                               {"model": "demo", "prompt": "hi", "max_tokens": 1}, ALICE)
+        assert status == 200 and b.registry.get("extra").stats.num_requests == 1
+
+        prefix = "Shared system prompt for every tenant. " * 2
+        status, _ = await post(session, f"{url_b}/admin/public-prefixes",
+                               {"model": "demo", "text": prefix}, ADMIN)
+        assert status == 200
+        tokens = a.models.get("demo").tokenizer.encode(prefix + "and more")
+        public = a.models.get("demo").public_prefixes
+        await eventually(lambda: public.num_public_tokens(to_key(tokens)) > 0, 3.0)
+
+        status, _ = await post(session, f"{url_b}/admin/workers",
+                               {"action": "remove", "id": "extra"}, ADMIN)
+        assert status == 200
+        await eventually(lambda: a.registry.get("extra") is None, 3.0)
+
+
+async def test_openai_routing_decisions_reach_the_other_routers_index(redis_server) -> None:
+    async with serving(instant_upstream.create_app("x")) as up:
+        config = shared_config(redis_server.url,
+                               [{"id": "vllm", "model": "demo", "url": up, "kind": "openai"}])
+        async with running_router(config, shared=True) as (url_a, a), \
+                running_router(config, shared=True) as (_, b), \
+                aiohttp.ClientSession() as session:
+            prompt = "A long document about routing decisions on several routers. " * 4
+            status, _ = await post(session, f"{url_a}/v1/completions",
+                                   {"model": "demo", "prompt": prompt, "max_tokens": 1}, ALICE)
+            assert status == 200
+            key = to_key(b.models.get("demo").tokenizer.encode(prompt))
+            namespace = b.registry.get("vllm").namespace
+            matched = await eventually(
+                lambda: b.index.match(namespace, key, "alice").get("vllm", 0), 3.0)
+            assert matched == a.index.match(namespace, key, "alice")["vllm"]
+            assert b.index.match(namespace, key, "bob") == {}  # still per tenant
+
+
+async def test_a_shared_worker_must_pass_the_admin_rules(redis_server) -> None:
+    """Whoever writes to Redis cannot make a router send its secret to a host."""
+    config = shared_config(redis_server.url, [])
+    async with serving(instant_upstream.create_app("x")) as up, \
+            running_router(config, shared=True) as (_, router):
+        client = redis.Redis.from_url(redis_server.url)
+        try:
+            await client.hset("peers-test:workers", mapping={
+                "evil": json.dumps({"id": "evil", "model": "demo", "url": up,
+                                    "api_key_env": "RADIX_ROUTER_SECRET"}),
+                "fine": json.dumps({"id": "fine", "model": "demo", "url": up})})
+            await client.incr("peers-test:workers:version")
+            await eventually(lambda: router.registry.get("fine") is not None, 3.0)
+            assert router.registry.get("evil") is None
+        finally:
+            await client.aclose()

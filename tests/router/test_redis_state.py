@@ -1,0 +1,128 @@
+"""The Redis shared state against a real ``redis-server``: slots and token windows are
+atomic across routers, a dead router's slots expire with its lease, windows settle and
+expire, and an outage falls back to local shares and resyncs when Redis returns."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+
+from support.aio import eventually
+
+from bench.procs import RedisServer
+from router.config import RedisConfig
+from router.redis_state import RedisLink, RedisSharedState
+
+FAST = RedisConfig(heartbeat_interval_s=0.2, lease_ttl_s=1.0, command_timeout_s=1.0,
+                   connect_timeout_s=0.5, key_prefix="test")
+
+
+def run(main: Callable[[], Awaitable[None]]) -> None:
+    asyncio.run(main())
+
+
+@asynccontextmanager
+async def routers(server: RedisServer, count: int, window_s: float = 60.0
+                  ) -> AsyncIterator[list[tuple[RedisLink, RedisSharedState]]]:
+    """``count`` routers' links (started: heartbeat running) and their limit states."""
+    config = dataclasses.replace(FAST, url=server.url)
+    pairs = []
+    for i in range(count):
+        link = RedisLink(config, router_id=f"r{i}")
+        pairs.append((link, RedisSharedState(link, window_s)))
+    for link, _ in pairs:
+        await link.start()
+    try:
+        yield pairs
+    finally:
+        for link, _ in pairs:
+            await link.close()
+
+
+def test_slots_are_exact_under_concurrency_across_routers(redis_server) -> None:
+    async def main() -> None:
+        async with routers(redis_server, 3) as pairs:
+            states = [state for _, state in pairs]
+            taken = await asyncio.gather(*(states[i % 3].acquire_slot("alice", 7)
+                                           for i in range(60)))
+            assert sum(taken) == 7
+            await states[0].release_slot("alice")
+            assert await states[1].acquire_slot("alice", 7)
+            assert not await states[2].acquire_slot("alice", 7)
+            assert await states[2].acquire_slot("bob", 1)
+
+    run(main)
+
+
+def test_token_reservations_are_exact_under_concurrency(redis_server) -> None:
+    async def main() -> None:
+        async with routers(redis_server, 2) as pairs:
+            states = [state for _, state in pairs]
+            waits = await asyncio.gather(*(states[i % 2].reserve_tokens(
+                "alice", uuid.uuid4().hex, 10, 95) for i in range(40)))
+            assert sum(w is None for w in waits) == 9
+            assert all(0 < w <= 60 for w in waits if w is not None)
+            assert await states[0].tokens_in_window("alice") == 90
+
+    run(main)
+
+
+def test_a_dead_routers_slots_expire_with_its_lease(redis_server) -> None:
+    async def main() -> None:
+        config = dataclasses.replace(FAST, url=redis_server.url)
+        dead_link = RedisLink(config, router_id="dead")
+        dead = RedisSharedState(dead_link)
+        await dead_link.beat()  # one lease, and no heartbeat after it: the router "dies"
+        assert await dead.acquire_slot("alice", 2) and await dead.acquire_slot("alice", 2)
+        async with routers(redis_server, 1) as [(link, alive)]:
+            assert not await alive.acquire_slot("alice", 2)
+            assert link.num_routers_alive == 2
+            await eventually(lambda: alive.acquire_slot("alice", 2), timeout_s=2 * FAST.lease_ttl_s)
+            await eventually(lambda: link.num_routers_alive == 1, timeout_s=1.0)
+        await dead_link.client.aclose()
+
+    run(main)
+
+
+def test_window_settles_and_expires(redis_server) -> None:
+    async def main() -> None:
+        async with routers(redis_server, 2, window_s=0.6) as [(_, a), (_, b)]:
+            assert await a.reserve_tokens("alice", "r1", 60, 100) is None
+            wait_s = await b.reserve_tokens("alice", "r2", 50, 100)
+            assert wait_s is not None and 0 < wait_s <= 0.6
+            await a.settle_tokens("alice", "r1", 20)  # the stream ended early
+            assert await b.tokens_in_window("alice") == 20
+            assert await b.reserve_tokens("alice", "r2", 50, 100) is None
+            await b.settle_tokens("alice", "r2", 70)
+            assert await a.tokens_in_window("alice") == 90
+            await asyncio.sleep(0.7)
+            assert await a.tokens_in_window("alice") == 0
+            await a.settle_tokens("alice", "r1", 500)  # gone from the window: no effect
+            assert await a.tokens_in_window("alice") == 0
+
+    run(main)
+
+
+def test_outage_falls_back_to_local_shares_and_resyncs(redis_server) -> None:
+    async def main() -> None:
+        async with routers(redis_server, 2) as [(link, a), (other, b)]:
+            await eventually(lambda: link.num_routers_alive == 2, timeout_s=1.0)
+            assert await a.acquire_slot("alice", 4)
+            redis_server.stop()
+            # Down: each router may hold 4 // 2 = 2, counting what it already holds.
+            assert [await a.acquire_slot("alice", 4) for _ in range(2)] == [True, False]
+            assert not link.up
+            await eventually(lambda: not other.up, timeout_s=2.0)
+            assert await a.reserve_tokens("alice", "local", 50, 100) is None
+            assert await a.reserve_tokens("alice", "local2", 10, 100) is not None
+            await a.release_slot("alice")
+            redis_server.start()
+            await eventually(lambda: link.up and other.up, timeout_s=3.0)
+            # Back: router a's held slot was written back, so the limit is shared again.
+            assert await link.client.hgetall("test:slots:r0") == {b"alice": b"1"}
+            assert [await b.acquire_slot("alice", 4) for _ in range(4)] == [True] * 3 + [False]
+
+    run(main)
