@@ -32,7 +32,7 @@ import urllib.request
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from router.redis_state.server import redis_answers, redis_server_args
+from router.state.redis_state.server import redis_answers, redis_server_args
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 READY_PREFIX = "READY "

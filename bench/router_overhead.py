@@ -29,7 +29,7 @@ import aiohttp
 
 from bench.procs import start_process, start_router
 from radix.tokenizer import PromptTokenizer
-from router.auth import hash_key
+from router.front.auth import hash_key
 
 KEY = "bench-key"
 UPSTREAM_ARGS = [sys.executable, "-m", "bench.instant_upstream"]

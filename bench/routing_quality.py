@@ -28,8 +28,15 @@ import numpy as np
 from bench.sim_cache import SimCache
 from radix.events import KVEvent
 from radix.keys import TOKEN_BYTES
-from router.index import RouterIndex, WorkerId
-from router.policy import POLICIES, Policy, RandomPolicy, RouteRequest, WorkerView, make_policy
+from router.routing.index import RouterIndex, WorkerId
+from router.routing.policy import (
+    POLICIES,
+    Policy,
+    RandomPolicy,
+    RouteRequest,
+    WorkerView,
+    make_policy,
+)
 
 NAMESPACE = "5a" * 32
 BLOCK_SIZE = 16

@@ -47,8 +47,8 @@ from bench.procs import (
     start_worker,
 )
 from bench.routing_quality import TENANTS, SimRequest, Workload, WorkloadShape
-from router.auth import hash_key
-from router.policy import POLICIES
+from router.front.auth import hash_key
+from router.routing.policy import POLICIES
 
 ADMIN_KEY = "bench-admin"
 READY_TIMEOUT_S = 60.0

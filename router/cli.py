@@ -18,9 +18,9 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from radix.namespace import load_secret
-from router.auth import hash_key
 from router.config import DEFAULT_CONFIG, RouterConfig
 from router.config_toml import check_redis_url, check_worker_url, load_config
+from router.front.auth import hash_key
 
 log = logging.getLogger(__name__)
 SUBCOMMANDS = ("up", "router", "worker", "bench", "hash-key")

@@ -33,8 +33,8 @@ import aiohttp
 
 from radix.namespace import SECRET_ENV
 from router.config import RouterConfig
-from router.redis_state.server import redis_answers, redis_server_args
 from router.server.app import die_with_parent
+from router.state.redis_state.server import redis_answers, redis_server_args
 
 READY_PREFIX = "READY "
 WORKER_KEY_ENV = "RADIX_WORKER_API_KEY"  # read by workers.server.access

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from types import MappingProxyType
 
-from router.index import IndexConfig
+from router.routing.index import IndexConfig
 
 DEFAULT_CONFIG = Path(__file__).resolve().parent.parent / "configs" / "local.toml"
 WORKER_KINDS = ("radix", "openai")
@@ -197,7 +197,7 @@ class LaunchConfig:
 
 @dataclass(frozen=True)
 class RedisConfig:
-    """Shared state for several routers (``router.redis_state``). ``url`` None (and no
+    """Shared state for several routers (``router.state.redis_state``). ``url`` None (and no
     ``launch``) keeps state in process. ``launch`` asks ``radix-router up`` to start a
     local ``redis-server`` and hand its URL to the routers.
 

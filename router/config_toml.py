@@ -40,7 +40,7 @@ from router.config import (
     WorkerConfig,
     default_key_env,
 )
-from router.index import IndexConfig
+from router.routing.index import IndexConfig
 from router.tables import Table
 
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")

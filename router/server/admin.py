@@ -6,7 +6,7 @@ record's time). A worker added here may take its key only from an environment
 variable under ``admin.worker_key_env_prefix``: otherwise an admin request could
 have the router send any of its variables (the deployment secret) to a host it names.
 With several routers sharing Redis, each change is also published to the others
-(``router.peers``).
+(``router.state.peers``).
 """
 
 from __future__ import annotations
@@ -15,10 +15,10 @@ import logging
 
 from aiohttp import web
 
+from radix.api_errors import ApiError
 from radix.keys import to_key
 from radix.openai.json_body import decode_json_object
 from router.config_toml import parse_public_prefix, parse_worker
-from router.errors import ApiError
 from router.server.context import ROUTER, Router
 from router.server.request_ids import request_id
 

@@ -22,13 +22,13 @@ import socket
 
 from aiohttp import web
 
+from radix.api_errors import ApiError
 from router.config import RouterConfig
-from router.errors import ApiError
-from router.redis_state import shared_backends
 from router.server.admin import add_admin_routes
 from router.server.context import ROUTER, Router
 from router.server.dispatch import chat_completions, completions
 from router.server.request_ids import add_request_id_header, request_id, request_id_middleware
+from router.state.redis_state import shared_backends
 
 MAX_BODY_BYTES = 32 * 2**20
 _PR_SET_PDEATHSIG = 1

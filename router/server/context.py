@@ -13,17 +13,17 @@ import aiohttp
 from aiohttp import web
 
 from radix.openai.salt import CacheSalts
-from router.auth import Authenticator, TenantLimiter
 from router.config import RouterConfig
-from router.index import NamespaceDigest, RouterIndex, WorkerId
-from router.kv_events import KVEventFollower
-from router.peers import NoPeers, Peers
-from router.policy import Policy, make_policy
-from router.proxy import Proxy
-from router.registry import WorkerRegistry, WorkerState
+from router.front.auth import Authenticator, TenantLimiter
+from router.front.tokenization import Models
+from router.routing.index import NamespaceDigest, RouterIndex, WorkerId
+from router.routing.policy import Policy, make_policy
 from router.server.metrics import RouterMetrics
-from router.shared_state import SharedState
-from router.tokenization import Models
+from router.state.peers import NoPeers, Peers
+from router.state.shared_state import SharedState
+from router.upstream.kv_events import KVEventFollower
+from router.upstream.proxy import Proxy
+from router.upstream.registry import WorkerRegistry, WorkerState
 
 
 @dataclass

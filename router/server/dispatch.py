@@ -13,13 +13,13 @@ from aiohttp import web
 
 from radix.api_errors import ApiError
 from radix.openai.requests import CHAT, COMPLETIONS, INLINE_TOKENIZE_CHARS, OpenAIRequest
-from router.auth import Tenant
-from router.policy import RouteRequest, WorkerView
-from router.proxy import CLIENT_CLOSED, RETRY_AFTER_S, Call, Exchange, UpstreamUnavailable
-from router.registry import WorkerState
-from router.requests import check_text_size, parse_request
+from router.front.auth import Tenant
+from router.front.requests import check_text_size, parse_request
+from router.front.tokenization import ModelTokenizer, Prompt
+from router.routing.policy import RouteRequest, WorkerView
 from router.server.context import ROUTER, Router
-from router.tokenization import ModelTokenizer, Prompt
+from router.upstream.proxy import CLIENT_CLOSED, RETRY_AFTER_S, Call, Exchange, UpstreamUnavailable
+from router.upstream.registry import WorkerState
 
 NO_WORKER = "none"
 

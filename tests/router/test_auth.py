@@ -6,10 +6,10 @@ import asyncio
 
 import pytest
 
-from router.auth import ANONYMOUS, Authenticator, TenantLimiter, hash_key
+from radix.api_errors import ApiError
 from router.config import AuthConfig, TenantConfig, TenantLimits
-from router.errors import ApiError
-from router.shared_state import InProcessSharedState
+from router.front.auth import ANONYMOUS, Authenticator, TenantLimiter, hash_key
+from router.state.shared_state import InProcessSharedState
 
 LIMITS = TenantLimits(max_prompt_tokens=100, max_output_tokens=20,
                       max_concurrent_requests=2, tokens_per_minute=250)

@@ -23,7 +23,7 @@ from typing import Any
 import pytest
 
 from bench.procs import ManagedProcess, RedisServer, http_json, start_router, start_worker
-from router.auth import hash_key
+from router.front.auth import hash_key
 
 pytestmark = pytest.mark.slow
 ALICE, BOB, ADMIN = "key-alice", "key-bob", "key-admin"

@@ -20,8 +20,8 @@ from openai import OpenAI
 
 from bench.procs import ManagedProcess, http_json, start_router, start_worker, stream_lines
 from radix.events import KVEvent, decode_event
-from router.auth import hash_key
-from router.index import RouterIndex
+from router.front.auth import hash_key
+from router.routing.index import RouterIndex
 
 pytestmark = pytest.mark.slow
 ALICE, BOB, ADMIN = "key-alice", "key-bob", "key-admin"

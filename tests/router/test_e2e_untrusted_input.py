@@ -27,7 +27,7 @@ from hypothesis import strategies as st
 
 from bench.procs import ManagedProcess, start_router, start_worker
 from radix.tokenizer import PromptTokenizer
-from router.auth import hash_key
+from router.front.auth import hash_key
 
 pytestmark = pytest.mark.slow
 ALICE, BOB = "key-alice", "key-bob"

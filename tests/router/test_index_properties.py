@@ -18,7 +18,7 @@ from bench.sim_cache import SimCache
 from radix.events import KVEvent
 from radix.keys import from_key, to_key
 from radix.tree import PUBLIC
-from router.index import RouterIndex
+from router.routing.index import RouterIndex
 
 NAMESPACE = "5e" * 32
 BLOCK = 4

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from radix.keys import to_key
-from router.load_cost import PolicyWeights, rendezvous_order
-from router.policy import (
+from router.routing.load_cost import PolicyWeights, rendezvous_order
+from router.routing.policy import (
     POLICIES,
     NoWorkerError,
     RandomPolicy,

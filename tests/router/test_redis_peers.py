@@ -14,9 +14,9 @@ from support.aio import eventually, running_router, serving
 
 from bench import instant_upstream
 from radix.keys import to_key
-from router.auth import hash_key
 from router.config import RouterConfig
 from router.config_toml import parse_config
+from router.front.auth import hash_key
 
 pytestmark = pytest.mark.anyio
 ALICE = {"Authorization": "Bearer key-alice"}

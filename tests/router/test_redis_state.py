@@ -14,7 +14,7 @@ from support.aio import eventually
 
 from bench.procs import RedisServer
 from router.config import RedisConfig
-from router.redis_state import RedisLink, RedisSharedState
+from router.state.redis_state import RedisLink, RedisSharedState
 
 FAST = RedisConfig(heartbeat_interval_s=0.2, lease_ttl_s=1.0, command_timeout_s=1.0,
                    connect_timeout_s=0.5, key_prefix="test")

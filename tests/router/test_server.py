@@ -19,9 +19,9 @@ from support.aio import eventually, running_router, serving
 from bench import instant_upstream
 from radix.keys import from_key
 from radix.openai.requests import COMPLETIONS, parse_openai_request
-from router.auth import hash_key
 from router.config import RouterConfig
 from router.config_toml import parse_config
+from router.front.auth import hash_key
 from router.server.app import create_metrics_app
 
 pytestmark = pytest.mark.anyio

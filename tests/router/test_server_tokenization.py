@@ -8,7 +8,7 @@ from radix.api_errors import ApiError
 from radix.openai.requests import CHAT, COMPLETIONS, OpenAIRequest, parse_openai_request
 from radix.tokenizer import PromptTokenizer
 from router.config import ModelConfig, PublicPrefixSpec, TenantLimits
-from router.tokenization import Models, ModelTokenizer, PublicPrefixes
+from router.front.tokenization import Models, ModelTokenizer, PublicPrefixes
 
 SYSTEM = ({"role": "system", "content": "You are a helpful assistant."},)
 

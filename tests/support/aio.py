@@ -14,10 +14,10 @@ from collections.abc import AsyncIterator
 from aiohttp import web
 
 from router.config import RouterConfig
-from router.redis_state import shared_backends
 from router.server.app import bind_socket, create_app
 from router.server.context import Router
-from router.shared_state import InProcessSharedState
+from router.state.redis_state import shared_backends
+from router.state.shared_state import InProcessSharedState
 
 TEST_SECRET = b"radix-router-test-secret"
 

@@ -34,8 +34,8 @@ from redis.exceptions import RedisError
 from redis.retry import Retry
 
 from router.config import RedisConfig
-from router.redis_state import scripts
-from router.redis_state.keys import Keys
+from router.state.redis_state import scripts
+from router.state.redis_state.keys import Keys
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")

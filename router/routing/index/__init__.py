@@ -4,7 +4,7 @@
 ``approx`` keeps routed prefixes for a while.
 """
 
-from router.index.ids import NamespaceDigest, WorkerId
-from router.index.router_index import IndexConfig, IndexStats, RouterIndex
+from router.routing.index.ids import NamespaceDigest, WorkerId
+from router.routing.index.router_index import IndexConfig, IndexStats, RouterIndex
 
 __all__ = ["IndexConfig", "IndexStats", "NamespaceDigest", "RouterIndex", "WorkerId"]

@@ -20,7 +20,7 @@ from typing import Any
 import aiohttp
 
 from radix.namespace import CacheNamespace
-from router.tokenization import ModelTokenizer
+from router.front.tokenization import ModelTokenizer
 
 
 @dataclass(frozen=True)

@@ -17,9 +17,9 @@ import contextlib
 import logging
 from collections import deque
 
-from router.index import NamespaceDigest, RouterIndex, WorkerId
-from router.redis_state.link import RedisLink, RedisUnavailable
-from router.registry import WorkerRegistry, WorkerState
+from router.routing.index import NamespaceDigest, RouterIndex, WorkerId
+from router.state.redis_state.link import RedisLink, RedisUnavailable
+from router.upstream.registry import WorkerRegistry, WorkerState
 
 log = logging.getLogger(__name__)
 _OUTBOX_SIZE = 10_000

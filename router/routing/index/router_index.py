@@ -16,9 +16,9 @@ from dataclasses import asdict, dataclass, fields
 
 from radix.events import KVEvent
 from radix.tree import Scope
-from router.index.approx import ApproxCache
-from router.index.exact import ExactIndex
-from router.index.ids import NamespaceDigest, WorkerId
+from router.routing.index.approx import ApproxCache
+from router.routing.index.exact import ExactIndex
+from router.routing.index.ids import NamespaceDigest, WorkerId
 
 
 @dataclass(frozen=True)

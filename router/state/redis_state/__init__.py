@@ -8,11 +8,11 @@ objects without Redis, the Redis ones (sharing one ``RedisLink``) with it.
 from __future__ import annotations
 
 from router.config import RouterConfig
-from router.peers import NoPeers, Peers
-from router.redis_state.limits import RedisSharedState
-from router.redis_state.link import RedisLink, RedisUnavailable
-from router.redis_state.peers import RedisPeers
-from router.shared_state import InProcessSharedState, SharedState
+from router.state.peers import NoPeers, Peers
+from router.state.redis_state.limits import RedisSharedState
+from router.state.redis_state.link import RedisLink, RedisUnavailable
+from router.state.redis_state.peers import RedisPeers
+from router.state.shared_state import InProcessSharedState, SharedState
 
 __all__ = ["RedisLink", "RedisPeers", "RedisSharedState", "RedisUnavailable",
            "shared_backends"]

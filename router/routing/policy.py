@@ -6,7 +6,7 @@ weighs each worker's cached prefix against its load in one continuous cost::
 
     cost(w) = prefill_cost_per_token * (prompt tokens - matched(w)) + load_cost(w)
 
-(``router.load_cost``). The lowest cost wins; ties go to the least loaded, then to
+(``router.routing.load_cost``). The lowest cost wins; ties go to the least loaded, then to
 rendezvous-hash order. A cold prefix (no worker matches any of it) goes to the first
 worker in rendezvous-hash order of its first tokens that is under the bounded-load
 cap, so concurrent requests for a new document meet on one worker and different
@@ -24,8 +24,8 @@ from dataclasses import dataclass
 from types import MappingProxyType
 from typing import ClassVar
 
-from router.index import NamespaceDigest, WorkerId
-from router.load_cost import PolicyWeights, bounded_load_pick, load_cost, rendezvous_order
+from router.routing.index import NamespaceDigest, WorkerId
+from router.routing.load_cost import PolicyWeights, bounded_load_pick, load_cost, rendezvous_order
 
 
 @dataclass(frozen=True)

@@ -14,9 +14,9 @@ import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from radix.api_errors import ApiError
 from router.config import AuthConfig, TenantLimits
-from router.errors import ApiError
-from router.shared_state import SharedState
+from router.state.shared_state import SharedState
 
 ANONYMOUS = "anonymous"
 _KEY_DOMAIN = b"radix-router/api-key/v1"

@@ -29,12 +29,12 @@ from collections.abc import Mapping
 from radix.keys import TOKEN_BYTES, from_key
 from router.config import WorkerConfig
 from router.config_toml import parse_worker
-from router.index import RouterIndex
-from router.redis_state import scripts
-from router.redis_state.link import RedisLink, RedisUnavailable
-from router.redis_state.routed import RoutedStream
-from router.registry import WorkerRegistry, WorkerState
-from router.tokenization import Models
+from router.front.tokenization import Models
+from router.routing.index import RouterIndex
+from router.state.redis_state import scripts
+from router.state.redis_state.link import RedisLink, RedisUnavailable
+from router.state.redis_state.routed import RoutedStream
+from router.upstream.registry import WorkerRegistry, WorkerState
 
 log = logging.getLogger(__name__)
 

@@ -4,8 +4,8 @@ The worker registry (changes made through any router's admin API), the public-pr
 registry, and the routing decisions for ``openai`` workers (approximate mode: each
 router applies the others' to its own index). ``Peers`` is the seam; ``NoPeers``
 is the null object of a router that shares nothing (no Redis configured), and
-``router.redis_state.RedisPeers`` the Redis implementation. Limits go through
-``router.shared_state`` instead. KV events are never shared: every router follows
+``router.state.redis_state.RedisPeers`` the Redis implementation. Limits go through
+``router.state.shared_state`` instead. KV events are never shared: every router follows
 every radix worker itself.
 """
 
@@ -13,9 +13,9 @@ from __future__ import annotations
 
 from typing import Protocol
 
-from router.index import RouterIndex
-from router.registry import WorkerRegistry, WorkerState
-from router.tokenization import Models
+from router.front.tokenization import Models
+from router.routing.index import RouterIndex
+from router.upstream.registry import WorkerRegistry, WorkerState
 
 
 class Peers(Protocol):

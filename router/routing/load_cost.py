@@ -1,7 +1,7 @@
 """How loaded a worker is, and how to spread requests by hash without overloading one.
 
 Costs are in prefill-token equivalents: 1.0 is the time a worker takes to prefill one
-token. A request's cost on a worker (``router.policy``) is the prefill of its uncached
+token. A request's cost on a worker (``router.routing.policy``) is the prefill of its uncached
 tokens plus ``load_cost``: the prompt tokens queued ahead of it, the running requests
 it will share steps with, and the pressure on the worker's KV cache.
 """
@@ -18,7 +18,7 @@ import xxhash
 from radix.keys import TOKEN_BYTES
 
 if TYPE_CHECKING:
-    from router.policy import WorkerView
+    from router.routing.policy import WorkerView
 
 
 @dataclass(frozen=True)

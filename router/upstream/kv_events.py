@@ -28,7 +28,7 @@ from dataclasses import dataclass
 import aiohttp
 
 from radix.events import EventDecodeError, KVEvent, decode_event
-from router.index import NamespaceDigest, RouterIndex, WorkerId
+from router.routing.index import NamespaceDigest, RouterIndex, WorkerId
 
 log = logging.getLogger(__name__)
 

@@ -35,6 +35,7 @@ from typing import Any
 import aiohttp
 from aiohttp import web
 
+from radix.api_errors import ApiError
 from radix.openai.requests import COMPLETIONS, OpenAIRequest
 from radix.openai.responses import (
     DONE_FRAME,
@@ -45,10 +46,9 @@ from radix.openai.responses import (
     usage_object,
 )
 from router.config import ProxyConfig
-from router.errors import ApiError
-from router.registry import WorkerState
+from router.front.tokenization import Prompt
 from router.server.request_ids import request_id
-from router.tokenization import Prompt
+from router.upstream.registry import WorkerState
 
 log = logging.getLogger(__name__)
 CLIENT_CLOSED = 499  # the client went away (nginx's convention)

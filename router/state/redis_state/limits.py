@@ -19,9 +19,9 @@ from __future__ import annotations
 import contextlib
 
 from router.config import local_share
-from router.redis_state import scripts
-from router.redis_state.link import RedisLink, RedisUnavailable
-from router.shared_state import InProcessSharedState
+from router.state.redis_state import scripts
+from router.state.redis_state.link import RedisLink, RedisUnavailable
+from router.state.shared_state import InProcessSharedState
 
 _WINDOW_S = 60.0
 

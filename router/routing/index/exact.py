@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from radix.events import KVEvent
 from radix.keys import TOKEN_BYTES, to_key
 from radix.tree import PUBLIC, Node, RadixTree, Scope
-from router.index.ids import NamespaceDigest, WorkerId
+from router.routing.index.ids import NamespaceDigest, WorkerId
 
 Counts = dict[WorkerId, int]
 TreeId = tuple[NamespaceDigest, Scope]

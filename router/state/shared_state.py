@@ -3,7 +3,7 @@
 ``SharedState`` is the seam; ``InProcessSharedState`` is the null object used when
 no Redis is configured (the embedded default, a single router process): each router
 process then enforces limits on its own traffic only (``--processes N`` gives each a
-1/N share). ``router.redis_state.RedisSharedState`` shares them through Redis. Every operation is a single
+1/N share). ``router.state.redis_state.RedisSharedState`` shares them through Redis. Every operation is a single
 atomic check-and-update, so a networked implementation can map each to one script.
 """
 
