@@ -12,14 +12,17 @@ import time
 from aiohttp import web
 
 from radix.api_errors import ApiError
+from radix.keys import TOKEN_BYTES
 from radix.openai.requests import CHAT, COMPLETIONS, INLINE_TOKENIZE_CHARS, OpenAIRequest
 from router.auth import Tenant
 from router.policy import RouteRequest, WorkerView
-from router.proxy import CLIENT_CLOSED, RETRY_AFTER_S, Call, Exchange, UpstreamUnavailable
+from router.proxy import Call
 from router.registry import WorkerState
+from router.relay import CLIENT_CLOSED, Exchange
 from router.requests import check_text_size, parse_request
 from router.server.context import ROUTER, Router
 from router.tokenization import ModelTokenizer, Prompt
+from router.upstream import RETRY_AFTER_S, UpstreamUnavailable
 
 NO_WORKER = "none"
 
@@ -122,26 +125,42 @@ def choose(router: Router, workers: list[WorkerState], matched: dict[str, int],
 async def forward(router: Router, request: web.Request, call: Call, ranked: list[WorkerState],
                   matched: dict[str, int], exchange: Exchange
                   ) -> tuple[WorkerState, web.StreamResponse]:
-    """Try the ranked workers in turn until one serves the client, filling in
-    ``exchange`` (even when the client goes away mid-stream). Each attempt is
-    counted in flight and noted in the index (speculative entry) at decision time.
-    In flight counts the tokens the worker must prefill (prompt minus its match): a
-    request that hits the cache adds little queued work, so locality is not punished."""
+    """Try the ranked workers in turn until the client is answered, filling in
+    ``exchange`` (even when the client goes away mid-stream). A worker that fails
+    before the client's first byte is replaced by the next; one that fails after it
+    is replaced by the next ``radix`` worker, which resumes from the delivered tokens
+    (``router.relay``); with none left, a started stream ends with an error event.
+    Each attempt is counted in flight and noted in the index (speculative entry) at
+    decision time. In flight counts the tokens the worker must prefill (prompt minus
+    its match): a request that hits the cache adds little queued work, so locality is
+    not punished."""
+    relay = router.proxy.relay(request, call)
     failure: UpstreamUnavailable | None = None
     for worker in ranked:
+        if not relay.can_use(worker.kind):
+            continue
         if failure is not None:
             router.metrics.retries.inc()
-        num_tokens = len(call.prompt.token_ids) - matched.get(worker.worker_id, 0)
+        key, _ = relay.progress.resumed_prompt(call.prompt.key)
+        num_tokens = max(len(key) // TOKEN_BYTES - matched.get(worker.worker_id, 0), 0)
         router.registry.begin(worker, num_tokens)
-        router.index.note_routed(worker.namespace, worker.worker_id, call.prompt.key, call.scope)
+        router.index.note_routed(worker.namespace, worker.worker_id, key, call.scope)
         try:
-            return worker, await router.proxy.send(request, call, worker, exchange)
+            return worker, await router.proxy.send(request, call, relay, worker, exchange)
         except UpstreamUnavailable as exc:
             failure = exc
-            if exc.unreachable:
+            if exc.worker_down:
                 await router.registry.mark_failed(worker, str(exc))
         finally:
             router.registry.end(worker, num_tokens)
+        if relay.progress.finished:
+            await relay.finish(exchange)
+            assert relay.response is not None
+            return worker, relay.response
+    if relay.started:
+        await relay.fail(exchange)
+        assert relay.response is not None
+        return worker, relay.response
     assert failure is not None
     raise failure.error
 
