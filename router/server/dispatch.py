@@ -15,6 +15,7 @@ from radix.api_errors import ApiError
 from radix.keys import TOKEN_BYTES
 from radix.openai.requests import CHAT, COMPLETIONS, INLINE_TOKENIZE_CHARS, OpenAIRequest
 from router.auth import Tenant
+from router.load_cost import is_saturated
 from router.policy import RouteRequest, WorkerView
 from router.proxy import Call
 from router.registry import WorkerState
@@ -99,7 +100,9 @@ def match(router: Router, workers: list[WorkerState], prompt: Prompt,
 
 def choose(router: Router, workers: list[WorkerState], matched: dict[str, int],
            prompt: Prompt, tenant: Tenant) -> list[WorkerState]:
-    """The workers to try, best first, at most ``proxy.max_attempts`` of them."""
+    """The workers to try, best first, at most ``proxy.max_attempts`` of them. Workers
+    whose queue is at its bound are left out; when that is every worker the request is
+    refused at once (503 ``saturated`` with Retry-After) instead of queueing."""
     if not workers:
         raise ApiError(503, "no ready worker serves this model", code="no_worker",
                        headers={"Retry-After": RETRY_AFTER_S})
@@ -109,12 +112,18 @@ def choose(router: Router, workers: list[WorkerState], matched: dict[str, int],
             num_in_flight_requests=w.num_in_flight_requests,
             num_in_flight_prompt_tokens=w.num_in_flight_prompt_tokens,
             num_requests_running=w.load.num_requests_running,
+            num_requests_waiting=w.load.num_requests_waiting,
             num_waiting_tokens=w.load.num_waiting_tokens,
             kv_cache_usage_ratio=w.load.kv_cache_usage_ratio,
+            max_num_requests=w.load.max_num_requests,
             num_matched_tokens=matched.get(w.worker_id, 0),
         )
         for w in workers
     ]
+    views = [v for v in views if not is_saturated(v)]
+    if not views:
+        raise ApiError(503, "every worker is saturated; retry later", code="saturated",
+                       headers={"Retry-After": RETRY_AFTER_S})
     decision = router.policy.choose(
         RouteRequest(namespace=workers[0].namespace, key=prompt.key,
                      num_prompt_tokens=len(prompt.token_ids), scope=tenant.tenant_id), views)
