@@ -145,7 +145,8 @@ class ProxyConfig:
     """Forwarding: at most ``max_attempts`` workers per request, each worker once (a
     retry before the client's first byte; a resume from the delivered tokens after
     it, on radix workers). Per attempt: ``connect_timeout_s`` to connect,
-    ``first_byte_timeout_s`` until the first event (queueing and prefill included),
+    ``first_byte_timeout_s`` for the headers and again for the first event (queueing
+    and prefill included),
     ``idle_timeout_s`` between two reads of a stream, ``request_timeout_s`` in all;
     a timed-out attempt is a failed one (``router.upstream``)."""
 

@@ -4,7 +4,8 @@ Timeouts (``ProxyConfig``), each a failure of the worker (``UpstreamUnavailable`
 
 - ``connect_timeout_s``: opening the TCP connection;
 - ``first_byte_timeout_s``: from sending the request until the response headers,
-  and for a stream until its first event (queueing and prefill included);
+  and again from the headers until a stream's first event (a worker sends its
+  headers at once, so this bounds queueing and prefill);
 - ``idle_timeout_s``: between two reads of a stream once it has begun;
 - ``request_timeout_s``: the whole attempt.
 
