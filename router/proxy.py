@@ -13,7 +13,7 @@ are reshaped into chat objects like a radix worker's.
 Contract of ``Proxy.send``: either it answers the client (whole or streamed), filling
 in the caller's ``Exchange`` as it goes, or it raises ``UpstreamUnavailable``; the
 relay then says whether the client got bytes and whether another worker may go on
-(``Relay.can_use``). An ``openai`` completions stream passed through that fails after
+(``Relay.prepare_attempt``). An ``openai`` completions stream passed through that fails after
 its first byte ends with an error event and then ``data: [DONE]`` itself. A client
 that goes away closes the upstream response, which cancels the request on the
 worker; the exchange then holds the completion tokens streamed so far, which is what
@@ -28,7 +28,7 @@ from __future__ import annotations
 import base64
 import json
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -38,6 +38,7 @@ from aiohttp import web
 from radix.openai.requests import COMPLETIONS, OpenAIRequest
 from radix.openai.responses import DONE_FRAME, ChoiceText, ResponseShape, sse_frame
 from router.config import ProxyConfig
+from router.errors import ApiError
 from router.registry import WorkerState
 from router.relay import (
     CLIENT_CLOSED,
@@ -61,6 +62,8 @@ from router.upstream import (
 )
 
 log = logging.getLogger(__name__)
+# Upstream objects (``None`` for ``[DONE]``) to ``/generate``-style events.
+EventTranslator = Callable[[Batch], Batch]
 
 
 @dataclass(frozen=True)
@@ -104,6 +107,13 @@ class Proxy:
             log.warning("request %s: worker unavailable%s: %s", request_id(client),
                         " mid-stream" if relay.started else "", exc)
             raise
+        except ApiError as exc:
+            if not relay.started:
+                raise
+            # A refused resume (a bug on one side): the client has its stream already.
+            log.error("request %s: worker %s refused a resume: %s", request_id(client),
+                      worker.worker_id, exc)
+            raise UpstreamUnavailable(str(exc), False, worker_failed()) from exc
 
     async def _relay_generate(self, call: Call, relay: Relay, worker: WorkerState,
                               exchange: Exchange) -> web.StreamResponse:
@@ -124,7 +134,7 @@ class Proxy:
 
     async def _relay_events(self, relay: Relay, worker: WorkerState,
                             upstream: aiohttp.ClientResponse, exchange: Exchange,
-                            translate: Any) -> web.StreamResponse:
+                            translate: EventTranslator) -> web.StreamResponse:
         try:
             async for batch in self._upstream.sse_batches(upstream):
                 events = translate(batch)

@@ -118,9 +118,9 @@ def resumed_generate_body(body: dict[str, Any], prompt_key: bytes, progress: Pro
 
 class Relay:
     """One request's answer to its client. ``started`` once the client got a byte
-    (only streams start before the end); ``can_use(kind)`` says whether an attempt on
-    a worker of that kind may go on from here (resetting progress if it must start
-    over)."""
+    (only streams start before the end); ``prepare_attempt(kind)`` says whether an
+    attempt on a worker of that kind may go on from here (dropping progress if it
+    must start over)."""
 
     def __init__(self, client: web.Request, shape: ResponseShape, stream: bool,
                  include_usage: bool, num_choices: int, num_prompt_tokens: int) -> None:
@@ -138,7 +138,7 @@ class Relay:
         """The client has received bytes: the answer can only go on or end."""
         return self.response is not None and self.response.prepared
 
-    def can_use(self, kind: str) -> bool:
+    def prepare_attempt(self, kind: str) -> bool:
         """Whether a ``kind`` worker may take over now. Before the first byte any may:
         progress that it cannot continue is dropped and the request starts over."""
         resumable = kind == "radix" and self.progress.resumable

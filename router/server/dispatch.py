@@ -146,7 +146,7 @@ async def forward(router: Router, request: web.Request, call: Call, ranked: list
     relay = router.proxy.relay(request, call)
     failure: UpstreamUnavailable | None = None
     for worker in ranked:
-        if not relay.can_use(worker.kind):
+        if not relay.prepare_attempt(worker.kind):
             continue
         if failure is not None:
             router.metrics.retries.inc()
