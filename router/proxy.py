@@ -13,11 +13,12 @@ are reshaped into chat objects like a radix worker's.
 Contract of ``Proxy.send``: either it answers the client (whole or streamed), filling
 in the caller's ``Exchange`` as it goes, or it raises ``UpstreamUnavailable``; the
 relay then says whether the client got bytes and whether another worker may go on
-(``Relay.prepare_attempt``). An ``openai`` completions stream passed through that fails after
-its first byte ends with an error event and then ``data: [DONE]`` itself. A client
-that goes away closes the upstream response, which cancels the request on the
-worker; the exchange then holds the completion tokens streamed so far, which is what
-the tenant is charged. Timeouts are ``router.upstream``'s.
+(``Relay.prepare_attempt``). An ``openai`` completions stream passed through that
+fails after its first byte (a broken connection, a timeout, the backend's own error
+event, an end without ``[DONE]``) ends with our error event and then ``data: [DONE]``
+itself. A client that goes away closes the upstream response, which cancels the
+request on the worker; the exchange then holds the completion tokens streamed so
+far, which is what the tenant is charged. Timeouts are ``router.upstream``'s.
 
 Errors sent to clients name no worker address and no exception text: the detail is
 logged under the request id (``router.server.request_ids``).
@@ -204,31 +205,41 @@ class Proxy:
     async def _pass_lines(client: web.Request, call: Call, worker: WorkerState,
                           out: web.StreamResponse, line: bytes, lines: AsyncIterator[bytes],
                           exchange: Exchange) -> None:
-        """Copy an OpenAI completions stream to the client, noting usage (and leaving
-        out a usage-only chunk the client did not ask for)."""
+        """Copy an OpenAI completions stream to the client up to its ``[DONE]``, noting
+        usage (and leaving out a usage-only chunk the client did not ask for). A
+        backend's own error event, or an end without ``[DONE]``, is a failure: the
+        client's stream ends with our error event and ``[DONE]``."""
         try:
             while True:
-                if b'"usage"' in line and line.startswith(b"data: {"):
-                    chunk = json.loads(line[6:])
-                    note_usage(exchange, chunk.get("usage"))
-                    if not chunk.get("choices") and not call.request.include_usage:
-                        await anext(lines)  # the blank line ending the event
-                        line = await anext(lines)
-                        continue
-                elif line.startswith(b"data: {"):
-                    exchange.num_completion_tokens += 1  # a chunk is about one token
+                if line.startswith(b"data: {"):
+                    if b'"choices"' in line and b'"usage"' not in line:
+                        exchange.num_completion_tokens += 1  # a chunk is about one token
+                    else:  # usage, or an error event: the rare lines
+                        chunk = json.loads(line[6:])
+                        if "error" in chunk or chunk.get("object") == "error":
+                            raise ValueError(f"error event {chunk}")
+                        note_usage(exchange, chunk.get("usage"))
+                        if not chunk.get("choices") and not call.request.include_usage:
+                            await anext(lines)  # the blank line ending the event
+                            line = await anext(lines)
+                            continue
+                elif line.rstrip() == b"data: [DONE]":
+                    await out.write(DONE_FRAME)
+                    return
                 await out.write(line)
                 line = await anext(lines)
         except StopAsyncIteration:
+            exc: BaseException = aiohttp.ClientPayloadError("stream ended before [DONE]")
+        except MALFORMED as error:
+            exc = error
+        except ConnectionResetError:
+            exchange.status = CLIENT_CLOSED
             return
-        except MALFORMED as exc:
-            log.warning("request %s: worker %s failed mid-stream: %s: %s", request_id(client),
-                        worker.worker_id, type(exc).__name__, exc)
-            exchange.status = 502
-            try:
-                await out.write(sse_frame(worker_failed().body()) + DONE_FRAME)
-            except ConnectionResetError:
-                exchange.status = CLIENT_CLOSED
+        log.warning("request %s: worker %s failed mid-stream: %s: %s", request_id(client),
+                    worker.worker_id, type(exc).__name__, exc)
+        exchange.status = 502
+        try:
+            await out.write(sse_frame(worker_failed().body()) + DONE_FRAME)
         except ConnectionResetError:
             exchange.status = CLIENT_CLOSED
 
