@@ -5,9 +5,9 @@ serves ``GET /metrics`` on its own address (``[metrics]``, loopback by default: 
 names tenants and workers). ``serve`` binds both, prints ``METRICS http://HOST:PORT``
 and then ``READY http://HOST:PORT`` once requests are accepted. SIGINT/SIGTERM
 drain it: the listening sockets close at once, requests in flight (streams included)
-get ``listen.drain_timeout_s`` to finish, then the router closes and exits. Handlers run with ``handler_cancellation``: a client that
-disconnects cancels its handler, which closes the upstream response and so cancels
-the request on the worker.
+get ``listen.drain_timeout_s`` to finish, then the router closes and exits. Handlers
+run with ``handler_cancellation``: a client that disconnects cancels its handler,
+which closes the upstream response and so cancels the request on the worker.
 """
 
 from __future__ import annotations
