@@ -22,10 +22,13 @@ WORKER_KEY_ENV_PREFIX = "RADIX_WORKER_KEY_"
 
 @dataclass(frozen=True)
 class ListenConfig:
-    """Where the router listens; ``port = 0`` picks a free port."""
+    """Where the router listens; ``port = 0`` picks a free port. On SIGTERM the router
+    stops accepting connections and gives the requests in flight up to
+    ``drain_timeout_s`` to finish before it exits."""
 
     host: str = "127.0.0.1"
     port: int = 0
+    drain_timeout_s: float = 60.0
 
 
 @dataclass(frozen=True)
@@ -167,11 +170,18 @@ class RegistryConfig:
 
 @dataclass(frozen=True)
 class ProxyConfig:
-    """Forwarding: at most ``max_attempts`` workers per request (retries happen only
-    before the first byte reaches the client)."""
+    """Forwarding: at most ``max_attempts`` workers per request, each worker once (a
+    retry before the client's first byte; a resume from the delivered tokens after
+    it, on radix workers). Per attempt: ``connect_timeout_s`` to connect,
+    ``first_byte_timeout_s`` for the headers and again for the first event (queueing
+    and prefill included),
+    ``idle_timeout_s`` between two reads of a stream, ``request_timeout_s`` in all;
+    a timed-out attempt is a failed one (``router.upstream.attempt``)."""
 
     max_attempts: int = 3
     connect_timeout_s: float = 2.0
+    first_byte_timeout_s: float = 60.0
+    idle_timeout_s: float = 30.0
     request_timeout_s: float = 600.0
 
 

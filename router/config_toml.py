@@ -93,7 +93,8 @@ def _address(t: Table) -> tuple[str, int]:
 
 
 def _listen(t: Table) -> ListenConfig:
-    return ListenConfig(*_address(t))
+    drain = t.floats(("drain_timeout_s",))
+    return ListenConfig(*_address(t), **drain)
 
 
 def _metrics(t: Table) -> MetricsConfig:
@@ -284,8 +285,13 @@ def _registry(t: Table) -> RegistryConfig:
 def _proxy(t: Table) -> ProxyConfig:
     proxy = ProxyConfig(
         max_attempts=t.integer("max_attempts", 3, low=1),
-        **t.floats(("connect_timeout_s", "request_timeout_s")),
+        **t.floats(("connect_timeout_s", "first_byte_timeout_s", "idle_timeout_s",
+                    "request_timeout_s")),
     )
+    for name in ("connect_timeout_s", "first_byte_timeout_s", "idle_timeout_s"):
+        if getattr(proxy, name) > proxy.request_timeout_s:
+            raise ValueError(f"{t.where(name)}: must be at most request_timeout_s "
+                             f"({proxy.request_timeout_s:g})")
     t.finish()
     return proxy
 

@@ -34,11 +34,13 @@ _FLAG_FIELDS = {
     "port": ("server", "port"),
     "worker_id": ("server", "worker_id"),
     "self_test_delay_s": ("server", "self_test_delay_s"),
+    "drain_timeout_s": ("server", "drain_timeout_s"),
     "kv_cache_bytes": ("kv", "cache_bytes"),
     "block_size": ("kv", "block_size"),
     "prefix_cache": ("kv", "prefix_cache"),
     "max_batched_tokens": ("engine", "max_batched_tokens"),
     "max_num_seqs": ("engine", "max_num_seqs"),
+    "max_waiting_requests": ("engine", "max_waiting_requests"),
 }
 
 
@@ -58,12 +60,15 @@ def _parser() -> argparse.ArgumentParser:
     add("--port", type=int, help="port to listen on; 0 picks a free one")
     add("--worker-id", help="id in KV events and /ready (default HOST:PORT)")
     add("--self-test-delay-s", type=float, help="hold /ready at 503 this long before the self-test")
+    add("--drain-timeout-s", type=float,
+        help="on SIGTERM, how long requests in flight may take to finish (default 30)")
     add("--kv-cache-bytes", type=parse_bytes, help="KV cache budget, e.g. 64MiB or 2GiB")
     add("--block-size", type=int, help="tokens per KV block (default 16)")
     add("--no-prefix-cache", dest="prefix_cache", action="store_const", const=False,
         help="use the null prefix cache (nothing shared; for comparisons)")  # fmt: skip
     add("--max-batched-tokens", type=int, help="tokens computed per engine step")
     add("--max-num-seqs", type=int, help="sequences running at once")
+    add("--max-waiting-requests", type=int, help="queue bound; beyond it requests get 429")
     add("--log-level", default="INFO", choices=("DEBUG", "INFO", "WARNING", "ERROR"))
     return parser
 

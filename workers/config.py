@@ -27,7 +27,9 @@ class ServerConfig:
     API key (see ``workers.server.access``: without it the key comes from the
     environment, and a worker with no key listens on loopback only).
     ``self_test_delay_s`` holds ``/ready`` at 503 that long before the start-up
-    self-test (for exercising launchers that wait on readiness).
+    self-test (for exercising launchers that wait on readiness). On SIGTERM the
+    worker drains: ``/ready`` answers 503 and new requests 503 with Retry-After at
+    once, requests in flight get up to ``drain_timeout_s`` to finish, then it exits.
     """
 
     host: str = "127.0.0.1"
@@ -39,6 +41,7 @@ class ServerConfig:
     max_n: int = 16
     kv_events_heartbeat_s: float = 5.0
     self_test_delay_s: float = 0.0
+    drain_timeout_s: float = 30.0
 
     def __post_init__(self) -> None:
         _require(0 <= self.port <= 65535, "server.port", self.port, "in [0, 65535]")
@@ -62,6 +65,7 @@ class ServerConfig:
         _require(
             self.self_test_delay_s >= 0, "server.self_test_delay_s", self.self_test_delay_s, ">= 0"
         )
+        _require(self.drain_timeout_s >= 0, "server.drain_timeout_s", self.drain_timeout_s, ">= 0")
 
 
 @dataclass(frozen=True)

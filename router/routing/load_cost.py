@@ -72,8 +72,20 @@ class PolicyWeights:
 
 def num_active_requests(view: WorkerView) -> int:
     """Requests on the worker: the polled running count, or this router's in-flight
-    count when that is higher (the poll is up to a second old)."""
+    count when that is higher (the poll is up to a second old). Queued requests weigh
+    in through their prompt tokens (``queued_token_cost``)."""
     return max(view.num_requests_running, view.num_in_flight_requests)
+
+
+def is_saturated(view: WorkerView) -> bool:
+    """The worker's queue is at its bound: it admits ``max_num_requests`` running plus
+    queued requests and has that many (polled, or this router's in-flight count when
+    higher), so it would answer 429 and the router sends it nothing more."""
+    if view.max_num_requests is None:
+        return False
+    num_requests = max(view.num_requests_running + view.num_requests_waiting,
+                       view.num_in_flight_requests)
+    return num_requests >= view.max_num_requests
 
 
 def load_cost(view: WorkerView, weights: PolicyWeights) -> float:

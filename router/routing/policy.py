@@ -53,8 +53,10 @@ class WorkerView:
     num_in_flight_requests: int = 0
     num_in_flight_prompt_tokens: int = 0
     num_requests_running: int = 0
+    num_requests_waiting: int = 0
     num_waiting_tokens: int = 0
     kv_cache_usage_ratio: float = 0.0
+    max_num_requests: int | None = None
 
 
 @dataclass(frozen=True)

@@ -3,10 +3,11 @@
 ``create_app`` wires the client routes around one ``Router``; ``create_metrics_app``
 serves ``GET /metrics`` on its own address (``[metrics]``, loopback by default: it
 names tenants and workers). ``serve`` binds both, prints ``METRICS http://HOST:PORT``
-and then ``READY http://HOST:PORT`` once requests are accepted, and shuts down
-cleanly on SIGINT/SIGTERM. Handlers run with ``handler_cancellation``: a client that
-disconnects cancels its handler, which closes the upstream response and so cancels
-the request on the worker.
+and then ``READY http://HOST:PORT`` once requests are accepted. SIGINT/SIGTERM
+drain it: the listening sockets close at once, requests in flight (streams included)
+get ``listen.drain_timeout_s`` to finish, then the router closes and exits. Handlers
+run with ``handler_cancellation``: a client that disconnects cancels its handler,
+which closes the upstream response and so cancels the request on the worker.
 """
 
 from __future__ import annotations
@@ -151,7 +152,8 @@ async def serve(config: RouterConfig, secret: bytes, sock: socket.socket,
         raise ValueError("redis.url: required when the router runs on its own "
                          "(launch is for `radix-router up`)")
     router = Router.build(config, secret, *shared_backends(config))
-    runner = web.AppRunner(create_app(router), handler_cancellation=True, access_log=None)
+    runner = web.AppRunner(create_app(router), handler_cancellation=True, access_log=None,
+                           shutdown_timeout=config.listen.drain_timeout_s)
     metrics_runner = web.AppRunner(create_metrics_app(router), access_log=None)
     await runner.setup()
     await metrics_runner.setup()

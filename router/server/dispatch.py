@@ -12,14 +12,18 @@ import time
 from aiohttp import web
 
 from radix.api_errors import ApiError
+from radix.keys import TOKEN_BYTES
 from radix.openai.requests import CHAT, COMPLETIONS, INLINE_TOKENIZE_CHARS, OpenAIRequest
 from router.front.auth import Tenant
 from router.front.requests import check_text_size, parse_request
 from router.front.tokenization import ModelTokenizer, Prompt
+from router.routing.load_cost import is_saturated
 from router.routing.policy import RouteRequest, WorkerView
 from router.server.context import ROUTER, Router
-from router.upstream.proxy import CLIENT_CLOSED, RETRY_AFTER_S, Call, Exchange, UpstreamUnavailable
+from router.upstream.attempt import RETRY_AFTER_S, UpstreamUnavailable
+from router.upstream.proxy import Call
 from router.upstream.registry import WorkerState
+from router.upstream.relay import CLIENT_CLOSED, Exchange
 
 NO_WORKER = "none"
 
@@ -98,7 +102,9 @@ def match(router: Router, workers: list[WorkerState], prompt: Prompt,
 
 def choose(router: Router, workers: list[WorkerState], matched: dict[str, int],
            prompt: Prompt, tenant: Tenant) -> list[WorkerState]:
-    """The workers to try, best first, at most ``proxy.max_attempts`` of them."""
+    """The workers to try, best first, at most ``proxy.max_attempts`` of them. Workers
+    whose queue is at its bound are left out; when that is every worker the request is
+    refused at once (503 ``saturated`` with Retry-After) instead of queueing."""
     if not workers:
         raise ApiError(503, "no ready worker serves this model", code="no_worker",
                        headers={"Retry-After": RETRY_AFTER_S})
@@ -108,12 +114,18 @@ def choose(router: Router, workers: list[WorkerState], matched: dict[str, int],
             num_in_flight_requests=w.num_in_flight_requests,
             num_in_flight_prompt_tokens=w.num_in_flight_prompt_tokens,
             num_requests_running=w.load.num_requests_running,
+            num_requests_waiting=w.load.num_requests_waiting,
             num_waiting_tokens=w.load.num_waiting_tokens,
             kv_cache_usage_ratio=w.load.kv_cache_usage_ratio,
+            max_num_requests=w.load.max_num_requests,
             num_matched_tokens=matched.get(w.worker_id, 0),
         )
         for w in workers
     ]
+    views = [v for v in views if not is_saturated(v)]
+    if not views:
+        raise ApiError(503, "every worker is saturated; retry later", code="saturated",
+                       headers={"Retry-After": RETRY_AFTER_S})
     decision = router.policy.choose(
         RouteRequest(namespace=workers[0].namespace, key=prompt.key,
                      num_prompt_tokens=len(prompt.token_ids), scope=tenant.tenant_id), views)
@@ -124,27 +136,43 @@ def choose(router: Router, workers: list[WorkerState], matched: dict[str, int],
 async def forward(router: Router, request: web.Request, call: Call, ranked: list[WorkerState],
                   matched: dict[str, int], exchange: Exchange
                   ) -> tuple[WorkerState, web.StreamResponse]:
-    """Try the ranked workers in turn until one serves the client, filling in
-    ``exchange`` (even when the client goes away mid-stream). Each attempt is
-    counted in flight and noted in the index (speculative entry) at decision time.
-    In flight counts the tokens the worker must prefill (prompt minus its match): a
-    request that hits the cache adds little queued work, so locality is not punished."""
+    """Try the ranked workers in turn until the client is answered, filling in
+    ``exchange`` (even when the client goes away mid-stream). A worker that fails
+    before the client's first byte is replaced by the next; one that fails after it
+    is replaced by the next ``radix`` worker, which resumes from the delivered tokens
+    (``router.upstream.relay``); with none left, a started stream ends with an error event.
+    Each attempt is counted in flight and noted in the index (speculative entry) at
+    decision time. In flight counts the tokens the worker must prefill (prompt minus
+    its match): a request that hits the cache adds little queued work, so locality is
+    not punished."""
+    relay = router.proxy.relay(request, call)
     failure: UpstreamUnavailable | None = None
     for worker in ranked:
+        if not relay.prepare_attempt(worker.kind):
+            continue
         if failure is not None:
             router.metrics.retries.inc()
-        num_tokens = len(call.prompt.token_ids) - matched.get(worker.worker_id, 0)
+        key, _ = relay.progress.resumed_prompt(call.prompt.key)
+        num_tokens = max(len(key) // TOKEN_BYTES - matched.get(worker.worker_id, 0), 0)
         router.registry.begin(worker, num_tokens)
-        router.index.note_routed(worker.namespace, worker.worker_id, call.prompt.key, call.scope)
-        router.peers.routed(worker, call.prompt.key, call.scope)
+        router.index.note_routed(worker.namespace, worker.worker_id, key, call.scope)
+        router.peers.routed(worker, key, call.scope)
         try:
-            return worker, await router.proxy.send(request, call, worker, exchange)
+            return worker, await router.proxy.send(request, call, relay, worker, exchange)
         except UpstreamUnavailable as exc:
             failure = exc
-            if exc.unreachable:
+            if exc.worker_down:
                 await router.registry.mark_failed(worker, str(exc))
         finally:
             router.registry.end(worker, num_tokens)
+        if relay.progress.finished:
+            await relay.finish(exchange)
+            assert relay.response is not None
+            return worker, relay.response
+    if relay.started:
+        await relay.fail(exchange)
+        assert relay.response is not None
+        return worker, relay.response
     assert failure is not None
     raise failure.error
 

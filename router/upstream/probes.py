@@ -25,12 +25,15 @@ from router.front.tokenization import ModelTokenizer
 
 @dataclass(frozen=True)
 class WorkerLoad:
-    """Load a worker reported at its last poll (zeros when it reports none)."""
+    """Load a worker reported at its last poll (zeros when it reports none), and the
+    most requests it admits at once (running plus queued; None when it does not say),
+    beyond which it answers 429."""
 
     num_requests_running: int = 0
     num_requests_waiting: int = 0
     num_waiting_tokens: int = 0
     kv_cache_usage_ratio: float = 0.0
+    max_num_requests: int | None = None
 
 
 @dataclass(frozen=True)
@@ -90,22 +93,29 @@ async def probe_radix(session: aiohttp.ClientSession, url: str, headers: Mapping
         if status != 200 or not isinstance(info, dict):
             return ProbeResult(False, f"/info answered HTTP {status}")
         return ProbeResult(True, "ready", namespace, str(ready.get("epoch")),
-                           str(ready.get("model")), _radix_load(info.get("load")))
+                           str(ready.get("model")),
+                           _radix_load(info.get("load"), info.get("engine")))
     except ProbeError as exc:
         return ProbeResult(False, str(exc))
 
 
-def _radix_load(load: Any) -> WorkerLoad:
+def _radix_load(load: Any, engine: Any) -> WorkerLoad:
+    """``/info``'s ``load``, with the admission bound from its ``engine`` limits
+    (``max_num_seqs`` running plus ``max_waiting_requests`` queued)."""
     if not isinstance(load, dict):
         return WorkerLoad()
     try:
+        max_num_requests = None
+        if isinstance(engine, dict) and "max_waiting_requests" in engine:
+            max_num_requests = int(engine["max_num_seqs"]) + int(engine["max_waiting_requests"])
         return WorkerLoad(
             num_requests_running=int(load.get("num_requests_running", 0)),
             num_requests_waiting=int(load.get("num_requests_waiting", 0)),
             num_waiting_tokens=int(load.get("num_waiting_tokens", 0)),
             kv_cache_usage_ratio=float(load.get("kv_cache_usage_ratio", 0.0)),
+            max_num_requests=max_num_requests,
         )
-    except (TypeError, ValueError):
+    except (KeyError, TypeError, ValueError):
         return WorkerLoad()
 
 

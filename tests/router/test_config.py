@@ -31,6 +31,16 @@ def test_minimal_config_defaults() -> None:
     config = parse_config(BASE)
     assert config.listen.port == 0 and config.policy.name == "cache_aware"
     assert config.proxy.max_attempts == 3 and config.registry.poll_interval_s == 1.0
+    assert (config.proxy.connect_timeout_s, config.proxy.first_byte_timeout_s,
+            config.proxy.idle_timeout_s, config.proxy.request_timeout_s) == (2, 60, 30, 600)
+    assert config.listen.drain_timeout_s == 60
+
+
+def test_timeouts_and_drain_are_read() -> None:
+    config = parse_config({**BASE, "listen": {"drain_timeout_s": 5},
+                           "proxy": {"first_byte_timeout_s": 3, "idle_timeout_s": 0.5}})
+    assert config.listen.drain_timeout_s == 5
+    assert config.proxy.first_byte_timeout_s == 3 and config.proxy.idle_timeout_s == 0.5
 
 
 @pytest.mark.parametrize(
@@ -54,6 +64,10 @@ def test_minimal_config_defaults() -> None:
          "auth.tenants.a.max_prompt_tokens"),
         ({"auth": {"allow_anonymous": "yes"}}, "auth.allow_anonymous"),
         ({"proxy": {"max_attempts": 0}}, "proxy.max_attempts"),
+        ({"proxy": {"idle_timeout_s": 0}}, "proxy.idle_timeout_s: must be positive"),
+        ({"proxy": {"first_byte_timeout_s": "1"}}, "proxy.first_byte_timeout_s"),
+        ({"proxy": {"first_byte_timeout_s": 700}}, "proxy.first_byte_timeout_s: must be at most"),
+        ({"listen": {"drain_timeout_s": -1}}, "listen.drain_timeout_s"),
         ({"registry": {"poll_interval_s": -1}}, "registry.poll_interval_s"),
         ({"index": {"speculative_ttl_s": 0}}, "index.speculative_ttl_s"),
         ({"policy": {"weights": {"x": "y"}}}, "policy.weights.x"),

@@ -150,7 +150,7 @@ async def test_completions_and_chat_through_the_router() -> None:
         assert "token_ids" not in sent
         assert from_key(base64.b64decode(sent["token_ids_b64"])) == expected_ids
         assert sent["scope"] == "alice" and sent["num_public_tokens"] == 32  # 41 -> 32
-        assert sent["sampling"] == {"n": 1, "max_tokens": 3} and sent["stream"] is False
+        assert sent["sampling"] == {"n": 1, "max_tokens": 3} and sent["stream"] is True  # radix workers always stream
 
         chat = {"model": "demo", "messages": [{"role": "user", "content": "hi"}],
                 "max_tokens": 2, "stream": True, "stream_options": {"include_usage": True}}

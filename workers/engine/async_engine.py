@@ -45,6 +45,11 @@ class QueueFullError(RuntimeError):
     """More requests in flight than the engine accepts (HTTP 429)."""
 
 
+class DrainingError(RuntimeError):
+    """The engine admits no new requests: the worker is draining before it exits
+    (HTTP 503)."""
+
+
 class RequestStream:
     """Async iterator over one request's outputs; the last one has ``finished`` True.
 
@@ -94,7 +99,8 @@ class AsyncEngine:
     """The engine thread plus the asyncio-side bookkeeping (loop thread only).
 
     ``max_in_flight`` bounds submitted, unfinished requests: ``submit`` beyond it
-    raises ``QueueFullError``.
+    raises ``QueueFullError``. After ``stop_admitting`` (drain) every ``submit``
+    raises ``DrainingError`` while requests in flight run to their end.
     """
 
     def __init__(self, engine: Engine, kv_feed: KVEventFeed, max_in_flight: int) -> None:
@@ -107,6 +113,7 @@ class AsyncEngine:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
         self._stopping = False
+        self.admitting = True
         self.failed = False
         self.batch_failed = asyncio.Event()
         self.stats: EngineStats = engine.stats()
@@ -128,13 +135,27 @@ class AsyncEngine:
         self._thread.join()
         self._thread = None
 
+    def stop_admitting(self) -> None:
+        """Refuse every later ``submit`` (``DrainingError``); requests in flight go on."""
+        self.admitting = False
+
+    async def wait_idle(self, timeout_s: float, poll_s: float = 0.05) -> bool:
+        """Wait until no request is in flight, at most ``timeout_s``; True if none is."""
+        deadline = time.monotonic() + timeout_s
+        while self._streams and time.monotonic() < deadline:
+            await asyncio.sleep(poll_s)
+        return not self._streams
+
     # ---- requests (loop thread) ----------------------------------------------------
 
     def submit(self, request: GenerationRequest) -> RequestStream:
         """Queue ``request`` (validated by the caller); returns its output stream.
-        Raises ``QueueFullError`` when full, ``EngineError`` once the engine thread died."""
+        Raises ``QueueFullError`` when full, ``DrainingError`` once draining,
+        ``EngineError`` once the engine thread died."""
         if self.failed:
             raise EngineError("the engine thread has stopped")
+        if not self.admitting:
+            raise DrainingError("the worker is draining before it exits")
         if len(self._streams) >= self._max_in_flight:
             raise QueueFullError(f"{len(self._streams)} requests in flight")
         stream = RequestStream(self, next(self._ids))

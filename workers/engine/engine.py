@@ -35,7 +35,7 @@ from workers.engine.sequence import RequestState, Sequence, SequenceStatus
 from workers.engine.stopping import StopChecker
 from workers.kv.manager import KVCacheManager
 from workers.model.runner import ModelRunner, StepInput
-from workers.model.sampler import sample
+from workers.model.sampler import position_generator, sample
 
 log = logging.getLogger(__name__)
 
@@ -230,7 +230,7 @@ class Engine:
         usage = Usage(
             prompt_tokens=state.num_prompt_tokens,
             completion_tokens=state.num_completion_tokens(),
-            cached_tokens=state.num_cached_tokens or 0,
+            cached_tokens=min(state.num_cached_tokens or 0, state.num_prompt_tokens),
         )
         return RequestOutput(tuple(deltas), usage)
 
@@ -242,11 +242,10 @@ class Engine:
             self._tokenizer, params, self._tokenizer.eos_token_ids, self._max_model_len
         )
         seed = params.sampling.seed
-        generator = None
         if seed is not None:
-            generator = torch.Generator(device=self._runner.device)
-            generator.manual_seed((seed + index) % 2**63)
-        seq = Sequence(next(self._seq_ids), state, index, token_ids, stop_checker, generator)
+            seed = (seed + index) % 2**63
+        stop_checker.replay(token_ids[state.num_prompt_tokens:], state.num_prompt_tokens)
+        seq = Sequence(next(self._seq_ids), state, index, token_ids, stop_checker, seed)
         state.sequences.append(seq)
         return seq
 
@@ -299,7 +298,11 @@ class Engine:
 
 
 def _sample_rows(logits: torch.Tensor, rows: list[int], seqs: list[Sequence]) -> list[int]:
-    """The next token of each of ``seqs`` from its logits row ``rows[i]``."""
+    """The next token of each of ``seqs`` from its logits row ``rows[i]``; a seeded
+    sequence draws from the generator of its seed and the position of the new token."""
+    generators = [None if seq.seed is None
+                  else position_generator(seq.seed, len(seq.token_ids), logits.device)
+                  for seq in seqs]
     token_ids = sample(logits[rows], [seq.request.request.params.sampling for seq in seqs],
-                       [seq.generator for seq in seqs])
+                       generators)
     return [int(token_id) for token_id in token_ids]

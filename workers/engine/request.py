@@ -19,8 +19,9 @@ class GenerationParams:
     """How to generate: per-token sampling, number of choices and stop strings.
 
     ``sampling`` carries temperature, top-p/top-k, seed, ``max_tokens``, stop token
-    ids and ``ignore_eos`` (validated by ``SamplingParams``). With a seed, choice
-    ``i`` of an ``n > 1`` request draws from a generator seeded ``seed + i``.
+    ids and ``ignore_eos`` (validated by ``SamplingParams``). With a seed, the token
+    of choice ``i`` at absolute position ``p`` is drawn with seed ``seed + i`` at
+    position ``p`` (``workers.model.sampler.position_generator``).
     Generation stops at ``max_tokens`` output tokens ("length"), or ("stop") at a
     stop token id, at EOS unless ``ignore_eos``, or when the text contains one of
     ``stop`` (the text is cut before it).
@@ -37,12 +38,16 @@ class GenerationRequest:
 
     ``num_public_tokens`` leading tokens are inserted into the prefix cache as
     public (a multiple of the block size, at most the prompt length).
+    ``num_resumed_tokens`` trailing prompt tokens are output an earlier attempt of this
+    request already delivered (a resume: ``n`` is then 1): they count as completion
+    tokens in ``max_tokens``, stop strings and usage, and their text is not sent again.
     """
 
     prompt_token_ids: tuple[int, ...]
     params: GenerationParams
     scope: str = "anonymous"
     num_public_tokens: int = 0
+    num_resumed_tokens: int = 0
 
 
 @dataclass(frozen=True)

@@ -15,8 +15,6 @@ from __future__ import annotations
 import time
 from enum import Enum
 
-import torch
-
 from workers.engine.request import FinishReason, GenerationRequest
 from workers.engine.stopping import StopChecker
 
@@ -46,8 +44,8 @@ class RequestState:
 
     @property
     def num_prompt_tokens(self) -> int:
-        """Length of the prompt."""
-        return len(self.request.prompt_token_ids)
+        """Length of the prompt, without the resumed output at its end."""
+        return len(self.request.prompt_token_ids) - self.request.num_resumed_tokens
 
     @property
     def is_finished(self) -> bool:
@@ -70,7 +68,7 @@ class Sequence:
         "num_computed_tokens",
         "status",
         "stop_checker",
-        "generator",
+        "seed",
         "finish_reason",
         "last_token_time",
     )
@@ -82,7 +80,7 @@ class Sequence:
         index: int,
         token_ids: list[int],
         stop_checker: StopChecker,
-        generator: torch.Generator | None,
+        seed: int | None,
     ) -> None:
         self.seq_id = seq_id
         self.request = request
@@ -91,7 +89,7 @@ class Sequence:
         self.num_computed_tokens = 0
         self.status = SequenceStatus.WAITING
         self.stop_checker = stop_checker
-        self.generator = generator
+        self.seed = seed
         self.finish_reason: FinishReason | None = None
         self.last_token_time: float | None = None
 

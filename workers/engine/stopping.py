@@ -8,6 +8,7 @@ text that a later token reveals to be part of a stop string.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from radix.tokenizer import IncrementalDecoder, PromptTokenizer
@@ -62,6 +63,15 @@ class StopChecker:
         if self.num_output_tokens >= self._max_tokens or num_total_tokens >= self._max_total_tokens:
             return self._finish("length")
         return StepText(self._take_final(), None)
+
+    def replay(self, token_ids: Sequence[int], num_prompt_tokens: int) -> None:
+        """Account for output tokens an earlier attempt already delivered (a resumed
+        request), leaving the state ``append`` would have left; their final text is
+        dropped (the client has it) and text still held back stays pending, so no
+        character is lost or repeated across the seam. None of them may finish."""
+        for i, token_id in enumerate(token_ids):
+            if self.append(token_id, num_prompt_tokens + i + 1).finish_reason is not None:
+                raise ValueError(f"resumed output token {i} already ends the completion")
 
     def _finish(self, reason: FinishReason) -> StepText:
         text = self._pending + self._decoder.flush()

@@ -4,10 +4,15 @@ A sampled row draws one exponential noise vector from its own ``torch.Generator`
 and takes ``argmax(probs / noise)`` (the exponential race, equivalent to drawing
 from ``probs``). A row's token therefore depends only on its logits, its
 parameters and its generator's state, never on which other rows share the batch.
+A seeded row's generator is ``position_generator(seed, position)``: its state is a
+function of the seed and the token's absolute position only, never of how many
+draws came before, so a request resumed elsewhere with its generated tokens
+appended to the prompt (or recomputed after a preemption) draws the same tokens.
 """
 
 from __future__ import annotations
 
+import hashlib
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -54,6 +59,15 @@ class SamplingParams:
     def is_greedy(self) -> bool:
         """True when the most likely token is always taken."""
         return self.temperature == 0
+
+
+def position_generator(seed: int, position: int, device: torch.device | str) -> torch.Generator:
+    """A generator on ``device`` seeded from (``seed``, ``position``) alone (keyed
+    BLAKE2b of both, so nearby seeds and positions give unrelated streams); draw the
+    token at absolute ``position`` (prompt tokens included) from it."""
+    digest = hashlib.blake2b(position.to_bytes(8, "little"), digest_size=8,
+                             key=seed.to_bytes(8, "little")).digest()
+    return torch.Generator(device=device).manual_seed(int.from_bytes(digest, "little") >> 1)
 
 
 def sample(

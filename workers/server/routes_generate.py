@@ -6,7 +6,12 @@ Body: ``{"request_id"?, "token_ids" | "token_ids_b64", "scope"?, "num_public_tok
 third of the cost of decoding and checking a JSON list). ``scope`` defaults
 to ``anonymous``, ``num_public_tokens`` to 0 (a multiple of the block size, at most
 the prompt length); ``sampling`` takes the fields of ``radix.openai.sampling``. A
-missing ``request_id`` is generated.
+missing ``request_id`` is generated. ``num_resumed_tokens`` (default 0; only with
+``n`` 1) says the last that many prompt tokens are output an earlier attempt already
+delivered (the router resuming a stream cut by a failed worker): they count as
+completion tokens (``max_tokens``, stop strings, usage) and their text is not sent
+again; text they held back (a partial UTF-8 character, a possible stop string) comes
+with the next tokens, so the concatenated texts of both attempts equal one run's.
 Streaming sends one event per choice per step (``token_ids`` may be non-empty
 while ``text`` is empty: text is held back until it cannot be part of a stop
 string or of an unfinished UTF-8 character), then a usage event, then ``[DONE]``.
@@ -62,10 +67,14 @@ async def generate(request: web.Request) -> web.StreamResponse:
             f"num_public_tokens must be a multiple of the block size {limits.block_size}",
             "num_public_tokens",
         )
+    num_resumed = fields.integer("num_resumed_tokens", 0, lo=0, hi=len(token_ids) - 1) or 0
     sampling = parse_sampling(fields.object("sampling"), limits.bounds)
+    if num_resumed and sampling.n != 1:
+        raise bad_request("num_resumed_tokens needs n = 1", "num_resumed_tokens")
     stream_mode = fields.boolean("stream", False)
     engine_request = generation_request(
-        token_ids, sampling, limits, prompt_param, scope=scope, num_public_tokens=num_public
+        token_ids, sampling, limits, prompt_param, scope=scope, num_public_tokens=num_public,
+        num_resumed_tokens=num_resumed,
     )
     timeout_s = state.config.request_timeout_s
     if not stream_mode:

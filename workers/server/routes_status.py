@@ -20,8 +20,10 @@ async def health(request: web.Request) -> web.Response:
 
 
 def is_ready(state: WorkerState) -> bool:
-    """The last self-test passed, no batched step failed since, the engine runs."""
-    return state.ready.is_set() and not state.engine.failed
+    """The last self-test passed, no batched step failed since, the engine runs and
+    admits requests (not draining)."""
+    engine = state.engine
+    return state.ready.is_set() and not engine.failed and engine.admitting
 
 
 def _ready_body(state: WorkerState) -> dict[str, object]:
@@ -30,13 +32,15 @@ def _ready_body(state: WorkerState) -> dict[str, object]:
         "ready": is_ready(state),
         **state.identity.to_dict(),
         "num_free_blocks": stats.kv_blocks_free,
+        "draining": not state.engine.admitting,
     }
 
 
 async def ready(request: web.Request) -> web.Response:
     """200 while ``is_ready``: once the start-up self-test passed, and again after a
     failed batched step once it passes anew; 503 otherwise, for good once the engine
-    thread has died. Same body either way."""
+    thread has died or the worker started draining (SIGTERM). Same body either way,
+    with ``draining`` true while draining."""
     state = request.app[STATE]
     return web.json_response(_ready_body(state), status=200 if is_ready(state) else 503)
 

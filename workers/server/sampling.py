@@ -4,7 +4,9 @@ sampling (``radix.openai.sampling``: the bounds the router shares) into an engin
 
 ``max_tokens`` must leave the prompt plus output within the context length (else
 400); when absent it is ``default_max_tokens`` cut to what the context leaves. A
-prompt with no room for one output token is a 413. Unset sampling fields take the
+prompt with no room for one output token is a 413. For a resumed request the
+prompt is the original one (without the resumed output) and ``max_tokens`` counts
+the resumed tokens too. Unset sampling fields take the
 engine's neutral values (temperature 1, top_p 1, no top_k); ``top_k`` -1 and 0 mean
 off.
 """
@@ -43,22 +45,27 @@ def generation_request(
     prompt_param: str,
     scope: str = "anonymous",
     num_public_tokens: int = 0,
+    num_resumed_tokens: int = 0,
 ) -> GenerationRequest:
     """The engine request; 413 when the prompt leaves no room, 400 when ``max_tokens``
-    does not fit the context."""
-    room = limits.max_model_len - len(prompt_token_ids)
+    does not fit the context or is already used up by ``num_resumed_tokens``."""
+    num_prompt_tokens = len(prompt_token_ids) - num_resumed_tokens
+    room = limits.max_model_len - num_prompt_tokens
     if room < 1:
-        raise context_too_long(prompt_param, len(prompt_token_ids), limits.max_model_len)
+        raise context_too_long(prompt_param, num_prompt_tokens, limits.max_model_len)
     max_tokens = sampling.max_tokens
     if max_tokens is None:
         max_tokens = min(limits.default_max_tokens, room)
     elif max_tokens > room:
         raise bad_request(
             f"{sampling.max_tokens_param} is {max_tokens}, but the context length is "
-            f"{limits.max_model_len} and the prompt has {len(prompt_token_ids)} tokens "
+            f"{limits.max_model_len} and the prompt has {num_prompt_tokens} tokens "
             f"(at most {room} output tokens)",
             sampling.max_tokens_param,
         )
+    if num_resumed_tokens >= max_tokens:
+        raise bad_request(f"num_resumed_tokens ({num_resumed_tokens}) must be below the "
+                          f"completion's max_tokens ({max_tokens})", "num_resumed_tokens")
     params = SamplingParams(
         temperature=1.0 if sampling.temperature is None else sampling.temperature,
         top_p=1.0 if sampling.top_p is None else sampling.top_p,
@@ -73,4 +80,5 @@ def generation_request(
         GenerationParams(params, sampling.n, sampling.stop),
         scope=scope,
         num_public_tokens=num_public_tokens,
+        num_resumed_tokens=num_resumed_tokens,
     )

@@ -6,8 +6,10 @@ load, KV plan, namespace), start serving HTTP (``/health`` answers; ``/ready`` i
 503), start the engine thread, run the self-test, mark ready, and only then
 announce ``READY http://HOST:PORT`` on stdout: a launcher that waits for that line
 never sees a worker that is not ready. From then on ``keep_ready`` drops readiness
-after a failed batched step until the self-test passes again. SIGTERM or SIGINT stop it: the server
-closes, then the engine thread finishes its step and exits.
+after a failed batched step until the self-test passes again. SIGTERM or SIGINT drain
+it: ``/ready`` turns 503 and new requests get 503 with Retry-After at once (routers
+stop sending on the first 503), requests in flight get ``drain_timeout_s`` to
+finish, then the server closes and the engine thread finishes its step and exits.
 """
 
 from __future__ import annotations
@@ -70,6 +72,11 @@ async def serve(config: WorkerConfig, secret: bytes, api_key: str | None,
                                                 block_size))
         announce(f"READY {url}")
         await stop.wait()
+        worker.engine.stop_admitting()
+        log.info("draining %d requests (at most %g s)", worker.engine.num_in_flight,
+                 server_config.drain_timeout_s)
+        if not await worker.engine.wait_idle(server_config.drain_timeout_s):
+            log.warning("drain timed out; cancelling %d requests", worker.engine.num_in_flight)
         log.info("shutting down")
     finally:
         if keeper is not None:

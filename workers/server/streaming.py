@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from aiohttp import web
 
 from radix.openai.responses import DONE_FRAME, sse_frame
-from workers.engine.async_engine import AsyncEngine, QueueFullError, RequestStream
+from workers.engine.async_engine import AsyncEngine, DrainingError, QueueFullError, RequestStream
 from workers.engine.request import (
     EngineError,
     FinishReason,
@@ -27,13 +27,15 @@ from workers.server.errors import ApiError, error_body
 
 
 def submit(engine: AsyncEngine, request: GenerationRequest) -> RequestStream:
-    """Queue ``request``; 429 (with Retry-After) when the engine is full, 503 when its
-    thread has died."""
+    """Queue ``request``; 429 (with Retry-After) when the engine is full, 503 with
+    Retry-After (``draining``) once the worker drains, 503 when its thread has died."""
     try:
         return engine.submit(request)
     except QueueFullError as exc:
         raise ApiError(429, f"the worker queue is full ({exc})", code="queue_full",
                        headers={"Retry-After": "1"}) from exc  # fmt: skip
+    except DrainingError as exc:
+        raise ApiError(503, str(exc), code="draining", headers={"Retry-After": "1"}) from exc
     except EngineError as exc:
         raise ApiError(503, str(exc), code="engine_stopped") from exc
 
