@@ -3,8 +3,9 @@
 A worker SIGKILLed in the middle of streams: every stream resumes on another worker
 and equals, token for token, the same request on an undisturbed worker (greedy, and
 seeded sampling). A rolling restart by SIGTERM under steady load: no request fails
-and a drained worker's index entries are gone. A bounded chaos run: random SIGKILLs
-and restarts under load; every answer is correct or a retryable refusal before its
+and a drained worker's index entries are gone. A bounded chaos run through two
+routers on one Redis: random worker SIGKILLs and restarts and one Redis restart under
+load; every answer is correct or a retryable refusal before its
 first byte, and the surviving workers' blocks are all free or cached afterwards.
 
 Workers restart on the port the system gave them first, so the router (which knows
@@ -28,7 +29,7 @@ from typing import Any
 import pytest
 from test_e2e_routing import ADMIN, ALICE, WORKER_KEY, WORKER_KEY_ENV, admin, wait_for
 
-from bench.procs import ManagedProcess, start_router, start_worker
+from bench.procs import ManagedProcess, RedisServer, start_router, start_worker
 from router.front.auth import hash_key
 
 pytestmark = pytest.mark.slow
@@ -51,9 +52,12 @@ class Answer:
 
 
 class Cluster:
-    """Demo workers (restartable on their first port) behind one router process."""
+    """Demo workers (restartable on their first port) behind router processes: one,
+    or ``num_routers`` sharing state through ``redis``."""
 
-    def __init__(self, tmp_path: Path, num_workers: int) -> None:
+    def __init__(self, tmp_path: Path, num_workers: int, num_routers: int = 1,
+                 redis: RedisServer | None = None) -> None:  # fmt: skip
+        self.redis = redis
         self.workers = {f"w{i}": start_worker(*WORKER_FLAGS, kv_cache_bytes=KV_CACHE_BYTES,
                                               wait=False, api_key=WORKER_KEY)
                         for i in range(num_workers)}
@@ -62,7 +66,9 @@ class Cluster:
         self.ports = {name: int(w.url.rsplit(":", 1)[1]) for name, w in self.workers.items()}
         path = tmp_path / "router.toml"
         path.write_text(self._config())
-        self.router = start_router(path, env={WORKER_KEY_ENV: WORKER_KEY})
+        self.routers = [start_router(path, env={WORKER_KEY_ENV: WORKER_KEY})
+                        for _ in range(num_routers)]
+        self.router = self.routers[0]
         self.wait_routable(set(self.workers))
 
     def _config(self) -> str:
@@ -70,6 +76,9 @@ class Cluster:
                  "[policy]", 'name = "round_robin"',
                  "[registry]", "poll_interval_s = 0.2", "probe_timeout_s = 1.0",
                  "[proxy]", "first_byte_timeout_s = 20", "idle_timeout_s = 10",
+                 *(["[redis]", f'url = "{self.redis.url}"', 'key_prefix = "faults"',
+                    "heartbeat_interval_s = 0.2", "sync_interval_s = 0.2",
+                    "command_timeout_s = 1.0"] if self.redis else []),
                  "[auth]", f'admin_key_digest = "{hash_key(ADMIN)}"',
                  "[auth.tenants.alice]", f'key_digests = ["{hash_key(ALICE)}"]']
         for name, worker in self.workers.items():
@@ -77,18 +86,24 @@ class Cluster:
                       f'api_key_env = "{WORKER_KEY_ENV}"']
         return "\n".join(lines) + "\n"
 
-    def ready_workers(self) -> set[str]:
-        return {w["id"] for w in admin(self.router, "/admin/workers")["workers"] if w["ready"]}
+    def ready_workers(self, router: ManagedProcess | None = None) -> set[str]:
+        workers = admin(router or self.router, "/admin/workers")["workers"]
+        return {w["id"] for w in workers if w["ready"]}
 
     def wait_routable(self, names: set[str], timeout_s: float = 60) -> None:
-        wait_for(lambda: self.ready_workers() >= names, timeout_s, self.ready_workers)
+        for router in self.routers:
+            def ready(router: ManagedProcess = router) -> set[str]:
+                return self.ready_workers(router)
+
+            wait_for(lambda ready=ready: ready() >= names, timeout_s, ready)
 
     def restart(self, name: str) -> None:
         self.workers[name] = start_worker("--port", str(self.ports[name]), *WORKER_FLAGS,
                                           kv_cache_bytes=KV_CACHE_BYTES, api_key=WORKER_KEY)
 
     def stop(self) -> None:
-        self.router.stop()
+        for router in self.routers:
+            router.stop()
         for worker in self.workers.values():
             worker.stop()
 
@@ -97,8 +112,9 @@ class Cluster:
 def cluster_of(tmp_path: Path) -> Iterator[Any]:
     clusters: list[Cluster] = []
 
-    def make(num_workers: int) -> Cluster:
-        clusters.append(Cluster(tmp_path, num_workers))
+    def make(num_workers: int, num_routers: int = 1, redis: RedisServer | None = None
+             ) -> Cluster:  # fmt: skip
+        clusters.append(Cluster(tmp_path, num_workers, num_routers, redis))
         return clusters[-1]
 
     yield make
@@ -246,24 +262,30 @@ def test_rolling_restart_by_sigterm_fails_no_request(cluster_of) -> None:
         assert_same(answer, references[index], cluster.router)
 
 
-def test_chaos_kills_and_restarts_under_load(cluster_of) -> None:
-    cluster = cluster_of(3)
+def test_chaos_kills_and_restarts_under_load(cluster_of, redis_server) -> None:
+    """Two routers on one Redis; three SIGKILL + restarts of random workers and one
+    Redis restart (after the second kill) under load through both routers."""
+    cluster = cluster_of(3, num_routers=2, redis=redis_server)
     requests = [body(i, 32, i % 2 == 0) for i in range(6)]
     references = [complete(cluster.router, r) for r in requests]
     chaos = random.Random(20261201)
-    load = SteadyLoad(cluster.router, requests, num_clients=3)
+    loads = [SteadyLoad(router, requests, num_clients=2) for router in cluster.routers]
     try:
-        for _ in range(3):
+        for kill in range(3):
             time.sleep(chaos.uniform(0.5, 1.5))
             name = chaos.choice(sorted(cluster.workers))
             cluster.workers[name].proc.kill()
             cluster.workers[name].proc.wait()
             time.sleep(chaos.uniform(0.2, 1.0))
             cluster.restart(name)
+            if kill == 1:
+                redis_server.stop()
+                time.sleep(chaos.uniform(0.2, 1.0))
+                redis_server.start()
         cluster.wait_routable(set(cluster.workers))
         time.sleep(1.0)
     finally:
-        answers = load.stop()
+        answers = [answer for load in loads for answer in load.stop()]
     assert len(answers) >= 10
     for index, answer in answers:
         if answer.status in RETRYABLE:
