@@ -18,18 +18,14 @@ from __future__ import annotations
 import argparse
 import json
 import platform
-import subprocess
 import sys
 import time
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from bench import e2e, peers, radix_bench
+from bench import e2e, radix_bench
 from bench.report_write import write_plots, write_summary
-from bench.sim import SIM_POLICIES, SimConfig, simulate
-
-# Session starts per second per worker: each workload at a load where queueing shows.
-RATES = {"rag": 3.0, "chat": 2.0, "agent": 0.4, "multitenant": 4.0}
+from bench.sim import RATES, SIM_POLICIES, SimConfig, simulate
 
 
 @dataclass(frozen=True)
@@ -118,19 +114,6 @@ def run_cache_sizes(plan: Plan) -> dict[str, list]:
     return results
 
 
-def sglang_radix_note() -> str:
-    """Why SGLang's RadixCache is or is not timed in this run."""
-    if not peers.PEERS_PYTHON.exists():
-        return "not measured: bench/.peers is missing (make bench-peers)"
-    found = subprocess.run([str(peers.PEERS_PYTHON), "-c", "import sglang.srt.mem_cache.radix_cache"],
-                           capture_output=True).returncode == 0
-    if found:
-        return "sglang is importable in bench/.peers, but this report has no timing driver for it"
-    return ("not measured: sglang is not importable in bench/.peers; its wheel pulls torch with a "
-            "CUDA stack (gigabytes), so make bench-peers installs only the routers; the reference "
-            "p50s below are the recorded ones (bench/radix_bench.py), not measured in this run")
-
-
 def main(argv: list[str] | None = None) -> Path:
     """Run the plan and write the report; returns its directory."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
@@ -151,9 +134,8 @@ def main(argv: list[str] | None = None) -> Path:
     print("=== end to end ===", flush=True)
     report["e2e"] = e2e.main(list(plan.e2e_args))
     print("=== radix core ===", flush=True)
-    report["sglang_radix"] = sglang_radix_note()
-    print(f"SGLang RadixCache: {report['sglang_radix']}")
     report["radix"] = radix_bench.main(["--requests", str(plan.radix_requests)])
+    report["sglang_radix"] = report["radix"]["sglang_radix"]
     report["wall_s"] = time.perf_counter() - start
     (out / "results.json").write_text(json.dumps(report, indent=2, default=str))
     plots = write_plots(report, out)
