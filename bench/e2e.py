@@ -53,8 +53,9 @@ def prompt_text(request: TraceRequest) -> str:
     return (np.frombuffer(request.prompt, dtype=np.uint32).astype(np.uint8) + ord("a")).tobytes().decode()
 
 
-def _our_router_config(worker_urls: list[str]) -> str:
+def _our_router_config(worker_urls: list[str], weights: dict[str, float]) -> str:
     lines = ["[models.demo]", 'tokenizer = "demo"', "[policy]", 'name = "cache_aware"',
+             "[policy.weights]", *(f"{name} = {value}" for name, value in weights.items()),
              "[auth.tenants.bench]", f'key_digests = ["{hash_key(TENANT_KEY)}"]']
     for i, url in enumerate(worker_urls):
         lines += ["[[workers]]", f'id = "w{i}"', 'model = "demo"', f'url = "{url}"',
@@ -77,10 +78,12 @@ def _workers(num_workers: int, kv_cache_bytes: str) -> Iterator[list[ManagedProc
 
 @contextlib.contextmanager
 def _router(setup: str, urls: list[str], log_dir: Path) -> Iterator[tuple[str, str]]:
-    """The router's URL and the key a client sends it."""
-    if setup == OURS:
+    """The router's URL and the key a client sends it. ``setup`` is a peer setup's
+    name, or ours: ``OURS`` optionally followed by ``name=value`` weights."""
+    if setup.startswith(OURS):
+        weights = dict(item.split("=") for item in setup[len(OURS):].split())
         path = log_dir / "router.toml"
-        path.write_text(_our_router_config(urls))
+        path.write_text(_our_router_config(urls, {k: float(v) for k, v in weights.items()}))
         router = start_process(router_args(path), {"RADIX_WORKER_KEY_E2E": WORKER_KEY})
         try:
             deadline = time.monotonic() + READY_TIMEOUT_S
@@ -184,10 +187,14 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--clients", type=int, default=8)
     parser.add_argument("--kv-cache-bytes", default="16MiB", help="per worker")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--our-weights", nargs="*", default=[], metavar="NAME=VALUE",
+                        help="also run ours with these policy weights (to check a change)")
+    parser.add_argument("--without-peers", action="store_true", help="our router only")
     args = parser.parse_args(argv)
     requests = list(generate(args.workload, args.requests, 1.0, args.seed, config=CONFIG))
-    found = peers.available()
-    setups = [OURS] + [name for name, s in peers.PEER_SETUPS.items() if found[s.module]]
+    found = {m: False for m in ("sglang_router", "vllm_router")} if args.without_peers else peers.available()
+    setups = [OURS] + ([" ".join([OURS, *args.our_weights])] if args.our_weights else [])
+    setups += [name for name, s in peers.PEER_SETUPS.items() if found[s.module]]
     missing = [module for module, ok in found.items() if not ok]
     if missing:
         print(f"peer routers not installed ({', '.join(missing)}): run `make bench-peers`; "
