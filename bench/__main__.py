@@ -1,5 +1,6 @@
 """``python -m bench [name ...]``: run the benchmarks (all by default), print each table,
-and write the numbers to bench/results/latest.json."""
+and write the numbers to bench/results/latest.json. ``make bench`` writes the routing
+report instead (``bench.report``)."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from bench import (
+    e2e,
     e2e_worker_bench,
     kv_bench,
     model_bench,
@@ -19,6 +21,7 @@ from bench import (
     router_overhead,
     routing_quality,
     routing_real,
+    sim,
     smollm2_bench,
     token_cache_bench,
 )
@@ -34,6 +37,8 @@ BENCHMARKS: dict[str, Callable[[list[str]], dict]] = {
     "token_cache": token_cache_bench.main,
     "router_overhead": router_overhead.main,
     "multi_router": multi_router.main,
+    "sim": sim.main,
+    "e2e": e2e.main,
 }
 
 

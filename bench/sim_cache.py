@@ -15,6 +15,11 @@ from radix.tree import PUBLIC, Node, RadixTree, Scope
 from workers.kv.block_events import ROOT_STATE, BlockChainer, ChainState
 
 
+def _keep_tail_state(state: ChainState | None, num_head_tokens: int) -> tuple[None, ChainState | None]:
+    """A split keeps the end state on the tail (same end); the new head computes its own."""
+    return None, state
+
+
 class SimCache:
     """A worker's prefix cache, simulated: a real ``RadixTree`` that evicts least
     recently used leaves past ``capacity_tokens`` and describes every change as KV
@@ -28,7 +33,7 @@ class SimCache:
         self.namespace = namespace
         self.capacity_tokens = capacity_tokens
         self.block_size = block_size
-        self.tree: RadixTree[None] = RadixTree()
+        self.tree: RadixTree[ChainState | None] = RadixTree(_keep_tail_state)
         self._chainer = BlockChainer(BlockHasher(bytes.fromhex(namespace), "xxh3_128"), block_size)
         self._num_epochs = 0
         self.epoch = f"{worker}-0"
@@ -56,7 +61,7 @@ class SimCache:
 
     def clear(self) -> KVEvent:
         """Drop everything, as a worker restart does: a new epoch starting at seq 0."""
-        self.tree = RadixTree()
+        self.tree = RadixTree(_keep_tail_state)
         self._num_epochs += 1
         self.epoch, self._seq = f"{self.worker}-{self._num_epochs}", 0
         return self._event("cleared", PUBLIC, ())
@@ -66,7 +71,7 @@ class SimCache:
         seq H, then one ``stored`` event (seq H) per cached node, parents first."""
         head = self._seq
         events = [KVEvent(self.worker, self.epoch, head, "cleared", self.namespace, PUBLIC)]
-        states: dict[Node[None], ChainState] = {self.tree.root: ROOT_STATE}
+        states: dict[Node[ChainState | None], ChainState] = {self.tree.root: ROOT_STATE}
         for node in self.tree.iter_nodes():
             blocks, states[node] = self._chainer.node_blocks(states[node.parent], node, True)
             events.append(KVEvent(self.worker, self.epoch, head, "stored", self.namespace,
@@ -78,19 +83,25 @@ class SimCache:
         return [self._event("stored", leaf.scope, self._blocks(leaf, with_tokens=True))
                 for leaf in result.new_nodes]
 
-    def _removed(self, leaf: Node[None]) -> KVEvent:
+    def _removed(self, leaf: Node[ChainState | None]) -> KVEvent:
         return self._event("removed", leaf.scope, self._blocks(leaf, with_tokens=False))
 
-    def _blocks(self, node: Node[None], with_tokens: bool) -> tuple[EventBlock, ...]:
+    def _blocks(self, node: Node[ChainState | None], with_tokens: bool) -> tuple[EventBlock, ...]:
         """The blocks belonging to ``node`` (works on evicted nodes: they keep ``parent``)."""
-        path = []
-        parent = node.parent
-        while parent is not None and parent.parent is not None:
-            path.append(parent)
-            parent = parent.parent
-        state = self._chainer.state_after(reversed(path))
-        blocks, _ = self._chainer.node_blocks(state, node, with_tokens)
+        blocks, node.payload = self._chainer.node_blocks(self._end_state(node.parent), node, with_tokens)
         return tuple(blocks)
+
+    def _end_state(self, node: Node[ChainState | None] | None) -> ChainState:
+        """The chain state at ``node``'s end, computed once per node and kept as its
+        payload (a node's end never moves: a split gives the head a new node)."""
+        path = []
+        while node is not None and node.parent is not None and node.payload is None:
+            path.append(node)
+            node = node.parent
+        state = ROOT_STATE if node is None or node.parent is None else node.payload
+        for missing in reversed(path):
+            state = missing.payload = self._chainer.state_after((missing,), state)
+        return state
 
     def _event(self, kind: str, scope: str, blocks: tuple[EventBlock, ...]) -> KVEvent:
         if kind != "cleared":

@@ -40,7 +40,7 @@ class PolicyWeights:
 
     prefill_cost_per_token: float = 1.0
     queued_token_cost: float = 0.25
-    running_request_cost: float = 16.0
+    running_request_cost: float = 48.0
     kv_usage_cost: float = 256.0
     load_cap_factor: float = 1.25
     hash_prefix_tokens: int = 64

@@ -32,7 +32,7 @@ def test_cost_is_uncached_prefill_plus_load_with_default_weights():
                       num_requests_running=2, num_waiting_tokens=100, kv_cache_usage_ratio=0.5)
     decision = make_policy("cache_aware").choose(request(), [view])
     score = decision.scores[0]
-    assert (score.num_matched_tokens, score.load_cost, score.cost) == (200, 213.5, 1013.5)
+    assert (score.num_matched_tokens, score.load_cost, score.cost) == (200, 309.5, 1109.5)
     assert decision.chosen == "w0" and decision.num_matched_tokens == 200 and not decision.cold
 
 
@@ -55,8 +55,8 @@ def test_a_long_match_outweighs_moderate_load():
 
 
 def test_equal_costs_go_to_the_least_loaded():
-    # w0 holds 16 more tokens but runs one more request: equal cost, w1 less loaded.
-    workers = views({"num_matched_tokens": 116, "num_requests_running": 2},
+    # w0 holds 48 more tokens but runs one more request: equal cost, w1 less loaded.
+    workers = views({"num_matched_tokens": 148, "num_requests_running": 2},
                     {"num_matched_tokens": 100, "num_requests_running": 1})
     decision = make_policy().choose(request(), workers)
     assert decision.scores[0].cost == decision.scores[1].cost

@@ -20,7 +20,7 @@ import logging
 from aiohttp import web
 from aiohttp.typedefs import Handler
 
-from workers.server import routes_generate, routes_kv, routes_openai, routes_status
+from workers.server import routes_generate, routes_kv, routes_openai, routes_peers, routes_status
 from workers.server.errors import ApiError, error_body, error_response
 from workers.server.state import STATE, WorkerState
 
@@ -72,4 +72,5 @@ def create_app(state: WorkerState) -> web.Application:
     app.router.add_get("/info", routes_status.info)
     app.router.add_get("/metrics", routes_status.metrics)
     app.router.add_get("/kv/events", routes_kv.kv_events)
+    routes_peers.add_routes(app)
     return app

@@ -3,7 +3,8 @@
 ``GET /v1/models``.
 
 Requests run in scope ``anonymous``, or in their ``cache_salt``'s scope (see
-``openai_schema``), with no public prefix. Long prompt texts are tokenized on a
+``openai_schema``), with no public prefix. Fields the peer routers add at their
+neutral values are dropped first (``routes_peers``). Long prompt texts are tokenized on a
 thread, off the event loop. Streams end with a usage chunk when
 ``stream_options.include_usage`` is set, then ``data: [DONE]``; a timeout
 mid-stream sends an error event before ``[DONE]``.
@@ -20,7 +21,7 @@ from radix.openai.prompt import prompt_token_ids
 from radix.openai.requests import CHAT, COMPLETIONS, INLINE_TOKENIZE_CHARS, OpenAIRequest
 from radix.openai.responses import ChoiceText, ResponseShape, TokenUsage
 from workers.engine.request import RequestOutput, Usage
-from workers.server import openai_schema
+from workers.server import openai_schema, routes_peers
 from workers.server.state import STATE
 from workers.server.streaming import collect, stream_response
 
@@ -61,7 +62,7 @@ async def _token_ids(parsed: OpenAIRequest, request: web.Request) -> tuple[int, 
 
 async def _serve(request: web.Request, endpoint: str) -> web.StreamResponse:
     state = request.app[STATE]
-    body = decode_json_object(await request.read())
+    body = routes_peers.strip_peer_fields(decode_json_object(await request.read()))
     tokenizer = state.worker.tokenizer
     parsed = openai_schema.parse(body, endpoint, state.limits, state.identity.served_model_names,
                                  tokenizer)  # fmt: skip

@@ -1,0 +1,218 @@
+"""End to end: the same demo workers behind our router and behind the peer routers.
+
+For each router setup, K fresh demo workers (one torch thread, ``--kv-cache-bytes``
+each, keyed) on loopback and one router in front of them: ours (``[policy] name =
+"cache_aware"``, KV events) and, when ``bench/.peers`` has them, sglang-router
+cache_aware at its default and at tuned thresholds and vllm-router cache_aware and
+consistent_hash (``bench.peers``). Every setup gets the same requests in the same
+order: a ``bench.workloads`` trace with letters for tokens, sent as text
+completions (the peers route on text; ours tokenizes), one tenant (the peers have no
+tenancy), by a bounded load generator: ``--clients`` concurrent streams taking the
+next request in trace order when their last one ends, with a progress bar.
+
+Per setup: TTFT p50/p99 (first streamed text), output tokens/s, the cached fraction
+(sum of ``usage.prompt_tokens_details.cached_tokens`` / sum of ``prompt_tokens``),
+requests per worker (each worker's own ``request_prompt_tokens`` count from its
+``/metrics``) and their max/mean. All processes share this machine's cores.
+
+Run: ``python -m bench e2e [--workers K] [--requests N] [--clients C]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import re
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+from openai import AsyncOpenAI
+from tqdm import tqdm
+
+from bench import peers
+from bench.procs import ManagedProcess, http_json, router_args, start_process, start_worker
+from bench.workloads import TraceRequest, WorkloadConfig, generate
+from router.front.auth import hash_key
+
+WORKER_KEY = "e2e-worker-key"
+TENANT_KEY = "e2e-tenant-key"
+READY_TIMEOUT_S = 90.0
+# Sizes a CPU demo worker serves in a few hundred milliseconds.
+CONFIG = WorkloadConfig(num_docs=24, doc_tokens=(128, 384), system_tokens=(64, 96),
+                        message_tokens=(16, 48), output_tokens=(8, 16), num_turns=(2, 6),
+                        tool_result_tokens=(32, 96), vocab_size=26)
+OURS = "ours cache_aware"
+
+
+def prompt_text(request: TraceRequest) -> str:
+    """The prompt as letters, one per workload token."""
+    return (np.frombuffer(request.prompt, dtype=np.uint32).astype(np.uint8) + ord("a")).tobytes().decode()
+
+
+def _our_router_config(worker_urls: list[str], weights: dict[str, float]) -> str:
+    lines = ["[models.demo]", 'tokenizer = "demo"', "[policy]", 'name = "cache_aware"',
+             "[policy.weights]", *(f"{name} = {value}" for name, value in weights.items()),
+             "[auth.tenants.bench]", f'key_digests = ["{hash_key(TENANT_KEY)}"]']
+    for i, url in enumerate(worker_urls):
+        lines += ["[[workers]]", f'id = "w{i}"', 'model = "demo"', f'url = "{url}"',
+                  'api_key_env = "RADIX_WORKER_KEY_E2E"']
+    return "\n".join(lines) + "\n"
+
+
+@contextlib.contextmanager
+def _workers(num_workers: int, kv_cache_bytes: str) -> Iterator[list[ManagedProcess]]:
+    started = [start_worker(kv_cache_bytes=kv_cache_bytes, wait=False, api_key=WORKER_KEY)
+               for _ in range(num_workers)]
+    try:
+        for worker in started:
+            worker.wait_ready(READY_TIMEOUT_S)
+        yield started
+    finally:
+        for worker in started:
+            worker.stop()
+
+
+@contextlib.contextmanager
+def _router(setup: str, urls: list[str], log_dir: Path) -> Iterator[tuple[str, str]]:
+    """The router's URL and the key a client sends it. ``setup`` is a peer setup's
+    name, or ours: ``OURS`` optionally followed by ``name=value`` weights."""
+    if setup.startswith(OURS):
+        weights = dict(item.split("=") for item in setup[len(OURS):].split())
+        path = log_dir / "router.toml"
+        path.write_text(_our_router_config(urls, {k: float(v) for k, v in weights.items()}))
+        router = start_process(router_args(path), {"RADIX_WORKER_KEY_E2E": WORKER_KEY})
+        try:
+            deadline = time.monotonic() + READY_TIMEOUT_S
+            while router.get_json("/health")[1]["num_ready_workers"] < len(urls):
+                if time.monotonic() > deadline:
+                    raise RuntimeError("our router: workers not ready")
+                time.sleep(0.1)
+            yield router.url, TENANT_KEY
+        finally:
+            router.stop()
+        return
+    peer = peers.start_peer(peers.PEER_SETUPS[setup], urls, WORKER_KEY, "demo",
+                            log_dir / f"{setup.replace(' ', '_')}.log", READY_TIMEOUT_S)
+    try:
+        yield peer.url, WORKER_KEY
+    finally:
+        peer.stop()
+
+
+async def _drive(url: str, key: str, requests: list[TraceRequest], num_clients: int,
+                 label: str) -> list[tuple[int, int, float | None, int, str | None]]:
+    """(prompt tokens, cached tokens, TTFT, output tokens, error) per request."""
+    client = AsyncOpenAI(base_url=f"{url}/v1", api_key=key, max_retries=0)
+    pending = iter(requests)
+    outcomes: list[tuple[int, int, float | None, int, str | None]] = []
+    bar = tqdm(total=len(requests), desc=label, leave=False)
+
+    async def one(request: TraceRequest) -> tuple[int, int, float | None, int, str | None]:
+        start, ttft, usage = time.perf_counter(), None, None
+        try:
+            stream = await client.completions.create(
+                model="demo", prompt=prompt_text(request), max_tokens=request.num_output_tokens,
+                stream=True, stream_options={"include_usage": True}, extra_body={"ignore_eos": True})
+            async for chunk in stream:
+                if chunk.choices and ttft is None:
+                    ttft = time.perf_counter() - start
+                usage = chunk.usage or usage
+        except Exception as exc:  # counted and reported; the run goes on
+            return request.num_prompt_tokens, 0, ttft, 0, f"{type(exc).__name__}: {exc}"
+        if usage is None or usage.prompt_tokens_details is None:
+            return request.num_prompt_tokens, 0, ttft, 0, "stream ended without usage"
+        return (usage.prompt_tokens, usage.prompt_tokens_details.cached_tokens or 0, ttft,
+                usage.completion_tokens, None)
+
+    async def loop() -> None:
+        for request in pending:
+            outcomes.append(await one(request))
+            bar.update()
+
+    try:
+        await asyncio.gather(*(loop() for _ in range(num_clients)))
+    finally:
+        bar.close()
+        await client.close()
+    return outcomes
+
+
+def _requests_served(worker: ManagedProcess) -> int:
+    status, text = http_json("GET", f"{worker.url}/metrics",
+                             headers={"Authorization": f"Bearer {WORKER_KEY}"})
+    if status != 200:
+        raise RuntimeError(f"worker /metrics answered {status}")
+    found = re.search(r"^request_prompt_tokens_count(?:\{[^}]*\})? (\S+)$", str(text), re.M)
+    return int(float(found.group(1))) if found else 0
+
+
+def run_setup(setup: str, requests: list[TraceRequest], args: argparse.Namespace) -> dict[str, object]:
+    """One router setup on fresh workers: drive the trace and summarize."""
+    with _workers(args.workers, args.kv_cache_bytes) as workers, \
+            tempfile.TemporaryDirectory(prefix="e2e-") as tmp:
+        urls = [w.url for w in workers]
+        with _router(setup, urls, Path(tmp)) as (url, key):
+            before = [_requests_served(w) for w in workers]
+            start = time.perf_counter()
+            outcomes = asyncio.run(_drive(url, key, requests, args.clients, setup))
+            wall_s = time.perf_counter() - start
+            per_worker = [_requests_served(w) - b for w, b in zip(workers, before, strict=True)]
+    ok = [o for o in outcomes if o[4] is None]
+    ttft = np.array([o[2] for o in ok if o[2] is not None]) if ok else np.array([np.nan])
+    mean = max(float(np.mean(per_worker)), 1e-9)
+    return {
+        "num_requests": len(outcomes),
+        "num_errors": len(outcomes) - len(ok),
+        "first_error": next((o[4] for o in outcomes if o[4]), None),
+        "cached_fraction": sum(o[1] for o in ok) / max(sum(o[0] for o in ok), 1),
+        "ttft_p50_s": float(np.percentile(ttft, 50)),
+        "ttft_p99_s": float(np.percentile(ttft, 99)),
+        "output_tokens_per_s": sum(o[3] for o in ok) / wall_s,
+        "requests_per_worker": per_worker,
+        "max_over_mean_load": max(per_worker) / mean,
+        "wall_s": wall_s,
+    }
+
+
+def main(argv: list[str] | None = None) -> dict:
+    """Ours and every installed peer setup on the same trace; prints a table."""
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--workers", type=int, default=4)
+    parser.add_argument("--workload", default="chat")
+    parser.add_argument("--requests", type=int, default=200)
+    parser.add_argument("--clients", type=int, default=8)
+    parser.add_argument("--kv-cache-bytes", default="16MiB", help="per worker")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--our-weights", nargs="*", default=[], metavar="NAME=VALUE",
+                        help="also run ours with these policy weights (to check a change)")
+    parser.add_argument("--without-peers", action="store_true", help="our router only")
+    args = parser.parse_args(argv)
+    requests = list(generate(args.workload, args.requests, 1.0, args.seed, config=CONFIG))
+    found = {m: False for m in ("sglang_router", "vllm_router")} if args.without_peers else peers.available()
+    setups = [OURS] + ([" ".join([OURS, *args.our_weights])] if args.our_weights else [])
+    setups += [name for name, s in peers.PEER_SETUPS.items() if found[s.module]]
+    missing = [module for module, ok in found.items() if not ok]
+    if missing:
+        print(f"peer routers not installed ({', '.join(missing)}): run `make bench-peers`; "
+              "going on without them")
+    results: dict[str, object] = {"workload": args.workload, "num_workers": args.workers,
+                                  "missing_peers": missing}
+    print(f"{'router':<28}{'reqs':>5}{'errs':>5}{'cached':>8}{'p50 ms':>8}{'p99 ms':>8}"
+          f"{'tok/s':>7}{'max/mean':>9}  requests per worker")
+    for setup in setups:
+        r = results[setup] = run_setup(setup, requests, args)
+        print(f"{setup:<28}{r['num_requests']:>5}{r['num_errors']:>5}{r['cached_fraction']:>8.1%}"
+              f"{1e3 * r['ttft_p50_s']:>8.0f}{1e3 * r['ttft_p99_s']:>8.0f}"
+              f"{r['output_tokens_per_s']:>7.0f}{r['max_over_mean_load']:>9.2f}  "
+              f"{'/'.join(map(str, r['requests_per_worker']))}", flush=True)
+        if r["first_error"]:
+            print(f"  first error: {r['first_error']}")
+    return results
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,148 @@
+"""``make bench`` / ``make bench-quick``: the routing report in bench/results/<date>/.
+
+Runs, in one process and one sitting so every ratio compares runs of the same
+machine state: the simulator (``bench.sim``) for every policy on every workload at
+each worker count, its scaling with workers and requests, the cached fraction
+against the KV capacity; the end-to-end run (``bench.e2e``) of our router and the
+installed peer routers in front of the same workers; and the radix core
+(``bench.radix_bench``). Writes ``results.json``, ``summary.md`` (the tables, with
+the command that made them) and PNG plots (matplotlib; without it the plots are
+skipped and the summary says so). The other micro-benchmarks run with
+``python -m bench NAME``.
+
+Run: ``python -m bench.report [--quick] [--out DIR]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import sys
+import time
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+from bench import e2e, radix_bench
+from bench.report_write import write_plots, write_summary
+from bench.sim import RATES, SIM_POLICIES, SimConfig, simulate
+
+
+@dataclass(frozen=True)
+class Plan:
+    """Sizes of one report."""
+
+    workers: tuple[int, ...]
+    workloads: tuple[str, ...]
+    requests_per_worker: int
+    min_requests: int
+    max_requests: int
+    scaling_workers: tuple[int, ...]
+    scaling_requests: tuple[int, ...]
+    cache_sizes: tuple[int, ...]
+    e2e_args: tuple[str, ...]
+    radix_requests: int
+
+
+FULL = Plan(workers=(8, 32, 256), workloads=("rag", "chat", "agent", "multitenant"),
+            requests_per_worker=100, min_requests=3000, max_requests=4000,
+            scaling_workers=(8, 32, 128, 256), scaling_requests=(2000, 4000, 8000),
+            cache_sizes=(25_000, 50_000, 100_000, 200_000, 400_000),
+            e2e_args=("--workers", "4", "--requests", "300", "--clients", "16"),
+            radix_requests=20_000)
+QUICK = Plan(workers=(8,), workloads=("rag", "chat"), requests_per_worker=60,
+             min_requests=500, max_requests=500, scaling_workers=(4, 8, 16),
+             scaling_requests=(250, 500), cache_sizes=(50_000, 200_000),
+             e2e_args=("--workers", "2", "--requests", "24", "--clients", "4"),
+             radix_requests=2000)
+CACHE_POLICIES = ("cache_aware", "threshold_default", "threshold_tuned", "consistent_hash", "round_robin")
+
+
+def _requests(plan: Plan, num_workers: int) -> int:
+    return max(plan.min_requests, min(plan.max_requests, plan.requests_per_worker * num_workers))
+
+
+def run_sim(plan: Plan) -> dict[str, dict]:
+    """Every policy on every workload at every worker count."""
+    results: dict[str, dict] = {}
+    print(f"{'workload':<12}{'w':>4}{'policy':<19}{'cached':>8}{'p50 ms':>8}{'p99 ms':>8}"
+          f"{'req/s':>8}{'max/mean':>9}{'wall s':>8}")
+    for num_workers in plan.workers:
+        for workload in plan.workloads:
+            for policy in SIM_POLICIES:
+                r = simulate(policy, num_workers, workload, _requests(plan, num_workers),
+                             RATES[workload])
+                results[f"{workload}/{num_workers}/{policy}"] = r
+                print(f"{workload:<12}{num_workers:>4} {policy:<18}{r['cached_fraction']:>8.3f}"
+                      f"{1e3 * r['ttft_p50_s']:>8.0f}{1e3 * r['ttft_p99_s']:>8.0f}"
+                      f"{r['requests_per_s']:>8.0f}{r['max_over_mean_load']:>9.2f}{r['wall_s']:>8.1f}",
+                      flush=True)
+    return results
+
+
+def run_scaling(plan: Plan) -> dict[str, list]:
+    """Simulator wall time for ours on rag: against workers (``requests_per_worker``
+    each), and against requests at the largest worker count of ``plan.workers``."""
+    by_workers = []
+    for num_workers in plan.scaling_workers:
+        n = plan.requests_per_worker * num_workers // 4
+        r = simulate("cache_aware", num_workers, "rag", n, RATES["rag"])
+        by_workers.append({"num_workers": num_workers, "num_requests": n, "wall_s": r["wall_s"]})
+        print(f"scaling: {num_workers} workers, {n} requests: {r['wall_s']:.1f} s", flush=True)
+    by_requests = []
+    num_workers = plan.scaling_workers[len(plan.scaling_workers) // 2]
+    for n in plan.scaling_requests:
+        r = simulate("cache_aware", num_workers, "rag", n, RATES["rag"])
+        by_requests.append({"num_workers": num_workers, "num_requests": n, "wall_s": r["wall_s"]})
+        print(f"scaling: {num_workers} workers, {n} requests: {r['wall_s']:.1f} s", flush=True)
+    return {"by_workers": by_workers, "by_requests": by_requests}
+
+
+def run_cache_sizes(plan: Plan) -> dict[str, list]:
+    """Cached fraction and TTFT p99 against the per-worker KV capacity, 8 workers, rag."""
+    results: dict[str, list] = {}
+    for policy in CACHE_POLICIES:
+        rows = []
+        for capacity in plan.cache_sizes:
+            r = simulate(policy, 8, "rag", plan.min_requests, RATES["rag"],
+                         config=replace(SimConfig(), kv_capacity_tokens=capacity))
+            rows.append({"kv_capacity_tokens": capacity, **{k: r[k] for k in (
+                "cached_fraction", "ttft_p99_s", "max_over_mean_load")}})
+        results[policy] = rows
+        print(f"cache sizes, {policy}: " + ", ".join(f"{row['kv_capacity_tokens'] // 1000}k "
+              f"{row['cached_fraction']:.3f}" for row in rows), flush=True)
+    return results
+
+
+def main(argv: list[str] | None = None) -> Path:
+    """Run the plan and write the report; returns its directory."""
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--quick", action="store_true", help="the small plan (under 3 minutes)")
+    parser.add_argument("--out", type=Path, default=None)
+    args = parser.parse_args(argv)
+    plan = QUICK if args.quick else FULL
+    out = args.out or Path(__file__).parent / "results" / time.strftime("%Y-%m-%d")
+    out.mkdir(parents=True, exist_ok=True)
+    start = time.perf_counter()
+    report: dict[str, object] = {"machine": platform.platform(), "started": time.strftime("%Y-%m-%d %H:%M:%S"),
+                                 "command": " ".join(["python -m bench.report", *(argv or sys.argv[1:])]),
+                                 "plan": plan.__dict__, "rates": RATES}
+    print("=== simulator ===", flush=True)
+    report["sim"] = run_sim(plan)
+    report["scaling"] = run_scaling(plan)
+    report["cache_sizes"] = run_cache_sizes(plan)
+    print("=== end to end ===", flush=True)
+    report["e2e"] = e2e.main(list(plan.e2e_args))
+    print("=== radix core ===", flush=True)
+    report["radix"] = radix_bench.main(["--requests", str(plan.radix_requests)])
+    report["sglang_radix"] = report["radix"]["sglang_radix"]
+    report["wall_s"] = time.perf_counter() - start
+    (out / "results.json").write_text(json.dumps(report, indent=2, default=str))
+    plots = write_plots(report, out)
+    write_summary(report, plots, out)
+    print(f"report written to {out} in {report['wall_s']:.0f} s")
+    return out
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,152 @@
+"""The routing report's files: ``summary.md`` (tables) and PNG plots, from the numbers
+``bench.report`` collected. Plots need matplotlib (the ``bench`` extra); without it
+they are skipped and the summary says so."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+PEER_POLICIES = ("threshold_default", "threshold_tuned")
+
+
+def sim_table(report: dict) -> list[str]:
+    """One row per (workload, workers, policy), with our p99 against the rule's best."""
+    lines = ["| workload | workers | policy | cached | TTFT p50 ms | TTFT p99 ms | req/s | max/mean |",
+             "|---|---:|---|---:|---:|---:|---:|---:|"]
+    for key, r in report["sim"].items():
+        workload, workers, policy = key.split("/")
+        lines.append(f"| {workload} | {workers} | {policy} | {r['cached_fraction']:.3f} | "
+                     f"{1e3 * r['ttft_p50_s']:.0f} | {1e3 * r['ttft_p99_s']:.0f} | "
+                     f"{r['requests_per_s']:.0f} | {r['max_over_mean_load']:.2f} |")
+    return lines
+
+
+def sim_targets(report: dict) -> list[str]:
+    """Per (workload, workers): is ours lowest in TTFT p99, at least 10% under the
+    threshold rule's best, with cached fraction no lower than any policy's at
+    max/mean <= 1.25?"""
+    groups: dict[tuple[str, str], dict[str, dict]] = {}
+    for key, r in report["sim"].items():
+        workload, workers, policy = key.split("/")
+        groups.setdefault((workload, workers), {})[policy] = r
+    lines = ["| workload | workers | ours p99 ms | rule best p99 ms | ours/rule | lowest p99 | "
+             "ours cached | best cached at max/mean <= 1.25 | ours max/mean |",
+             "|---|---:|---:|---:|---:|---|---:|---:|---:|"]
+    for (workload, workers), runs in groups.items():
+        ours = runs["cache_aware"]
+        rule = min((runs[p] for p in PEER_POLICIES), key=lambda r: r["ttft_p99_s"])
+        lowest = min(runs, key=lambda p: runs[p]["ttft_p99_s"])
+        balanced = [r["cached_fraction"] for p, r in runs.items()
+                    if p != "cache_aware" and r["max_over_mean_load"] <= 1.25]
+        lines.append(f"| {workload} | {workers} | {1e3 * ours['ttft_p99_s']:.0f} | "
+                     f"{1e3 * rule['ttft_p99_s']:.0f} | {ours['ttft_p99_s'] / rule['ttft_p99_s']:.2f} | "
+                     f"{lowest} | {ours['cached_fraction']:.3f} | "
+                     f"{max(balanced) if balanced else float('nan'):.3f} | {ours['max_over_mean_load']:.2f} |")
+    return lines
+
+
+def e2e_table(report: dict) -> list[str]:
+    """One row per router setup of the end-to-end run."""
+    e2e = report["e2e"]
+    lines = [f"workload `{e2e['workload']}`, {e2e['num_workers']} demo workers"
+             + (f"; not installed: {', '.join(e2e['missing_peers'])}" if e2e["missing_peers"] else ""),
+             "", "| router | requests | errors | cached | TTFT p50 ms | TTFT p99 ms | output tok/s | "
+             "max/mean | requests per worker |", "|---|---:|---:|---:|---:|---:|---:|---:|---|"]
+    for setup, r in e2e.items():
+        if not isinstance(r, dict):
+            continue
+        lines.append(f"| {setup} | {r['num_requests']} | {r['num_errors']} | {r['cached_fraction']:.3f} | "
+                     f"{1e3 * r['ttft_p50_s']:.0f} | {1e3 * r['ttft_p99_s']:.0f} | "
+                     f"{r['output_tokens_per_s']:.0f} | {r['max_over_mean_load']:.2f} | "
+                     f"{'/'.join(map(str, r['requests_per_worker']))} |")
+    return lines
+
+
+def write_summary(report: dict, plots: list[str] | None, out: Path) -> None:
+    """``summary.md``: command, machine, every table, the plots."""
+    scaling = report["scaling"]
+    lines = [f"# Routing report ({report['started']})", "",
+             f"Command: `{report['command']}` (`make bench` / `make bench-quick`); machine "
+             f"`{report['machine']}`, shared with other jobs while it ran, so compare rows "
+             f"of one run (ratios), not runs. Wall time {report['wall_s']:.0f} s.", "",
+             "## Simulator", "", f"Session starts per second per worker: {report['rates']}.", "",
+             *sim_table(report), "", "### Targets", "", *sim_targets(report), "",
+             "### Simulator scaling (ours, rag)", "", "| workers | requests | wall s |", "|---:|---:|---:|",
+             *(f"| {r['num_workers']} | {r['num_requests']} | {r['wall_s']:.1f} |"
+               for r in scaling["by_workers"] + scaling["by_requests"]), "",
+             "### Cached fraction against KV capacity (8 workers, rag)", "",
+             "| policy | " + " | ".join(f"{row['kv_capacity_tokens'] // 1000}k tokens"
+                                      for row in next(iter(report["cache_sizes"].values()))) + " |",
+             "|---|" + "---:|" * len(next(iter(report["cache_sizes"].values()))),
+             *(f"| {policy} | " + " | ".join(f"{row['cached_fraction']:.3f}" for row in rows) + " |"
+               for policy, rows in report["cache_sizes"].items()), "",
+             "## End to end, same workers", "", *e2e_table(report), "",
+             "## Radix core", "", f"SGLang RadixCache: {report['sglang_radix']}.", ""]
+    lines += ["## Plots", ""] + ([f"![{p}]({p})" for p in plots] if plots is not None
+                                 else ["matplotlib is not installed (pip install -e '.[bench]'): no plots."])
+    (out / "summary.md").write_text("\n".join(lines) + "\n")
+
+
+def write_plots(report: dict, out: Path) -> list[str] | None:
+    """The PNGs (names returned), or None without matplotlib."""
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return None
+    names = []
+    groups: dict[tuple[str, str], dict[str, dict]] = {}
+    for key, r in report["sim"].items():
+        workload, workers, policy = key.split("/")
+        groups.setdefault((workload, workers), {})[policy] = r
+    fig, axes = plt.subplots(2, len(groups), figsize=(3.2 * len(groups), 6), squeeze=False)
+    for i, ((workload, workers), runs) in enumerate(groups.items()):
+        policies = list(runs)
+        axes[0][i].bar(policies, [1e3 * runs[p]["ttft_p99_s"] for p in policies])
+        axes[0][i].set_title(f"{workload}, {workers} workers", fontsize=8)
+        axes[1][i].bar(policies, [runs[p]["cached_fraction"] for p in policies])
+        for ax in (axes[0][i], axes[1][i]):
+            ax.tick_params(axis="x", labelrotation=90, labelsize=6)
+    axes[0][0].set_ylabel("TTFT p99 (ms)")
+    axes[1][0].set_ylabel("cached fraction")
+    names.append(_save(fig, out, "sim_ttft_cached.png"))
+    e2e = {k: v for k, v in report["e2e"].items() if isinstance(v, dict)}
+    fig, axes = plt.subplots(1, 3, figsize=(13, 3.5))
+    labels = list(e2e)
+    axes[0].bar(labels, [1e3 * e2e[s]["ttft_p99_s"] for s in labels])
+    axes[0].set_ylabel("TTFT p99 (ms)")
+    axes[1].bar(labels, [e2e[s]["cached_fraction"] for s in labels])
+    axes[1].set_ylabel("cached fraction")
+    for j, s in enumerate(labels):
+        per = e2e[s]["requests_per_worker"]
+        axes[2].scatter([j] * len(per), per)
+    axes[2].set_xticks(range(len(labels)), labels)
+    axes[2].set_ylabel("requests per worker")
+    for ax in axes:
+        ax.tick_params(axis="x", labelrotation=60, labelsize=7)
+    names.append(_save(fig, out, "e2e_ttft_cached_load.png"))
+    fig, axes = plt.subplots(1, 2, figsize=(9, 3.5))
+    for ax, rows, field in ((axes[0], report["scaling"]["by_workers"], "num_workers"),
+                            (axes[1], report["scaling"]["by_requests"], "num_requests")):
+        ax.plot([r[field] for r in rows], [r["wall_s"] for r in rows], marker="o")
+        ax.set_xlabel(field.replace("num_", ""))
+        ax.set_ylabel("simulator wall s")
+    names.append(_save(fig, out, "sim_scaling.png"))
+    fig, ax = plt.subplots(figsize=(5, 3.5))
+    for policy, rows in report["cache_sizes"].items():
+        ax.plot([r["kv_capacity_tokens"] for r in rows], [r["cached_fraction"] for r in rows],
+                marker="o", label=policy)
+    ax.set_xscale("log")
+    ax.set_xlabel("KV capacity per worker (tokens)")
+    ax.set_ylabel("cached fraction")
+    ax.legend(fontsize=7)
+    names.append(_save(fig, out, "cache_size.png"))
+    return names
+
+
+def _save(fig, out: Path, name: str) -> str:
+    fig.tight_layout()
+    fig.savefig(out / name, dpi=110)
+    fig.clear()
+    return name

@@ -1,0 +1,373 @@
+"""Cluster simulator: policies on the same workload, with our real index and policy code.
+
+Grown from ``bench.routing_quality``: N simulated workers, each a ``SimCache`` (our
+``RadixTree`` with LRU eviction under a KV capacity in tokens, speaking the KV event
+protocol) and a continuous-batching engine reduced to its timing: prefill one request
+at a time in arrival order at ``prefill_s_per_token`` per uncached token (slowed by
+``prefill_interference`` per running decode), at most ``max_num_seqs`` requests
+decoding, a decode step of ``decode_step_s`` plus ``decode_step_s_per_running`` per
+running request. The router side is the real ``RouterIndex`` and the real policies,
+seeing load as a real router does: each worker's load polled every ``poll_interval_s``
+plus the router's own in-flight counts, updated at decision time; our policies read an
+exact index fed by the workers' KV events, the peers' rule (``bench.peer_rule``) an
+approximate one of what it routed (the peers get no KV events), shared by all tenants.
+
+The workload streams from ``bench.workloads`` in arrival order, so memory holds only
+the requests in flight. Output per policy: cached fraction (tokens the workers served
+from cache / prompt tokens), TTFT p50/p99, throughput, max/mean requests per worker,
+and the cached fraction over time.
+
+Run: ``python -m bench sim [--workers 8 32] [--workloads rag chat] [--requests N]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import heapq
+import itertools
+import time
+from collections import deque
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from bench.peer_rule import DEFAULT_THRESHOLDS, TUNED_THRESHOLDS, ThresholdPolicy
+from bench.sim_cache import SimCache
+from bench.workloads import TraceRequest, WorkloadConfig, generate
+from radix.events import KVEvent
+from radix.keys import TOKEN_BYTES
+from radix.tree import PUBLIC, RadixTree, Scope
+from router.routing.index import IndexConfig, RouterIndex, WorkerId
+from router.routing.policy import (
+    POLICIES,
+    Policy,
+    RandomPolicy,
+    RouteRequest,
+    WorkerView,
+    make_policy,
+)
+
+NAMESPACE = "5a" * 32
+NUM_TIME_BUCKETS = 20
+# Session starts per second per worker: each workload at a load where queueing shows.
+RATES = {"rag": 3.0, "chat": 2.0, "agent": 0.4, "multitenant": 4.0}
+
+
+@dataclass(frozen=True)
+class SimConfig:
+    """A worker's timing and capacity, and the router's poll interval."""
+
+    kv_capacity_tokens: int = 200_000
+    prefill_s_per_token: float = 50e-6
+    prefill_interference: float = 0.005
+    decode_step_s: float = 0.010
+    decode_step_s_per_running: float = 0.0002
+    max_num_seqs: int = 64
+    poll_interval_s: float = 1.0
+    block_size: int = 16
+
+
+@dataclass
+class Job:
+    """One request in the simulator: the trace request and what happened to it."""
+
+    request: TraceRequest
+    worker: int = 0
+    num_counted_tokens: int = 0
+    num_cached_tokens: int = 0
+    first_token_s: float = 0.0
+
+
+# A policy for the simulator: its router-side index mode and a fresh policy object.
+@dataclass(frozen=True)
+class PolicySpec:
+    """A policy as the simulator runs it: ``make`` builds it (seeded), ``exact`` says
+    whether its router reads KV events (ours) or only what it routed (the peers)."""
+
+    make: Callable[[int], Policy]
+    exact: bool = True
+
+
+def _ours(name: str, weights: dict[str, float] | None = None) -> PolicySpec:
+    if name == RandomPolicy.name:
+        return PolicySpec(lambda seed: RandomPolicy(seed=seed))
+    return PolicySpec(lambda seed: make_policy(name, weights))
+
+
+SIM_POLICIES: dict[str, PolicySpec] = {
+    **{name: _ours(name) for name in POLICIES},
+    "threshold_default": PolicySpec(lambda seed: ThresholdPolicy(**DEFAULT_THRESHOLDS), exact=False),
+    "threshold_tuned": PolicySpec(lambda seed: ThresholdPolicy(**TUNED_THRESHOLDS), exact=False),
+}
+
+
+class PlainCache:
+    """``SimCache`` without the KV event protocol, for routers that read none: the same
+    ``RadixTree`` and LRU eviction under the same capacity; ``insert`` returns no
+    events (hashing every block for events nobody reads dominates a large run)."""
+
+    def __init__(self, capacity_tokens: int):
+        self.capacity_tokens = capacity_tokens
+        self.tree: RadixTree[None] = RadixTree()
+
+    def match(self, key: bytes, scope: str) -> int:
+        """Cached tokens of ``key`` visible to ``scope`` (counts as a use)."""
+        return self.tree.match(key, Scope(scope)).num_matched_tokens
+
+    def insert(self, key: bytes, scope: str, num_public_tokens: int = 0) -> list[KVEvent]:
+        """Cache ``key`` (its first ``num_public_tokens`` as PUBLIC) and evict LRU leaves
+        down to the capacity."""
+        if num_public_tokens:
+            self.tree.insert(key[: num_public_tokens * TOKEN_BYTES], PUBLIC)
+        self.tree.insert(key, Scope(scope))
+        excess = self.tree.num_tokens() - self.capacity_tokens
+        if excess > 0:
+            self.tree.evict(excess)
+        return []
+
+
+class SimWorker:
+    """One worker's engine timing and cache (see the module docstring)."""
+
+    def __init__(self, index: int, cluster: Cluster):
+        self.index = index
+        self.worker_id = WorkerId(f"w{index}")
+        self.cluster = cluster
+        config = cluster.config
+        self.config = config
+        self.cache: SimCache | PlainCache = (
+            SimCache(self.worker_id, NAMESPACE, config.kv_capacity_tokens, config.block_size)
+            if cluster.exact else PlainCache(config.kv_capacity_tokens))
+        self.queue: deque[Job] = deque()
+        self.num_waiting_tokens = 0
+        self.prefilling = False
+        self.num_decoding = 0
+        self.num_requests = 0
+        self.busy_s = 0.0
+
+    def load(self) -> tuple[int, int, float]:
+        """What ``/info`` reports: running requests, prompt tokens waiting, KV usage."""
+        running = self.num_decoding + self.prefilling
+        return running, self.num_waiting_tokens, self.cache.tree.num_tokens() / self.config.kv_capacity_tokens
+
+    def admit(self, job: Job) -> None:
+        """Take ``job`` now: match its prefix (an engine's admission) and queue it."""
+        request = job.request
+        cached = self.cache.match(request.prompt, request.tenant)
+        job.num_cached_tokens = min(cached, request.num_prompt_tokens - 1)
+        self.num_waiting_tokens += request.num_prompt_tokens - job.num_cached_tokens
+        self.num_requests += 1
+        self.queue.append(job)
+        self._start_prefill()
+
+    def _start_prefill(self) -> None:
+        if self.prefilling or not self.queue or self.num_decoding >= self.config.max_num_seqs:
+            return
+        job = self.queue.popleft()
+        uncached = job.request.num_prompt_tokens - job.num_cached_tokens
+        self.num_waiting_tokens -= uncached
+        self.prefilling = True
+        prefill_s = uncached * self.config.prefill_s_per_token * (
+            1 + self.config.prefill_interference * self.num_decoding)
+        self.busy_s += prefill_s
+        self.cluster.at(self.cluster.now + prefill_s, lambda: self._prefilled(job))
+
+    def _prefilled(self, job: Job) -> None:
+        request = job.request
+        self.prefilling = False
+        self.cluster.deliver(self, self.cache.insert(request.prompt, request.tenant, request.num_public_tokens))
+        self.cluster.first_token(job)
+        step_s = self.config.decode_step_s + self.config.decode_step_s_per_running * self.num_decoding
+        self.num_decoding += 1
+        self.cluster.at(self.cluster.now + request.num_output_tokens * step_s, lambda: self._finish(job))
+        self._start_prefill()
+
+    def _finish(self, job: Job) -> None:
+        request = job.request
+        self.num_decoding -= 1
+        self.cluster.deliver(self, self.cache.insert(request.prompt + request.output, request.tenant,
+                                                     request.num_public_tokens))
+        self.cluster.finish(job)
+        self._start_prefill()
+
+
+@dataclass
+class Results:
+    """Per-request outcomes, appended as requests finish."""
+
+    arrival_s: list[float] = field(default_factory=list)
+    ttft_s: list[float] = field(default_factory=list)
+    num_prompt_tokens: list[int] = field(default_factory=list)
+    num_cached_tokens: list[int] = field(default_factory=list)
+    num_output_tokens: list[int] = field(default_factory=list)
+    end_s: float = 0.0
+
+
+class Cluster:
+    """Simulated workers behind a router running ``policy`` over ``RouterIndex``; an
+    event loop over simulated seconds (ties run in scheduling order). With
+    ``kv_events`` our policies read an exact index fed by the workers' KV events;
+    without, and always for the peers' rule, the router's index is approximate: what
+    it routed to each worker, kept up to ``approximate_capacity_tokens`` (LRU) with no
+    TTL, as the peers keep it and as our router does for workers without events."""
+
+    def __init__(self, spec: PolicySpec, num_workers: int, config: SimConfig, seed: int = 0,
+                 kv_events: bool = True, approximate_capacity_tokens: int = 2**24):
+        self.now = 0.0
+        self.config = config
+        self.policy = spec.make(seed)
+        self.exact = spec.exact and kv_events
+        self.shared_tree = not spec.exact
+        self.index = RouterIndex(IndexConfig(approximate_ttl_s=1e12), clock=lambda: self.now)
+        self.workers = [SimWorker(i, self) for i in range(num_workers)]
+        if not self.exact:
+            for w in self.workers:
+                self.index.set_approximate(w.worker_id, approximate_capacity_tokens)
+        self.in_flight = [[0, 0] for _ in self.workers]
+        self.polled = [(0, 0, 0.0)] * num_workers
+        self.next_poll_s = 0.0
+        self.results = Results()
+        self._heap: list[tuple[float, int, Callable[[], None]]] = []
+        self._order = itertools.count()
+
+    def at(self, when: float, action: Callable[[], None]) -> None:
+        """Run ``action`` at simulated time ``when``."""
+        heapq.heappush(self._heap, (when, next(self._order), action))
+
+    def run(self, requests: Iterator[TraceRequest]) -> Results:
+        """Feed ``requests`` (in arrival order) and run until every one has finished."""
+        def arrive(request: TraceRequest) -> None:
+            self.submit(request)
+            following = next(requests, None)
+            if following is not None:
+                self.at(following.arrival_s, lambda: arrive(following))
+
+        first = next(requests, None)
+        if first is not None:
+            self.at(first.arrival_s, lambda: arrive(first))
+        while self._heap:
+            self.now, _, action = heapq.heappop(self._heap)
+            action()
+        self.results.end_s = self.now
+        return self.results
+
+    def _scope(self, request: TraceRequest) -> str:
+        return PUBLIC if self.shared_tree else request.tenant
+
+    def submit(self, request: TraceRequest) -> None:
+        """Route ``request`` now: match, choose, note, count, forward."""
+        if self.now >= self.next_poll_s:
+            self.polled = [w.load() for w in self.workers]
+            self.next_poll_s = self.now + self.config.poll_interval_s
+        scope = self._scope(request)
+        matched = self.index.match(NAMESPACE, request.prompt, scope)
+        views = [WorkerView(w.worker_id, matched.get(w.worker_id, 0), *self.in_flight[w.index],
+                            *self.polled[w.index]) for w in self.workers]
+        decision = self.policy.choose(RouteRequest(NAMESPACE, request.prompt, request.num_prompt_tokens,
+                                                   scope), views)
+        self.index.note_routed(NAMESPACE, decision.chosen, request.prompt, scope)
+        job = Job(request, int(decision.chosen[1:]),
+                  request.num_prompt_tokens - decision.num_matched_tokens)
+        self.in_flight[job.worker][0] += 1
+        self.in_flight[job.worker][1] += job.num_counted_tokens
+        self.workers[job.worker].admit(job)
+
+    def first_token(self, job: Job) -> None:
+        """The job's prefill ended: its uncached tokens leave the in-flight count."""
+        job.first_token_s = self.now
+        self.in_flight[job.worker][1] -= job.num_counted_tokens
+
+    def finish(self, job: Job) -> None:
+        """The job ended: it leaves the in-flight count and is recorded."""
+        self.in_flight[job.worker][0] -= 1
+        r, request = self.results, job.request
+        r.arrival_s.append(request.arrival_s)
+        r.ttft_s.append(job.first_token_s - request.arrival_s)
+        r.num_prompt_tokens.append(request.num_prompt_tokens)
+        r.num_cached_tokens.append(job.num_cached_tokens)
+        r.num_output_tokens.append(request.num_output_tokens)
+
+    def deliver(self, worker: SimWorker, events: list[KVEvent]) -> None:
+        """A worker's KV events reach the router (exact mode only)."""
+        if self.exact:
+            for event in events:
+                self.index.apply_event(worker.worker_id, event)
+
+
+def summarize(cluster: Cluster, wall_s: float) -> dict[str, object]:
+    """The numbers of one run (module docstring), JSON-ready."""
+    r = cluster.results
+    ttft = np.array(r.ttft_s)
+    prompt = np.array(r.num_prompt_tokens, dtype=np.float64)
+    cached = np.array(r.num_cached_tokens, dtype=np.float64)
+    per_worker = np.array([w.num_requests for w in cluster.workers], dtype=np.float64)
+    buckets = np.minimum((np.array(r.arrival_s) / max(r.arrival_s[-1], 1e-9) * NUM_TIME_BUCKETS).astype(int),
+                         NUM_TIME_BUCKETS - 1)
+    over_time = [float(cached[buckets == b].sum() / max(prompt[buckets == b].sum(), 1.0))
+                 for b in range(NUM_TIME_BUCKETS)]
+    return {
+        "num_requests": len(ttft),
+        "cached_fraction": float(cached.sum() / prompt.sum()),
+        "ttft_p50_s": float(np.percentile(ttft, 50)),
+        "ttft_p99_s": float(np.percentile(ttft, 99)),
+        "ttft_mean_s": float(ttft.mean()),
+        "requests_per_s": len(ttft) / r.end_s,
+        "tokens_per_s": float((prompt.sum() + sum(r.num_output_tokens)) / r.end_s),
+        "max_over_mean_load": float(per_worker.max() / per_worker.mean()),
+        "requests_per_worker": per_worker.astype(int).tolist(),
+        "cached_fraction_over_time": over_time,
+        "wall_s": wall_s,
+    }
+
+
+def simulate(policy: str, num_workers: int, workload: str, num_requests: int,
+             rate_per_worker: float, seed: int = 0, config: SimConfig | None = None,
+             workload_config: WorkloadConfig | None = None, arrival: str = "poisson",
+             kv_events: bool = True) -> dict[str, object]:
+    """One run of ``policy`` (a ``SIM_POLICIES`` name) on ``num_workers`` workers:
+    ``num_requests`` requests of ``workload``, sessions starting at
+    ``rate_per_worker * num_workers`` per second (``kv_events``: see ``Cluster``)."""
+    config = config or SimConfig()
+    cluster = Cluster(SIM_POLICIES[policy], num_workers, config, seed, kv_events,
+                      config.kv_capacity_tokens)
+    requests = generate(workload, num_requests, rate_per_worker * num_workers, seed, arrival,
+                        workload_config)
+    start = time.perf_counter()
+    cluster.run(requests)
+    return summarize(cluster, time.perf_counter() - start)
+
+
+def main(argv: list[str] | None = None) -> dict:
+    """Every selected policy on every workload and worker count; prints a table and
+    returns the numbers by ``workload/workers/policy``."""
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--workers", type=int, nargs="+", default=[8, 32])
+    parser.add_argument("--workloads", nargs="+", default=["rag", "chat", "agent", "multitenant"])
+    parser.add_argument("--policies", nargs="+", default=list(SIM_POLICIES), choices=list(SIM_POLICIES))
+    parser.add_argument("--requests", type=int, default=3000)
+    parser.add_argument("--rate", type=float, default=None,
+                        help="session starts per second per worker (default: per workload)")
+    parser.add_argument("--arrival", default="poisson", choices=["poisson", "bursty"])
+    parser.add_argument("--no-kv-events", action="store_true",
+                        help="our policies read an approximate index (faster at scale)")
+    args = parser.parse_args(argv)
+    results: dict[str, dict] = {}
+    print(f"{'workload':<12}{'w':>4} {'policy':<18}{'cached':>8}{'p50 ms':>8}{'p99 ms':>8}"
+          f"{'req/s':>8}{'max/mean':>9}{'wall s':>8}")
+    for num_workers in args.workers:
+        for workload in args.workloads:
+            for policy in args.policies:
+                r = simulate(policy, num_workers, workload, args.requests,
+                             args.rate or RATES[workload], arrival=args.arrival,
+                             kv_events=not args.no_kv_events)
+                results[f"{workload}/{num_workers}/{policy}"] = r
+                print(f"{workload:<12}{num_workers:>4} {policy:<18}{r['cached_fraction']:>8.3f}"
+                      f"{1e3 * r['ttft_p50_s']:>8.0f}{1e3 * r['ttft_p99_s']:>8.0f}"
+                      f"{r['requests_per_s']:>8.0f}{r['max_over_mean_load']:>9.2f}{r['wall_s']:>8.1f}",
+                      flush=True)
+    return results
+
+
+if __name__ == "__main__":
+    main()

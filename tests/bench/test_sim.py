@@ -1,0 +1,58 @@
+"""The cluster simulator on a case small enough to work out by hand."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from bench.sim import SIM_POLICIES, Cluster, SimConfig, simulate, summarize
+from bench.workloads import TraceRequest, WorkloadConfig
+
+CONFIG = SimConfig(kv_capacity_tokens=1_000_000, prefill_s_per_token=0.001, prefill_interference=0.0,
+                   decode_step_s=0.01, decode_step_s_per_running=0.0, max_num_seqs=4)
+
+
+def tokens(start: int, n: int) -> bytes:
+    return np.arange(start, start + n, dtype=np.uint32).tobytes()
+
+
+def two_requests() -> list[TraceRequest]:
+    first = TraceRequest(0.0, "t", "s", tokens(0, 100), tokens(1000, 10))
+    # Arrives after the first one's prefill (0.1 s): its first 64 tokens are cached there.
+    second = TraceRequest(0.15, "t", "s", tokens(0, 64) + tokens(500, 36), tokens(2000, 10))
+    return [first, second]
+
+
+@pytest.mark.parametrize(("policy", "workers", "cached", "ttft"), [
+    # cache_aware: w0 costs 36 uncached + 16 (one running request) + KV pressure < 100 on w1.
+    ("cache_aware", [2, 0], [0, 64], [0.100, 0.036]),
+    ("round_robin", [1, 1], [0, 0], [0.100, 0.100]),
+])
+def test_two_requests_by_hand(policy, workers, cached, ttft):
+    cluster = Cluster(SIM_POLICIES[policy], 2, CONFIG)
+    results = cluster.run(iter(two_requests()))
+    assert [w.num_requests for w in cluster.workers] == workers
+    assert results.num_cached_tokens == cached
+    assert results.ttft_s == pytest.approx(ttft)
+    # Ends: first at 0.1 + 10 * 0.01; second at its first token + 0.1.
+    assert results.end_s == pytest.approx(0.15 + ttft[1] + 0.1)
+    summary = summarize(cluster, wall_s=0.0)
+    assert summary["cached_fraction"] == pytest.approx(sum(cached) / 200)
+    assert summary["max_over_mean_load"] == pytest.approx(max(workers) / 1.0)
+
+
+def test_batch_limit_holds_prefill_until_a_decode_ends():
+    one = SimConfig(**{**CONFIG.__dict__, "max_num_seqs": 1})
+    cluster = Cluster(SIM_POLICIES["round_robin"], 1, one)
+    results = cluster.run(iter(two_requests()))
+    # The second request waits for the first to end at 0.2 s, then prefills 36 tokens.
+    assert results.ttft_s == pytest.approx([0.100, 0.2 + 0.036 - 0.15])
+
+
+def test_every_policy_runs_a_small_workload_to_completion():
+    small = WorkloadConfig(num_docs=10, doc_tokens=(64, 256), system_tokens=(32, 64),
+                           message_tokens=(8, 32), output_tokens=(4, 16))
+    for name in SIM_POLICIES:
+        r = simulate(name, 3, "chat", 60, rate_per_worker=1.0, workload_config=small)
+        assert r["num_requests"] == 60 and sum(r["requests_per_worker"]) == 60
+        assert 0.0 <= r["cached_fraction"] < 1.0 and r["ttft_p99_s"] >= r["ttft_p50_s"] > 0
