@@ -5,7 +5,10 @@ the worker HTTP API (docs/protocol.md) for a router to accept and use it: ``/rea
 and ``/info`` report the demo tokenizer's digest and a fixed namespace, ``/kv/events``
 sends an empty snapshot and then heartbeats, ``/generate`` returns ``max_tokens``
 fixed tokens at once (streamed as one SSE event per token), and the OpenAI routes
-answer the same way so it can also stand in for an ``openai``-kind worker.
+answer the same way so it can also stand in for an ``openai``-kind worker, behind our
+router or behind the peer routers (``/server_info``, ``/model_info`` for
+sglang-router; ``/tokenize`` and ``/v1/completions/render`` with the demo tokenizer
+for vllm-router).
 
 ``python -m bench.instant_upstream --port 0`` prints ``READY http://HOST:PORT``.
 """
@@ -27,6 +30,7 @@ from radix.tokenizer import PromptTokenizer
 from router.server.app import bind_socket
 
 BLOCK_SIZE = 16
+_DEMO = PromptTokenizer.demo()
 TOKEN_ID = 97  # "a" in the demo tokenizer
 _HEARTBEAT_S = 5.0
 
@@ -44,7 +48,7 @@ def status_routes(worker_id: str = "instant") -> list[web.RouteDef]:
     """``/health``, ``/ready``, ``/info`` and ``/kv/events`` of a ready, idle worker whose
     identity matches a router model using the demo tokenizer with ``block_size = 16``
     (the events stream is an empty snapshot, then heartbeats)."""
-    identity = _identity(PromptTokenizer.demo().digest, worker_id, uuid.uuid4().hex)
+    identity = _identity(_DEMO.digest, worker_id, uuid.uuid4().hex)
     zero_load = {"num_requests_running": 0, "num_requests_waiting": 0,
                  "num_waiting_tokens": 0, "kv_cache_usage_ratio": 0.0}
 
@@ -118,11 +122,39 @@ async def completions(request: web.Request) -> web.StreamResponse:
     ] + [{**chunk, "choices": [], "usage": usage}])
 
 
+_SERVER_INFO = {"model_path": "demo", "served_model_name": "demo", "tokenizer_path": "demo",
+                "is_generation": True, "max_model_len": 1 << 20, "context_length": 1 << 20}
+
+
+async def server_info(request: web.Request) -> web.Response:
+    """``GET /server_info`` and ``/model_info`` (sglang-router's registration probes)."""
+    return web.json_response(_SERVER_INFO)
+
+
+async def tokenize(request: web.Request) -> web.Response:
+    """``POST /tokenize`` (vLLM's shape): the demo tokenizer's ids of ``prompt``."""
+    token_ids = _DEMO.encode((await request.json()).get("prompt", ""))
+    return web.json_response({"count": len(token_ids), "max_model_len": 1 << 20,
+                              "tokens": token_ids, "token_strs": None})
+
+
+async def render(request: web.Request) -> web.Response:
+    """``POST /v1/completions/render`` (vllm-router, per request): the prompt's ids."""
+    body = await request.json()
+    prompt = body.get("prompt", "")
+    token_ids = prompt if isinstance(prompt, list) else _DEMO.encode(prompt)
+    return web.json_response([{"request_id": "render", "model": "demo", "token_ids": token_ids}])
+
+
 def create_app(worker_id: str = "instant") -> web.Application:
-    """The whole stand-in: status routes, ``/generate``, ``/v1/models``, ``/v1/completions``."""
+    """The whole stand-in: status routes, ``/generate``, ``/v1/models``,
+    ``/v1/completions`` and the peer routers' probes."""
     app = web.Application(client_max_size=64 * 2**20)
     app.add_routes([*status_routes(worker_id), web.post("/generate", generate),
-                    web.get("/v1/models", models), web.post("/v1/completions", completions)])
+                    web.get("/v1/models", models), web.post("/v1/completions", completions),
+                    *(web.get(path, server_info) for path in (
+                        "/server_info", "/get_server_info", "/model_info", "/get_model_info")),
+                    web.post("/tokenize", tokenize), web.post("/v1/completions/render", render)])
     return app
 
 

@@ -108,15 +108,7 @@ class ManagedProcess:
     def cpu_s(self) -> float:
         """User + system CPU seconds of the process and its direct children so far
         (a router with ``--processes`` forks its extra processes), from /proc."""
-        ticks = 0
-        for stat in Path("/proc").glob("[0-9]*/stat"):
-            try:
-                fields = stat.read_text().rsplit(")", 1)[1].split()
-            except OSError:
-                continue
-            if stat.parent.name == str(self.proc.pid) or fields[1] == str(self.proc.pid):
-                ticks += int(fields[11]) + int(fields[12])
-        return ticks / os.sysconf("SC_CLK_TCK")
+        return process_cpu_s(self.proc.pid)
 
     @property
     def auth(self) -> dict[str, str]:
@@ -185,6 +177,19 @@ def start_process(
     if wait:
         process.wait_ready(timeout_s)
     return process
+
+
+def process_cpu_s(pid: int) -> float:
+    """User + system CPU seconds of process ``pid`` and its direct children, from /proc."""
+    ticks = 0
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if stat.parent.name == str(pid) or fields[1] == str(pid):
+            ticks += int(fields[11]) + int(fields[12])
+    return ticks / os.sysconf("SC_CLK_TCK")
 
 
 def worker_args(*flags: str, kv_cache_bytes: str = "4MiB") -> list[str]:

@@ -1,16 +1,19 @@
-"""Router overhead: what the router adds on top of an upstream that answers instantly.
+"""Router overhead: what a router adds on top of an upstream that answers instantly.
 
 Starts four ``bench.instant_upstream`` processes (a stand-in that answers ``/generate``
-at once: it measures the router, not a model) and one router process in front of them
-(cache-aware policy, demo tokenizer), then drives 2 KB prompts with 1 and 64
-concurrent clients, streaming and not, through the router and directly to an
-upstream's ``/generate`` with the same token ids. Reports requests/s, the router's
-CPU time per request (utime + stime from ``/proc/<pid>/stat``, so it includes
-tokenization, the tree walk, proxying and JSON on both sides), p50/p99 latency added
-by the router, and for streams the longest gap between chunks (a stall shows there).
+and ``/v1/completions`` at once: it measures the router, not a model) and, in turn,
+our router (cache-aware policy, demo tokenizer) and each peer router installed in
+bench/.peers (sglang-router and vllm-router, cache_aware, ``bench.peers``) in front
+of them. Each drives 2 KB prompts with 1 and 64 concurrent clients, streaming and
+not, unique (``_text``) or a repeated 2 KB document plus a short question
+(``_repeat``, as RAG prompts repeat), and compares with the upstream's
+``/generate`` driven directly with the same token ids. Reports requests/s, the
+router's CPU time per request (utime + stime from ``/proc/<pid>/stat``: for ours
+tokenization, the tree walk, proxying and JSON on both sides), p50/p99 latency
+added, and for streams the longest gap between chunks (a stall shows there).
 
-``python -m bench.router_overhead [--requests N] [--processes N]``; ``main`` returns
-the numbers as a dict.
+``python -m bench.router_overhead [--requests N] [--processes N] [--without-peers]``;
+``main`` returns the numbers as a dict.
 """
 
 from __future__ import annotations
@@ -21,13 +24,15 @@ import random
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import aiohttp
 
-from bench.procs import start_process, start_router
+from bench import peers
+from bench.procs import process_cpu_s, start_process, start_router
 from radix.tokenizer import PromptTokenizer
 from router.front.auth import hash_key
 
@@ -36,14 +41,17 @@ UPSTREAM_ARGS = [sys.executable, "-m", "bench.instant_upstream"]
 NUM_UPSTREAMS = 4
 PROMPT_BYTES = 2048
 MAX_TOKENS = 16
-# name, concurrent clients, streaming, prompt sent as token ids (no router tokenization)
+# name, concurrent clients, streaming, prompt sent as token ids (no router tokenization),
+# prompts repeat (a document + question) rather than being unique
 SCENARIOS = (
-    ("1c_text", 1, False, False),
-    ("1c_text_stream", 1, True, False),
-    ("64c_text", 64, False, False),
-    ("64c_text_stream", 64, True, False),
-    ("64c_ids", 64, False, True),
+    ("1c_text", 1, False, False, False),
+    ("1c_text_stream", 1, True, False, False),
+    ("64c_text", 64, False, False, False),
+    ("64c_text_stream", 64, True, False, False),
+    ("64c_repeat", 64, False, False, True),
+    ("64c_ids", 64, False, True, False),
 )
+PEER_SETUPS = ("sglang cache_aware default", "vllm cache_aware")
 
 
 @dataclass
@@ -68,10 +76,19 @@ def _config(urls: list[str]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _prompts(n: int) -> list[str]:
+def _prompts(n: int, repeat: bool) -> list[str]:
+    """``n`` unique 2 KB prompts, or (``repeat``) one of 16 2 KB documents each followed
+    by a unique question."""
     rng = random.Random(0)
     words = [f"w{rng.randrange(10**6)}" for _ in range(4096)]
-    return [" ".join(rng.choices(words, k=PROMPT_BYTES // 7))[:PROMPT_BYTES] for _ in range(n)]
+
+    def text(num_bytes: int) -> str:
+        return " ".join(rng.choices(words, k=num_bytes // 7))[:num_bytes]
+
+    if not repeat:
+        return [text(PROMPT_BYTES) for _ in range(n)]
+    documents = [text(PROMPT_BYTES) for _ in range(16)]
+    return [f"{rng.choice(documents)}\nQuestion {i}: {text(60)}?" for i in range(n)]
 
 
 async def _one(session: aiohttp.ClientSession, url: str, body: dict[str, Any],
@@ -111,67 +128,97 @@ async def _drive(url: str, bodies: list[dict[str, Any]], headers: dict[str, str]
     return Run(latencies, wall, max(gaps))
 
 
-async def _bench(num_requests: int, processes: int) -> dict[str, Any]:
+async def _bench(num_requests: int, processes: int, with_peers: bool) -> dict[str, Any]:
     upstreams = [await asyncio.to_thread(start_process, UPSTREAM_ARGS)
                  for _ in range(NUM_UPSTREAMS)]
-    with tempfile.TemporaryDirectory() as tmp:
-        config = Path(tmp) / "router.toml"
-        config.write_text(_config([u.url for u in upstreams]))
-        flags = ["--processes", str(processes)] if processes > 1 else []
-        router = await asyncio.to_thread(start_router, config, *flags)
-    tokenizer = PromptTokenizer.demo()
-    prompts = _prompts(512)
     results: dict[str, Any] = {}
     try:
-        await asyncio.sleep(1.5)  # the first probes pass
-        auth = {"Authorization": f"Bearer {KEY}"}
-        for name, num_clients, stream, as_ids in SCENARIOS:
-            n = num_requests if num_clients > 1 else max(num_requests // 4, 50)
-            picked = [prompts[i % len(prompts)] for i in range(n)]
-            ids = [tokenizer.encode(p) for p in picked]
-            via_router = [{"model": "demo", "prompt": i if as_ids else p,
-                           "max_tokens": MAX_TOKENS, "stream": stream}
-                          for p, i in zip(picked, ids, strict=True)]
-            direct = [{"token_ids": i, "scope": "bench", "stream": stream,
-                       "sampling": {"max_tokens": MAX_TOKENS}} for i in ids]
-            await _drive(f"{router.url}/v1/completions", via_router[:20], auth, 4, stream)
-            cpu_before = router.cpu_s()
-            routed = await _drive(f"{router.url}/v1/completions", via_router, auth,
-                                  num_clients, stream)
-            cpu_after = router.cpu_s()
-            baseline = await _drive(f"{upstreams[0].url}/generate", direct, {},
-                                    num_clients, stream)
-            results[name] = {
-                "requests": n,
-                "router_rps": n / routed.wall_s,
-                "direct_rps": n / baseline.wall_s,
-                "router_cpu_us_per_request": 1e6 * (cpu_after - cpu_before) / n,
-                "added_p50_ms": routed.percentile_ms(0.5) - baseline.percentile_ms(0.5),
-                "added_p99_ms": routed.percentile_ms(0.99) - baseline.percentile_ms(0.99),
-                "router_p50_ms": routed.percentile_ms(0.5),
-                "direct_p50_ms": baseline.percentile_ms(0.5),
-                "max_stream_gap_ms": 1000 * routed.max_gap_s if stream else None,
-                "direct_max_stream_gap_ms": 1000 * baseline.max_gap_s if stream else None,
-            }
+        with tempfile.TemporaryDirectory() as tmp:
+            config = Path(tmp) / "router.toml"
+            config.write_text(_config([u.url for u in upstreams]))
+            flags = ["--processes", str(processes)] if processes > 1 else []
+            router = await asyncio.to_thread(start_router, config, *flags)
+            try:
+                await asyncio.sleep(1.5)  # the first probes pass
+                results["ours"] = await _scenarios(router.url, router.cpu_s, upstreams[0].url,
+                                                   num_requests, token_ids=True)
+            finally:
+                router.stop()
+            installed = peers.available()
+            for name in PEER_SETUPS if with_peers else ():
+                setup = peers.PEER_SETUPS[name]
+                if not installed[setup.module]:
+                    print(f"{name}: not installed (make bench-peers); skipped")
+                    continue
+                peer = await asyncio.to_thread(peers.start_peer, setup, [u.url for u in upstreams],
+                                               KEY, "demo", Path(tmp) / f"{setup.module}.log")
+                try:
+                    results[name] = await _scenarios(
+                        peer.url, lambda pid=peer.process.pid: process_cpu_s(pid),
+                        upstreams[0].url, num_requests, token_ids=False)
+                finally:
+                    peer.stop()
     finally:
-        for process in (router, *upstreams):
+        for process in upstreams:
             process.stop()
     return results
 
 
+async def _scenarios(url: str, cpu_s: Callable[[], float], direct_url: str, num_requests: int,
+                     token_ids: bool) -> dict[str, Any]:
+    """Every scenario through the router at ``url`` (token-id prompts only if it takes
+    them) and directly against ``direct_url``."""
+    tokenizer = PromptTokenizer.demo()
+    auth = {"Authorization": f"Bearer {KEY}"}
+    results: dict[str, Any] = {}
+    for name, num_clients, stream, as_ids, repeat in SCENARIOS:
+        if as_ids and not token_ids:
+            continue
+        n = num_requests if num_clients > 1 else max(num_requests // 4, 50)
+        picked = _prompts(n, repeat)
+        ids = [tokenizer.encode(p) for p in picked]
+        via_router = [{"model": "demo", "prompt": i if as_ids else p,
+                       "max_tokens": MAX_TOKENS, "stream": stream}
+                      for p, i in zip(picked, ids, strict=True)]
+        direct = [{"token_ids": i, "scope": "bench", "stream": stream,
+                   "sampling": {"max_tokens": MAX_TOKENS}} for i in ids]
+        await _drive(f"{url}/v1/completions", via_router[:20], auth, 4, stream)
+        cpu_before = cpu_s()
+        routed = await _drive(f"{url}/v1/completions", via_router, auth, num_clients, stream)
+        cpu_after = cpu_s()
+        baseline = await _drive(f"{direct_url}/generate", direct, {}, num_clients, stream)
+        results[name] = {
+            "requests": n,
+            "router_rps": n / routed.wall_s,
+            "direct_rps": n / baseline.wall_s,
+            "router_cpu_us_per_request": 1e6 * (cpu_after - cpu_before) / n,
+            "added_p50_ms": routed.percentile_ms(0.5) - baseline.percentile_ms(0.5),
+            "added_p99_ms": routed.percentile_ms(0.99) - baseline.percentile_ms(0.99),
+            "router_p50_ms": routed.percentile_ms(0.5),
+            "direct_p50_ms": baseline.percentile_ms(0.5),
+            "max_stream_gap_ms": 1000 * routed.max_gap_s if stream else None,
+            "direct_max_stream_gap_ms": 1000 * baseline.max_gap_s if stream else None,
+        }
+    return results
+
+
 def _table(results: dict[str, Any]) -> str:
-    header = (f"{'scenario':<16} {'req':>5} {'router r/s':>10} {'direct r/s':>10} "
+    header = (f"{'router':<26} {'scenario':<16} {'req':>5} {'router r/s':>10} {'direct r/s':>10} "
               f"{'CPU us/req':>10} {'+p50 ms':>8} {'+p99 ms':>8} "
               f"{'max gap ms':>10} {'(direct)':>8}")
     rows = [header, "-" * len(header)]
-    for name, r in results.items():
-        gap, direct_gap = (("-", "-") if r["max_stream_gap_ms"] is None else
-                           (f"{r['max_stream_gap_ms']:.1f}", f"{r['direct_max_stream_gap_ms']:.1f}"))
-        rows.append(f"{name:<16} {r['requests']:>5} {r['router_rps']:>10.0f} "
-                    f"{r['direct_rps']:>10.0f} {r['router_cpu_us_per_request']:>10.0f} "
-                    f"{r['added_p50_ms']:>8.2f} {r['added_p99_ms']:>8.2f} {gap:>10} "
-                    f"{direct_gap:>8}")
+    for router, scenarios in results.items():
+        for name, r in scenarios.items():
+            rows.append(f"{router:<26} " + _row(name, r))
     return "\n".join(rows)
+
+
+def _row(name: str, r: dict[str, Any]) -> str:
+    gap, direct_gap = (("-", "-") if r["max_stream_gap_ms"] is None else
+                       (f"{r['max_stream_gap_ms']:.1f}", f"{r['direct_max_stream_gap_ms']:.1f}"))
+    return (f"{name:<16} {r['requests']:>5} {r['router_rps']:>10.0f} "
+            f"{r['direct_rps']:>10.0f} {r['router_cpu_us_per_request']:>10.0f} "
+            f"{r['added_p50_ms']:>8.2f} {r['added_p99_ms']:>8.2f} {gap:>10} {direct_gap:>8}")
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
@@ -179,16 +226,19 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--requests", type=int, default=2000,
                         help="requests per 64-client scenario (a quarter for 1 client)")
-    parser.add_argument("--processes", type=int, default=1, help="router processes")
+    parser.add_argument("--processes", type=int, default=1, help="our router's processes")
+    parser.add_argument("--without-peers", action="store_true",
+                        help="measure our router only")
     args = parser.parse_args(argv)
-    results = asyncio.run(_bench(args.requests, args.processes))
+    results = asyncio.run(_bench(args.requests, args.processes, not args.without_peers))
     print(f"router overhead: {NUM_UPSTREAMS} instant stand-in upstreams, {PROMPT_BYTES} B "
           f"prompts, {MAX_TOKENS} output tokens, {args.processes} router process(es)")
     print(_table(results))
     print("CPU us/req: router processes' CPU (user+sys; sys = kernel, mostly loopback TCP) "
           "per request; +p50/+p99: router minus direct latency (direct = the upstream's "
           "/generate with the same token ids); _ids: prompts sent as token ids, so no "
-          "tokenization on the router.")
+          "tokenization on the router; _repeat: a repeated document + question. The peers "
+          "route on text and do not tokenize.")
     return {"processes": args.processes, **results}
 
 
