@@ -37,10 +37,10 @@ USAGE = sse_frame({"request_id": "r", "usage": {"prompt_tokens": 6, "completion_
 WHOLE = event("a") + event("b") + event("c", "length") + USAGE + b"data: [DONE]\n\n"
 
 
-def scripted_upstream(pieces: list[bytes]) -> web.Application:
-    """An upstream whose ``/generate`` stream is ``pieces``, each sent on its own after
-    a short pause (so each is a separate network read on the router's side)."""
-    async def generate(request: web.Request) -> web.StreamResponse:
+def scripted_stream(pieces: list[bytes]):
+    """A handler whose stream is ``pieces``, each sent on its own after a short pause
+    (so each is a separate network read on the router's side)."""
+    async def handler(request: web.Request) -> web.StreamResponse:
         out = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
         await out.prepare(request)
         for piece in pieces:
@@ -48,8 +48,14 @@ def scripted_upstream(pieces: list[bytes]) -> web.Application:
             await asyncio.sleep(0.02)
         return out
 
+    return handler
+
+
+def scripted_upstream(pieces: list[bytes]) -> web.Application:
+    """An upstream whose ``/generate`` stream is ``pieces``."""
     app = web.Application()
-    app.add_routes([*instant_upstream.status_routes(), web.post("/generate", generate)])
+    app.add_routes([*instant_upstream.status_routes(),
+                    web.post("/generate", scripted_stream(pieces))])
     return app
 
 
@@ -143,18 +149,10 @@ def completion_chunk(text: str) -> bytes:
 
 def scripted_openai_upstream(pieces: list[bytes]) -> web.Application:
     """An OpenAI-compatible upstream whose ``/v1/completions`` stream is ``pieces``."""
-    async def completions(request: web.Request) -> web.StreamResponse:
-        out = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
-        await out.prepare(request)
-        for piece in pieces:
-            await out.write(piece)
-            await asyncio.sleep(0.02)
-        return out
-
     app = web.Application()
     app.add_routes([*instant_upstream.status_routes(),
                     web.get("/v1/models", instant_upstream.models),
-                    web.post("/v1/completions", completions)])
+                    web.post("/v1/completions", scripted_stream(pieces))])
     return app
 
 
