@@ -16,6 +16,7 @@ from typing import Any
 import tomllib
 
 HASH_ALGORITHMS = ("blake2b", "xxh3_128")
+KV_CACHE_DTYPES = ("auto", "fp8_e4m3", "fp8_e5m2")
 DEVICES = ("auto", "cpu", "cuda")
 
 
@@ -105,19 +106,28 @@ class ModelSettings:
 
 @dataclass(frozen=True)
 class KVSettings:
-    """The paged KV cache: byte budget, block size, prefix cache and event log.
+    """The paged KV cache: byte budget, block size, KV dtype, prefix cache and event log.
 
     ``prefix_cache`` False selects the null prefix cache (nothing is ever shared).
+    ``cache_dtype`` ``auto`` stores K/V in the model's dtype; ``fp8_e4m3`` and
+    ``fp8_e5m2`` store them in one byte with per-layer scales from ``scales_file``
+    (a ``workers.kv.calibrate`` record; unset: unit scales, with a warning).
     """
 
     cache_bytes: int = 256 * 2**20
     block_size: int = 16
+    cache_dtype: str = "auto"
+    scales_file: str | None = None
     prefix_cache: bool = True
     hash_algorithm: str = "blake2b"
     event_log_size: int = 65536
 
     def __post_init__(self) -> None:
         _require(self.cache_bytes > 0, "kv.cache_bytes", self.cache_bytes, "> 0")
+        _require(self.cache_dtype in KV_CACHE_DTYPES, "kv.cache_dtype", self.cache_dtype,
+                 f"one of {KV_CACHE_DTYPES}")  # fmt: skip
+        _require(self.scales_file is None or self.cache_dtype != "auto", "kv.scales_file",
+                 self.scales_file, "unset unless kv.cache_dtype is an FP8 dtype")  # fmt: skip
         _require(self.block_size > 0, "kv.block_size", self.block_size, "> 0")
         _require(
             self.hash_algorithm in HASH_ALGORITHMS,
