@@ -230,6 +230,7 @@ def _limits(t: Table) -> TenantLimits:
                 "max_output_tokens",
                 "max_concurrent_requests",
                 "tokens_per_minute",
+                "max_cached_tokens",
             )
         }
     )

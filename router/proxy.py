@@ -72,6 +72,7 @@ class Call:
     scope: str
     max_tokens: int | None
     cache_salt: str
+    max_cached_tokens: int | None = None
 
 
 @dataclass
@@ -154,11 +155,14 @@ class Proxy:
 
     @staticmethod
     def _generate_body(call: Call) -> dict[str, Any]:
-        return {"token_ids_b64": base64.b64encode(call.prompt.key).decode(),
+        body = {"token_ids_b64": base64.b64encode(call.prompt.key).decode(),
                 "scope": call.scope,
                 "num_public_tokens": call.prompt.num_public_tokens,
                 "sampling": call.request.sampling.to_wire(call.max_tokens),
                 "stream": call.request.stream}
+        if call.max_cached_tokens is not None:
+            body["max_cached_tokens"] = call.max_cached_tokens
+        return body
 
     @staticmethod
     def _openai_body(call: Call, worker: WorkerState) -> tuple[str, dict[str, Any]]:

@@ -94,3 +94,27 @@ def test_worker_url_overrides() -> None:
         with_overrides(config, None, None, ["w9=http://x"])
     with pytest.raises(ValueError, match="--worker-url: expected"):
         with_overrides(config, None, None, ["w1"])
+
+
+def test_tenant_cache_quota_is_parsed_and_sent_with_each_generate() -> None:
+    from router.proxy import Call, Proxy
+
+    tenants = {"a": {"key_digests": [], "max_cached_tokens": 4096}, "b": {"key_digests": []}}
+    config = parse_config({**BASE, "auth": {"tenants": tenants}})
+    limits = {t.tenant_id: t.limits.max_cached_tokens for t in config.auth.tenants}
+    assert limits == {"a": 4096, "b": None}
+
+    class _Sampling:
+        def to_wire(self, max_tokens):
+            return {"max_tokens": max_tokens}
+
+    class _Request:
+        sampling, stream = _Sampling(), False
+
+    class _Prompt:
+        key, num_public_tokens = b"\x01\x00\x00\x00", 0
+
+    call = Call(_Request(), "m", _Prompt(), "a", 8, "salt", 4096)  # type: ignore[arg-type]
+    assert Proxy._generate_body(call)["max_cached_tokens"] == 4096
+    unlimited = Call(_Request(), "m", _Prompt(), "b", 8, "salt")  # type: ignore[arg-type]
+    assert "max_cached_tokens" not in Proxy._generate_body(unlimited)

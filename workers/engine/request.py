@@ -37,12 +37,14 @@ class GenerationRequest:
 
     ``num_public_tokens`` leading tokens are inserted into the prefix cache as
     public (a multiple of the block size, at most the prompt length).
+    ``max_cached_tokens`` is the scope's prefix-cache quota (None: none).
     """
 
     prompt_token_ids: tuple[int, ...]
     params: GenerationParams
     scope: str = "anonymous"
     num_public_tokens: int = 0
+    max_cached_tokens: int | None = None
 
 
 @dataclass(frozen=True)

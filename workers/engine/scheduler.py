@@ -129,8 +129,9 @@ class Scheduler:
             if self.running and len(self.running) + num_seqs > self._config.max_num_seqs:
                 break
             num_cached = self._manager.admit(
-                seq.seq_id, seq.token_ids, request.request.scope, request.request.num_public_tokens
-            )
+                seq.seq_id, seq.token_ids, request.request.scope,
+                request.request.num_public_tokens, request.request.max_cached_tokens,
+            )  # fmt: skip
             if num_cached is None:
                 if not self.running:
                     self._report_stall(seq)

@@ -88,14 +88,20 @@ class KVCacheManager:
     # ---- sequences -----------------------------------------------------------------
 
     def admit(
-        self, seq_id: SeqId, token_ids: Sequence[int], scope: Scope, num_public_tokens: int = 0
+        self,
+        seq_id: SeqId,
+        token_ids: Sequence[int],
+        scope: Scope,
+        num_public_tokens: int = 0,
+        max_cached_tokens: int | None = None,
     ) -> int | None:
         """Start ``seq_id``: match the prompt in the prefix cache (at most ``len - 1``
         tokens, so the last one is always computed), lock and share the matched blocks,
         and reserve every block the prompt needs. Returns the number of cached tokens
         (= ``num_computed_tokens``), or None, holding nothing, when the blocks are not
         there even after eviction. ``num_public_tokens`` (a multiple of the block size)
-        leading tokens are cached under ``PUBLIC`` at commit."""
+        leading tokens are cached under ``PUBLIC`` at commit. ``max_cached_tokens`` is
+        ``scope``'s cache quota (see ``PrefixCache.set_quota``; None: none)."""
         num_tokens = len(token_ids)
         if seq_id in self._seqs:
             raise ValueError(f"sequence {seq_id} is already admitted")
@@ -106,6 +112,7 @@ class KVCacheManager:
                 f"num_public_tokens must be a multiple of {self.block_size} in [0, {num_tokens}],"
                 f" got {num_public_tokens}"
             )
+        self.prefix_cache.set_quota(scope, max_cached_tokens)
         key = to_key(token_ids)
         seq = None
         num_hit_tokens: int | None = num_tokens - 1

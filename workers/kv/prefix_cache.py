@@ -75,7 +75,13 @@ class PrefixCache(ABC):
     @abstractmethod
     def evict(self, num_blocks: int) -> int:
         """Evict least recently used unlocked leaves until ``num_blocks`` blocks went
-        back to the free list or nothing is evictable; returns the blocks freed."""
+        back to the free list or nothing is evictable; returns the blocks freed.
+        Leaves of scopes over their quota (``set_quota``) go first."""
+
+    @abstractmethod
+    def set_quota(self, scope: Scope, max_cached_tokens: int | None) -> None:
+        """The cached tokens ``scope`` may own before its leaves are evicted ahead of
+        everyone else's (None: no quota). The latest call for a scope wins."""
 
     @abstractmethod
     def snapshot(self) -> tuple[int, list[KVEvent]]:
@@ -124,6 +130,9 @@ class NullPrefixCache(PrefixCache):
     def evict(self, num_blocks: int) -> int:
         """Nothing to evict."""
         return 0
+
+    def set_quota(self, scope: Scope, max_cached_tokens: int | None) -> None:
+        """Nothing is cached, so no quota can be exceeded."""
 
     def snapshot(self) -> tuple[int, list[KVEvent]]:
         """The ``cleared`` event only."""

@@ -60,6 +60,7 @@ class RadixPrefixCache(PrefixCache):
         self.event_log = event_log
         self.num_evicted_blocks_total = 0
         self._chain_at_end: dict[Node, tuple[int, ChainState]] = {}
+        self._quotas: dict[Scope, int] = {}
 
     def match(self, key: bytes, scope: Scope) -> PrefixHit:
         """Longest visible prefix; logical block ``k`` maps to the block of the slot at
@@ -128,16 +129,29 @@ class RadixPrefixCache(PrefixCache):
             self.event_log.append("stored", leaf.scope, blocks)
         return result.nodes[-1] if result.nodes else None
 
+    def set_quota(self, scope: Scope, max_cached_tokens: int | None) -> None:
+        """Record ``scope``'s quota (None removes it); enforced by ``evict``."""
+        if max_cached_tokens is None:
+            self._quotas.pop(scope, None)
+        elif max_cached_tokens < 0:
+            raise ValueError(f"max_cached_tokens must be >= 0, got {max_cached_tokens}")
+        else:
+            self._quotas[scope] = max_cached_tokens
+
     def evict(self, num_blocks: int) -> int:
-        """Evict LRU unlocked leaves one by one (parents after their children) until
-        ``num_blocks`` blocks are freed or none is left; emits ``removed`` events."""
+        """Evict unlocked leaves one by one (parents after their children) until
+        ``num_blocks`` blocks are freed or none is left; emits ``removed`` events.
+        First the LRU leaves of the scope furthest over its quota, while one is over
+        and has an unlocked leaf; then LRU leaves of any scope."""
         num_freed = 0
         removed: dict[Scope, list[EventBlock]] = {}
         while num_freed < num_blocks:
-            evicted = self.tree.evict(1)
-            if not evicted:
-                break
-            node = evicted[0]
+            node = self._evict_over_quota()
+            if node is None:
+                evicted = self.tree.evict(1)
+                if not evicted:
+                    break
+                node = evicted[0]
             state = self._chain_state_at_end(node.parent)
             self._chain_at_end.pop(node, None)
             blocks, _ = self._chainer.node_blocks(state, node, with_tokens=False)
@@ -148,6 +162,20 @@ class RadixPrefixCache(PrefixCache):
             self.event_log.append("removed", scope, blocks)
         self.num_evicted_blocks_total += num_freed
         return num_freed
+
+    def _evict_over_quota(self) -> Node | None:
+        """Remove one LRU unlocked leaf of the scope most tokens over its quota."""
+        over = sorted(
+            ((self.tree.num_tokens(scope) - quota, scope) for scope, quota in self._quotas.items()),
+            reverse=True,
+        )
+        for excess, scope in over:
+            if excess <= 0:
+                break
+            node = self.tree.evict_scope_leaf(scope)
+            if node is not None:
+                return node
+        return None
 
     def snapshot(self) -> tuple[int, list[KVEvent]]:
         """Every node's blocks as ``stored`` events at ``head_seq``, parents first."""

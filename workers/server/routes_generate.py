@@ -1,11 +1,12 @@
 """``POST /generate``: token ids in and out, scope given by the (trusted) router.
 
 Body: ``{"request_id"?, "token_ids" | "token_ids_b64", "scope"?, "num_public_tokens"?,
-"sampling"?, "stream"?}``: exactly one of ``token_ids`` (a JSON list) and
+"max_cached_tokens"?, "sampling"?, "stream"?}``: exactly one of ``token_ids`` (a JSON list) and
 ``token_ids_b64`` (base64 of 4 little-endian bytes per id, what routers send: a
 third of the cost of decoding and checking a JSON list). ``scope`` defaults
 to ``anonymous``, ``num_public_tokens`` to 0 (a multiple of the block size, at most
-the prompt length); ``sampling`` takes the fields of ``radix.openai.sampling``. A
+the prompt length); ``max_cached_tokens`` (an int >= 0, the scope's prefix-cache
+quota, from the tenant's router config) is absent for no quota; ``sampling`` takes the fields of ``radix.openai.sampling``. A
 missing ``request_id`` is generated.
 Streaming sends one event per choice per step (``token_ids`` may be non-empty
 while ``text`` is empty: text is held back until it cannot be part of a stop
@@ -62,11 +63,13 @@ async def generate(request: web.Request) -> web.StreamResponse:
             f"num_public_tokens must be a multiple of the block size {limits.block_size}",
             "num_public_tokens",
         )
+    max_cached_tokens = fields.integer("max_cached_tokens", None, lo=0)
     sampling = parse_sampling(fields.object("sampling"), limits.bounds)
     stream_mode = fields.boolean("stream", False)
     engine_request = generation_request(
-        token_ids, sampling, limits, prompt_param, scope=scope, num_public_tokens=num_public
-    )
+        token_ids, sampling, limits, prompt_param, scope=scope, num_public_tokens=num_public,
+        max_cached_tokens=max_cached_tokens,
+    )  # fmt: skip
     timeout_s = state.config.request_timeout_s
     if not stream_mode:
         choices, usage = await collect(state.engine, engine_request, timeout_s)

@@ -43,6 +43,7 @@ def generation_request(
     prompt_param: str,
     scope: str = "anonymous",
     num_public_tokens: int = 0,
+    max_cached_tokens: int | None = None,
 ) -> GenerationRequest:
     """The engine request; 413 when the prompt leaves no room, 400 when ``max_tokens``
     does not fit the context."""
@@ -73,4 +74,5 @@ def generation_request(
         GenerationParams(params, sampling.n, sampling.stop),
         scope=scope,
         num_public_tokens=num_public_tokens,
+        max_cached_tokens=max_cached_tokens,
     )
