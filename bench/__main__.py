@@ -12,6 +12,7 @@ from pathlib import Path
 
 from bench import (
     e2e_worker_bench,
+    host_tier_bench,
     kv_bench,
     model_bench,
     radix_bench,
@@ -25,6 +26,7 @@ BENCHMARKS: dict[str, Callable[[list[str]], dict]] = {
     "kv": kv_bench.main,
     "model": model_bench.main,
     "e2e_worker": e2e_worker_bench.main,
+    "host_tier": host_tier_bench.main,
     "routing": routing_quality.main,
     "routing_real": routing_real.main,
     "router_overhead": router_overhead.main,

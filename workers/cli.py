@@ -39,6 +39,8 @@ _FLAG_FIELDS = {
     "prefix_cache": ("kv", "prefix_cache"),
     "kv_cache_dtype": ("kv", "cache_dtype"),
     "kv_scales": ("kv", "scales_file"),
+    "host_cache_bytes": ("kv", "host_cache_bytes"),
+    "preemption_mode": ("engine", "preemption_mode"),
     "max_batched_tokens": ("engine", "max_batched_tokens"),
     "max_num_seqs": ("engine", "max_num_seqs"),
 }
@@ -66,6 +68,10 @@ def _parser() -> argparse.ArgumentParser:
         help="KV cache dtype (auto: the model's dtype)")
     add("--kv-scales", metavar="FILE",
         help="per-layer FP8 K/V scales from python -m workers.kv.calibrate (default: 1.0)")
+    add("--host-cache-bytes", type=parse_bytes,
+        help="host-memory KV tier, e.g. 4GiB (default 0: off; evicted blocks are dropped)")
+    add("--preemption-mode", choices=("recompute", "swap", "auto"),
+        help="preempted sequences: recompute later, swap to the host tier, or by length")
     add("--no-prefix-cache", dest="prefix_cache", action="store_const", const=False,
         help="use the null prefix cache (nothing shared; for comparisons)")  # fmt: skip
     add("--max-batched-tokens", type=int, help="tokens computed per engine step")

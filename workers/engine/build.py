@@ -119,10 +119,14 @@ def build_worker(config: WorkerConfig, worker_id: str, secret: bytes) -> BuiltWo
     scales = kv_scales(spec, config.kv.scales_file, loaded.weights_digest)
     namespace = cache_namespace(served_names[0], loaded, spec, scales)
     digest = namespace.digest(secret)
+    num_host_blocks = config.kv.host_cache_bytes // spec.kv_bytes_per_block
+    if config.kv.host_cache_bytes and not num_host_blocks:
+        raise ValueError(f"kv.host_cache_bytes={config.kv.host_cache_bytes} holds no block of "
+                         f"{spec.kv_bytes_per_block} bytes")  # fmt: skip
     manager = build_kv_cache_manager(
         spec, plan.num_blocks, namespace_digest=digest, worker_id=worker_id, device=device,
         prefix_caching=config.kv.prefix_cache, hash_algorithm=config.kv.hash_algorithm,
-        max_events=config.kv.event_log_size,
+        max_events=config.kv.event_log_size, num_host_blocks=num_host_blocks, secret=secret,
     )  # fmt: skip
     model_limit = loaded.config.max_position_embeddings
     max_model_len = min(config.model.max_model_len or model_limit, model_limit, plan.num_tokens)
@@ -153,6 +157,8 @@ def build_worker(config: WorkerConfig, worker_id: str, secret: bytes) -> BuiltWo
              max_model_len)  # fmt: skip
     log.info("KV plan:\n%s", describe(plan, None))
     log.info("KV cache dtype %s, scales: %s", spec.dtype, scales.describe())
+    log.info("host KV tier: %s", f"{num_host_blocks} blocks (AES-256-GCM)" if num_host_blocks
+             else "off")  # fmt: skip
     log.info("namespace fingerprint %s (prefix cache %s)", digest.hex(),
              "on" if config.kv.prefix_cache else "off")  # fmt: skip
     return BuiltWorker(

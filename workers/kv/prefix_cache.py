@@ -12,9 +12,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from radix.events import KVEvent
+from radix.hashing import BlockHash
 from radix.tree import PUBLIC, Node, Scope
 from workers.kv.block_pool import BlockPool
 from workers.kv.event_log import KVEventLog
+from workers.kv.host_tier import HostTier, NullHostTier
 from workers.kv.ids import BlockId
 
 
@@ -43,6 +45,7 @@ class PrefixCache(ABC):
 
     event_log: KVEventLog
     num_evicted_blocks_total: int
+    host: HostTier
 
     @abstractmethod
     def match(self, key: bytes, scope: Scope) -> PrefixHit:
@@ -84,6 +87,25 @@ class PrefixCache(ABC):
         everyone else's (None: no quota). The latest call for a scope wins."""
 
     @abstractmethod
+    def evict_path(self, key: bytes, scope: Scope) -> int:
+        """Evict the unlocked leaves of ``scope`` ending ``key``'s cached path, deepest
+        first, to the host tier if there is one (swap-out); returns the blocks freed."""
+
+    @abstractmethod
+    def host_blocks_after(
+        self, hit: PrefixHit, key: bytes, scope: Scope
+    ) -> list[tuple[BlockHash, Scope]]:
+        """The host tier's blocks that continue ``hit`` along ``key`` (empty when none
+        reaches past it)."""
+
+    @abstractmethod
+    def restore_from_host(
+        self, hit: PrefixHit, key: bytes, scope: Scope, found: Sequence[tuple[BlockHash, Scope]]
+    ) -> int:
+        """Copy ``found`` back to fresh device blocks (one free block each must be
+        there) and cache them; returns how many were restored."""
+
+    @abstractmethod
     def snapshot(self) -> tuple[int, list[KVEvent]]:
         """``(head_seq, events)``: a ``cleared`` event then ``stored`` events describing
         every cached block, all stamped ``head_seq``; live events follow from
@@ -108,6 +130,7 @@ class NullPrefixCache(PrefixCache):
         self._pool = pool
         self.event_log = event_log
         self.num_evicted_blocks_total = 0
+        self.host = NullHostTier()
 
     def match(self, key: bytes, scope: Scope) -> PrefixHit:
         """Always the empty hit."""
@@ -133,6 +156,22 @@ class NullPrefixCache(PrefixCache):
 
     def set_quota(self, scope: Scope, max_cached_tokens: int | None) -> None:
         """Nothing is cached, so no quota can be exceeded."""
+
+    def evict_path(self, key: bytes, scope: Scope) -> int:
+        """Nothing to evict."""
+        return 0
+
+    def host_blocks_after(
+        self, hit: PrefixHit, key: bytes, scope: Scope
+    ) -> list[tuple[BlockHash, Scope]]:
+        """No host tier behind a null cache."""
+        return []
+
+    def restore_from_host(
+        self, hit: PrefixHit, key: bytes, scope: Scope, found: Sequence[tuple[BlockHash, Scope]]
+    ) -> int:
+        """Nothing is ever found."""
+        return 0
 
     def snapshot(self) -> tuple[int, list[KVEvent]]:
         """The ``cleared`` event only."""
