@@ -36,6 +36,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     add("--candidate", required=True, help="worker TOML config of the changed KV path")
     add("--model", help="model for both configs (demo, SmolLM2-135M-Instruct, a path)")
     add("--long", default="1k,4k,8k", help=f"long-context buckets, of {','.join(LONG_TARGETS)}")
+    add("--prompts-per-kind", type=int, help="only the first N prompts of each kind")
     add("--max-new-tokens", type=int, default=32)
     add("--max-new-tokens-long", type=int, default=16)
     add("--report", type=Path, help="also write the markdown report here")
@@ -62,7 +63,7 @@ def main(argv: list[str] | None = None) -> int:
     started = time.monotonic()
     max_len = loaded.config.max_position_embeddings - max(args.max_new_tokens,
                                                           args.max_new_tokens_long)  # fmt: skip
-    prompts = load_prompt_set(loaded.tokenizer, args.long, max_len)
+    prompts = load_prompt_set(loaded.tokenizer, args.long, max_len, args.prompts_per_kind)
     budget = {p.prompt_id: _max_new(args, p) for p in prompts}
     base = Session(configs[0], loaded)
     paths = {p.prompt_id: base.generate(p.token_ids, budget[p.prompt_id]) for p in prompts}

@@ -36,16 +36,20 @@ class QualityPrompt:
 
 
 def load_prompt_set(
-    tokenizer: PromptTokenizer, long_kinds: Sequence[str], max_prompt_tokens: int
+    tokenizer: PromptTokenizer,
+    long_kinds: Sequence[str],
+    max_prompt_tokens: int,
+    per_kind: int | None = None,
 ) -> list[QualityPrompt]:
-    """The shipped prompts plus one long retrieval prompt per kind in ``long_kinds``
-    (keys of ``LONG_TARGETS``); prompts longer than ``max_prompt_tokens`` are left out."""
+    """The shipped prompts (the first ``per_kind`` of each kind; None: all) plus one
+    long retrieval prompt per kind in ``long_kinds`` (keys of ``LONG_TARGETS``);
+    prompts longer than ``max_prompt_tokens`` are left out."""
     data = json.loads(PROMPTS_FILE.read_text(encoding="utf-8"))
     prompts = [
         QualityPrompt(item["id"], kind, tuple(encode(tokenizer, item["messages"])),
                       tuple(item["must_contain_any"]))
         for kind in ("short", "multi_turn")
-        for item in data[kind]
+        for item in data[kind][:per_kind]
     ]  # fmt: skip
     for kind in long_kinds:
         prompts.append(long_prompt(tokenizer, kind, LONG_TARGETS[kind]))
