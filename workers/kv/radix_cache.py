@@ -38,12 +38,13 @@ from typing import cast
 
 from radix.events import EventBlock, KVEvent
 from radix.hashing import BlockHash, BlockHasher
-from radix.keys import TOKEN_BYTES, from_key, to_key
+from radix.keys import TOKEN_BYTES
 from radix.tree import PUBLIC, Node, RadixTree, Scope
 from workers.kv.block_events import ROOT_STATE, BlockChainer, ChainState
 from workers.kv.block_pool import BlockPool
 from workers.kv.event_log import KVEventLog
-from workers.kv.host_tier import HostBlock, HostTier, NullHostTier
+from workers.kv.host_link import HostLink
+from workers.kv.host_tier import HostTier, NullHostTier
 from workers.kv.ids import BlockId
 from workers.kv.prefix_cache import EMPTY_HIT, PrefixCache, PrefixHit
 
@@ -72,6 +73,7 @@ class RadixPrefixCache(PrefixCache):
         self.host = host or NullHostTier()
         self._block_size = pool.block_size
         self._chainer = BlockChainer(hasher, pool.block_size)
+        self._link = HostLink(self.host, pool, self._chainer, event_log)
         self.tree: RadixTree[Slots] = RadixTree(_split_slots)
         self.event_log = event_log
         self.num_evicted_blocks_total = 0
@@ -143,9 +145,8 @@ class RadixPrefixCache(PrefixCache):
             blocks, end_state = self._chainer.node_blocks(state, leaf, with_tokens=True)
             self._chain_at_end[leaf] = (leaf.end, end_state)
             self.event_log.append("stored", leaf.scope, blocks)
-            if self.host.enabled:  # the device holds these again: no second copy
-                gone = [b for b in blocks if self.host.discard(BlockHash(bytes.fromhex(b.hash)))]
-                self._log_host("removed", [(leaf.scope, b) for b in gone])
+            if self._link.enabled:  # the device holds these again: no second copy
+                self._link.forget(leaf.scope, blocks)
         return result.nodes[-1] if result.nodes else None
 
     def set_quota(self, scope: Scope, max_cached_tokens: int | None) -> None:
@@ -198,37 +199,17 @@ class RadixPrefixCache(PrefixCache):
         removed.setdefault(node.scope, []).extend(
             EventBlock(b.hash, b.parent) for b in blocks
         )
-        if self.host.enabled:
-            self._demote(node, blocks)
+        if self._link.enabled:
+            block_size = self._block_size
+            ends = range((node.start // block_size + 1) * block_size, node.end + 1, block_size)
+            self._link.demote(node.scope, [
+                (block, self._path_slots(node, end - block_size, end))
+                for end, block in zip(ends, blocks, strict=False)  # the full blocks come first
+            ])  # fmt: skip
         num_freed = 0
         for block, count in self._runs(node):
             num_freed += self._pool.unref_tree_slots(block, count)
         return num_freed
-
-    def _demote(self, node: Node, blocks: Sequence[EventBlock]) -> None:
-        """Copy the full blocks belonging to ``node`` (the first ones of ``blocks``)
-        into the host tier and log what it stored and dropped."""
-        block_size = self._block_size
-        ends = range((node.start // block_size + 1) * block_size, node.end + 1, block_size)
-        stored: list[tuple[str, EventBlock]] = []
-        dropped: list[tuple[str, EventBlock]] = []
-        for end, block in zip(ends, blocks, strict=False):
-            parent = None if block.parent is None else BlockHash(bytes.fromhex(block.parent))
-            for gone_hash, gone in self.host.put(
-                BlockHash(bytes.fromhex(block.hash)), node.scope, parent,
-                to_key(block.tokens or ()), self._path_slots(node, end - block_size, end),
-            ):  # fmt: skip
-                dropped.append((gone.scope, _host_event_block(gone_hash, gone)))
-            stored.append((node.scope, block))
-        self._log_host("stored", stored)
-        self._log_host("removed", dropped)
-
-    def _log_host(self, kind: str, blocks: Sequence[tuple[str, EventBlock]]) -> None:
-        by_scope: dict[str, list[EventBlock]] = {}
-        for scope, block in blocks:
-            by_scope.setdefault(scope, []).append(block)
-        for scope, scope_blocks in by_scope.items():
-            self.event_log.append(kind, scope, scope_blocks, "host")  # type: ignore[arg-type]
 
     def _path_slots(self, node: Node, start: int, end: int) -> list[int]:
         """The slots of positions ``[start, end)`` on the path ending at ``node``."""
@@ -241,30 +222,19 @@ class RadixPrefixCache(PrefixCache):
             node = node.parent
         return slots
 
-    def host_blocks_after(self, hit: PrefixHit, key: bytes, scope: Scope) -> list[tuple[BlockHash, Scope]]:
+    def host_blocks_after(
+        self, hit: PrefixHit, key: bytes, scope: Scope
+    ) -> list[tuple[BlockHash, Scope]]:
         """The full blocks of ``key`` right after ``hit``'s last whole block that the host
         tier holds, consecutive, as (hash, scope); empty unless they reach past the hit.
         PUBLIC blocks count only while the whole path before them is public."""
-        if not self.host.enabled:
+        if not self._link.enabled:
             return []
-        block_size, step = self._block_size, self._block_size * TOKEN_BYTES
-        num_whole = hit.num_cached_tokens - hit.num_cached_tokens % block_size
+        num_whole = hit.num_cached_tokens - hit.num_cached_tokens % self._block_size
         state = ROOT_STATE if hit.node is None else self._chain_state_at_end(hit.node)
         public_ok = all(node.scope == PUBLIC for node in self._path(hit.node))
-        found: list[tuple[BlockHash, Scope]] = []
-        parent = state.parent
-        for at in range(num_whole * TOKEN_BYTES + step, len(key) + 1, step):
-            block_key = key[at - step : at]
-            for block_scope in (scope, PUBLIC) if public_ok else (scope,):
-                block_hash = self._chainer.block_hash(parent, block_scope, block_key)
-                if self.host.contains(block_hash):
-                    break
-            else:
-                break
-            public_ok = public_ok and block_scope == PUBLIC
-            found.append((block_hash, block_scope))
-            parent = block_hash
-        if num_whole + len(found) * block_size <= hit.num_cached_tokens:
+        found = self._link.find(state.parent, key, num_whole, scope, public_ok)
+        if num_whole + len(found) * self._block_size <= hit.num_cached_tokens:
             return []
         return found
 
@@ -272,29 +242,16 @@ class RadixPrefixCache(PrefixCache):
         self, hit: PrefixHit, key: bytes, scope: Scope, found: Sequence[tuple[BlockHash, Scope]]
     ) -> int:
         """Copy ``found`` (from ``host_blocks_after``, at most as many as free blocks)
-        into fresh device blocks and cache them after the hit's whole blocks; stops at
-        the first block gone or failing authentication (dropped, logged). Returns the
-        blocks restored. The caller holds a lock on ``hit.node``."""
-        block_size = self._block_size
-        num_whole = hit.num_cached_tokens // block_size
-        restored: list[BlockId] = []
-        num_public = 0
-        for block_hash, block_scope in found:
-            if not self.host.contains(block_hash):
-                break
-            device_block = self._pool.allocate()
-            entry = self.host.take(block_hash, device_block)
-            if entry is None:  # failed authentication: dropped by the tier
-                self._pool.decref([device_block])
-                self._log_host("removed", [(block_scope, EventBlock(block_hash.hex()))])
-                break
-            self._log_host("removed", [(block_scope, _host_event_block(block_hash, entry))])
-            restored.append(device_block)
-            num_public += block_scope == PUBLIC
+        into fresh device blocks and cache them after the hit's whole blocks, like a
+        commit (public blocks under PUBLIC). Returns the blocks restored. The caller
+        holds a lock on ``hit.node``."""
+        restored, num_public = self._link.take(found)
         if restored:
+            num_whole = hit.num_cached_tokens // self._block_size
             table = [*hit.block_ids[:num_whole], *restored]
-            public_end = (num_whole + num_public) * block_size * TOKEN_BYTES
-            end = (num_whole + len(restored)) * block_size * TOKEN_BYTES
+            block_bytes = self._block_size * TOKEN_BYTES
+            public_end = (num_whole + num_public) * block_bytes
+            end = (num_whole + len(restored)) * block_bytes
             if num_public:
                 self.insert(key[:public_end], PUBLIC, table)
             if end > public_end:
@@ -335,7 +292,7 @@ class RadixPrefixCache(PrefixCache):
         for node in self.tree.iter_nodes():
             blocks, states[node] = self._chainer.node_blocks(states[node.parent], node, True)
             events.append(log.at_head("stored", node.scope, blocks))
-        return log.head_seq, events + self._host_snapshot(log)
+        return log.head_seq, events + self._link.snapshot()
 
     @property
     def num_cached_tokens(self) -> int:
@@ -393,14 +350,6 @@ class RadixPrefixCache(PrefixCache):
             self._chain_at_end[node] = (node.end, state)
         return state
 
-    def _host_snapshot(self, log: KVEventLog) -> list[KVEvent]:
-        """The host tier's blocks as ``stored``/``host`` lines, newest first (a block is
-        demoted after its descendants, so parents come before children)."""
-        return [
-            log.at_head("stored", entry.scope, [_host_event_block(block_hash, entry)], "host")
-            for block_hash, entry in reversed(self.host.entries())
-        ]
-
     def _slots(self, block_table: Sequence[BlockId], start: int, end: int) -> Slots:
         block_size = self._block_size
         slots = array("i")
@@ -421,10 +370,3 @@ class RadixPrefixCache(PrefixCache):
             at += count
             position += count
 
-
-def _host_event_block(block_hash: BlockHash, entry: HostBlock) -> EventBlock:
-    return EventBlock(
-        hash=block_hash.hex(),
-        parent=None if entry.parent is None else entry.parent.hex(),
-        tokens=tuple(from_key(entry.tokens)),
-    )
