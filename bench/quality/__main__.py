@@ -5,7 +5,8 @@ Both CONFIGs are worker TOML files (``workers.config``); ``--model`` overrides t
 model of both (they must serve the same one). Three runs over the prompt set
 (``bench/quality/prompts.py``): the baseline; the baseline again in a fresh
 session with the prompts in reverse order (different prefix-cache hits and chunk
-boundaries), which is the noise floor; and the candidate. Writes a markdown report
+boundaries), which is the noise floor; and the candidate. Progress goes to stderr,
+one line per prompt and run. Writes a markdown report
 (``--report``, printed too) and exits 1 when a threshold fails (``report.Thresholds``).
 """
 
@@ -66,7 +67,10 @@ def main(argv: list[str] | None = None) -> int:
     prompts = load_prompt_set(loaded.tokenizer, args.long, max_len, args.prompts_per_kind)
     budget = {p.prompt_id: _max_new(args, p) for p in prompts}
     base = Session(configs[0], loaded)
-    paths = {p.prompt_id: base.generate(p.token_ids, budget[p.prompt_id]) for p in prompts}
+    paths = {}
+    for p in prompts:
+        _progress("baseline", p)
+        paths[p.prompt_id] = base.generate(p.token_ids, budget[p.prompt_id])
     noise = _against(Session(configs[0], loaded), list(reversed(prompts)), paths, loaded)
     candidate_session = Session(configs[1], loaded)
     candidate = _against(candidate_session, prompts, paths, loaded)
@@ -102,6 +106,7 @@ def _against(
     returned in the prompt set's order whatever order they ran in."""
     by_id = {}
     for prompt in prompts:
+        _progress(session.description, prompt)
         baseline = paths[prompt.prompt_id]
         own = session.generate(prompt.token_ids, len(baseline.token_ids))
         forced = session.generate(prompt.token_ids, 0, forced=baseline.token_ids)
@@ -110,6 +115,11 @@ def _against(
                                           decode(baseline.token_ids), decode(own.token_ids))  # fmt: skip
     order = sorted(paths, key=list(paths).index)
     return [by_id[prompt_id] for prompt_id in order if prompt_id in by_id]
+
+
+def _progress(run: str, prompt: QualityPrompt) -> None:
+    print(f"[{time.strftime('%H:%M:%S')}] {run}: {prompt.prompt_id} ({len(prompt.token_ids)} "
+          "tokens)", file=sys.stderr, flush=True)  # fmt: skip
 
 
 def _max_new(args: argparse.Namespace, prompt: QualityPrompt) -> int:
