@@ -14,6 +14,7 @@ from pathlib import Path
 from bench import (
     e2e,
     e2e_worker_bench,
+    host_tier_bench,
     kv_bench,
     model_bench,
     multi_router,
@@ -32,6 +33,7 @@ BENCHMARKS: dict[str, Callable[[list[str]], dict]] = {
     "model": model_bench.main,
     "smollm2": smollm2_bench.main,
     "e2e_worker": e2e_worker_bench.main,
+    "host_tier": host_tier_bench.main,
     "routing": routing_quality.main,
     "routing_real": routing_real.main,
     "token_cache": token_cache_bench.main,

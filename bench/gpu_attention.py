@@ -9,7 +9,12 @@ One run (well under 3 minutes on an H200) does three things:
    the reference (gather + SDPA), and reports achieved K/V read bandwidth;
 3. times paged prefill of new tokens over a cached prefix, and the K/V store.
 
-Run: ``python -m bench.gpu_attention [--dtype bfloat16] [--context 4096] [--json PATH]``.
+``--kv-dtype fp8_e4m3`` (or ``fp8_e5m2``) runs all three with an FP8 cache: K/V
+quantized with a per-layer scale, queries and outputs in ``--dtype``; the SDPA
+baseline reads K/V gathered and dequantized to ``--dtype`` beforehand.
+
+Run: ``python -m bench.gpu_attention [--dtype bfloat16] [--kv-dtype auto|fp8_e4m3|fp8_e5m2]
+[--context 4096] [--json PATH]``.
 ``--device cpu`` with ``TRITON_INTERPRET=1`` and tiny shapes is a smoke run of this
 script's logic on a machine without a GPU (its timings mean nothing).
 """
@@ -33,12 +38,16 @@ from workers.attention.metadata import AttentionMetadata
 
 DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 TOLERANCE = {torch.bfloat16: 3e-2, torch.float16: 3e-3, torch.float32: 2e-4}
+KV_DTYPES = {"auto": None, "fp8_e4m3": torch.float8_e4m3fn, "fp8_e5m2": torch.float8_e5m2}
+FP8_SCALE = 1 / 64  # randn values / scale stay inside both FP8 ranges
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     """Command-line options (shape of the attention problem, repetitions, output)."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--dtype", choices=sorted(DTYPES), default="bfloat16")
+    parser.add_argument("--kv-dtype", choices=sorted(KV_DTYPES), default="auto",
+                        help="KV cache dtype (auto: --dtype)")  # fmt: skip
     parser.add_argument("--block-size", type=int, default=16)
     parser.add_argument("--heads", type=int, default=32)
     parser.add_argument("--kv-heads", type=int, default=8)
@@ -73,7 +82,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     results: dict[str, Any] = {
         "device": torch.cuda.get_device_name() if args.device == "cuda" else "cpu (interpreter)",
         "shape": {
-            k: getattr(args, k) for k in ("dtype", "block_size", "heads", "kv_heads", "head_dim")
+            k: getattr(args, k)
+            for k in ("dtype", "kv_dtype", "block_size", "heads", "kv_heads", "head_dim")
         },
         "correctness": _check_correctness(triton_kernels, args, dtype),
         "decode": [_time_decode(triton_kernels, args, dtype, b) for b in args.decode_batches],
@@ -100,8 +110,13 @@ class _Problem:
             tables.append(order[start : start + n])
             start += n
         shape = (num_blocks, bs, args.kv_heads, args.head_dim)
-        self.key_cache = torch.randn(shape, device=args.device, dtype=dtype)
-        self.value_cache = torch.randn(shape, device=args.device, dtype=dtype)
+        kv_dtype = KV_DTYPES[args.kv_dtype]
+        self.kv_scale = 1.0 if kv_dtype is None else FP8_SCALE
+        self.key_cache, self.value_cache = (
+            reference.quantize(torch.randn(shape, device=args.device, dtype=dtype),
+                               self.kv_scale, kv_dtype or dtype)
+            for _ in range(2)
+        )  # fmt: skip
         self.metadata = AttentionMetadata.build(
             query_lens, computed, tables, bs, num_blocks, args.device
         )
@@ -119,12 +134,14 @@ class _Problem:
             m.seq_lens,
             m.block_tables,
             self.scale,
+            self.kv_scale,
+            self.kv_scale,
         )
 
     def prefill_args(self) -> tuple:
         m = self.metadata
         return (self.query, self.key_cache, self.value_cache, m.query_start_loc, m.seq_lens,
-                m.block_tables, m.max_query_len, self.scale)  # fmt: skip
+                m.block_tables, m.max_query_len, self.scale, self.kv_scale, self.kv_scale)  # fmt: skip
 
 
 def _check_correctness(
@@ -136,10 +153,12 @@ def _check_correctness(
     store_keys = torch.randn(64, args.kv_heads, args.head_dim, device=args.device, dtype=dtype)
     slots = torch.randperm(prefill.key_cache.shape[0] * args.block_size, device=args.device)[:64]
     expected = [c.clone() for c in (prefill.key_cache, prefill.value_cache)]
-    reference.write_kv(*expected, store_keys, -store_keys, slots)
-    kernels.store_kv(prefill.key_cache, prefill.value_cache, store_keys, -store_keys, slots)
+    scales = (prefill.kv_scale, prefill.kv_scale)
+    reference.write_kv(*expected, store_keys, -store_keys, slots, *scales)
+    kernels.store_kv(prefill.key_cache, prefill.value_cache, store_keys, -store_keys, slots,
+                     *scales)  # fmt: skip
     errors = {
-        "store_kv": max((a - b).abs().max().item() for a, b in
+        "store_kv": max(_max_error(a, b) for a, b in
                         zip(expected, (prefill.key_cache, prefill.value_cache), strict=True)),
         "decode": _max_error(kernels.paged_decode(*decode.decode_args()),
                              reference.paged_decode(*decode.decode_args())),
@@ -207,20 +226,28 @@ def _time_store(kernels: Any, args: argparse.Namespace, dtype: torch.dtype) -> d
     keys = torch.randn(tokens, args.kv_heads, args.head_dim, device=args.device, dtype=dtype)
     slots = problem.metadata.slot_mapping
     caches = (problem.key_cache, problem.value_cache)
-    triton_ms = _median_ms(lambda: kernels.store_kv(*caches, keys, keys, slots), args.iters)
-    torch_ms = _median_ms(lambda: reference.write_kv(*caches, keys, keys, slots), args.iters)
-    moved = 4 * keys.numel() * keys.element_size()  # read k, v; write k, v
+    scales = (problem.kv_scale, problem.kv_scale)
+    triton_ms = _median_ms(lambda: kernels.store_kv(*caches, keys, keys, slots, *scales),
+                           args.iters)  # fmt: skip
+    torch_ms = _median_ms(lambda: reference.write_kv(*caches, keys, keys, slots, *scales),
+                          args.iters)  # fmt: skip
+    moved = 2 * keys.numel() * (keys.element_size() + problem.key_cache.element_size())
     return {"tokens": tokens, "triton_ms": triton_ms, "torch_index_put_ms": torch_ms,
             "triton_GBps": round(moved / triton_ms / 1e6, 1)}  # fmt: skip
 
 
 def _contiguous_kv(problem: _Problem, batch: int, length: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """The K/V of each sequence gathered once into [B, KV, L, D] (not timed)."""
+    """The K/V of each sequence gathered once into [B, KV, L, D] in the query's dtype,
+    dequantized from an FP8 cache (not timed)."""
     table = problem.metadata.block_tables.long()
     shape = (batch, -1, *problem.key_cache.shape[2:])
-    keys = problem.key_cache[table].reshape(shape)[:, :length].transpose(1, 2).contiguous()
-    values = problem.value_cache[table].reshape(shape)[:, :length].transpose(1, 2).contiguous()
-    return keys, values
+    dtype, scale = problem.query.dtype, problem.kv_scale
+
+    def gather(cache: torch.Tensor) -> torch.Tensor:
+        rows = cache.view(torch.uint8)[table].view(cache.dtype).to(dtype) * scale
+        return rows.reshape(shape)[:, :length].transpose(1, 2).contiguous()
+
+    return gather(problem.key_cache), gather(problem.value_cache)
 
 
 def _median_ms(fn: Callable[[], object], iters: int) -> float:

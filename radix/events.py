@@ -4,9 +4,12 @@ Wire form (one JSON object per event)::
 
     {"worker": str, "epoch": str, "seq": int, "type": "stored"|"removed"|"cleared",
      "namespace": hex str, "scope": str,
-     "blocks": [{"hash": hex, "parent": hex|null, "tokens": [int, ...]}]}
+     "blocks": [{"hash": hex, "parent": hex|null, "tokens": [int, ...]}],
+     "medium"?: "device"|"host"}
 
-``tokens`` only for ``stored``; ``parent`` may be null for ``removed``. ``epoch``
+``tokens`` only for ``stored``; ``parent`` may be null for ``removed``. ``medium``
+says which tier the blocks entered or left: absent means ``device`` (the only one
+before the host tier); ``host`` events describe the worker's host-memory tier. ``epoch``
 changes at every worker start; ``seq`` is gapless per worker and epoch. See
 docs/protocol.md for the block model and the snapshot rules.
 """
@@ -21,6 +24,8 @@ import orjson
 
 EventType = Literal["stored", "removed", "cleared"]
 EVENT_TYPES: tuple[EventType, ...] = ("stored", "removed", "cleared")
+Medium = Literal["device", "host"]
+MEDIA: tuple[Medium, ...] = ("device", "host")
 MAX_TOKEN_ID = 2**32 - 1
 
 
@@ -48,16 +53,17 @@ class KVEvent:
     namespace: str
     scope: str
     blocks: tuple[EventBlock, ...] = ()
+    medium: Medium = "device"
 
     def to_dict(self) -> dict[str, object]:
-        """The wire object (``tokens`` left out unless stored)."""
+        """The wire object (``tokens`` left out unless stored; ``medium`` unless host)."""
         blocks = []
         for block in self.blocks:
             item: dict[str, object] = {"hash": block.hash, "parent": block.parent}
             if self.type == "stored":
                 item["tokens"] = list(block.tokens or ())
             blocks.append(item)
-        return {
+        wire: dict[str, object] = {
             "worker": self.worker,
             "epoch": self.epoch,
             "seq": self.seq,
@@ -66,6 +72,9 @@ class KVEvent:
             "scope": self.scope,
             "blocks": blocks,
         }
+        if self.medium != "device":
+            wire["medium"] = self.medium
+        return wire
 
 
 def encode_event(event: KVEvent) -> str:
@@ -88,6 +97,9 @@ def decode_event(data: str | bytes | Mapping[str, object]) -> KVEvent:
     seq = data.get("seq")
     if type(seq) is not int or seq < 0:
         raise EventDecodeError(f"event.seq must be a non-negative integer, got {seq!r}")
+    medium = data.get("medium", "device")
+    if medium not in MEDIA:
+        raise EventDecodeError(f"event.medium must be one of {MEDIA}, got {medium!r}")
     raw_blocks = data.get("blocks", [])
     if not isinstance(raw_blocks, list):
         raise EventDecodeError("event.blocks must be a list")
@@ -99,6 +111,7 @@ def decode_event(data: str | bytes | Mapping[str, object]) -> KVEvent:
         namespace=_text(data, "namespace"),
         scope=_text(data, "scope"),
         blocks=tuple(_block(item, i, kind) for i, item in enumerate(raw_blocks)),
+        medium=medium,
     )
 
 

@@ -20,13 +20,18 @@ from dataclasses import asdict, dataclass, fields
 from cryptography.hazmat.primitives import hashes, hmac
 
 SECRET_ENV = "RADIX_ROUTER_SECRET"
-ENCODING_VERSION = b"RRNS\x01"
+ENCODING_VERSION = b"RRNS\x02"
 log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
 class CacheNamespace:
-    """Identity of a KV cache: model weights, tokenizer, adapter, RoPE and KV format."""
+    """Identity of a KV cache: model weights, tokenizer, adapter, RoPE and KV format.
+
+    The KV format is ``kv_dtype``, ``block_size``, ``kv_layout_version`` and, for an
+    FP8 cache, ``kv_scales_digest`` (the sha256 of its calibration file; empty for
+    unit scales and non-FP8 caches).
+    """
 
     model_id: str
     weights_digest: str
@@ -37,6 +42,7 @@ class CacheNamespace:
     kv_dtype: str = "float32"
     block_size: int = 16
     kv_layout_version: int = 1
+    kv_scales_digest: str = ""
 
     def __post_init__(self) -> None:
         for f in fields(self):

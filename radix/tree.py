@@ -265,6 +265,16 @@ class RadixTree(Generic[P]):
             freed += node.num_tokens
         return evicted
 
+    def evict_scope_leaf(self, scope: Scope) -> Node[P] | None:
+        """Remove the least recently used unlocked leaf owned by ``scope`` (quota
+        enforcement) and return it, or None when ``scope`` has none. Scans the LRU
+        order from the front, so the cost grows with the unlocked nodes before it."""
+        for node in self._unlocked:
+            if node.scope == scope and not node.children:
+                self.remove_leaf(node)
+                return node
+        return None
+
     def remove_leaf(self, node: Node[P]) -> None:
         """Remove one unlocked leaf now (the router drops nodes no worker holds)."""
         if node.children or node.lock_ref or node is self.root:

@@ -104,13 +104,16 @@ class PolicyConfig:
 class TenantLimits:
     """Per-tenant limits; None means unlimited. ``max_prompt_chars`` bounds a prompt's
     text before it is tokenized (default: ``max_prompt_tokens`` times the model's
-    longest token, so no prompt that could fit is refused)."""
+    longest token, so no prompt that could fit is refused). ``max_cached_tokens`` is
+    the tenant's prefix-cache quota on each worker, sent with every ``/generate``:
+    a worker evicts an over-quota tenant's cached blocks before anyone else's."""
 
     max_prompt_tokens: int | None = None
     max_prompt_chars: int | None = None
     max_output_tokens: int | None = None
     max_concurrent_requests: int | None = None
     tokens_per_minute: int | None = None
+    max_cached_tokens: int | None = None
 
     def shared_by(self, num_sharers: int) -> TenantLimits:
         """These limits with the concurrency and tokens-per-minute limits cut to one of

@@ -233,6 +233,7 @@ def _limits(t: Table) -> TenantLimits:
                 "max_output_tokens",
                 "max_concurrent_requests",
                 "tokens_per_minute",
+                "max_cached_tokens",
             )
         }
     )

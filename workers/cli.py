@@ -38,6 +38,10 @@ _FLAG_FIELDS = {
     "kv_cache_bytes": ("kv", "cache_bytes"),
     "block_size": ("kv", "block_size"),
     "prefix_cache": ("kv", "prefix_cache"),
+    "kv_cache_dtype": ("kv", "cache_dtype"),
+    "kv_scales": ("kv", "scales_file"),
+    "host_cache_bytes": ("kv", "host_cache_bytes"),
+    "preemption_mode": ("engine", "preemption_mode"),
     "max_batched_tokens": ("engine", "max_batched_tokens"),
     "max_num_seqs": ("engine", "max_num_seqs"),
     "max_waiting_requests": ("engine", "max_waiting_requests"),
@@ -64,6 +68,14 @@ def _parser() -> argparse.ArgumentParser:
         help="on SIGTERM, how long requests in flight may take to finish (default 30)")
     add("--kv-cache-bytes", type=parse_bytes, help="KV cache budget, e.g. 64MiB or 2GiB")
     add("--block-size", type=int, help="tokens per KV block (default 16)")
+    add("--kv-cache-dtype", choices=("auto", "fp8_e4m3", "fp8_e5m2"),
+        help="KV cache dtype (auto: the model's dtype)")
+    add("--kv-scales", metavar="FILE",
+        help="per-layer FP8 K/V scales from python -m workers.kv.calibrate (default: 1.0)")
+    add("--host-cache-bytes", type=parse_bytes,
+        help="host-memory KV tier, e.g. 4GiB (default 0: off; evicted blocks are dropped)")
+    add("--preemption-mode", choices=("recompute", "swap", "auto"),
+        help="preempted sequences: recompute later, swap to the host tier, or by length")
     add("--no-prefix-cache", dest="prefix_cache", action="store_const", const=False,
         help="use the null prefix cache (nothing shared; for comparisons)")  # fmt: skip
     add("--max-batched-tokens", type=int, help="tokens computed per engine step")

@@ -16,6 +16,8 @@ from typing import Any
 import tomllib
 
 HASH_ALGORITHMS = ("blake2b", "xxh3_128")
+KV_CACHE_DTYPES = ("auto", "fp8_e4m3", "fp8_e5m2")
+PREEMPTION_MODES = ("recompute", "swap", "auto")
 DEVICES = ("auto", "cpu", "cuda")
 
 
@@ -109,19 +111,34 @@ class ModelSettings:
 
 @dataclass(frozen=True)
 class KVSettings:
-    """The paged KV cache: byte budget, block size, prefix cache and event log.
+    """The paged KV cache: byte budget, block size, KV dtype, prefix cache and event log.
 
     ``prefix_cache`` False selects the null prefix cache (nothing is ever shared).
+    ``cache_dtype`` ``auto`` stores K/V in the model's dtype; ``fp8_e4m3`` and
+    ``fp8_e5m2`` store them in one byte with per-layer scales from ``scales_file``
+    (a ``workers.kv.calibrate`` record; unset: unit scales, with a warning).
+    ``host_cache_bytes`` > 0 adds the host-memory tier of that size (whole blocks;
+    needs the prefix cache): evicted blocks move there, sealed, instead of vanishing.
     """
 
     cache_bytes: int = 256 * 2**20
     block_size: int = 16
+    cache_dtype: str = "auto"
+    scales_file: str | None = None
+    host_cache_bytes: int = 0
     prefix_cache: bool = True
     hash_algorithm: str = "blake2b"
     event_log_size: int = 65536
 
     def __post_init__(self) -> None:
         _require(self.cache_bytes > 0, "kv.cache_bytes", self.cache_bytes, "> 0")
+        _require(self.cache_dtype in KV_CACHE_DTYPES, "kv.cache_dtype", self.cache_dtype,
+                 f"one of {KV_CACHE_DTYPES}")  # fmt: skip
+        _require(self.host_cache_bytes >= 0, "kv.host_cache_bytes", self.host_cache_bytes, ">= 0")
+        _require(self.prefix_cache or not self.host_cache_bytes, "kv.host_cache_bytes",
+                 self.host_cache_bytes, "0 without the prefix cache")  # fmt: skip
+        _require(self.scales_file is None or self.cache_dtype != "auto", "kv.scales_file",
+                 self.scales_file, "unset unless kv.cache_dtype is an FP8 dtype")  # fmt: skip
         _require(self.block_size > 0, "kv.block_size", self.block_size, "> 0")
         _require(
             self.hash_algorithm in HASH_ALGORITHMS,
@@ -139,18 +156,27 @@ class EngineConfig:
     ``max_batched_tokens``: tokens computed per step (decodes count one each; long
     prompts are prefilled in chunks of what is left). ``max_num_seqs``: sequences
     running at once. ``max_waiting_requests``: queue bound, beyond which requests
-    are refused (HTTP 429).
+    are refused (HTTP 429). ``preemption_mode``: a preempted sequence's KV is
+    ``recompute``d later (kept as ordinary cached blocks meanwhile), ``swap``ped out
+    to the host tier at once, or, with ``auto``, swapped when it has at least
+    ``swap_min_tokens`` computed tokens (recomputing a long prefix costs more than
+    copying it back).
     """
 
     max_batched_tokens: int = 512
     max_num_seqs: int = 64
     max_waiting_requests: int = 256
+    preemption_mode: str = "recompute"
+    swap_min_tokens: int = 256
 
     def __post_init__(self) -> None:
         _require(
             self.max_batched_tokens > 0, "engine.max_batched_tokens", self.max_batched_tokens, "> 0"
         )
         _require(self.max_num_seqs > 0, "engine.max_num_seqs", self.max_num_seqs, "> 0")
+        _require(self.preemption_mode in PREEMPTION_MODES, "engine.preemption_mode",
+                 self.preemption_mode, f"one of {PREEMPTION_MODES}")  # fmt: skip
+        _require(self.swap_min_tokens > 0, "engine.swap_min_tokens", self.swap_min_tokens, "> 0")
         _require(
             self.max_waiting_requests > 0,
             "engine.max_waiting_requests",

@@ -57,7 +57,8 @@ async def serve_openai(request: web.Request, endpoint: str) -> web.StreamRespons
         exchange = Exchange(503)
         try:
             call = Call(parsed, model.name, prompt, tenant.tenant_id, max_tokens,
-                        router.cache_salts.salt(tenant.tenant_id))
+                        router.cache_salts.salt(tenant.tenant_id),
+                        tenant.limits.max_cached_tokens)
             decision_started = time.monotonic()
             workers = router.registry.routable(model.name)
             matched = match(router, workers, prompt, tenant)

@@ -77,6 +77,20 @@ class Call:
     scope: str
     max_tokens: int | None
     cache_salt: str
+    max_cached_tokens: int | None = None
+
+
+def generate_body(call: Call) -> dict[str, Any]:
+    """The ``/generate`` body of ``call`` (always streamed: whole answers are assembled
+    here, so they resume like streams); ``max_cached_tokens`` only under a quota."""
+    body: dict[str, Any] = {"token_ids_b64": base64.b64encode(call.prompt.key).decode(),
+                            "scope": call.scope,
+                            "num_public_tokens": call.prompt.num_public_tokens,
+                            "sampling": call.request.sampling.to_wire(call.max_tokens),
+                            "stream": True}
+    if call.max_cached_tokens is not None:
+        body["max_cached_tokens"] = call.max_cached_tokens
+    return body
 
 
 class Proxy:
@@ -118,12 +132,7 @@ class Proxy:
 
     async def _relay_generate(self, call: Call, relay: Relay, worker: WorkerState,
                               exchange: Exchange) -> web.StreamResponse:
-        body = {"token_ids_b64": base64.b64encode(call.prompt.key).decode(),
-                "scope": call.scope,
-                "num_public_tokens": call.prompt.num_public_tokens,
-                "sampling": call.request.sampling.to_wire(call.max_tokens),
-                "stream": True}
-        body = resumed_generate_body(body, call.prompt.key, relay.progress)
+        body = resumed_generate_body(generate_body(call), call.prompt.key, relay.progress)
         upstream = await self._upstream.post(worker, "/generate", body, call.request)
         return await self._relay_events(relay, worker, upstream, exchange, _same)
 

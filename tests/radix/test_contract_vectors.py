@@ -27,17 +27,17 @@ NAMESPACE = CacheNamespace(
     block_size=16,
 )
 ENCODING_HEX = (
-    "52524e530100730000000464656d6f01730000000461623132027300000004636433340373000000000473"
+    "52524e530200730000000464656d6f01730000000461623132027300000004636433340373000000000473"
     "000000000573000000497b226d61785f706f736974696f6e5f656d62656464696e6773223a343039362c22"
     "726f70655f7363616c696e67223a6e756c6c2c22726f70655f7468657461223a31303030302e307d067300"
-    "000007666c6f61743332076900000002313608690000000131"
+    "000007666c6f61743332076900000002313608690000000131097300000000"
 )
-FINGERPRINT = "b134a952bb9739abd40f7136b039bbbda80874627cd058bfa3fa907a5579bcad"
+FINGERPRINT = "38d8c0958c8c80a8e3e5b63b8f6e6eb1ae5b2e534f0906a5d3e142ee7f0a2538"
 CHAIN = {
-    "blake2b": ["f73e5a564aaf6fc03ec5960995b307cc", "d571d95f4d298332b79e4231595efdb0",
-                "0d9837255d6cf302d9eb859a214297cd"],
-    "xxh3_128": ["6189d21334fc1b53cbb0c1b225e2b526", "c364d12ec23ab6f999ddd8467e9d4ec3",
-                 "d1d1725bb2c1059d98e6cc56a246ace5"],
+    "blake2b": ["46fa3b6e0077a5eeb27ed458c981b08d", "4246addb19aaa6de004522d2b70e543c",
+                "e710ec5b64389febb21e489fdbfe39e2"],
+    "xxh3_128": ["d6c7bad0e5012e5ebdc1e13297cc8278", "a7b871638ee6b654024abefe8857f94b",
+                 "e3911803557a777ce20884dd1adf86a4"],
 }
 
 
@@ -47,7 +47,7 @@ def field(tag: int, kind: bytes, raw: bytes) -> bytes:
 
 def test_namespace_encoding_vector():
     assert NAMESPACE.encode().hex() == ENCODING_HEX
-    assert NAMESPACE.encode().startswith(b"RRNS\x01" + field(0, b"s", b"demo"))
+    assert NAMESPACE.encode().startswith(b"RRNS\x02" + field(0, b"s", b"demo"))
     assert NAMESPACE.fingerprint(SECRET) == FINGERPRINT
     expected = hmac.new(SECRET, bytes.fromhex(ENCODING_HEX), hashlib.sha256).hexdigest()
     assert expected == FINGERPRINT

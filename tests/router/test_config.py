@@ -4,9 +4,13 @@ from __future__ import annotations
 
 import pytest
 
+from radix.openai.requests import COMPLETIONS, parse_openai_request
+from radix.tokenizer import PromptTokenizer
 from router.cli import limits_for_processes, with_overrides
 from router.config import DEFAULT_CONFIG
 from router.config_toml import load_config, parse_config
+from router.front.tokenization import ModelTokenizer
+from router.upstream.proxy import Call, generate_body
 
 BASE = {
     "models": {"demo": {"tokenizer": "demo"}},
@@ -157,3 +161,18 @@ def test_redis_url_override_replaces_launch() -> None:
     assert overridden.redis.url == "redis://127.0.0.1:7000/0" and not overridden.redis.launch
     with pytest.raises(ValueError, match="--redis-url"):
         with_overrides(config, None, None, [], None, "http://127.0.0.1:7000")
+
+
+def test_tenant_cache_quota_is_parsed_and_sent_with_each_generate() -> None:
+    tenants = {"a": {"key_digests": [], "max_cached_tokens": 4096}, "b": {"key_digests": []}}
+    config = parse_config({**BASE, "auth": {"tenants": tenants}})
+    limits = {t.tenant_id: t.limits.max_cached_tokens for t in config.auth.tenants}
+    assert limits == {"a": 4096, "b": None}
+    model = ModelTokenizer(config.models["demo"], PromptTokenizer.demo())
+    request = parse_openai_request({"model": "demo", "prompt": "hi", "max_tokens": 8},
+                                   COMPLETIONS, model.bounds)  # fmt: skip
+    prompt = model.prompt(request, "a")
+    call = Call(request, "demo", prompt, "a", 8, "salt", limits["a"])
+    assert generate_body(call)["max_cached_tokens"] == 4096
+    unlimited = Call(request, "demo", prompt, "b", 8, "salt", limits["b"])
+    assert "max_cached_tokens" not in generate_body(unlimited)

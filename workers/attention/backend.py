@@ -7,34 +7,39 @@ Triton) never load it.
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 
 from workers.attention import reference
 from workers.attention.metadata import AttentionMetadata
 
 
+class LayerKVCache(NamedTuple):
+    """One layer's paged K and V caches ``[num_blocks, block_size, kv_heads, head_dim]``
+    and the scales their values are stored with (1.0 unless the cache is FP8)."""
+
+    key: torch.Tensor
+    value: torch.Tensor
+    k_scale: float = 1.0
+    v_scale: float = 1.0
+
+
 def write_kv(
-    key_cache: torch.Tensor,
-    value_cache: torch.Tensor,
-    key: torch.Tensor,
-    value: torch.Tensor,
-    slot_mapping: torch.Tensor,
+    cache: LayerKVCache, key: torch.Tensor, value: torch.Tensor, slot_mapping: torch.Tensor
 ) -> None:
-    """Store the new tokens' ``key``/``value`` [T, kv_heads, head_dim] into their slots."""
-    if key_cache.is_cuda:
+    """Store the new tokens' ``key``/``value`` [T, kv_heads, head_dim] into their slots
+    (quantized with the layer's scales when the cache is FP8)."""
+    if cache.key.is_cuda:
         from workers.attention import triton_kernels
 
-        triton_kernels.store_kv(key_cache, value_cache, key, value, slot_mapping)
+        triton_kernels.store_kv(cache.key, cache.value, key, value, slot_mapping, *cache[2:])
     else:
-        reference.write_kv(key_cache, value_cache, key, value, slot_mapping)
+        reference.write_kv(cache.key, cache.value, key, value, slot_mapping, *cache[2:])
 
 
 def paged_attention(
-    query: torch.Tensor,
-    key_cache: torch.Tensor,
-    value_cache: torch.Tensor,
-    metadata: AttentionMetadata,
-    scale: float,
+    query: torch.Tensor, cache: LayerKVCache, metadata: AttentionMetadata, scale: float
 ) -> torch.Tensor:
     """Attention of the new tokens' ``query`` [T, H, D] over their sequences' paged K/V.
 
@@ -47,15 +52,18 @@ def paged_attention(
         from workers.attention import triton_kernels as impl
     if metadata.max_query_len == 1:
         return impl.paged_decode(
-            query, key_cache, value_cache, metadata.seq_lens, metadata.block_tables, scale
-        )
+            query, cache.key, cache.value, metadata.seq_lens, metadata.block_tables, scale,
+            cache.k_scale, cache.v_scale,
+        )  # fmt: skip
     return impl.paged_prefill(
         query,
-        key_cache,
-        value_cache,
+        cache.key,
+        cache.value,
         metadata.query_start_loc,
         metadata.seq_lens,
         metadata.block_tables,
         metadata.max_query_len,
         scale,
+        cache.k_scale,
+        cache.v_scale,
     )

@@ -6,12 +6,20 @@ head_dim]`` with the batch's new tokens flattened back to back (``query_start_lo
 The K/V of the new tokens must already be in the cache (``write_kv``) before
 attention runs, so the "causal part" of a prefill is read from the cache like the
 prefix. These functions are the oracle for the Triton kernels and the CPU path.
+
+FP8 caches: ``write_kv`` stores ``x / scale`` saturated to the format's range, and
+attention reads the stored values exactly (every FP8 value is a bf16, fp16 and fp32
+value) with the layer's K scale folded into the softmax scale and its V scale into
+the output: ``softmax(q (k s_k)^T c) (v s_v) = softmax(q k^T (c s_k)) v s_v``. For
+other caches the scales are 1.0 and nothing is rescaled.
 """
 
 from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
+
+FP8_DTYPES = (torch.float8_e4m3fn, torch.float8_e5m2)
 
 
 def write_kv(
@@ -20,11 +28,25 @@ def write_kv(
     key: torch.Tensor,
     value: torch.Tensor,
     slot_mapping: torch.Tensor,
+    k_scale: float = 1.0,
+    v_scale: float = 1.0,
 ) -> None:
-    """Store ``key``/``value`` [T, num_kv_heads, head_dim] into cache slots ``slot_mapping`` [T]."""
+    """Store ``key``/``value`` [T, num_kv_heads, head_dim] into cache slots ``slot_mapping``
+    [T], quantized with ``k_scale``/``v_scale`` when the cache is FP8."""
     num_kv_heads, head_dim = key_cache.shape[2:]
-    key_cache.view(-1, num_kv_heads, head_dim)[slot_mapping] = key
-    value_cache.view(-1, num_kv_heads, head_dim)[slot_mapping] = value
+    key_cache.view(-1, num_kv_heads, head_dim)[slot_mapping] = quantize(key, k_scale, key_cache.dtype)
+    value_cache.view(-1, num_kv_heads, head_dim)[slot_mapping] = quantize(
+        value, v_scale, value_cache.dtype
+    )
+
+
+def quantize(x: torch.Tensor, scale: float, dtype: torch.dtype) -> torch.Tensor:
+    """``x`` as stored in a ``dtype`` cache: ``x / scale`` saturated for FP8 (computed in
+    float32), else ``x`` cast."""
+    if dtype not in FP8_DTYPES:
+        return x.to(dtype)
+    top = torch.finfo(dtype).max
+    return (x.to(torch.float32) / scale).clamp_(-top, top).to(dtype)
 
 
 def paged_decode(
@@ -34,12 +56,15 @@ def paged_decode(
     seq_lens: torch.Tensor,
     block_tables: torch.Tensor,
     scale: float,
+    k_scale: float = 1.0,
+    v_scale: float = 1.0,
 ) -> torch.Tensor:
     """One query per sequence ([B, H, D]) attending to all ``seq_lens[b]`` cached tokens."""
     query_start_loc = torch.arange(query.shape[0] + 1, dtype=torch.int32, device=query.device)
     return paged_prefill(
-        query, key_cache, value_cache, query_start_loc, seq_lens, block_tables, 1, scale
-    )
+        query, key_cache, value_cache, query_start_loc, seq_lens, block_tables, 1, scale,
+        k_scale, v_scale,
+    )  # fmt: skip
 
 
 def paged_prefill(
@@ -51,6 +76,8 @@ def paged_prefill(
     block_tables: torch.Tensor,
     max_query_len: int,
     scale: float,
+    k_scale: float = 1.0,
+    v_scale: float = 1.0,
 ) -> torch.Tensor:
     """New tokens of each sequence attend to its cached prefix and causally to each other.
 
@@ -59,6 +86,23 @@ def paged_prefill(
     In a mixed batch the one-token rows (decodes) run apart from the prefill rows, so
     they are not padded to the longest prefill chunk.
     """
+    out = _paged_prefill(
+        query, key_cache, value_cache, query_start_loc, seq_lens, block_tables, max_query_len,
+        scale * k_scale,
+    )  # fmt: skip
+    return out if v_scale == 1.0 else out * v_scale
+
+
+def _paged_prefill(
+    query: torch.Tensor,
+    key_cache: torch.Tensor,
+    value_cache: torch.Tensor,
+    query_start_loc: torch.Tensor,
+    seq_lens: torch.Tensor,
+    block_tables: torch.Tensor,
+    max_query_len: int,
+    scale: float,
+) -> torch.Tensor:
     query_lens = query_start_loc[1:] - query_start_loc[:-1]
     is_decode = query_lens == 1
     if max_query_len > 1 and bool(is_decode.any()):
@@ -67,7 +111,7 @@ def paged_prefill(
             scale, is_decode,
         )  # fmt: skip
     seq_lens = seq_lens.long()
-    keys, values, key_pos = _gather(key_cache, value_cache, block_tables, seq_lens)
+    keys, values, key_pos = _gather(key_cache, value_cache, block_tables, seq_lens, query.dtype)
     if max_query_len == 1:  # one query per sequence, at its last position
         visible = key_pos[None, :] < seq_lens[:, None]
         mask = None if bool(visible.all()) else visible[:, None, None]
@@ -101,16 +145,18 @@ def _split_decodes(
     out = torch.empty_like(query)
     decodes = is_decode.nonzero().flatten()
     rows = query_start_loc[decodes].long()
-    out[rows] = paged_decode(
-        query[rows], key_cache, value_cache, seq_lens[decodes], block_tables[decodes], scale
-    )
+    decode_start_loc = torch.arange(len(decodes) + 1, dtype=torch.int32, device=query.device)
+    out[rows] = _paged_prefill(
+        query[rows], key_cache, value_cache, decode_start_loc, seq_lens[decodes],
+        block_tables[decodes], 1, scale,
+    )  # fmt: skip
     prefills = (~is_decode).nonzero().flatten()
     starts, ends = query_start_loc[prefills].long(), query_start_loc[prefills + 1].long()
     spans = zip(starts.tolist(), ends.tolist(), strict=True)
     token_rows = torch.cat([torch.arange(a, b, device=query.device) for a, b in spans])
     sub_start_loc = torch.zeros(len(prefills) + 1, dtype=query_start_loc.dtype)
     sub_start_loc[1:] = torch.cumsum(ends - starts, 0)
-    out[token_rows] = paged_prefill(
+    out[token_rows] = _paged_prefill(
         query[token_rows], key_cache, value_cache, sub_start_loc.to(query.device),
         seq_lens[prefills], block_tables[prefills], max_query_len, scale,
     )  # fmt: skip
@@ -122,8 +168,10 @@ def _gather(
     value_cache: torch.Tensor,
     block_tables: torch.Tensor,
     seq_lens: torch.Tensor,
+    dtype: torch.dtype,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Each sequence's K/V as [B, max(seq_lens), kv_heads, D], plus key positions.
+    """Each sequence's K/V as [B, max(seq_lens), kv_heads, D] in ``dtype``, plus key
+    positions (FP8 values convert exactly; their scales are applied by the caller).
 
     Slots past a shorter sequence's length hold stale data (or uninitialized memory);
     they are zeroed so a masked-out NaN can never reach the output as 0 * NaN.
@@ -133,8 +181,8 @@ def _gather(
     offsets = torch.arange(block_size, device=key_cache.device)
     slots = (block_tables.long()[:, :, None] * block_size + offsets).flatten(1)[:, :max_len]
     shape = (*slots.shape, *key_cache.shape[2:])
-    keys = key_cache.flatten(0, 1).index_select(0, slots.flatten()).view(shape)
-    values = value_cache.flatten(0, 1).index_select(0, slots.flatten()).view(shape)
+    keys = key_cache.flatten(0, 1).index_select(0, slots.flatten()).view(shape).to(dtype)
+    values = value_cache.flatten(0, 1).index_select(0, slots.flatten()).view(shape).to(dtype)
     key_pos = torch.arange(max_len, device=key_cache.device)
     stale = key_pos[None, :] >= seq_lens[:, None]
     if bool(stale.any()):

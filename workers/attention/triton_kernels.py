@@ -13,6 +13,11 @@ decode kernel splits long sequences into ``num_splits`` key ranges run by separa
 programs (flash-decoding) and a second kernel merges the partial results, so a small
 batch still fills the GPU.
 
+FP8 caches (float8_e4m3fn, float8_e5m2) follow the reference: the store kernel
+divides by the layer's scale and saturates before the cast; the attention kernels
+convert each loaded tile to the query's dtype (exact) and apply the K scale through
+the softmax scale and the V scale to the output, so no extra pass over the cache runs.
+
 Runs on CUDA, and on CPU tensors under ``TRITON_INTERPRET=1`` (tests).
 """
 
@@ -24,14 +29,15 @@ import triton.language as tl
 
 _LOG2E = 1.4426950408889634
 _DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+_FP8_DTYPES = (torch.float8_e4m3fn, torch.float8_e5m2)
 
 
 @triton.jit
 def _store_kv_kernel(
-    key_ptr, value_ptr, key_cache_ptr, value_cache_ptr, slot_ptr,
+    key_ptr, value_ptr, key_cache_ptr, value_cache_ptr, slot_ptr, k_scale, v_scale,
     stride_kt, stride_kh, stride_vt, stride_vh,
     NUM_KV_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr,
-    HEADS_P: tl.constexpr, DIM_P: tl.constexpr,
+    HEADS_P: tl.constexpr, DIM_P: tl.constexpr, FP8_MAX: tl.constexpr,
 ):  # fmt: skip
     token = tl.program_id(0).to(tl.int64)
     slot = tl.load(slot_ptr + token).to(tl.int64)
@@ -40,9 +46,12 @@ def _store_kv_kernel(
     mask = (heads < NUM_KV_HEADS) & (dims < HEAD_DIM)
     cache_offsets = slot * NUM_KV_HEADS * HEAD_DIM + heads * HEAD_DIM + dims
     key = tl.load(key_ptr + token * stride_kt + heads * stride_kh + dims, mask=mask)
-    tl.store(key_cache_ptr + cache_offsets, key, mask=mask)
     value = tl.load(value_ptr + token * stride_vt + heads * stride_vh + dims, mask=mask)
-    tl.store(value_cache_ptr + cache_offsets, value, mask=mask)
+    if FP8_MAX > 0:
+        key = tl.minimum(tl.maximum(key.to(tl.float32) / k_scale, -FP8_MAX), FP8_MAX)
+        value = tl.minimum(tl.maximum(value.to(tl.float32) / v_scale, -FP8_MAX), FP8_MAX)
+    tl.store(key_cache_ptr + cache_offsets, key.to(key_cache_ptr.dtype.element_ty), mask=mask)
+    tl.store(value_cache_ptr + cache_offsets, value.to(value_cache_ptr.dtype.element_ty), mask=mask)
 
 
 @triton.jit
@@ -69,7 +78,7 @@ def _attend_tile(
     k_t = tl.load(
         key_cache_ptr + kv_offsets[None, :] + dims[:, None],
         mask=dim_ok[:, None] & in_seq[None, :], other=0.0,
-    )  # fmt: skip
+    ).to(q.dtype)  # fmt: skip
     scores = tl.dot(q, k_t, input_precision=PRECISION) * qk_scale
     visible = (key_pos[None, :] <= query_pos[:, None]) & in_seq[None, :]
     scores = tl.where(visible, scores, float("-inf"))
@@ -80,7 +89,7 @@ def _attend_tile(
     v = tl.load(
         value_cache_ptr + kv_offsets[:, None] + dims[None, :],
         mask=in_seq[:, None] & dim_ok[None, :], other=0.0,
-    )  # fmt: skip
+    ).to(q.dtype)  # fmt: skip
     acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
     return acc, m_new, l_i * alpha + tl.sum(p, 1)
 
@@ -88,7 +97,7 @@ def _attend_tile(
 @triton.jit
 def _paged_prefill_kernel(
     query_ptr, key_cache_ptr, value_cache_ptr, out_ptr,
-    query_start_ptr, seq_lens_ptr, block_tables_ptr, qk_scale,
+    query_start_ptr, seq_lens_ptr, block_tables_ptr, qk_scale, v_scale,
     stride_qt, stride_qh, stride_ot, stride_oh, stride_bt,
     stride_cb, stride_cs, stride_ch,
     GROUP: tl.constexpr, GROUP_P: tl.constexpr, HEAD_DIM: tl.constexpr, DIM_P: tl.constexpr,
@@ -125,7 +134,7 @@ def _paged_prefill_kernel(
             kv_head, query_pos, seq_len, qk_scale, stride_cb, stride_cs, stride_ch,
             HEAD_DIM, BLOCK_SIZE, DIM_P, BLOCK_N, PRECISION,
         )  # fmt: skip
-    out = acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]
+    out = acc * v_scale / tl.where(l_i == 0.0, 1.0, l_i)[:, None]
     o_offsets = (query_start + token)[:, None].to(tl.int64) * stride_ot + head[:, None] * stride_oh
     tl.store(out_ptr + o_offsets + dims[None, :], out.to(out_ptr.dtype.element_ty), mask=io_mask)
 
@@ -133,7 +142,7 @@ def _paged_prefill_kernel(
 @triton.jit
 def _paged_decode_kernel(
     query_ptr, key_cache_ptr, value_cache_ptr, out_ptr, part_acc_ptr, part_ml_ptr,
-    seq_lens_ptr, block_tables_ptr, qk_scale,
+    seq_lens_ptr, block_tables_ptr, qk_scale, v_scale,
     stride_qt, stride_qh, stride_ot, stride_oh, stride_bt,
     stride_cb, stride_cs, stride_ch,
     NUM_HEADS: tl.constexpr, NUM_SPLITS: tl.constexpr,
@@ -165,6 +174,7 @@ def _paged_decode_kernel(
             kv_head, query_pos, seq_len, qk_scale, stride_cb, stride_cs, stride_ch,
             HEAD_DIM, BLOCK_SIZE, DIM_P, BLOCK_N, PRECISION,
         )  # fmt: skip
+    acc = acc * v_scale
     if NUM_SPLITS == 1:
         out = acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]
         o_offsets = seq.to(tl.int64) * stride_ot + head[:, None] * stride_oh + dims[None, :]
@@ -206,15 +216,18 @@ def store_kv(
     key: torch.Tensor,
     value: torch.Tensor,
     slot_mapping: torch.Tensor,
+    k_scale: float = 1.0,
+    v_scale: float = 1.0,
 ) -> None:
-    """Store ``key``/``value`` [T, kv_heads, head_dim] into cache slots ``slot_mapping`` [T] int64."""
+    """Store ``key``/``value`` [T, kv_heads, head_dim] into cache slots ``slot_mapping`` [T]
+    int64, divided by ``k_scale``/``v_scale`` and saturated when the cache is FP8."""
     _check_cache(key_cache, value_cache)
     num_kv_heads, head_dim = key_cache.shape[2:]
     for name, tensor in (("key", key), ("value", value)):
         _check(tensor.dim() == 3 and tuple(tensor.shape[1:]) == (num_kv_heads, head_dim),
                f"{name} must be [T, {num_kv_heads}, {head_dim}], got {tuple(tensor.shape)}")  # fmt: skip
         _check(
-            tensor.dtype == key_cache.dtype,
+            tensor.dtype == key_cache.dtype or key_cache.dtype in _FP8_DTYPES,
             f"{name} dtype {tensor.dtype} != cache {key_cache.dtype}",
         )
         _check(tensor.stride(2) == 1, f"{name} must have a unit stride on head_dim")
@@ -224,11 +237,14 @@ def store_kv(
     _check(value.shape[0] == key.shape[0], "key and value must have the same number of tokens")
     if key.shape[0] == 0:
         return
+    _check_scales(key_cache, k_scale, v_scale)
+    fp8_max = torch.finfo(key_cache.dtype).max if key_cache.dtype in _FP8_DTYPES else 0.0
     _store_kv_kernel[(key.shape[0],)](
-        key, value, key_cache, value_cache, slot_mapping,
+        key, value, key_cache, value_cache, slot_mapping, k_scale, v_scale,
         key.stride(0), key.stride(1), value.stride(0), value.stride(1),
         NUM_KV_HEADS=num_kv_heads, HEAD_DIM=head_dim,
         HEADS_P=triton.next_power_of_2(num_kv_heads), DIM_P=triton.next_power_of_2(head_dim),
+        FP8_MAX=fp8_max,
     )  # fmt: skip
 
 
@@ -241,6 +257,8 @@ def paged_prefill(
     block_tables: torch.Tensor,
     max_query_len: int,
     scale: float,
+    k_scale: float = 1.0,
+    v_scale: float = 1.0,
     rows_per_tile: int = 64,
     block_n: int = 64,
 ) -> torch.Tensor:
@@ -251,6 +269,7 @@ def paged_prefill(
     ``block_n`` at a time.
     """
     group = _check_attention(query, key_cache, value_cache, seq_lens, block_tables, block_n)
+    _check_scales(key_cache, k_scale, v_scale)
     _check(query_start_loc.dtype == torch.int32 and query_start_loc.shape == (seq_lens.shape[0] + 1,),
            "query_start_loc must be int32 [B + 1]")  # fmt: skip
     out = torch.empty_like(query)
@@ -262,7 +281,7 @@ def paged_prefill(
     grid = (seq_lens.shape[0], triton.cdiv(max_query_len, block_q), num_kv_heads)
     _paged_prefill_kernel[grid](
         query, key_cache, value_cache, out, query_start_loc, seq_lens, block_tables,
-        scale * _LOG2E, query.stride(0), query.stride(1), out.stride(0), out.stride(1),
+        scale * k_scale * _LOG2E, v_scale, query.stride(0), query.stride(1), out.stride(0), out.stride(1),
         block_tables.stride(0), *key_cache.stride()[:3],
         GROUP=group, GROUP_P=group_p, HEAD_DIM=head_dim,
         DIM_P=max(16, triton.next_power_of_2(head_dim)), BLOCK_SIZE=block_size, BLOCK_Q=block_q,
@@ -278,6 +297,8 @@ def paged_decode(
     seq_lens: torch.Tensor,
     block_tables: torch.Tensor,
     scale: float,
+    k_scale: float = 1.0,
+    v_scale: float = 1.0,
     num_splits: int | None = None,
     block_n: int = 64,
 ) -> torch.Tensor:
@@ -288,6 +309,7 @@ def paged_decode(
     range, judged from the block-table width so no device sync is needed).
     """
     group = _check_attention(query, key_cache, value_cache, seq_lens, block_tables, block_n)
+    _check_scales(key_cache, k_scale, v_scale)
     _check(query.shape[0] == seq_lens.shape[0], "decode needs exactly one query per sequence")
     num_seqs, num_heads = query.shape[:2]
     block_size, num_kv_heads, head_dim = key_cache.shape[1:]
@@ -303,7 +325,7 @@ def paged_decode(
     part_ml = query.new_empty((num_seqs * num_heads * num_splits, 2), dtype=torch.float32)
     _paged_decode_kernel[(num_seqs, num_kv_heads, num_splits)](
         query, key_cache, value_cache, out, part_acc, part_ml, seq_lens, block_tables,
-        scale * _LOG2E, query.stride(0), query.stride(1), out.stride(0), out.stride(1),
+        scale * k_scale * _LOG2E, v_scale, query.stride(0), query.stride(1), out.stride(0), out.stride(1),
         block_tables.stride(0), *key_cache.stride()[:3],
         NUM_HEADS=num_heads, NUM_SPLITS=num_splits, GROUP=group,
         GROUP_P=max(16, triton.next_power_of_2(group)), HEAD_DIM=head_dim, DIM_P=dim_p,
@@ -333,7 +355,9 @@ def _check_attention(
            f"query must be [T, num_heads, {head_dim}], got {tuple(query.shape)}")  # fmt: skip
     _check(query.shape[1] % num_kv_heads == 0,
            f"{query.shape[1]} query heads are not a multiple of {num_kv_heads} KV heads")  # fmt: skip
-    _check(query.dtype == key_cache.dtype, f"query dtype {query.dtype} != cache {key_cache.dtype}")
+    _check(query.dtype in _DTYPES, f"query dtype must be one of {_DTYPES}")
+    _check(query.dtype == key_cache.dtype or key_cache.dtype in _FP8_DTYPES,
+           f"query dtype {query.dtype} != cache {key_cache.dtype}")  # fmt: skip
     _check(query.stride(2) == 1, "query must have a unit stride on head_dim")
     _check(query.device == key_cache.device, "query is not on the cache's device")
     _check(seq_lens.dtype == torch.int32 and seq_lens.dim() == 1, "seq_lens must be int32 [B]")
@@ -350,7 +374,14 @@ def _check_cache(key_cache: torch.Tensor, value_cache: torch.Tensor) -> None:
     _check(key_cache.shape == value_cache.shape and key_cache.dtype == value_cache.dtype,
            "key and value caches must have the same shape and dtype")  # fmt: skip
     _check(key_cache.is_contiguous() and value_cache.is_contiguous(), "caches must be contiguous")
-    _check(key_cache.dtype in _DTYPES, f"cache dtype must be one of {_DTYPES}")
+    _check(key_cache.dtype in _DTYPES + _FP8_DTYPES,
+           f"cache dtype must be one of {_DTYPES + _FP8_DTYPES}")  # fmt: skip
+
+
+def _check_scales(key_cache: torch.Tensor, k_scale: float, v_scale: float) -> None:
+    _check(k_scale > 0 and v_scale > 0, "k_scale and v_scale must be positive")
+    _check(key_cache.dtype in _FP8_DTYPES or k_scale == v_scale == 1.0,
+           "k_scale and v_scale other than 1.0 need an FP8 cache")  # fmt: skip
 
 
 def _precision(dtype: torch.dtype) -> str:

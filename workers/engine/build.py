@@ -25,6 +25,7 @@ from workers.engine.kv_feed import KVEventFeed
 from workers.engine.metrics import EngineMetrics, register_stats
 from workers.kv.build import build_kv_cache_manager
 from workers.kv.plan import KVCachePlan, describe, plan_kv_cache
+from workers.kv.scales import KVScales, load_scales
 from workers.kv.spec import KVCacheSpec
 from workers.model.config import ModelConfig
 from workers.model.demo import ensure_demo_checkpoint
@@ -54,6 +55,7 @@ class WorkerIdentity:
     max_model_len: int
     vocab_size: int
     kv_plan: KVCachePlan
+    kv_scales: KVScales
 
     @property
     def model(self) -> str:
@@ -72,6 +74,7 @@ class WorkerIdentity:
             "tokenizer_digest": self.namespace.tokenizer_digest,
             "block_size": self.namespace.block_size,
             "kv_dtype": self.namespace.kv_dtype,
+            "kv_scales": self.kv_scales.describe(),
             "num_total_blocks": self.kv_plan.num_blocks,
             "max_model_len": self.max_model_len,
         }
@@ -111,20 +114,27 @@ def build_worker(config: WorkerConfig, worker_id: str, secret: bytes) -> BuiltWo
     path = ensure_demo_checkpoint() if name == DEMO_MODEL else resolve_model_path(name)
     served_names = config.model.served_names
     loaded = load_model(path, device)
-    spec = kv_spec(loaded.config, config.kv.block_size)
+    spec = kv_spec(loaded.config, config.kv.block_size, config.kv.cache_dtype)
     plan = plan_kv_cache(spec, config.kv.cache_bytes)
-    namespace = cache_namespace(served_names[0], loaded, spec)
+    scales = kv_scales(spec, config.kv.scales_file, loaded.weights_digest)
+    namespace = cache_namespace(served_names[0], loaded, spec, scales)
     digest = namespace.digest(secret)
+    num_host_blocks = config.kv.host_cache_bytes // spec.kv_bytes_per_block
+    if config.kv.host_cache_bytes and not num_host_blocks:
+        raise ValueError(f"kv.host_cache_bytes={config.kv.host_cache_bytes} holds no block of "
+                         f"{spec.kv_bytes_per_block} bytes")  # fmt: skip
     manager = build_kv_cache_manager(
         spec, plan.num_blocks, namespace_digest=digest, worker_id=worker_id, device=device,
         prefix_caching=config.kv.prefix_cache, hash_algorithm=config.kv.hash_algorithm,
-        max_events=config.kv.event_log_size,
+        max_events=config.kv.event_log_size, num_host_blocks=num_host_blocks, secret=secret,
     )  # fmt: skip
     model_limit = loaded.config.max_position_embeddings
     max_model_len = min(config.model.max_model_len or model_limit, model_limit, plan.num_tokens)
     registry = CollectorRegistry()
     tensors = manager.tensors
-    runner = ModelRunner(loaded.model, tensors.key_caches, tensors.value_caches, spec.block_size)
+    runner = ModelRunner(
+        loaded.model, tensors.key_caches, tensors.value_caches, spec.block_size, scales
+    )
     engine = Engine(
         manager, runner, loaded.tokenizer, config.engine, max_model_len, EngineMetrics(registry)
     )
@@ -141,10 +151,14 @@ def build_worker(config: WorkerConfig, worker_id: str, secret: bytes) -> BuiltWo
         max_model_len=max_model_len,
         vocab_size=loaded.config.vocab_size,
         kv_plan=plan,
+        kv_scales=scales,
     )
     log.info("model %s from %s on %s (max_model_len %d)", ", ".join(served_names), path, device,
              max_model_len)  # fmt: skip
     log.info("KV plan:\n%s", describe(plan, None))
+    log.info("KV cache dtype %s, scales: %s", spec.dtype, scales.describe())
+    log.info("host KV tier: %s", f"{num_host_blocks} blocks (AES-256-GCM)" if num_host_blocks
+             else "off")  # fmt: skip
     log.info("namespace fingerprint %s (prefix cache %s)", digest.hex(),
              "on" if config.kv.prefix_cache else "off")  # fmt: skip
     return BuiltWorker(
@@ -152,8 +166,11 @@ def build_worker(config: WorkerConfig, worker_id: str, secret: bytes) -> BuiltWo
     )
 
 
-def cache_namespace(served_name: str, loaded: LoadedModel, spec: KVCacheSpec) -> CacheNamespace:
-    """What makes this worker's KV blocks mean what they mean (no adapter yet)."""
+def cache_namespace(
+    served_name: str, loaded: LoadedModel, spec: KVCacheSpec, scales: KVScales
+) -> CacheNamespace:
+    """What makes this worker's KV blocks mean what they mean (no adapter yet): the
+    KV dtype and, for FP8, the scale file's digest are part of it."""
     return CacheNamespace(
         model_id=served_name,
         weights_digest=loaded.weights_digest,
@@ -161,18 +178,32 @@ def cache_namespace(served_name: str, loaded: LoadedModel, spec: KVCacheSpec) ->
         rope=CacheNamespace.canonical_rope(loaded.config.rope_fingerprint()),
         kv_dtype=spec.dtype,
         block_size=spec.block_size,
+        kv_scales_digest=scales.digest,
     )
 
 
-def kv_spec(model_config: ModelConfig, block_size: int) -> KVCacheSpec:
-    """The KV block layout of a model: its layers, KV heads, head dim and dtype."""
+def kv_spec(model_config: ModelConfig, block_size: int, cache_dtype: str = "auto") -> KVCacheSpec:
+    """The KV block layout of a model: its layers, KV heads, head dim, and the cache
+    dtype (``auto``: the model's)."""
+    model_dtype = str(model_config.dtype).removeprefix("torch.")
     return KVCacheSpec(
         num_layers=model_config.num_hidden_layers,
         num_kv_heads=model_config.num_key_value_heads,
         head_dim=model_config.head_dim,
-        dtype=str(model_config.dtype).removeprefix("torch."),
+        dtype=model_dtype if cache_dtype == "auto" else cache_dtype,
         block_size=block_size,
     )
+
+
+def kv_scales(spec: KVCacheSpec, scales_file: str | None, weights_digest: str) -> KVScales:
+    """The cache's per-layer scales: from ``scales_file`` for FP8, else unit (an FP8
+    cache without a file warns: values beyond the format's range saturate)."""
+    if scales_file is not None:
+        return load_scales(scales_file, spec.dtype, spec.num_layers, weights_digest)
+    if spec.is_fp8:
+        log.warning("KV cache dtype %s without a scales file: unit scales (run "
+                    "python -m workers.kv.calibrate)", spec.dtype)  # fmt: skip
+    return KVScales.unit(spec.num_layers)
 
 
 def _device(name: str) -> torch.device:

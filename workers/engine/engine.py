@@ -288,6 +288,7 @@ class Engine:
             num_requests_waiting=len(self._requests) - len(running),
             num_waiting_tokens=waiting_tokens,
             num_preemptions=self.scheduler.num_preemptions,
+            num_swaps=self.scheduler.num_swaps,
             num_stalls=self.scheduler.num_stalls,
             num_prompt_tokens=self._num_prompt_tokens,
             num_generation_tokens=self._num_generation_tokens,

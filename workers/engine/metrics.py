@@ -52,6 +52,13 @@ class EngineStats:
     generation_tokens_total: int
     kv_tail_block_fill_ratio: float
     num_kv_tail_empty_slots: int
+    preemption_swaps_total: int
+    kv_host_blocks_total: int
+    kv_host_blocks_used: int
+    kv_host_hit_blocks_total: int
+    kv_host_bytes_to_host_total: int
+    kv_host_bytes_to_device_total: int
+    kv_host_auth_failures_total: int
 
     @property
     def kv_cache_usage_ratio(self) -> float:
@@ -68,6 +75,7 @@ class EngineStats:
         num_requests_waiting: int,
         num_waiting_tokens: int,
         num_preemptions: int,
+        num_swaps: int,
         num_stalls: int,
         num_prompt_tokens: int,
         num_generation_tokens: int,
@@ -92,6 +100,13 @@ class EngineStats:
             generation_tokens_total=num_generation_tokens,
             kv_tail_block_fill_ratio=tail_fill.fill_ratio,
             num_kv_tail_empty_slots=tail_fill.num_empty_slots,
+            preemption_swaps_total=num_swaps,
+            kv_host_blocks_total=kv.host.num_host_blocks_total,
+            kv_host_blocks_used=kv.host.num_host_blocks_used,
+            kv_host_hit_blocks_total=kv.host.host_hit_blocks_total,
+            kv_host_bytes_to_host_total=kv.host.host_bytes_to_host_total,
+            kv_host_bytes_to_device_total=kv.host.host_bytes_to_device_total,
+            kv_host_auth_failures_total=kv.host.host_auth_failures_total,
         )
 
     def load(self) -> dict[str, float]:
@@ -140,13 +155,20 @@ _GAUGES = {
     " block that hold tokens (1: no slot wasted; 1 when nothing runs).",
     "num_kv_tail_empty_slots": "Token slots left empty in the last KV block of running"
     " sequences (internal fragmentation; a shared block counts once per sequence).",
+    "kv_host_blocks_total": "KV blocks the host-memory tier holds at most (0: no tier).",
+    "kv_host_blocks_used": "KV blocks in the host-memory tier.",
 }
 _COUNTERS = {
     "prefix_cache_queries_tokens_total": "Prompt tokens looked up in the prefix cache.",
     "prefix_cache_hit_tokens_total": "Prompt tokens found in the prefix cache.",
     "kv_evicted_blocks_total": "KV blocks evicted from the prefix cache.",
     "cow_copies_total": "KV blocks copied on write.",
-    "preemptions_total": "Sequences preempted for lack of KV blocks (recomputed later).",
+    "preemptions_total": "Sequences preempted for lack of KV blocks.",
+    "preemption_swaps_total": "Preemptions that swapped the sequence to the host tier.",
+    "kv_host_hit_blocks_total": "KV blocks copied back from the host tier on a prefix hit.",
+    "kv_host_bytes_to_host_total": "KV bytes copied from the device to the host tier.",
+    "kv_host_bytes_to_device_total": "KV bytes copied from the host tier to the device.",
+    "kv_host_auth_failures_total": "Host-tier blocks that failed authentication (dropped).",
     "engine_stalls_total": "Requests that could not be admitted with nothing running (a bug).",
     "prompt_tokens_total": "Prompt tokens of requests whose prefill completed (cached or not).",
     "generation_tokens_total": "Output tokens generated (all choices, aborted requests too).",

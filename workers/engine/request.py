@@ -41,6 +41,7 @@ class GenerationRequest:
     ``num_resumed_tokens`` trailing prompt tokens are output an earlier attempt of this
     request already delivered (a resume: ``n`` is then 1): they count as completion
     tokens in ``max_tokens``, stop strings and usage, and their text is not sent again.
+    ``max_cached_tokens`` is the scope's prefix-cache quota (None: none).
     """
 
     prompt_token_ids: tuple[int, ...]
@@ -48,6 +49,7 @@ class GenerationRequest:
     scope: str = "anonymous"
     num_public_tokens: int = 0
     num_resumed_tokens: int = 0
+    max_cached_tokens: int | None = None
 
 
 @dataclass(frozen=True)

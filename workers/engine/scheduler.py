@@ -10,7 +10,9 @@ Policy, in order, under a budget of ``max_batched_tokens`` tokens per step:
    pool is out of blocks even after evicting cached leaves, the newest running
    sequence not yet scheduled is preempted: its computed tokens are committed to
    the prefix cache, its blocks released, and it goes back to the front of the
-   waiting queue to be recomputed later (usually from its own cached prefix).
+   waiting queue to be recomputed later (usually from its own cached prefix); in
+   ``swap`` mode (or ``auto`` for long sequences) its leaves also move to the host
+   tier at once, to be copied back when it is admitted again.
    A sequence that is itself the newest preempts itself.
 3. If nothing was preempted this step, waiting sequences are admitted in FIFO
    order while the KV manager can reserve their blocks after the prefix match
@@ -58,6 +60,7 @@ class Scheduler:
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
         self.num_preemptions = 0
+        self.num_swaps = 0
         self.num_stalls = 0
         self._stalled_seq_id: int | None = None
 
@@ -112,9 +115,16 @@ class Scheduler:
         return True
 
     def _preempt(self, seq: Sequence) -> None:
-        self._manager.commit(seq.seq_id, seq.token_ids[: seq.num_computed_tokens])
+        mode = self._config.preemption_mode
+        if mode == "swap" or (
+            mode == "auto" and seq.num_computed_tokens >= self._config.swap_min_tokens
+        ):
+            self._manager.swap_out(seq.seq_id, seq.token_ids)
+            self.num_swaps += 1
+        else:
+            self._manager.commit(seq.seq_id, seq.token_ids[: seq.num_computed_tokens])
+            self._manager.free(seq.seq_id)
         self.running.remove(seq)
-        self._manager.free(seq.seq_id)
         seq.num_computed_tokens = 0
         seq.status = SequenceStatus.WAITING
         self.waiting.appendleft(seq)
@@ -129,8 +139,9 @@ class Scheduler:
             if self.running and len(self.running) + num_seqs > self._config.max_num_seqs:
                 break
             num_cached = self._manager.admit(
-                seq.seq_id, seq.token_ids, request.request.scope, request.request.num_public_tokens
-            )
+                seq.seq_id, seq.token_ids, request.request.scope,
+                request.request.num_public_tokens, request.request.max_cached_tokens,
+            )  # fmt: skip
             if num_cached is None:
                 if not self.running:
                     self._report_stall(seq)

@@ -78,6 +78,10 @@ class BlockChainer:
             out[0].append(_event_block(self._hash(parent, node.scope, tail), parent, tail, out[1]))
         return ChainState(parent, tail)
 
+    def block_hash(self, parent: BlockHash | None, scope: Scope, block_key: bytes) -> BlockHash:
+        """The hash of one full block of ``scope`` under ``parent`` (None: the root)."""
+        return self._hash(parent, scope, block_key)
+
     def _hash(self, parent: BlockHash | None, scope: Scope, block_key: bytes) -> BlockHash:
         if parent is None:
             parent = self._root_hashes.get(scope)

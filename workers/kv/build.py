@@ -7,6 +7,8 @@ import torch
 from radix.hashing import BlockHasher
 from workers.kv.block_pool import BlockPool
 from workers.kv.event_log import KVEventLog
+from workers.kv.host_crypto import BlockSealer
+from workers.kv.host_tier import HostMemoryTier, HostTier, NullHostTier
 from workers.kv.manager import KVCacheManager
 from workers.kv.prefix_cache import NullPrefixCache, PrefixCache
 from workers.kv.radix_cache import RadixPrefixCache
@@ -25,15 +27,27 @@ def build_kv_cache_manager(
     hash_algorithm: str = "blake2b",
     max_events: int = 65536,
     max_event_tokens: int = 1 << 20,
+    num_host_blocks: int = 0,
+    secret: bytes = b"",
 ) -> KVCacheManager:
     """A manager over ``num_blocks`` preallocated blocks on ``device`` (see
     ``plan_kv_cache`` for the count), with the radix prefix cache or, when
-    ``prefix_caching`` is False, the null one. A new event log epoch starts here."""
+    ``prefix_caching`` is False, the null one. ``num_host_blocks`` > 0 adds a host
+    tier of that many blocks sealed under keys derived from ``secret`` (it needs the
+    radix prefix cache). A new event log epoch starts here."""
     pool = BlockPool(num_blocks, spec.block_size)
     log = KVEventLog(worker_id, namespace_digest, max_events, max_event_tokens)
+    tensors = KVCacheTensors(spec, num_blocks, device)
     cache: PrefixCache
     if prefix_caching:
-        cache = RadixPrefixCache(pool, BlockHasher(namespace_digest, hash_algorithm), log)
+        host: HostTier = NullHostTier()
+        if num_host_blocks:
+            sealer = BlockSealer(secret, namespace_digest)
+            host = HostMemoryTier(num_host_blocks, tensors, sealer)
+        hasher = BlockHasher(namespace_digest, hash_algorithm)
+        cache = RadixPrefixCache(pool, hasher, log, host)
+    elif num_host_blocks:
+        raise ValueError("a host tier needs the prefix cache")
     else:
         cache = NullPrefixCache(pool, log)
-    return KVCacheManager(pool, KVCacheTensors(spec, num_blocks, device), cache)
+    return KVCacheManager(pool, tensors, cache)

@@ -18,7 +18,7 @@ from collections import deque
 from collections.abc import Sequence
 from itertools import islice
 
-from radix.events import EventBlock, EventType, KVEvent
+from radix.events import EventBlock, EventType, KVEvent, Medium
 from radix.tree import PUBLIC
 
 
@@ -54,11 +54,13 @@ class KVEventLog:
         """The ``seq`` of the newest event."""
         return self._next_seq - 1
 
-    def append(self, kind: EventType, scope: str, blocks: Sequence[EventBlock]) -> KVEvent:
+    def append(
+        self, kind: EventType, scope: str, blocks: Sequence[EventBlock], medium: Medium = "device"
+    ) -> KVEvent:
         """Log one event with the next ``seq``; drops the oldest events past the bounds."""
         num_tokens = sum(len(block.tokens or ()) for block in blocks)
         with self._lock:
-            event = self._make(kind, scope, blocks, self._next_seq)
+            event = self._make(kind, scope, blocks, self._next_seq, medium)
             self._events.append((event, num_tokens))
             self._num_tokens += num_tokens
             self._next_seq += 1
@@ -68,9 +70,11 @@ class KVEventLog:
                 self._num_tokens -= self._events.popleft()[1]
         return event
 
-    def at_head(self, kind: EventType, scope: str, blocks: Sequence[EventBlock]) -> KVEvent:
+    def at_head(
+        self, kind: EventType, scope: str, blocks: Sequence[EventBlock], medium: Medium = "device"
+    ) -> KVEvent:
         """An event stamped with ``head_seq`` and not logged (snapshot lines)."""
-        return self._make(kind, scope, blocks, self.head_seq)
+        return self._make(kind, scope, blocks, self.head_seq, medium)
 
     def since(self, seq: int, epoch: str) -> list[KVEvent] | None:
         """Events with ``seq`` greater than ``seq``, or None when the consumer must take a
@@ -83,5 +87,9 @@ class KVEventLog:
                 return None
             return [event for event, _ in islice(self._events, seq - oldest + 1, None)]
 
-    def _make(self, kind: EventType, scope: str, blocks: Sequence[EventBlock], seq: int) -> KVEvent:
-        return KVEvent(self.worker_id, self.epoch, seq, kind, self.namespace, scope, tuple(blocks))
+    def _make(
+        self, kind: EventType, scope: str, blocks: Sequence[EventBlock], seq: int, medium: Medium
+    ) -> KVEvent:
+        return KVEvent(
+            self.worker_id, self.epoch, seq, kind, self.namespace, scope, tuple(blocks), medium
+        )

@@ -25,6 +25,12 @@ get, and with no sequence live, evicting everything frees every block. An admiss
 that does not fit with its prefix hit retries with less of it (whole blocks, then,
 with nothing else live, none), so a prompt that fits an empty pool is always
 admitted when nothing else runs.
+
+Host tier. Before an admission's match, the host blocks that continue the device
+hit along the prompt are copied back into fresh device blocks (evicting for room
+while the hit is locked) and cached, so the hit that follows counts them as cached
+tokens. ``swap_out`` is preemption by swapping: the sequence's computed tokens are
+cached, released, and its own leaves evicted at once to the host tier.
 """
 
 from __future__ import annotations
@@ -39,8 +45,9 @@ from radix.keys import TOKEN_BYTES, to_key
 from radix.tree import PUBLIC, Node, Scope
 from workers.kv.block_pool import BlockPool
 from workers.kv.event_log import KVEventLog
+from workers.kv.host_tier import HostTierStats
 from workers.kv.ids import BlockId, SeqId
-from workers.kv.prefix_cache import PrefixCache
+from workers.kv.prefix_cache import PrefixCache, PrefixHit
 from workers.kv.tensors import KVCacheTensors
 
 
@@ -58,6 +65,7 @@ class KVCacheStats:
     prefix_cache_hit_tokens_total: int
     num_evicted_blocks_total: int
     num_cow_copies_total: int
+    host: HostTierStats
 
 
 @dataclass(slots=True)
@@ -88,14 +96,20 @@ class KVCacheManager:
     # ---- sequences -----------------------------------------------------------------
 
     def admit(
-        self, seq_id: SeqId, token_ids: Sequence[int], scope: Scope, num_public_tokens: int = 0
+        self,
+        seq_id: SeqId,
+        token_ids: Sequence[int],
+        scope: Scope,
+        num_public_tokens: int = 0,
+        max_cached_tokens: int | None = None,
     ) -> int | None:
         """Start ``seq_id``: match the prompt in the prefix cache (at most ``len - 1``
         tokens, so the last one is always computed), lock and share the matched blocks,
         and reserve every block the prompt needs. Returns the number of cached tokens
         (= ``num_computed_tokens``), or None, holding nothing, when the blocks are not
         there even after eviction. ``num_public_tokens`` (a multiple of the block size)
-        leading tokens are cached under ``PUBLIC`` at commit."""
+        leading tokens are cached under ``PUBLIC`` at commit. ``max_cached_tokens`` is
+        ``scope``'s cache quota (see ``PrefixCache.set_quota``; None: none)."""
         num_tokens = len(token_ids)
         if seq_id in self._seqs:
             raise ValueError(f"sequence {seq_id} is already admitted")
@@ -106,6 +120,7 @@ class KVCacheManager:
                 f"num_public_tokens must be a multiple of {self.block_size} in [0, {num_tokens}],"
                 f" got {num_public_tokens}"
             )
+        self.prefix_cache.set_quota(scope, max_cached_tokens)
         key = to_key(token_ids)
         seq = None
         num_hit_tokens: int | None = num_tokens - 1
@@ -123,7 +138,7 @@ class KVCacheManager:
     def _try_admit(self, hit_key: bytes, scope: Scope, num_tokens: int) -> _SeqState | None:
         """Match ``hit_key``, then hold the hit and reserve ``num_tokens`` positions;
         None, holding nothing, when the blocks are not there."""
-        hit = self.prefix_cache.match(hit_key, scope)
+        hit = self._restore_from_host(self.prefix_cache.match(hit_key, scope), hit_key, scope)
         self.prefix_cache.lock(hit.node)
         table = list(hit.block_ids)
         extra = self.prefix_cache.blocks_beyond(hit.node, table)
@@ -137,6 +152,29 @@ class KVCacheManager:
             return None
         self._reserve(seq, num_tokens)
         return seq
+
+    def _restore_from_host(self, hit: PrefixHit, key: bytes, scope: Scope) -> PrefixHit:
+        """``hit`` extended by the host blocks that continue it, as far as room can be
+        made for them (see the module docstring)."""
+        cache = self.prefix_cache
+        found = cache.host_blocks_after(hit, key, scope)
+        if not found:
+            return hit
+        cache.lock(hit.node)
+        self._make_room(len(found))
+        num_restored = cache.restore_from_host(hit, key, scope, found[: self.pool.num_free_blocks])
+        cache.unlock(hit.node)
+        return cache.match(key, scope) if num_restored else hit
+
+    def swap_out(self, seq_id: SeqId, token_ids: Sequence[int]) -> int:
+        """Preempt ``seq_id`` by swapping: cache its first ``num_computed_tokens`` of
+        ``token_ids``, free it, and evict its own now-unlocked leaves to the host tier
+        (dropped when there is none). Returns the blocks freed by that eviction."""
+        seq = self._seqs[seq_id]
+        count = seq.num_computed_tokens
+        self.commit(seq_id, token_ids[:count])
+        self.free(seq_id)
+        return self.prefix_cache.evict_path(to_key(token_ids[:count]), seq.scope)
 
     def _smaller_hit(self, num_hit_tokens: int) -> int | None:
         """The prefix hit to try after one of ``num_hit_tokens`` did not fit, or None:
@@ -314,6 +352,7 @@ class KVCacheManager:
             prefix_cache_hit_tokens_total=self._num_hit_tokens,
             num_evicted_blocks_total=self.prefix_cache.num_evicted_blocks_total,
             num_cow_copies_total=self._num_cow_copies,
+            host=self.prefix_cache.host.stats(),
         )
 
     def check_invariants(self) -> None:

@@ -12,9 +12,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from radix.events import KVEvent
+from radix.hashing import BlockHash
 from radix.tree import PUBLIC, Node, Scope
 from workers.kv.block_pool import BlockPool
 from workers.kv.event_log import KVEventLog
+from workers.kv.host_tier import HostTier, NullHostTier
 from workers.kv.ids import BlockId
 
 
@@ -43,6 +45,7 @@ class PrefixCache(ABC):
 
     event_log: KVEventLog
     num_evicted_blocks_total: int
+    host: HostTier
 
     @abstractmethod
     def match(self, key: bytes, scope: Scope) -> PrefixHit:
@@ -75,7 +78,32 @@ class PrefixCache(ABC):
     @abstractmethod
     def evict(self, num_blocks: int) -> int:
         """Evict least recently used unlocked leaves until ``num_blocks`` blocks went
-        back to the free list or nothing is evictable; returns the blocks freed."""
+        back to the free list or nothing is evictable; returns the blocks freed.
+        Leaves of scopes over their quota (``set_quota``) go first."""
+
+    @abstractmethod
+    def set_quota(self, scope: Scope, max_cached_tokens: int | None) -> None:
+        """The cached tokens ``scope`` may own before its leaves are evicted ahead of
+        everyone else's (None: no quota). The latest call for a scope wins."""
+
+    @abstractmethod
+    def evict_path(self, key: bytes, scope: Scope) -> int:
+        """Evict the unlocked leaves of ``scope`` ending ``key``'s cached path, deepest
+        first, to the host tier if there is one (swap-out); returns the blocks freed."""
+
+    @abstractmethod
+    def host_blocks_after(
+        self, hit: PrefixHit, key: bytes, scope: Scope
+    ) -> list[tuple[BlockHash, Scope]]:
+        """The host tier's blocks that continue ``hit`` along ``key`` (empty when none
+        reaches past it)."""
+
+    @abstractmethod
+    def restore_from_host(
+        self, hit: PrefixHit, key: bytes, scope: Scope, found: Sequence[tuple[BlockHash, Scope]]
+    ) -> int:
+        """Copy ``found`` back to fresh device blocks (one free block each must be
+        there) and cache them; returns how many were restored."""
 
     @abstractmethod
     def snapshot(self) -> tuple[int, list[KVEvent]]:
@@ -102,6 +130,7 @@ class NullPrefixCache(PrefixCache):
         self._pool = pool
         self.event_log = event_log
         self.num_evicted_blocks_total = 0
+        self.host = NullHostTier()
 
     def match(self, key: bytes, scope: Scope) -> PrefixHit:
         """Always the empty hit."""
@@ -123,6 +152,25 @@ class NullPrefixCache(PrefixCache):
 
     def evict(self, num_blocks: int) -> int:
         """Nothing to evict."""
+        return 0
+
+    def set_quota(self, scope: Scope, max_cached_tokens: int | None) -> None:
+        """Nothing is cached, so no quota can be exceeded."""
+
+    def evict_path(self, key: bytes, scope: Scope) -> int:
+        """Nothing to evict."""
+        return 0
+
+    def host_blocks_after(
+        self, hit: PrefixHit, key: bytes, scope: Scope
+    ) -> list[tuple[BlockHash, Scope]]:
+        """No host tier behind a null cache."""
+        return []
+
+    def restore_from_host(
+        self, hit: PrefixHit, key: bytes, scope: Scope, found: Sequence[tuple[BlockHash, Scope]]
+    ) -> int:
+        """Nothing is ever found."""
         return 0
 
     def snapshot(self) -> tuple[int, list[KVEvent]]:

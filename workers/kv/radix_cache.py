@@ -20,6 +20,13 @@ its end (``_chain_at_end``): a node's path and end never change while it lives (
 split shortens it at the front and gives the front to a new head node), so an entry
 stays valid until the node is evicted. Inserting or evicting a leaf then hashes only
 that leaf's blocks, not its whole path.
+
+Host tier (``workers.kv.host_tier``; the null tier when off). Evicting a leaf moves
+every full block whose last token it holds into the host tier (the ancestors, still
+in the tree, hold the block's earlier positions) and logs ``stored`` with medium
+``host``; blocks the tier drops are logged ``removed``/``host``. ``restore_from_host``
+copies the host blocks that extend a device hit into fresh device blocks and
+inserts them like a commit, so the following match counts them as cached.
 """
 
 from __future__ import annotations
@@ -30,11 +37,14 @@ from collections.abc import Iterator, Sequence
 from typing import cast
 
 from radix.events import EventBlock, KVEvent
-from radix.hashing import BlockHasher
+from radix.hashing import BlockHash, BlockHasher
+from radix.keys import TOKEN_BYTES
 from radix.tree import PUBLIC, Node, RadixTree, Scope
 from workers.kv.block_events import ROOT_STATE, BlockChainer, ChainState
 from workers.kv.block_pool import BlockPool
 from workers.kv.event_log import KVEventLog
+from workers.kv.host_link import HostLink
+from workers.kv.host_tier import HostTier, NullHostTier
 from workers.kv.ids import BlockId
 from workers.kv.prefix_cache import EMPTY_HIT, PrefixCache, PrefixHit
 
@@ -52,14 +62,23 @@ class RadixPrefixCache(PrefixCache):
     every eviction call emits one ``removed`` event per scope of the leaves it evicted.
     """
 
-    def __init__(self, pool: BlockPool, hasher: BlockHasher, event_log: KVEventLog):
+    def __init__(
+        self,
+        pool: BlockPool,
+        hasher: BlockHasher,
+        event_log: KVEventLog,
+        host: HostTier | None = None,
+    ):
         self._pool = pool
+        self.host = host or NullHostTier()
         self._block_size = pool.block_size
         self._chainer = BlockChainer(hasher, pool.block_size)
+        self._link = HostLink(self.host, pool, self._chainer, event_log)
         self.tree: RadixTree[Slots] = RadixTree(_split_slots)
         self.event_log = event_log
         self.num_evicted_blocks_total = 0
         self._chain_at_end: dict[Node, tuple[int, ChainState]] = {}
+        self._quotas: dict[Scope, int] = {}
 
     def match(self, key: bytes, scope: Scope) -> PrefixHit:
         """Longest visible prefix; logical block ``k`` maps to the block of the slot at
@@ -126,28 +145,144 @@ class RadixPrefixCache(PrefixCache):
             blocks, end_state = self._chainer.node_blocks(state, leaf, with_tokens=True)
             self._chain_at_end[leaf] = (leaf.end, end_state)
             self.event_log.append("stored", leaf.scope, blocks)
+            if self._link.enabled:  # the device holds these again: no second copy
+                self._link.forget(leaf.scope, blocks)
         return result.nodes[-1] if result.nodes else None
 
+    def set_quota(self, scope: Scope, max_cached_tokens: int | None) -> None:
+        """Record ``scope``'s quota (None removes it); enforced by ``evict``."""
+        if max_cached_tokens is None:
+            self._quotas.pop(scope, None)
+        elif max_cached_tokens < 0:
+            raise ValueError(f"max_cached_tokens must be >= 0, got {max_cached_tokens}")
+        else:
+            self._quotas[scope] = max_cached_tokens
+
     def evict(self, num_blocks: int) -> int:
-        """Evict LRU unlocked leaves one by one (parents after their children) until
-        ``num_blocks`` blocks are freed or none is left; emits ``removed`` events."""
+        """Evict unlocked leaves one by one (parents after their children) until
+        ``num_blocks`` blocks are freed or none is left; emits ``removed`` events.
+        First the LRU leaves of the scope furthest over its quota, while one is over
+        and has an unlocked leaf; then LRU leaves of any scope."""
         num_freed = 0
         removed: dict[Scope, list[EventBlock]] = {}
         while num_freed < num_blocks:
-            evicted = self.tree.evict(1)
-            if not evicted:
-                break
-            node = evicted[0]
-            state = self._chain_state_at_end(node.parent)
-            self._chain_at_end.pop(node, None)
-            blocks, _ = self._chainer.node_blocks(state, node, with_tokens=False)
-            removed.setdefault(node.scope, []).extend(blocks)
-            for block, count in self._runs(node):
-                num_freed += self._pool.unref_tree_slots(block, count)
+            node = self._evict_over_quota()
+            if node is None:
+                evicted = self.tree.evict(1)
+                if not evicted:
+                    break
+                node = evicted[0]
+            num_freed += self._drop(node, removed)
+        return self._finish_eviction(num_freed, removed)
+
+    def evict_path(self, key: bytes, scope: Scope) -> int:
+        """Evict the unlocked leaves of ``scope`` at the end of ``key``'s cached path,
+        deepest first (a preempted sequence swapped out to the host tier); returns the
+        blocks freed."""
+        result = self.tree.match(key, scope, touch=False)
+        node = result.nodes[-1] if result.nodes else None
+        num_freed = 0
+        removed: dict[Scope, list[EventBlock]] = {}
+        while node is not None and node.scope == scope and not node.children and not node.lock_ref:
+            parent = node.parent
+            self.tree.remove_leaf(node)
+            num_freed += self._drop(node, removed)
+            node = parent if parent is not self.tree.root else None
+        return self._finish_eviction(num_freed, removed)
+
+    def _drop(self, node: Node, removed: dict[Scope, list[EventBlock]]) -> int:
+        """Release an evicted node's slots (its full blocks go to the host tier first);
+        returns the blocks freed."""
+        state = self._chain_state_at_end(node.parent)
+        self._chain_at_end.pop(node, None)
+        blocks, _ = self._chainer.node_blocks(state, node, with_tokens=self.host.enabled)
+        removed.setdefault(node.scope, []).extend(
+            EventBlock(b.hash, b.parent) for b in blocks
+        )
+        if self._link.enabled:
+            block_size = self._block_size
+            ends = range((node.start // block_size + 1) * block_size, node.end + 1, block_size)
+            self._link.demote(node.scope, [
+                (block, self._path_slots(node, end - block_size, end))
+                for end, block in zip(ends, blocks, strict=False)  # the full blocks come first
+            ])  # fmt: skip
+        num_freed = 0
+        for block, count in self._runs(node):
+            num_freed += self._pool.unref_tree_slots(block, count)
+        return num_freed
+
+    def _path_slots(self, node: Node, start: int, end: int) -> list[int]:
+        """The slots of positions ``[start, end)`` on the path ending at ``node``."""
+        slots: list[int] = []
+        while end > start:
+            if node.start < end:
+                first = max(start, node.start)
+                slots[:0] = node.payload[first - node.start : end - node.start]
+                end = first
+            node = node.parent
+        return slots
+
+    def host_blocks_after(
+        self, hit: PrefixHit, key: bytes, scope: Scope
+    ) -> list[tuple[BlockHash, Scope]]:
+        """The full blocks of ``key`` right after ``hit``'s last whole block that the host
+        tier holds, consecutive, as (hash, scope); empty unless they reach past the hit.
+        PUBLIC blocks count only while the whole path before them is public."""
+        if not self._link.enabled:
+            return []
+        num_whole = hit.num_cached_tokens - hit.num_cached_tokens % self._block_size
+        state = ROOT_STATE if hit.node is None else self._chain_state_at_end(hit.node)
+        public_ok = all(node.scope == PUBLIC for node in self._path(hit.node))
+        found = self._link.find(state.parent, key, num_whole, scope, public_ok)
+        if num_whole + len(found) * self._block_size <= hit.num_cached_tokens:
+            return []
+        return found
+
+    def restore_from_host(
+        self, hit: PrefixHit, key: bytes, scope: Scope, found: Sequence[tuple[BlockHash, Scope]]
+    ) -> int:
+        """Copy ``found`` (from ``host_blocks_after``, at most as many as free blocks)
+        into fresh device blocks and cache them after the hit's whole blocks, like a
+        commit (public blocks under PUBLIC). Returns the blocks restored. The caller
+        holds a lock on ``hit.node``."""
+        restored, num_public = self._link.take(found)
+        if restored:
+            num_whole = hit.num_cached_tokens // self._block_size
+            table = [*hit.block_ids[:num_whole], *restored]
+            block_bytes = self._block_size * TOKEN_BYTES
+            public_end = (num_whole + num_public) * block_bytes
+            end = (num_whole + len(restored)) * block_bytes
+            if num_public:
+                self.insert(key[:public_end], PUBLIC, table)
+            if end > public_end:
+                self.insert(key[:end], scope, table)
+            self._pool.decref(restored)
+        return len(restored)
+
+    def _path(self, node: Node | None) -> Iterator[Node]:
+        while node is not None and node is not self.tree.root:
+            yield node
+            node = node.parent
+
+    def _finish_eviction(self, num_freed: int, removed: dict[Scope, list[EventBlock]]) -> int:
         for scope, blocks in removed.items():
             self.event_log.append("removed", scope, blocks)
         self.num_evicted_blocks_total += num_freed
         return num_freed
+
+    def _evict_over_quota(self) -> Node | None:
+        """Remove one LRU unlocked leaf of the scope most tokens over its quota."""
+        over = sorted(
+            ((self.tree.num_tokens(scope) - quota, scope) for scope, quota in self._quotas.items()),
+            reverse=True,
+        )
+        for excess, scope in over:
+            if excess <= 0:
+                break
+            node = self.tree.evict_scope_leaf(scope)
+            if node is not None:
+                return node
+        return None
 
     def snapshot(self) -> tuple[int, list[KVEvent]]:
         """Every node's blocks as ``stored`` events at ``head_seq``, parents first."""
@@ -157,7 +292,7 @@ class RadixPrefixCache(PrefixCache):
         for node in self.tree.iter_nodes():
             blocks, states[node] = self._chainer.node_blocks(states[node.parent], node, True)
             events.append(log.at_head("stored", node.scope, blocks))
-        return log.head_seq, events
+        return log.head_seq, events + self._link.snapshot()
 
     @property
     def num_cached_tokens(self) -> int:
@@ -234,3 +369,4 @@ class RadixPrefixCache(PrefixCache):
             yield BlockId(payload[at] // block_size), count
             at += count
             position += count
+

@@ -4,7 +4,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-ELEMENT_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2, "float8_e4m3fn": 1}
+ELEMENT_BYTES = {
+    "float32": 4, "float16": 2, "bfloat16": 2, "float8_e4m3fn": 1, "float8_e5m2": 1,
+}  # fmt: skip
+FP8_DTYPES = ("float8_e4m3fn", "float8_e5m2")
 DTYPE_ALIASES = {
     "fp32": "float32",
     "float": "float32",
@@ -13,6 +16,7 @@ DTYPE_ALIASES = {
     "bf16": "bfloat16",
     "fp8": "float8_e4m3fn",
     "fp8_e4m3": "float8_e4m3fn",
+    "fp8_e5m2": "float8_e5m2",
 }
 
 
@@ -29,8 +33,9 @@ def canonical_dtype(name: str) -> str:
 class KVCacheSpec:
     """What one KV block holds: ``block_size`` tokens of K and V for every layer.
 
-    ``dtype`` is stored canonical (torch name); aliases such as ``bf16`` and ``fp8``
-    (float8_e4m3fn, one byte) are accepted. Every field is validated on construction.
+    ``dtype`` is stored canonical (torch name); aliases such as ``bf16``, ``fp8``
+    (float8_e4m3fn, one byte) and ``fp8_e5m2`` are accepted. An FP8 cache stores K and
+    V divided by per-layer scales (``workers.kv.scales``). Every field is validated on construction.
     """
 
     num_layers: int
@@ -50,6 +55,11 @@ class KVCacheSpec:
     def bytes_per_element(self) -> int:
         """Bytes of one K or V element."""
         return ELEMENT_BYTES[self.dtype]
+
+    @property
+    def is_fp8(self) -> bool:
+        """True for a float8 cache (quantized on store, dequantized in attention)."""
+        return self.dtype in FP8_DTYPES
 
     @property
     def kv_bytes_per_token(self) -> int:

@@ -64,6 +64,27 @@ class KVCacheTensors:
         """Bytes held by all caches."""
         return self._buffer.numel() * self._buffer.element_size()
 
+    def read_slots(self, slots: Sequence[int]) -> bytes:
+        """The raw bytes of every layer's K and V at ``slots`` (token slots, ``block *
+        block_size + offset``), laid out ``[2, layers, len(slots), kv_heads, head_dim]``:
+        a whole block when ``slots`` are one block's positions. Staged through pinned
+        memory on CUDA."""
+        index = torch.tensor(list(slots), dtype=torch.long, device=self.device)
+        gathered = self._raw.flatten(2, 3).index_select(2, index)
+        staging = torch.empty(gathered.shape, dtype=torch.uint8,
+                              pin_memory=self.device.type == "cuda")  # fmt: skip
+        staging.copy_(gathered)
+        return staging.numpy().tobytes()
+
+    def write_block(self, block: BlockId, data: bytes) -> None:
+        """Overwrite ``block`` in every layer, K and V, with bytes from ``read_slots`` of
+        ``block_size`` slots (the block's own layout)."""
+        target = self._raw[:, :, block]
+        if len(data) != target.numel():
+            raise ValueError(f"block data is {len(data)} bytes, a block is {target.numel()}")
+        source = torch.frombuffer(bytearray(data), dtype=torch.uint8).view(target.shape)
+        target.copy_(source.to(self.device, non_blocking=True))
+
     def copy_blocks(self, pairs: Sequence[tuple[BlockId, BlockId]]) -> None:
         """Copy each ``src`` block onto its ``dst`` block in every layer, K and V.
 

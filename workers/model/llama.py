@@ -16,12 +16,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from workers.attention.backend import paged_attention, write_kv
+from workers.attention.backend import LayerKVCache, paged_attention, write_kv
 from workers.attention.metadata import AttentionMetadata
 from workers.model.config import ModelConfig
 from workers.model.rope import RotaryEmbedding, apply_rotary
 
-KVCache = tuple[torch.Tensor, torch.Tensor]
 RopeTables = tuple[torch.Tensor, torch.Tensor]
 
 
@@ -61,7 +60,7 @@ class Attention(nn.Module):
         self,
         hidden: torch.Tensor,
         rope: RopeTables,
-        cache: KVCache,
+        cache: LayerKVCache,
         metadata: AttentionMetadata,
     ) -> torch.Tensor:
         """Attend ``hidden`` [T, hidden] over the cache after storing its own K/V there."""
@@ -70,9 +69,8 @@ class Attention(nn.Module):
         key = self.k_proj(hidden).view(num_tokens, self.num_kv_heads, self.head_dim)
         value = self.v_proj(hidden).view(num_tokens, self.num_kv_heads, self.head_dim)
         query, key = apply_rotary(query, *rope), apply_rotary(key, *rope)
-        key_cache, value_cache = cache
-        write_kv(key_cache, value_cache, key, value, metadata.slot_mapping)
-        out = paged_attention(query, key_cache, value_cache, metadata, self.scale)
+        write_kv(cache, key, value, metadata.slot_mapping)
+        out = paged_attention(query, cache, metadata, self.scale)
         return self.o_proj(out.reshape(num_tokens, self.num_heads * self.head_dim))
 
 
@@ -105,7 +103,7 @@ class DecoderLayer(nn.Module):
         self,
         hidden: torch.Tensor,
         rope: RopeTables,
-        cache: KVCache,
+        cache: LayerKVCache,
         metadata: AttentionMetadata,
     ) -> torch.Tensor:
         """One decoder block over the flattened batch."""
@@ -150,11 +148,11 @@ class LlamaForCausalLM(nn.Module):
     def forward(
         self,
         input_ids: torch.Tensor,
-        caches: Sequence[KVCache],
+        caches: Sequence[LayerKVCache],
         metadata: AttentionMetadata,
     ) -> torch.Tensor:
         """Hidden states [T, hidden] of the new tokens ``input_ids`` [T], writing their
-        K/V into ``caches`` (one (key, value) pair per layer) at ``metadata.slot_mapping``."""
+        K/V into ``caches`` (one ``LayerKVCache`` per layer) at ``metadata.slot_mapping``."""
         if len(caches) != len(self.model.layers):
             raise ValueError(f"{len(caches)} caches for {len(self.model.layers)} layers")
         hidden = self.model.embed_tokens(input_ids)

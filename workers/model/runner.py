@@ -13,7 +13,9 @@ from dataclasses import dataclass
 
 import torch
 
+from workers.attention.backend import LayerKVCache
 from workers.attention.metadata import AttentionMetadata
+from workers.kv.scales import KVScales
 from workers.model.llama import LlamaForCausalLM
 
 
@@ -37,8 +39,10 @@ class ModelRunner:
     """Runs ``LlamaForCausalLM`` over per-layer paged caches.
 
     ``key_caches[i]``/``value_caches[i]`` are layer ``i``'s tensors shaped
-    ``[num_blocks, block_size, num_kv_heads, head_dim]`` on the model's device and in
-    its dtype. They are mutated in place by ``execute`` (only the slots of new tokens).
+    ``[num_blocks, block_size, num_kv_heads, head_dim]`` on the model's device, in
+    its dtype or in an FP8 dtype stored with ``scales`` (default: unit scales, the only
+    ones a cache in the model's dtype accepts). They are mutated in place by
+    ``execute`` (only the slots of new tokens).
     """
 
     def __init__(
@@ -47,6 +51,7 @@ class ModelRunner:
         key_caches: Sequence[torch.Tensor],
         value_caches: Sequence[torch.Tensor],
         block_size: int,
+        scales: KVScales | None = None,
     ) -> None:
         config = model.config
         if not len(key_caches) == len(value_caches) == config.num_hidden_layers:
@@ -62,13 +67,25 @@ class ModelRunner:
                     raise ValueError(
                         f"layer {layer} {name} cache: shape {tuple(cache.shape)}, expected {expected}"
                     )
-                if cache.dtype != weight.dtype or cache.device != weight.device:
+                is_fp8 = cache.dtype in (torch.float8_e4m3fn, torch.float8_e5m2)
+                if (cache.dtype != weight.dtype and not is_fp8) or cache.device != weight.device:
                     raise ValueError(
                         f"layer {layer} {name} cache: {cache.dtype} on {cache.device}, model is "
                         f"{weight.dtype} on {weight.device}"
                     )
+        scales = scales or KVScales.unit(config.num_hidden_layers)
+        if scales.num_layers != config.num_hidden_layers:
+            raise ValueError(f"{scales.num_layers} KV scales for {config.num_hidden_layers} layers")
+        if key_caches[0].dtype == weight.dtype and {*scales.k_scales, *scales.v_scales} != {1.0}:
+            raise ValueError("KV scales other than 1.0 need an FP8 cache")
         self.model = model
-        self.caches = list(zip(key_caches, value_caches, strict=True))
+        self.scales = scales
+        self.caches = [
+            LayerKVCache(key, value, k_scale, v_scale)
+            for key, value, k_scale, v_scale in zip(
+                key_caches, value_caches, scales.k_scales, scales.v_scales, strict=True
+            )
+        ]
         self.block_size = block_size
         self.num_blocks = key_caches[0].shape[0]
         self.device = weight.device

@@ -1,12 +1,14 @@
 """``POST /generate``: token ids in and out, scope given by the (trusted) router.
 
 Body: ``{"request_id"?, "token_ids" | "token_ids_b64", "scope"?, "num_public_tokens"?,
-"sampling"?, "stream"?}``: exactly one of ``token_ids`` (a JSON list) and
+"max_cached_tokens"?, "sampling"?, "stream"?}``: exactly one of ``token_ids`` (a JSON list) and
 ``token_ids_b64`` (base64 of 4 little-endian bytes per id, what routers send: a
 third of the cost of decoding and checking a JSON list). ``scope`` defaults
 to ``anonymous``, ``num_public_tokens`` to 0 (a multiple of the block size, at most
-the prompt length); ``sampling`` takes the fields of ``radix.openai.sampling``. A
-missing ``request_id`` is generated. ``num_resumed_tokens`` (default 0; only with
+the prompt length); ``max_cached_tokens`` (an int >= 0, the scope's prefix-cache
+quota, from the tenant's router config) is absent for no quota; ``sampling`` takes the
+fields of ``radix.openai.sampling``. A missing ``request_id`` is generated.
+``num_resumed_tokens`` (default 0; only with
 ``n`` 1) says the last that many prompt tokens are output an earlier attempt already
 delivered (the router resuming a stream cut by a failed worker): they count as
 completion tokens (``max_tokens``, stop strings, usage) and their text is not sent
@@ -68,14 +70,15 @@ async def generate(request: web.Request) -> web.StreamResponse:
             "num_public_tokens",
         )
     num_resumed = fields.integer("num_resumed_tokens", 0, lo=0, hi=len(token_ids) - 1) or 0
+    max_cached_tokens = fields.integer("max_cached_tokens", None, lo=0)
     sampling = parse_sampling(fields.object("sampling"), limits.bounds)
     if num_resumed and sampling.n != 1:
         raise bad_request("num_resumed_tokens needs n = 1", "num_resumed_tokens")
     stream_mode = fields.boolean("stream", False)
     engine_request = generation_request(
         token_ids, sampling, limits, prompt_param, scope=scope, num_public_tokens=num_public,
-        num_resumed_tokens=num_resumed,
-    )
+        num_resumed_tokens=num_resumed, max_cached_tokens=max_cached_tokens,
+    )  # fmt: skip
     timeout_s = state.config.request_timeout_s
     if not stream_mode:
         choices, usage = await collect(state.engine, engine_request, timeout_s)

@@ -46,6 +46,7 @@ def generation_request(
     scope: str = "anonymous",
     num_public_tokens: int = 0,
     num_resumed_tokens: int = 0,
+    max_cached_tokens: int | None = None,
 ) -> GenerationRequest:
     """The engine request; 413 when the prompt leaves no room, 400 when ``max_tokens``
     does not fit the context or is already used up by ``num_resumed_tokens``."""
@@ -81,4 +82,5 @@ def generation_request(
         scope=scope,
         num_public_tokens=num_public_tokens,
         num_resumed_tokens=num_resumed_tokens,
+        max_cached_tokens=max_cached_tokens,
     )

@@ -77,7 +77,10 @@ class ExactIndex:
     of the key's scope or PUBLIC (``check_invariants`` verifies the counts).
     """
 
-    def __init__(self) -> None:
+    def __init__(self, parents: ExactIndex | None = None) -> None:
+        """``parents``: another index whose blocks this one's may chain from (the host
+        tier's blocks continue device blocks)."""
+        self._parents = parents
         self._trees: dict[TreeId, RadixTree[Counts]] = {}
         self._num_blocks: dict[TreeId, Counts] = {}
         self._blocks: dict[WorkerId, dict[str, _Block]] = {}
@@ -103,7 +106,7 @@ class ExactIndex:
         for item in event.blocks:
             if item.hash in blocks:
                 continue
-            parent = None if item.parent is None else blocks.get(item.parent)
+            parent = None if item.parent is None else self._parent(worker_id, item.parent)
             if item.parent is not None and parent is None:
                 self.num_orphan_blocks += 1
                 continue
@@ -116,6 +119,12 @@ class ExactIndex:
             ends.append(len(tokens) * TOKEN_BYTES)
         if run:
             self._add_run(worker_id, run, tokens, ends)
+
+    def _parent(self, worker_id: WorkerId, block_hash: str) -> _Block | None:
+        parent = self._blocks.get(worker_id, {}).get(block_hash)
+        if parent is None and self._parents is not None:
+            parent = self._parents._blocks.get(worker_id, {}).get(block_hash)
+        return parent
 
     def _add_run(self, worker_id: WorkerId, run: list[_Block], tokens: list[int],
                  ends: list[int]) -> None:

@@ -6,6 +6,12 @@ events (``ExactIndex``); approximate from what the router itself routed
 publish no events) with a long TTL and a capacity like the worker's KV cache, for
 every other worker a speculative entry with a short TTL that the real ``stored``
 event supersedes.
+
+Host tier: a worker's events with medium ``host`` (blocks it moved to host memory)
+feed a second ``ExactIndex`` whose blocks chain from the device index's. A worker
+matched ``d`` tokens on its device and ``h > d`` counting its host blocks is
+credited ``d + host_hit_weight * (h - d)``: a host hit saves the prefill but costs
+a copy back, so it is worth less than a device hit and more than a miss.
 """
 
 from __future__ import annotations
@@ -25,17 +31,22 @@ from router.routing.index.ids import NamespaceDigest, WorkerId
 class IndexConfig:
     """Ageing of routed prefixes. Speculative entries (every worker, at decision time)
     live ``speculative_ttl_s``; approximate ones (workers without KV events) live
-    ``approximate_ttl_s``; each worker keeps at most the given tokens per namespace."""
+    ``approximate_ttl_s``; each worker keeps at most the given tokens per namespace.
+    ``host_hit_weight`` (in (0, 1]) is what a token found only in a worker's host
+    tier counts for, against 1 for a token on its device."""
 
     speculative_ttl_s: float = 2.0
     speculative_capacity_tokens: int = 262_144
     approximate_ttl_s: float = 300.0
     approximate_capacity_tokens: int = 1_048_576
+    host_hit_weight: float = 0.5
 
     def __post_init__(self) -> None:
         for f in fields(self):
             if getattr(self, f.name) <= 0:
                 raise ValueError(f"index.{f.name} must be positive, got {getattr(self, f.name)!r}")
+        if self.host_hit_weight > 1:
+            raise ValueError(f"index.host_hit_weight must be <= 1, got {self.host_hit_weight!r}")
 
 
 @dataclass(frozen=True)
@@ -68,18 +79,23 @@ class RouterIndex:
         self.config = config or IndexConfig()
         self._clock = clock
         self._exact = ExactIndex()
+        self._host = ExactIndex(parents=self._exact)
         self._approx: dict[NamespaceDigest, dict[WorkerId, ApproxCache]] = {}
         self._approximate_capacity: dict[WorkerId, int] = {}
 
     def apply_event(self, worker_id: WorkerId, event: KVEvent) -> None:
         """Apply one KV event of ``worker_id`` (``cleared`` drops its exact entries).
-        The event's ``namespace`` must be the router's digest for this worker."""
-        self._exact.apply(worker_id, event)
+        The event's ``namespace`` must be the router's digest for this worker; host
+        events go to the host index (``cleared`` drops both)."""
+        if event.type == "cleared":
+            self._host.reset_worker(worker_id)
+        (self._host if event.medium == "host" else self._exact).apply(worker_id, event)
 
     def reset_worker(self, worker_id: WorkerId) -> None:
         """Drop everything the index holds for ``worker_id``, exact and approximate
         (snapshot, new epoch, worker removed or unhealthy). Its mode is kept."""
         self._exact.reset_worker(worker_id)
+        self._host.reset_worker(worker_id)
         for caches in self._approx.values():
             caches.pop(worker_id, None)
 
@@ -114,8 +130,14 @@ class RouterIndex:
 
     def match(self, namespace: NamespaceDigest, key: bytes, scope: str) -> dict[WorkerId, int]:
         """Tokens of ``key`` each worker holds, visible to ``scope`` (its own and PUBLIC
-        entries only): max of exact and approximate. Workers with none are left out."""
+        entries only): max of exact (host-tier tokens weighted) and approximate. Workers
+        with none are left out."""
         found = self._exact.match(namespace, key, Scope(scope))
+        weight = self.config.host_hit_weight
+        for worker_id, num_host in self._host.match(namespace, key, Scope(scope)).items():
+            num_device = found.get(worker_id, 0)
+            if num_host > num_device:
+                found[worker_id] = num_device + int(weight * (num_host - num_device))
         caches = self._approx.get(namespace)
         if caches:
             now = self._clock()
@@ -148,6 +170,7 @@ class RouterIndex:
     def check_invariants(self) -> None:
         """Raise AssertionError if the exact index or an approximate tree is inconsistent."""
         self._exact.check_invariants()
+        self._host.check_invariants()
         for caches in self._approx.values():
             for cache in caches.values():
                 cache.tree.check_invariants()

@@ -18,12 +18,14 @@ def test_options_parse():
     args = gpu_attention.parse_args(
         ["--dtype", "float16", "--decode-batches", "2,8", "--iters", "3"]
     )
-    assert (args.dtype, args.decode_batches, args.iters, args.block_size) == (
+    assert (args.dtype, args.decode_batches, args.iters, args.block_size, args.kv_dtype) == (
         "float16",
         [2, 8],
         3,
         16,
+        "auto",
     )
+    assert gpu_attention.parse_args(["--kv-dtype", "fp8_e5m2"]).kv_dtype == "fp8_e5m2"
 
 
 @pytest.mark.parametrize("argv", [["--heads", "30", "--kv-heads", "8"], ["--block-size", "0"]])

@@ -84,3 +84,23 @@ def test_demo_model_generates_the_same_tokens_on_gpu_and_cpu(tmp_path):
             logits = runner.execute([StepInput(tokens[-1:], len(tokens) - 1, table)])
         outputs.append(tokens)
     assert outputs[0] == outputs[1]
+
+
+@pytest.mark.parametrize("fp8", [torch.float8_e4m3fn, torch.float8_e5m2])
+def test_fp8_store_and_attention_match_reference(fp8):
+    key = torch.randn(100, 8, 128, device="cuda", dtype=torch.bfloat16) * 30
+    slots = torch.randperm(64 * 16, device="cuda")[:100]
+    ref = [torch.zeros(64, 16, 8, 128, device="cuda", dtype=fp8) for _ in range(2)]
+    ours = [c.clone() for c in ref]
+    reference.write_kv(*ref, key, key * 0.1, slots, 0.05, 0.01)
+    kernels().store_kv(*ours, key, key * 0.1, slots, 0.05, 0.01)
+    for a, b in zip(ref, ours, strict=True):
+        assert torch.equal(a.float(), b.float())
+    case = make_case([70, 1, 300], [500, 47, 1000], 16, 32, 8, 128, dtype=torch.bfloat16,
+                     device="cuda")  # fmt: skip
+    caches = [reference.quantize(c, 0.02, fp8) for c in (case.key_cache, case.value_cache)]
+    m = case.metadata
+    args = (case.query, *caches, m.query_start_loc, m.seq_lens, m.block_tables,
+            m.max_query_len, case.scale, 0.02, 0.02)  # fmt: skip
+    error = (kernels().paged_prefill(*args).float() - reference.paged_prefill(*args).float()).abs()
+    assert error.max().item() < TOLERANCE[torch.bfloat16]

@@ -32,6 +32,11 @@ CASE_NAMES = [
     "store-kv",
     "decode-stale-nan-slots",
     "rejects-non-contiguous-cache",
+    *(
+        f"fp8-{fmt}-{kind}"
+        for fmt in ("e4m3", "e5m2")
+        for kind in ("prefill", "store-kv", "decode-splits1", "decode-splits3")
+    ),
 ]
 
 

@@ -105,6 +105,62 @@ def rejects() -> float:
     return float("inf")
 
 
+FP8 = {"e4m3": (torch.float8_e4m3fn, 3), "e5m2": (torch.float8_e5m2, 2)}
+
+
+def fp8_caches(c, dtype: torch.dtype, k_scale: float, v_scale: float):
+    """The case's caches as an FP8 cache stores them (quantized by the reference)."""
+    return reference.quantize(c.key_cache, k_scale, dtype), reference.quantize(
+        c.value_cache, v_scale, dtype
+    )
+
+
+def fp8_prefill_error(fmt: str) -> float:
+    c = make_case([5, 1, 40, 17], [30, 47, 0, 16], 16, 4, 2, seed=4)
+    key_cache, value_cache = fp8_caches(c, FP8[fmt][0], 0.02, 0.01)
+    m = c.metadata
+    args = (c.query, key_cache, value_cache, m.query_start_loc, m.seq_lens, m.block_tables,
+            m.max_query_len, c.scale, 0.02, 0.01)  # fmt: skip
+    return (triton_kernels.paged_prefill(*args) - reference.paged_prefill(*args)).abs().max().item()
+
+
+def fp8_decode_error(fmt: str, num_splits: int) -> float:
+    c = make_case([1, 1, 1, 1], [0, 36, 99, 63], 16, 8, 2, seed=5)
+    key_cache, value_cache = fp8_caches(c, FP8[fmt][0], 0.05, 0.005)
+    m = c.metadata
+    args = (c.query, key_cache, value_cache, m.seq_lens, m.block_tables, c.scale, 0.05, 0.005)
+    got = triton_kernels.paged_decode(*args, num_splits=num_splits)
+    return (got - reference.paged_decode(*args)).abs().max().item()
+
+
+def fp8_store_error(fmt: str) -> float:
+    """The kernel's stored values == the reference's. Inputs are FP8 values times the
+    scale (plus some far beyond the range, which saturate), so no rounding is needed:
+    the interpreter's own float32 -> float8 conversion drops the carry of a mantissa
+    that rounds up (500 -> 256 in e5m2), which the GPU's conversion does not; random
+    inputs are compared on a GPU (test_triton_gpu.py)."""
+    dtype = FP8[fmt][0]
+    generator = torch.Generator().manual_seed(6)
+    exact = torch.randn(2, 9, 2, 32, generator=generator).mul(4).to(dtype).float()
+    exact[1, 0, 0, :4] = torch.tensor([1e9, -1e9, 6e4, -6e4])
+    key, value = exact[0] * 0.5, exact[1] * 2.0
+    slots = torch.randperm(6 * 16, generator=generator)[:9]
+    ref = [torch.zeros(6, 16, 2, 32, dtype=dtype) for _ in range(2)]
+    ours = [torch.zeros(6, 16, 2, 32, dtype=dtype) for _ in range(2)]
+    reference.write_kv(*ref, key, value, slots, 0.5, 2.0)
+    triton_kernels.store_kv(*ours, key, value, slots, 0.5, 2.0)
+    return max((a.float() - b.float()).abs().max().item() for a, b in zip(ref, ours, strict=True))
+
+
+for fmt in FP8:
+    case(f"fp8-{fmt}-prefill")(lambda fmt=fmt: fp8_prefill_error(fmt))
+    case(f"fp8-{fmt}-store-kv")(lambda fmt=fmt: fp8_store_error(fmt))
+    for splits in (1, 3):
+        case(f"fp8-{fmt}-decode-splits{splits}")(
+            lambda fmt=fmt, s=splits: fp8_decode_error(fmt, s)
+        )
+
+
 if __name__ == "__main__":
     results: dict[str, float | str] = {}
     for name, fn in CASES.items():

@@ -40,19 +40,22 @@ def make_engine(
     max_num_seqs: int = 64,
     prefix_caching: bool = True,
     registry: CollectorRegistry | None = None,
+    num_host_blocks: int = 0,
+    preemption_mode: str = "recompute",
 ) -> Engine:
-    """An engine over a fresh KV cache of ``num_blocks`` blocks; its histograms go to
-    ``registry`` (a fresh one by default)."""
+    """An engine over a fresh KV cache of ``num_blocks`` blocks (and a host tier of
+    ``num_host_blocks``); its histograms go to ``registry`` (a fresh one by default)."""
     loaded = demo_model()
     spec = kv_spec(loaded.config, BLOCK_SIZE)
     manager = build_kv_cache_manager(
         spec, num_blocks, namespace_digest=b"engine-test", worker_id="engine-test",
-        prefix_caching=prefix_caching,
+        prefix_caching=prefix_caching, num_host_blocks=num_host_blocks, secret=b"engine-test",
     )  # fmt: skip
     runner = ModelRunner(
         loaded.model, manager.tensors.key_caches, manager.tensors.value_caches, BLOCK_SIZE
     )
-    config = EngineConfig(max_batched_tokens=max_batched_tokens, max_num_seqs=max_num_seqs)
+    config = EngineConfig(max_batched_tokens=max_batched_tokens, max_num_seqs=max_num_seqs,
+                          preemption_mode=preemption_mode)  # fmt: skip
     return Engine(
         manager, runner, loaded.tokenizer, config, min(4096, num_blocks * BLOCK_SIZE),
         EngineMetrics(registry or CollectorRegistry()),

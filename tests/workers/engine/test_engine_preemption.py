@@ -1,4 +1,5 @@
-"""Preemption by recompute when the KV cache runs out, and its invariants."""
+"""Preemption (by recompute, or by swapping to the host tier) when the KV cache runs
+out, and its invariants."""
 
 from __future__ import annotations
 
@@ -23,6 +24,19 @@ def test_preempted_requests_complete_with_the_same_tokens():
     for i in range(4):
         assert results[i].token_ids == reference[i].token_ids, f"request {i}"
         assert results[i].usage.completion_tokens == 24
+
+
+def test_swapped_out_requests_come_back_from_the_host_tier_with_the_same_tokens():
+    reference = run(make_engine(), workload())
+    tiny = make_engine(num_blocks=7, num_host_blocks=32, preemption_mode="swap")
+    results = run(tiny, workload())
+    stats = tiny.stats()
+    assert stats.preemption_swaps_total == stats.preemptions_total > 0
+    assert stats.kv_host_hit_blocks_total > 0 and stats.kv_host_auth_failures_total == 0
+    assert stats.kv_host_bytes_to_device_total > 0
+    for i in range(4):
+        assert results[i].token_ids == reference[i].token_ids, f"request {i}"
+    tiny.manager.check_invariants()
 
 
 def test_newest_sequence_is_preempted_and_requeued_first():

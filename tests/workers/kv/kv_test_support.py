@@ -27,8 +27,11 @@ HEAD_DIM = 2
 SCOPES = (PUBLIC, "t1", "t2")
 
 
-def make_manager(num_blocks: int, block_size: int, prefix_caching: bool = True) -> KVCacheManager:
-    """A CPU manager with small float32 tensors (values below 2**24 stay exact)."""
+def make_manager(
+    num_blocks: int, block_size: int, prefix_caching: bool = True, num_host_blocks: int = 0
+) -> KVCacheManager:
+    """A CPU manager with small float32 tensors (values below 2**24 stay exact), with a
+    host tier of ``num_host_blocks`` when > 0."""
     spec = KVCacheSpec(NUM_LAYERS, 1, HEAD_DIM, "float32", block_size)
     return build_kv_cache_manager(
         spec,
@@ -36,6 +39,8 @@ def make_manager(num_blocks: int, block_size: int, prefix_caching: bool = True) 
         namespace_digest=NAMESPACE_DIGEST,
         worker_id="w0",
         prefix_caching=prefix_caching,
+        num_host_blocks=num_host_blocks,
+        secret=b"kv-test-secret",
     )
 
 
@@ -101,12 +106,14 @@ BlockPath = tuple[tuple[str, ...], tuple[int, ...]]  # (scope of every block, to
 class EventConsumer:
     """A router-side view of one worker: ``hash -> (parent, tokens, scope)``, fed by
     events. It checks the protocol as it goes: seq is gapless, a stored block is new,
-    its parent is known and its hash is the chained hash of its scope and tokens."""
+    its parent is known and its hash is the chained hash of its scope and tokens.
+    Device events build ``blocks``; host events only the set ``host_hashes``."""
 
     def __init__(self, block_size: int):
         self.block_size = block_size
         self.hasher = BlockHasher(NAMESPACE_DIGEST)
         self.blocks: dict[str, tuple[str | None, tuple[int, ...], str]] = {}
+        self.host_hashes: set[str] = set()
         self.last_seq: int | None = None
 
     def apply(self, events: Iterable[KVEvent], snapshot: bool = False) -> None:
@@ -117,6 +124,15 @@ class EventConsumer:
             self.last_seq = event.seq
             if event.type == "cleared":
                 self.blocks.clear()
+                self.host_hashes.clear()
+            if event.medium == "host":
+                for block in event.blocks:
+                    if event.type == "stored":
+                        assert block.hash not in self.host_hashes, f"host stored twice: {block}"
+                        self.host_hashes.add(block.hash)
+                    else:
+                        self.host_hashes.discard(block.hash)
+                continue
             for block in event.blocks:
                 if event.type == "removed":
                     self.blocks.pop(block.hash, None)

@@ -18,6 +18,11 @@ mid-block, so the conservative rule applies). At teardown everything is freed or
 cancelled: no block is in use, every block is free or cached, and evicting all
 leaves empties the cache and the replay.
 
+The host-tier machine runs the same programs with a small host tier (evictions
+demote full blocks, admissions restore them, ``swap_out`` preempts by swapping):
+restored blocks must read back exactly, the host events replay to exactly the
+tier's contents, and the tier never holds more than its capacity.
+
 Liveness: whenever no sequence is live, a prompt that fits the pool is admitted
 (``finish_all_then_admit``). The tiny-pool machine runs the same programs over a pool only a
 few blocks larger than the longest prompt, so admission evicts or fails on most
@@ -83,10 +88,12 @@ class Model:
 
 class KVManagerMachine(RuleBasedStateMachine):
     num_blocks = NUM_BLOCKS
+    num_host_blocks = 0
 
     def __init__(self) -> None:
         super().__init__()
-        self.manager = make_manager(self.num_blocks, BLOCK_SIZE)
+        self.manager = make_manager(self.num_blocks, BLOCK_SIZE,
+                                    num_host_blocks=self.num_host_blocks)  # fmt: skip
         self.cache = self.manager.prefix_cache
         self.consumer = EventConsumer(BLOCK_SIZE)
         self.consumer.apply(self.manager.event_log.since(-1, self.manager.event_log.epoch))
@@ -237,6 +244,18 @@ class KVManagerMachine(RuleBasedStateMachine):
         self.manager.free(seq_id)
         self.manager.free(seq_id)  # freeing twice is a no-op
 
+    @precondition(lambda self: self.seqs)
+    @rule(data=st.data())
+    def swap_out(self, data: st.DataObject) -> None:
+        """Preemption by swapping: cache what was computed, free, evict own leaves."""
+        seq_id = data.draw(st.sampled_from(sorted(self.seqs)))
+        seq = self.seqs.pop(seq_id)
+        free_before = self.manager.pool.num_free_blocks
+        self.manager.swap_out(seq_id, seq.tokens)
+        self.committed.add((seq.scope, tuple(seq.tokens[: seq.num_computed])))
+        self.committed.add((PUBLIC, tuple(seq.tokens[: min(seq.num_public, seq.num_computed)])))
+        assert self.manager.pool.num_free_blocks >= free_before
+
     @rule(num_blocks=st.integers(1, 4))
     def evict(self, num_blocks: int) -> None:
         free_before = self.manager.pool.num_free_blocks
@@ -254,6 +273,9 @@ class KVManagerMachine(RuleBasedStateMachine):
         log = self.manager.event_log
         self.consumer.apply(log.since(self.consumer.last_seq, log.epoch))
         assert_replay_equivalent(self.cache.tree, self.consumer, exact=False)
+        held = self.cache.host.entries()
+        assert len(held) <= self.num_host_blocks
+        assert self.consumer.host_hashes == {block_hash.hex() for block_hash, _ in held}
 
     def teardown(self) -> None:
         for seq_id in list(self.seqs):
@@ -290,3 +312,11 @@ class TinyPoolMachine(KVManagerMachine):
 
 TinyPoolMachine.TestCase.settings = machine_settings(300, 40)
 test_kv_manager_state_machine_tiny_pool = TinyPoolMachine.TestCase
+
+
+class HostTierMachine(KVManagerMachine):
+    num_host_blocks = 10
+
+
+HostTierMachine.TestCase.settings = machine_settings(300, 30)
+test_kv_manager_state_machine_host_tier = HostTierMachine.TestCase

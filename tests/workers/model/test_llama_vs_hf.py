@@ -14,6 +14,7 @@ from hf_checkpoints import (
     write_hf_checkpoint,
 )
 
+from workers.attention.backend import LayerKVCache
 from workers.attention.metadata import AttentionMetadata
 from workers.model.loader import load_model
 from workers.model.runner import ModelRunner
@@ -38,7 +39,7 @@ def test_logits_and_greedy_tokens_match_transformers(tmp_path, variant):
         [PROMPT_LEN], [0], [blocks[:5]], BLOCK_SIZE, NUM_BLOCKS, "cpu"
     )
     with torch.inference_mode():
-        hidden = loaded.model(torch.tensor(prompt), list(zip(keys, values, strict=True)), metadata)
+        hidden = loaded.model(torch.tensor(prompt), [LayerKVCache(k, v) for k, v in zip(keys, values, strict=True)], metadata)
         logits = loaded.model.compute_logits(hidden)
     assert (logits - expected).abs().max().item() < 1e-4
 

@@ -19,9 +19,9 @@ def _runner(tmp_path):
 
 
 def _copy_block(runner: ModelRunner, src: int, dst: int) -> None:
-    for key_cache, value_cache in runner.caches:
-        key_cache[dst] = key_cache[src]
-        value_cache[dst] = value_cache[src]
+    for cache in runner.caches:
+        cache.key[dst] = cache.key[src]
+        cache.value[dst] = cache.value[src]
 
 
 def test_generation_after_cached_prefix_equals_generation_from_scratch(tmp_path):

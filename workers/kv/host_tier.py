@@ -1,0 +1,195 @@
+"""The host-memory tier: a bounded pool of full KV blocks evicted from the device.
+
+Blocks are named by their chained block hash (``radix.hashing``: it covers the
+namespace, every block's scope and all tokens up to the block's end), so a hash
+found here holds exactly the KV of that prefix. Each entry keeps the block's
+scope, parent hash and tokens (for KV events) and its K/V bytes sealed with
+``BlockSealer``. The pool is ordered by arrival: the prefix cache demotes blocks in
+its own LRU order and takes them back on a hit, so the oldest entry is always the
+least recently used block of both tiers (one LRU), and it is the one dropped when
+the pool is full. ``take`` opens a block and removes it; a block that fails
+authentication is dropped and counted, never returned.
+
+This is a data structure: it reads and writes the device tensors it is given but
+emits no events; the prefix cache reports what ``put`` and ``take`` did.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections import OrderedDict
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from radix.hashing import BlockHash
+from workers.kv.host_crypto import BlockSealer
+from workers.kv.ids import BlockId
+from workers.kv.tensors import KVCacheTensors
+
+
+@dataclass(frozen=True)
+class HostBlock:
+    """One demoted block: who owns it, where it chains from, its tokens (key bytes)
+    and its sealed K/V."""
+
+    scope: str
+    parent: BlockHash | None
+    tokens: bytes
+    sealed: bytes
+
+
+@dataclass(frozen=True)
+class HostTierStats:
+    """Gauges and counters for ``/metrics``."""
+
+    num_host_blocks_total: int
+    num_host_blocks_used: int
+    host_hit_blocks_total: int
+    host_bytes_to_host_total: int
+    host_bytes_to_device_total: int
+    host_auth_failures_total: int
+
+
+class HostTier(ABC):
+    """What the prefix cache needs from a host tier. Engine thread only."""
+
+    @abstractmethod
+    def put(
+        self, block_hash: BlockHash, scope: str, parent: BlockHash | None, tokens: bytes,
+        slots: Sequence[int],
+    ) -> list[tuple[BlockHash, HostBlock]]:  # fmt: skip
+        """Copy the K/V at device ``slots`` (one block's positions) into the pool as
+        ``block_hash`` of ``scope``. Returns the entries dropped to make room, oldest
+        first (with the null tier: none, and nothing is kept)."""
+
+    @property
+    @abstractmethod
+    def enabled(self) -> bool:
+        """False for the null tier (the prefix cache then skips all host work)."""
+
+    @abstractmethod
+    def contains(self, block_hash: BlockHash) -> bool:
+        """True when ``block_hash`` is in the pool."""
+
+    @abstractmethod
+    def take(self, block_hash: BlockHash, device_block: BlockId) -> HostBlock | None:
+        """Remove ``block_hash`` and write its K/V into ``device_block``; None (the entry
+        dropped) when it is absent or fails authentication."""
+
+    @abstractmethod
+    def discard(self, block_hash: BlockHash) -> HostBlock | None:
+        """Remove ``block_hash`` without reading it (the device holds it again)."""
+
+    @abstractmethod
+    def entries(self) -> list[tuple[BlockHash, HostBlock]]:
+        """Every block held, oldest first (snapshots)."""
+
+    @abstractmethod
+    def stats(self) -> HostTierStats:
+        """Current gauges and counters."""
+
+
+class NullHostTier(HostTier):
+    """No host tier (``--host-cache-bytes 0``): evicted blocks are dropped."""
+
+    @property
+    def enabled(self) -> bool:
+        """Never."""
+        return False
+
+    def put(
+        self, block_hash: BlockHash, scope: str, parent: BlockHash | None, tokens: bytes,
+        slots: Sequence[int],
+    ) -> list[tuple[BlockHash, HostBlock]]:  # fmt: skip
+        """Keeps nothing."""
+        return []
+
+    def contains(self, block_hash: BlockHash) -> bool:
+        """Never."""
+        return False
+
+    def take(self, block_hash: BlockHash, device_block: BlockId) -> HostBlock | None:
+        """Nothing to take."""
+        return None
+
+    def discard(self, block_hash: BlockHash) -> HostBlock | None:
+        """Nothing to discard."""
+        return None
+
+    def entries(self) -> list[tuple[BlockHash, HostBlock]]:
+        """None."""
+        return []
+
+    def stats(self) -> HostTierStats:
+        """All zero."""
+        return HostTierStats(0, 0, 0, 0, 0, 0)
+
+
+class HostMemoryTier(HostTier):
+    """Up to ``num_blocks`` sealed blocks in host memory."""
+
+    def __init__(self, num_blocks: int, tensors: KVCacheTensors, sealer: BlockSealer) -> None:
+        if num_blocks <= 0:
+            raise ValueError(f"num_blocks must be positive, got {num_blocks}")
+        self.num_blocks = num_blocks
+        self._tensors = tensors
+        self._sealer = sealer
+        self._blocks: OrderedDict[BlockHash, HostBlock] = OrderedDict()
+        self._num_hits = self._bytes_in = self._bytes_out = self._num_auth_failures = 0
+
+    @property
+    def enabled(self) -> bool:
+        """Always."""
+        return True
+
+    def put(
+        self, block_hash: BlockHash, scope: str, parent: BlockHash | None, tokens: bytes,
+        slots: Sequence[int],
+    ) -> list[tuple[BlockHash, HostBlock]]:  # fmt: skip
+        """See ``HostTier.put``; a hash already present is refreshed, not duplicated."""
+        data = self._tensors.read_slots(slots)
+        sealed = self._sealer.seal(scope, block_hash, data)
+        self._blocks.pop(block_hash, None)
+        self._blocks[block_hash] = HostBlock(scope, parent, tokens, sealed)
+        self._bytes_in += len(data)
+        dropped = []
+        while len(self._blocks) > self.num_blocks:
+            dropped.append(self._blocks.popitem(last=False))
+        return dropped
+
+    def contains(self, block_hash: BlockHash) -> bool:
+        """See ``HostTier.contains``."""
+        return block_hash in self._blocks
+
+    def take(self, block_hash: BlockHash, device_block: BlockId) -> HostBlock | None:
+        """See ``HostTier.take``."""
+        block = self._blocks.pop(block_hash, None)
+        if block is None:
+            return None
+        data = self._sealer.open(block.scope, block_hash, block.sealed)
+        if data is None:
+            self._num_auth_failures += 1
+            return None
+        self._tensors.write_block(device_block, data)
+        self._num_hits += 1
+        self._bytes_out += len(data)
+        return block
+
+    def discard(self, block_hash: BlockHash) -> HostBlock | None:
+        """See ``HostTier.discard``."""
+        return self._blocks.pop(block_hash, None)
+
+    def entries(self) -> list[tuple[BlockHash, HostBlock]]:
+        """See ``HostTier.entries``."""
+        return list(self._blocks.items())
+
+    def stats(self) -> HostTierStats:
+        """See ``HostTier.stats``."""
+        return HostTierStats(
+            num_host_blocks_total=self.num_blocks,
+            num_host_blocks_used=len(self._blocks),
+            host_hit_blocks_total=self._num_hits,
+            host_bytes_to_host_total=self._bytes_in,
+            host_bytes_to_device_total=self._bytes_out,
+            host_auth_failures_total=self._num_auth_failures,
+        )
