@@ -28,7 +28,14 @@ from pathlib import Path
 
 import aiohttp
 
-from bench.procs import ManagedProcess, router_args, start_process, start_worker
+from bench.procs import (
+    ManagedProcess,
+    router_args,
+    start_process,
+    start_worker,
+    stop_all,
+    wait_routable,
+)
 
 DEMO_KV_BYTES_PER_TOKEN = 2 * 4 * 4 * 32 * 4  # layers x kv heads x head dim x fp32, K and V
 QUESTION_TOKENS = 24
@@ -62,18 +69,10 @@ def cluster(kv_bytes: int, host_bytes: int) -> Iterator[ManagedProcess]:
             path.write_text("\n".join(lines) + "\n")
             started.append(router := start_process(router_args(path), wait=False))
             router.wait_ready(READY_TIMEOUT_S)
-        deadline = time.monotonic() + READY_TIMEOUT_S
-        while router.get_json("/health")[1]["num_ready_workers"] < 2:
-            if time.monotonic() > deadline:
-                raise RuntimeError("router: workers not ready")
-            time.sleep(0.1)
+        wait_routable(router, 2, READY_TIMEOUT_S)
         yield router
     finally:
-        for process in started:
-            if process.proc.poll() is None:
-                process.proc.terminate()
-        for process in started:
-            process.stop()
+        stop_all(started)
 
 
 async def one_request(

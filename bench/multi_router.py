@@ -39,6 +39,8 @@ from bench.procs import (
     router_args,
     start_process,
     start_worker,
+    stop_all,
+    wait_routable,
 )
 from bench.routing_quality import TENANTS, Workload
 from bench.routing_real import ADMIN_KEY, build_jobs, drive, router_config, tenant_key
@@ -74,24 +76,13 @@ def cluster(num_routers: int, num_workers: int, workload: Workload, kv_cache_byt
             for router in routers:
                 router.wait_ready(READY_TIMEOUT_S)
         for router in routers:
-            _wait_all_ready(router, num_workers)
+            wait_routable(router, num_workers, READY_TIMEOUT_S)
         yield routers
     finally:
-        for process in started:
-            if process.proc.poll() is None:
-                process.proc.terminate()
-        for process in started:
-            process.stop()
+        stop_all(started)
         if redis is not None:
             redis.stop()
 
-
-def _wait_all_ready(router: ManagedProcess, num_workers: int) -> None:
-    deadline = time.monotonic() + READY_TIMEOUT_S
-    while router.get_json("/health")[1]["num_ready_workers"] < num_workers:
-        if time.monotonic() > deadline:
-            raise RuntimeError("router: workers not ready in time")
-        time.sleep(0.1)
 
 
 def _admin(router: ManagedProcess, path: str) -> dict:

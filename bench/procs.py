@@ -179,6 +179,26 @@ def start_process(
     return process
 
 
+def stop_all(processes: Sequence[ManagedProcess]) -> None:
+    """SIGTERM every process still running first (so they wind down together and an
+    interrupt while waiting orphans none), then ``stop`` each."""
+    for process in processes:
+        if process.proc.poll() is None:
+            process.proc.terminate()
+    for process in processes:
+        process.stop()
+
+
+def wait_routable(router: ManagedProcess, num_workers: int, timeout_s: float) -> None:
+    """Wait until ``router``'s ``/health`` counts ``num_workers`` ready workers;
+    RuntimeError with the last health body after ``timeout_s``."""
+    deadline = time.monotonic() + timeout_s
+    while (health := router.get_json("/health")[1])["num_ready_workers"] < num_workers:
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"router: workers not ready after {timeout_s} s: {health}")
+        time.sleep(0.1)
+
+
 def process_cpu_s(pid: int) -> float:
     """User + system CPU seconds of process ``pid`` and its direct children, from /proc."""
     ticks = 0

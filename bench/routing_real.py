@@ -45,6 +45,8 @@ from bench.procs import (
     router_args,
     start_process,
     start_worker,
+    stop_all,
+    wait_routable,
 )
 from bench.routing_quality import TENANTS, SimRequest, Workload, WorkloadShape
 from router.front.auth import hash_key
@@ -120,22 +122,11 @@ def cluster(num_workers: int, policy: str, workload: Workload, kv_cache_bytes: s
             path.write_text(router_config(workload, urls, policy))
             started.append(router := start_process(router_args(path), wait=False))
             router.wait_ready(READY_TIMEOUT_S)
-        _wait_all_ready(router, num_workers)
+        wait_routable(router, num_workers, READY_TIMEOUT_S)
         yield router
     finally:
-        for process in started:  # all at once, so an interrupt while waiting orphans none
-            if process.proc.poll() is None:
-                process.proc.terminate()
-        for process in started:
-            process.stop()
+        stop_all(started)
 
-
-def _wait_all_ready(router: ManagedProcess, num_workers: int) -> None:
-    deadline = time.monotonic() + READY_TIMEOUT_S
-    while (health := router.get_json("/health")[1])["num_ready_workers"] < num_workers:
-        if time.monotonic() > deadline:
-            raise RuntimeError(f"router: workers not ready after {READY_TIMEOUT_S} s: {health}")
-        time.sleep(0.1)
 
 
 @dataclass(frozen=True)
