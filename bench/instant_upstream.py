@@ -4,7 +4,8 @@ This is NOT a worker: it runs no model and caches nothing. It speaks just enough
 the worker HTTP API (docs/protocol.md) for a router to accept and use it: ``/ready``
 and ``/info`` report the demo tokenizer's digest and a fixed namespace, ``/kv/events``
 sends an empty snapshot and then heartbeats, ``/generate`` returns ``max_tokens``
-fixed tokens at once (streamed as one SSE event per token), and the OpenAI routes
+fixed tokens at once (streamed as one SSE event per token; rendered as a worker
+renders them when asked), and the OpenAI routes
 answer the same way so it can also stand in for an ``openai``-kind worker, behind our
 router or behind the peer routers (``/server_info``, ``/model_info`` for
 sglang-router; ``/tokenize`` and ``/v1/completions/render`` with the demo tokenizer
@@ -26,6 +27,8 @@ from aiohttp import web
 
 from radix.keys import from_key
 from radix.namespace import CacheNamespace
+from radix.openai.rendered import rendered_answer
+from radix.openai.responses import TokenUsage
 from radix.tokenizer import PromptTokenizer
 from router.server.app import bind_socket
 
@@ -88,6 +91,11 @@ async def generate(request: web.Request) -> web.StreamResponse:
         num_prompt = len(body["token_ids"])
     num_tokens = int(body.get("sampling", {}).get("max_tokens") or 16)
     usage = {"prompt_tokens": num_prompt, "completion_tokens": num_tokens, "cached_tokens": 0}
+    if "render" in body:
+        answer = rendered_answer(body)
+        frames = [answer.step(0, [TOKEN_ID], "a", "length" if i == num_tokens - 1 else None)
+                  for i in range(num_tokens)]
+        return await _stream(request, [*frames, answer.end(TokenUsage(**usage))])
     if not body.get("stream"):
         return web.json_response({"request_id": "x", "usage": usage, "choices": [{
             "index": 0, "token_ids": [TOKEN_ID] * num_tokens, "text": "a" * num_tokens,
@@ -158,11 +166,13 @@ def create_app(worker_id: str = "instant") -> web.Application:
     return app
 
 
-async def _stream(request: web.Request, events: list[dict[str, object]]) -> web.StreamResponse:
+async def _stream(request: web.Request, events: list[dict[str, object] | bytes]
+                  ) -> web.StreamResponse:
     out = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
     await out.prepare(request)
     for event in events:
-        await out.write(b"data: " + json.dumps(event).encode() + b"\n\n")
+        await out.write(event if isinstance(event, bytes)
+                        else b"data: " + json.dumps(event).encode() + b"\n\n")
     await out.write(b"data: [DONE]\n\n")
     return out
 

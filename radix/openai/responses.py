@@ -57,15 +57,23 @@ def sse_frame(obj: object) -> bytes:
 
 class ResponseShape:
     """Renders one request's results for its endpoint (``completions`` or ``chat``)
-    under ``model``. Not shared between requests: it remembers which chat choices
-    already sent their ``role``."""
+    under ``model``, with ``response_id`` and ``created`` (new ones when not given: a
+    resumed request keeps its first attempt's). Not shared between requests: it
+    remembers which chat choices already sent their ``role``."""
 
-    def __init__(self, endpoint: str, model: str) -> None:
+    def __init__(self, endpoint: str, model: str, response_id: str | None = None,
+                 created: int | None = None) -> None:
         self._chat = endpoint == CHAT
-        self._model = model
-        self.id = f"{'chatcmpl' if self._chat else 'cmpl'}-{uuid.uuid4().hex}"
-        self.created = int(time.time())
+        self.endpoint = endpoint
+        self.model = model
+        self.id = response_id or f"{'chatcmpl' if self._chat else 'cmpl'}-{uuid.uuid4().hex}"
+        self.created = int(time.time()) if created is None else created
         self._started: set[int] = set()
+
+    def mark_started(self, index: int) -> None:
+        """Choice ``index`` already sent its first chunk (in an earlier attempt): its
+        next chat chunk carries no ``role``."""
+        self._started.add(index)
 
     @functools.cached_property
     def _chunk_head(self) -> bytes:
@@ -80,7 +88,7 @@ class ResponseShape:
 
     def _envelope(self, object_name: str, choices: list[dict[str, Any]]) -> dict[str, Any]:
         return {"id": self.id, "object": object_name, "created": self.created,
-                "model": self._model, "choices": choices}
+                "model": self.model, "choices": choices}
 
     def whole(self, choices: Iterable[ChoiceText], usage: TokenUsage) -> dict[str, Any]:
         """A whole (non-streamed) response."""

@@ -166,7 +166,7 @@ async def forward(router: Router, request: web.Request, call: Call, ranked: list
                 await router.registry.mark_failed(worker, str(exc))
         finally:
             router.registry.end(worker, num_tokens)
-        if relay.progress.finished:
+        if relay.can_finish:
             await relay.finish(exchange)
             assert relay.response is not None
             return worker, relay.response

@@ -101,13 +101,13 @@ class Upstream:
             yield line
             timeout_s = self._config.idle_timeout_s
 
-    async def sse_batches(self, response: aiohttp.ClientResponse) -> AsyncIterator[Batch]:
-        """The JSON objects of an SSE stream's ``data:`` lines, batched by network read
-        (events that arrived together go to the client in one write). ``None`` stands
-        for ``[DONE]`` and ends the last batch. The first event must come within the
-        first-byte timeout, every later read within the idle timeout (comments and
-        heartbeats count); a stream that ends without ``[DONE]`` raises
-        ``ClientPayloadError``."""
+    async def line_batches(self, response: aiohttp.ClientResponse
+                           ) -> AsyncIterator[list[bytes]]:
+        """The complete lines of a stream (without their ``\\n``), batched by network
+        read (lines that arrived together go to the client in one write). The first
+        read must come within the first-byte timeout, every later one within the idle
+        timeout (comments and heartbeats count); a stream that ends before its caller
+        stops reading raises ``ClientPayloadError``."""
         pending = b""
         timeout_s = self._config.first_byte_timeout_s
         while True:
@@ -118,6 +118,14 @@ class Upstream:
             *lines, pending = (pending + chunk).split(b"\n")
             if len(pending) > _MAX_SSE_LINE_BYTES:
                 raise ValueError(f"SSE line longer than {_MAX_SSE_LINE_BYTES} bytes")
+            if lines:
+                yield lines
+                timeout_s = self._config.idle_timeout_s
+
+    async def sse_batches(self, response: aiohttp.ClientResponse) -> AsyncIterator[Batch]:
+        """The JSON objects of an SSE stream's ``data:`` lines, batched by network read
+        as ``line_batches``. ``None`` stands for ``[DONE]`` and ends the last batch."""
+        async for lines in self.line_batches(response):
             batch: Batch = []
             for line in lines:
                 if not line.startswith(b"data:"):
@@ -130,7 +138,6 @@ class Upstream:
                 batch.append(json.loads(data))
             if batch:
                 yield batch
-                timeout_s = self._config.idle_timeout_s
 
 
 async def _status_error(worker: WorkerState, upstream: aiohttp.ClientResponse,

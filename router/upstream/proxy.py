@@ -2,9 +2,10 @@
 
 ``radix`` workers get ``POST /generate`` as a stream, also for a whole answer (the
 prompt as ``token_ids_b64``: its key in base64, much cheaper than a JSON id list;
-scope, ``num_public_tokens``, sampling, and ``num_resumed_tokens`` when an attempt
-continues a failed one), and their events are reshaped into OpenAI objects by the
-request's ``Relay`` (``router.upstream.relay``). ``openai`` workers get ``/v1/completions``
+scope, ``num_public_tokens``, sampling, ``render``, and ``num_resumed_tokens`` when
+an attempt continues a failed one); they render the client's OpenAI bytes
+themselves and the request's ``Relay`` (``router.upstream.relay``) passes them
+through. ``openai`` workers get ``/v1/completions``
 with the validated fields only (``OpenAIRequest.upstream_body``: the router's token
 ids as the prompt, chat messages rendered by the router with content as text, the
 tenant's ``cache_salt``); completions answers pass through, chat requests' answers
@@ -29,7 +30,7 @@ from __future__ import annotations
 import base64
 import json
 import logging
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -37,6 +38,7 @@ import aiohttp
 from aiohttp import web
 
 from radix.api_errors import ApiError
+from radix.openai.rendered import RenderSpec
 from radix.openai.requests import COMPLETIONS, OpenAIRequest
 from radix.openai.responses import DONE_FRAME, ChoiceText, ResponseShape, sse_frame
 from router.config import ProxyConfig
@@ -63,8 +65,6 @@ from router.upstream.relay import (
 )
 
 log = logging.getLogger(__name__)
-# Upstream objects (``None`` for ``[DONE]``) to ``/generate``-style events.
-EventTranslator = Callable[[Batch], Batch]
 
 
 @dataclass(frozen=True)
@@ -80,14 +80,15 @@ class Call:
     max_cached_tokens: int | None = None
 
 
-def generate_body(call: Call) -> dict[str, Any]:
-    """The ``/generate`` body of ``call`` (always streamed: whole answers are assembled
-    here, so they resume like streams); ``max_cached_tokens`` only under a quota."""
+def generate_body(call: Call, render: RenderSpec) -> dict[str, Any]:
+    """The ``/generate`` body of ``call``, rendered as ``render`` says (always streamed:
+    a whole answer's body comes at the end, so it resumes like a stream);
+    ``max_cached_tokens`` only under a quota."""
     body: dict[str, Any] = {"token_ids_b64": base64.b64encode(call.prompt.key).decode(),
                             "scope": call.scope,
                             "num_public_tokens": call.prompt.num_public_tokens,
                             "sampling": call.request.sampling.to_wire(call.max_tokens),
-                            "stream": True}
+                            "stream": True, "render": render.to_wire()}
     if call.max_cached_tokens is not None:
         body["max_cached_tokens"] = call.max_cached_tokens
     return body
@@ -132,32 +133,40 @@ class Proxy:
 
     async def _relay_generate(self, call: Call, relay: Relay, worker: WorkerState,
                               exchange: Exchange) -> web.StreamResponse:
-        body = resumed_generate_body(generate_body(call), call.prompt.key, relay.progress)
+        body = resumed_generate_body(generate_body(call, relay.render), call.prompt.key,
+                                     relay.progress)
         upstream = await self._upstream.post(worker, "/generate", body, call.request)
-        return await self._relay_events(relay, worker, upstream, exchange, _same)
+        try:
+            async for lines in self._upstream.line_batches(upstream):
+                if await relay.write_rendered(lines, exchange):
+                    return self._answered(relay, worker, exchange)
+        except MALFORMED as exc:
+            raise unavailable(worker, exc) from exc
+        finally:
+            upstream.close()
+        raise AssertionError("line_batches reads until the caller stops or raises")
 
     async def _relay_openai_chat(self, call: Call, relay: Relay, worker: WorkerState,
                                  exchange: Exchange) -> web.StreamResponse:
         path, body = self._openai_body(call, worker)
         upstream = await self._upstream.post(worker, path, body, call.request)
-        return await self._relay_events(relay, worker, upstream, exchange, _completion_events)
-
-    async def _relay_events(self, relay: Relay, worker: WorkerState,
-                            upstream: aiohttp.ClientResponse, exchange: Exchange,
-                            translate: EventTranslator) -> web.StreamResponse:
         try:
             async for batch in self._upstream.sse_batches(upstream):
-                events = translate(batch)
+                events = _completion_events(batch)
                 if events and await relay.write(events, exchange):
-                    if exchange.status == 502:
-                        log.warning("worker %s sent an error event", worker.worker_id)
-                    assert relay.response is not None
-                    return relay.response
+                    return self._answered(relay, worker, exchange)
         except MALFORMED as exc:
             raise unavailable(worker, exc) from exc
         finally:
             upstream.close()
         raise AssertionError("sse_batches ends with [DONE] or raises")
+
+    @staticmethod
+    def _answered(relay: Relay, worker: WorkerState, exchange: Exchange) -> web.StreamResponse:
+        if exchange.status == 502:
+            log.warning("worker %s sent an error event", worker.worker_id)
+        assert relay.response is not None
+        return relay.response
 
     @staticmethod
     def _openai_body(call: Call, worker: WorkerState) -> tuple[str, dict[str, Any]]:
@@ -251,11 +260,6 @@ class Proxy:
             await out.write(sse_frame(worker_failed().body()) + DONE_FRAME)
         except ConnectionResetError:
             exchange.status = CLIENT_CLOSED
-
-
-def _same(batch: Batch) -> Batch:
-    """A radix worker's ``/generate`` objects are the events already."""
-    return batch
 
 
 def _completion_events(batch: Batch) -> Batch:

@@ -1,19 +1,26 @@
-"""The client side of one shaped request, across every attempt that serves it.
+"""The client side of one request, across every attempt that serves it.
 
-A ``Relay`` turns ``/generate``-style events (``index``, ``token_ids``, ``text``,
-``finish_reason``; a ``usage`` event; ``error`` events; ``None`` for ``[DONE]``) into
-the client's OpenAI answer: SSE chunks as they come for a stream, one JSON body at the
-end otherwise. It keeps the request's ``Progress`` (what each choice has delivered),
-so that when a worker fails the next attempt can resume where it stopped: with the
-prompt plus the delivered token ids and ``num_resumed_tokens`` (the worker then counts
-them as completion tokens and sends none of their text again), so the client's text is
-that of one uninterrupted run and its ``usage`` counts the original prompt and every
-completion token.
+A radix worker renders the client's answer itself (``radix.openai.rendered``: the
+router sends the ``id``, ``created`` and model name, the same on every attempt); the
+``Relay`` copies its ``data`` lines to the client byte for byte, a stream's as they
+come, a whole answer's body at the end, and reads only the ``tokens`` lines (the
+generated token ids of each step) and the ``usage`` line. An ``openai`` worker's
+chat stream comes as ``/generate``-style events (``index``, ``text``,
+``finish_reason``; ``usage``; ``error``; ``None`` for ``[DONE]``) that the relay shapes
+into chat chunks with the shared ``ResponseShape``.
 
-Resume needs one choice and token ids on every event (radix workers send them):
+The relay keeps the request's ``Progress`` (what each choice has delivered), so that
+when a worker fails the next attempt can resume where it stopped: with the prompt
+plus the delivered token ids and ``num_resumed_tokens`` (the worker then counts them
+as completion tokens, sends none of their text again, and starts a whole body with
+it), so the client's answer is that of one uninterrupted run and its ``usage`` counts
+the original prompt and every completion token.
+
+Resume needs one choice and token ids on every step (radix workers send them):
 ``n > 1`` and ``openai`` workers' streams are not resumed after the client's first
 byte; the stream then ends with an error event and ``[DONE]``. Before the first byte
-(always, for a whole answer) a request that cannot resume starts over elsewhere.
+(always, for a whole answer) a request that cannot resume starts over elsewhere, as
+does a whole answer whose choices all finished without its body arriving.
 """
 
 from __future__ import annotations
@@ -23,21 +30,25 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+import orjson
 from aiohttp import web
 
 from radix.keys import to_key
-from radix.openai.responses import (
-    DONE_FRAME,
-    ChoiceText,
-    ResponseShape,
-    TokenUsage,
-    sse_frame,
-    usage_object,
+from radix.openai.rendered import (
+    ANSWER_PREFIX,
+    DATA_PREFIX,
+    TOKENS_PREFIX,
+    USAGE_PREFIX,
+    RenderSpec,
+    parse_usage,
 )
+from radix.openai.responses import DONE_FRAME, ResponseShape, TokenUsage, sse_frame
 from router.upstream.attempt import Batch, worker_failed
 
 CLIENT_CLOSED = 499  # the client went away (nginx's convention)
 SSE_HEADERS = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
+JSON_HEADERS = {"Content-Type": "application/json"}
+_DONE_LINE = b"data: [DONE]"
 
 
 @dataclass
@@ -55,36 +66,35 @@ class Exchange:
 
 @dataclass
 class ChoiceProgress:
-    """What one choice has delivered: token ids, text, and its finish reason."""
+    """What one choice has delivered: token ids and its finish reason."""
 
     token_ids: list[int] = field(default_factory=list)
-    text: list[str] = field(default_factory=list)
     finish_reason: str | None = None
 
 
 class Progress:
     """Every choice's delivered output. ``token_ids_known`` turns False at the first
-    event without token ids (an ``openai`` worker's), which rules out resuming."""
+    step without token ids (an ``openai`` worker's), which rules out resuming."""
 
     def __init__(self, num_choices: int) -> None:
         self.choices = [ChoiceProgress() for _ in range(num_choices)]
         self.token_ids_known = True
+        self.num_steps = 0
 
-    def note(self, event: dict[str, Any]) -> None:
-        """Add one delta event."""
-        choice = self.choices[event["index"]]
-        token_ids = event.get("token_ids")
+    def note(self, index: int, token_ids: list[int] | None, finish_reason: str | None) -> None:
+        """Add one step of choice ``index``."""
+        choice = self.choices[index]
+        self.num_steps += 1
         if token_ids is None:
             self.token_ids_known = False
         else:
             choice.token_ids.extend(token_ids)
-        choice.text.append(event["text"])
-        choice.finish_reason = event["finish_reason"] or choice.finish_reason
+        choice.finish_reason = finish_reason or choice.finish_reason
 
     @property
     def resumable(self) -> bool:
-        """One choice, every token id known: a later attempt can continue it."""
-        return len(self.choices) == 1 and self.token_ids_known
+        """One unfinished choice, every token id known: a later attempt can continue it."""
+        return len(self.choices) == 1 and self.token_ids_known and not self.finished
 
     @property
     def finished(self) -> bool:
@@ -129,14 +139,21 @@ class Relay:
         self._stream = stream
         self._include_usage = include_usage
         self._num_prompt_tokens = num_prompt_tokens
+        self.render = RenderSpec.of(shape, stream, include_usage)
         self.progress = Progress(num_choices)
         self.response: web.StreamResponse | None = None
-        self._usage: TokenUsage | None = None
+        self._whole_body: bytes | None = None
 
     @property
     def started(self) -> bool:
         """The client has received bytes: the answer can only go on or end."""
         return self.response is not None and self.response.prepared
+
+    @property
+    def can_finish(self) -> bool:
+        """A stream whose choices all finished, although its worker died before the
+        usage: ``finish`` completes it."""
+        return self._stream and self.progress.finished
 
     def prepare_attempt(self, kind: str) -> bool:
         """Whether a ``kind`` worker may take over now. Before the first byte any may:
@@ -148,46 +165,72 @@ class Relay:
             return True
         return resumable
 
+    async def write_rendered(self, lines: list[bytes], exchange: Exchange) -> bool:
+        """Relay the complete lines of one network read of a rendered stream; True when
+        the answer is over: ``[DONE]``, an error event (which ends a stream with a 502
+        error event; for a whole answer it raises ``ValueError``, a failed attempt),
+        or a client that went away."""
+        out: list[bytes] = []
+        for line in lines:
+            if line.startswith(TOKENS_PREFIX):
+                step = orjson.loads(line[len(TOKENS_PREFIX):])
+                token_ids = step["token_ids"]
+                self.progress.note(step["index"], token_ids, step["finish_reason"])
+                exchange.num_completion_tokens += len(token_ids)
+            elif line.startswith(ANSWER_PREFIX):
+                if self._stream:
+                    out.append(line.rstrip() + b"\n\n")
+                else:
+                    self._whole_body = line[len(DATA_PREFIX):].rstrip()
+            elif line.startswith(DATA_PREFIX):
+                line = line.rstrip()
+                if line == _DONE_LINE:
+                    if exchange.num_cached_tokens is None:
+                        raise ValueError("the stream ended before its usage")
+                    return await self._end_rendered(out, exchange)
+                event = orjson.loads(line[len(DATA_PREFIX):])
+                if not isinstance(event, dict) or "error" not in event:
+                    raise ValueError("a data line that is neither answer nor error")
+                return await self._worker_error(event, out, exchange)
+            elif line.startswith(USAGE_PREFIX):
+                note_token_usage(exchange, parse_usage(line))
+        if out:
+            await self._send(b"".join(out), exchange)
+        return exchange.status == CLIENT_CLOSED
+
     async def write(self, batch: Batch, exchange: Exchange) -> bool:
-        """Relay one batch of events; True when the answer is over: ``[DONE]``, an
-        error event (which ends a stream with a 502 error event; for a whole answer it
-        raises ``ValueError``, a failed attempt), or a client that went away."""
+        """Relay one batch of an ``openai`` worker's chat stream events, shaped into
+        chat chunks; True when the answer is over (as ``write_rendered``)."""
+        assert self._stream, "whole answers of openai workers are not relayed"
         frames: list[bytes] = []
         for event in batch:
             if event is None:
-                if not any(c.text for c in self.progress.choices):
+                if not self.progress.num_steps:
                     raise ValueError("the stream ended before its first event")
-                return await self._end(frames, exchange)
-            if "usage" in event:
-                self._usage = token_usage(event["usage"])
-                note_usage(exchange, usage_object(self._usage))
-                if self._include_usage:
-                    frames.append(self._shape.usage_chunk(self._usage))
-            elif "error" in event:
-                error = event["error"]
-                code = error.get("code") if isinstance(error, dict) else None
-                if not self._stream:
-                    raise ValueError(f"the worker sent an error event ({code})")
-                await self._send(b"".join(frames), exchange)
-                await self.fail(exchange, code if isinstance(code, str) else "upstream_error")
+                await self._send(b"".join(frames) + DONE_FRAME, exchange)
                 return True
+            if "usage" in event:
+                usage = token_usage(event["usage"])
+                note_token_usage(exchange, usage)
+                if self._include_usage:
+                    frames.append(self._shape.usage_chunk(usage))
+            elif "error" in event:
+                return await self._worker_error(event, frames, exchange)
             else:
-                self.progress.note(event)
-                exchange.num_completion_tokens += len(event.get("token_ids") or event["text"][:1])
-                if self._stream:
-                    frames.append(self._shape.chunk(event["index"], event["text"],
-                                                    event["finish_reason"]))
-        if self._stream:
-            await self._send(b"".join(frames), exchange)
+                self.progress.note(event["index"], None, event["finish_reason"])
+                exchange.num_completion_tokens += len(event["text"][:1])
+                frames.append(self._shape.chunk(event["index"], event["text"],
+                                                event["finish_reason"]))
+        await self._send(b"".join(frames), exchange)
         return exchange.status == CLIENT_CLOSED
 
     async def finish(self, exchange: Exchange) -> None:
-        """Complete an answer whose choices all finished although the worker died
-        before its usage: usage from the delivered tokens (cached: unknown, 0)."""
-        self._usage = TokenUsage(self._num_prompt_tokens, self.progress.num_tokens, 0)
-        note_usage(exchange, usage_object(self._usage))
-        frames = [self._shape.usage_chunk(self._usage)] if self._include_usage else []
-        await self._end(frames, exchange)
+        """Complete a stream whose choices all finished although the worker died before
+        its usage: usage from the delivered tokens (cached: unknown, 0)."""
+        usage = TokenUsage(self._num_prompt_tokens, self.progress.num_tokens, 0)
+        note_token_usage(exchange, usage)
+        frames = self._shape.usage_chunk(usage) if self._include_usage else b""
+        await self._send(frames + DONE_FRAME, exchange)
 
     async def fail(self, exchange: Exchange, code: str = "upstream_error") -> None:
         """End a started stream with an error event and ``[DONE]`` (status 502)."""
@@ -195,14 +238,23 @@ class Relay:
         await self._send(sse_frame(worker_failed(code).body()) + DONE_FRAME, exchange)
         exchange.status = 502 if exchange.status != CLIENT_CLOSED else CLIENT_CLOSED
 
-    async def _end(self, frames: list[bytes], exchange: Exchange) -> bool:
+    async def _worker_error(self, event: dict[str, Any], frames: list[bytes],
+                            exchange: Exchange) -> bool:
+        error = event["error"]
+        code = error.get("code") if isinstance(error, dict) else None
+        if not self._stream:
+            raise ValueError(f"the worker sent an error event ({code})")
+        await self._send(b"".join(frames), exchange)
+        await self.fail(exchange, code if isinstance(code, str) else "upstream_error")
+        return True
+
+    async def _end_rendered(self, out: list[bytes], exchange: Exchange) -> bool:
         if self._stream:
-            await self._send(b"".join(frames) + DONE_FRAME, exchange)
+            await self._send(b"".join(out) + DONE_FRAME, exchange)
             return True
-        choices = [ChoiceText(i, "".join(c.text), c.finish_reason)
-                   for i, c in enumerate(self.progress.choices)]
-        usage = self._usage or TokenUsage(self._num_prompt_tokens, self.progress.num_tokens, 0)
-        self.response = web.json_response(self._shape.whole(choices, usage))
+        if self._whole_body is None:
+            raise ValueError("the stream ended without its body")
+        self.response = web.Response(body=self._whole_body, headers=JSON_HEADERS)
         answered(exchange)
         return True
 
@@ -226,14 +278,18 @@ def answered(exchange: Exchange) -> None:
 
 
 def token_usage(usage: dict[str, Any]) -> TokenUsage:
-    """A usage object as ``TokenUsage``: ``/generate``'s (``cached_tokens`` at the top)
-    or OpenAI's (in ``prompt_tokens_details``, which a backend may leave out)."""
-    cached = usage.get("cached_tokens")
-    if cached is None:
-        details = usage.get("prompt_tokens_details")
-        cached = details.get("cached_tokens") if isinstance(details, dict) else None
+    """An OpenAI ``usage`` object as ``TokenUsage`` (``cached_tokens`` in
+    ``prompt_tokens_details``, which a backend may leave out)."""
+    details = usage.get("prompt_tokens_details")
+    cached = details.get("cached_tokens") if isinstance(details, dict) else None
     return TokenUsage(int(usage["prompt_tokens"]), int(usage["completion_tokens"]),
                       int(cached or 0))
+
+
+def note_token_usage(exchange: Exchange, usage: TokenUsage) -> None:
+    """Take completion and cached token counts from the worker's final usage."""
+    exchange.num_completion_tokens = usage.completion_tokens
+    exchange.num_cached_tokens = usage.cached_tokens
 
 
 def note_usage(exchange: Exchange, usage: Any) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from radix.openai.rendered import RenderSpec
 from radix.openai.requests import COMPLETIONS, parse_openai_request
 from radix.tokenizer import PromptTokenizer
 from router.cli import limits_for_processes, with_overrides
@@ -173,6 +174,7 @@ def test_tenant_cache_quota_is_parsed_and_sent_with_each_generate() -> None:
                                    COMPLETIONS, model.bounds)  # fmt: skip
     prompt = model.prompt(request, "a")
     call = Call(request, "demo", prompt, "a", 8, "salt", limits["a"])
-    assert generate_body(call)["max_cached_tokens"] == 4096
+    render = RenderSpec(COMPLETIONS, "cmpl-1", 0, "demo", False, False)
+    assert generate_body(call, render)["max_cached_tokens"] == 4096
     unlimited = Call(request, "demo", prompt, "b", 8, "salt", limits["b"])
-    assert "max_cached_tokens" not in generate_body(unlimited)
+    assert "max_cached_tokens" not in generate_body(unlimited, render)

@@ -14,7 +14,7 @@ from support.aio import eventually, running_router, serving
 from test_server import ADMIN, ALICE, call, failing_upstream, make_config
 
 from bench import instant_upstream
-from radix.openai.responses import sse_frame
+from radix.openai.rendered import rendered_answer
 
 pytestmark = pytest.mark.anyio
 PROMPT = {"model": "demo", "prompt": "hello"}
@@ -87,11 +87,11 @@ async def test_admin_added_workers_take_keys_only_from_the_prefix(caplog, monkey
 def stalling_upstream(num_events: int, sent: asyncio.Event) -> web.Application:
     """``/generate`` streams ``num_events`` one-token events, then waits forever."""
     async def generate(request: web.Request) -> web.StreamResponse:
+        answer = rendered_answer(await request.json())
         out = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
         await out.prepare(request)
         for _ in range(num_events):
-            await out.write(sse_frame({"index": 0, "token_ids": [97], "text": "a",
-                                       "finish_reason": None}))
+            await out.write(answer.step(0, [97], "a", None))
         sent.set()
         await asyncio.sleep(3600)
         return out

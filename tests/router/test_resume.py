@@ -19,7 +19,8 @@ from test_server import ALICE, sse_objects
 
 from bench import instant_upstream
 from radix.keys import from_key
-from radix.openai.responses import sse_frame
+from radix.openai.rendered import rendered_answer
+from radix.openai.responses import TokenUsage, sse_frame
 from router.config_toml import parse_config
 from router.front.auth import hash_key
 
@@ -45,23 +46,25 @@ def config(urls: list[str], kind: str = "radix"):
     })
 
 
-def delta(token_id: int, text: str, index: int = 0, reason: str | None = None) -> bytes:
-    return sse_frame({"index": index, "token_ids": [token_id], "text": text,
-                      "finish_reason": reason})
+Step = tuple[int, str, int, str | None]  # token id, text, choice index, finish reason
 
 
-def failing_upstream(how: str, frames: list[bytes]) -> web.Application:
-    """``/generate`` sends ``frames``, then fails ``how``: ``close`` (ends the body
-    without ``[DONE]``), ``reset`` (drops the connection), ``stall`` (goes silent),
-    ``hang`` (sends nothing at all, not even headers)."""
+def delta(token_id: int, text: str, index: int = 0, reason: str | None = None) -> Step:
+    return token_id, text, index, reason
+
+
+def failing_upstream(how: str, steps: list[Step]) -> web.Application:
+    """``/generate`` sends ``steps`` rendered, then fails ``how``: ``close`` (ends the
+    body without ``[DONE]``), ``reset`` (drops the connection), ``stall`` (goes
+    silent), ``hang`` (sends nothing at all, not even headers)."""
     async def generate(request: web.Request) -> web.StreamResponse:
-        await request.read()
+        answer = rendered_answer(await request.json())
         if how == "hang":
             await asyncio.sleep(60)
         out = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
         await out.prepare(request)
-        for frame in frames:
-            await out.write(frame)
+        for token_id, text, index, reason in steps:
+            await out.write(answer.step(index, [token_id], text, reason))
         if how == "stall":
             await asyncio.sleep(60)
         if how == "reset":
@@ -75,22 +78,24 @@ def failing_upstream(how: str, frames: list[bytes]) -> web.Application:
 
 
 def continuing_upstream(seen: list[dict[str, Any]]) -> web.Application:
-    """``/generate`` as a resuming worker answers: token 103 + i with text "g", "h", ...
-    until ``max_tokens`` counting the resumed tokens, usage of the whole run."""
+    """``/generate`` as a resuming worker answers: token 101 + i with text "e", "f", ...
+    (from the first token after the resumed ones) until ``max_tokens`` counting the
+    resumed tokens, usage of the whole run, a whole body starting with the resumed
+    tokens' text."""
     async def generate(request: web.Request) -> web.StreamResponse:
         body = await request.json()
         seen.append(body)
         prompt = from_key(base64.b64decode(body["token_ids_b64"]))
         num_resumed = body.get("num_resumed_tokens", 0)
         max_tokens = body["sampling"]["max_tokens"]
+        answer = rendered_answer(body, "".join(chr(ord("e") + i) for i in range(num_resumed)))
         out = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
         await out.prepare(request)
         for i in range(num_resumed, max_tokens):
-            await out.write(delta(100 + i + 1, chr(ord("e") + i),
-                                  reason="length" if i == max_tokens - 1 else None))
-        usage = {"prompt_tokens": len(prompt) - num_resumed, "completion_tokens": max_tokens,
-                 "cached_tokens": 0}
-        await out.write(sse_frame({"usage": usage}) + b"data: [DONE]\n\n")
+            await out.write(answer.step(0, [101 + i], chr(ord("e") + i),
+                                        "length" if i == max_tokens - 1 else None))
+        usage = TokenUsage(len(prompt) - num_resumed, max_tokens, 0)
+        await out.write(answer.end(usage) + b"data: [DONE]\n\n")
         return out
 
     app = web.Application()
@@ -98,11 +103,11 @@ def continuing_upstream(seen: list[dict[str, Any]]) -> web.Application:
     return app
 
 
-async def ask(how: str, body: dict[str, Any], frames: list[bytes] | None = None
+async def ask(how: str, body: dict[str, Any], steps: list[Step] | None = None
               ) -> tuple[int, str, list[dict[str, Any]], float]:
     seen: list[dict[str, Any]] = []
-    frames = [delta(t, s) for t, s in DELIVERED] if frames is None else frames
-    async with serving(failing_upstream(how, frames)) as bad, \
+    steps = [delta(t, s) for t, s in DELIVERED] if steps is None else steps
+    async with serving(failing_upstream(how, steps)) as bad, \
             serving(continuing_upstream(seen)) as good, \
             running_router(config([bad, good])) as (url, _), \
             aiohttp.ClientSession() as session:
@@ -128,6 +133,8 @@ async def test_a_stream_cut_mid_way_resumes_on_the_next_worker(how: str) -> None
     assert seen[0]["sampling"]["max_tokens"] == MAX_TOKENS
     assert chunks[-1]["usage"]["prompt_tokens"] == len(resumed_prompt) - len(DELIVERED)
     assert chunks[-1]["usage"]["completion_tokens"] == MAX_TOKENS
+    assert len({(c["id"], c["created"]) for c in chunks}) == 1, "one answer across workers"
+    assert seen[0]["render"]["id"] == chunks[0]["id"]
 
 
 async def test_a_whole_answer_resumes_the_same_way() -> None:
@@ -148,8 +155,8 @@ async def test_a_hung_worker_trips_the_first_byte_timeout_and_another_answers() 
 
 
 async def test_a_stream_whose_choices_all_finished_completes_without_another_worker() -> None:
-    frames = [delta(101, "e"), delta(102, "f", reason="stop")]
-    status, text, seen, _ = await ask("reset", STREAM, frames)
+    steps = [delta(101, "e"), delta(102, "f", reason="stop")]
+    status, text, seen, _ = await ask("reset", STREAM, steps)
     chunks = sse_objects(text)
     assert status == 200 and not seen
     assert "".join(c["choices"][0]["text"] for c in chunks if c["choices"]) == "ef"
@@ -157,8 +164,8 @@ async def test_a_stream_whose_choices_all_finished_completes_without_another_wor
 
 
 async def test_n_above_one_is_not_resumed_after_the_first_byte() -> None:
-    frames = [delta(101, "e", index=0), delta(102, "x", index=1)]
-    status, text, seen, _ = await ask("reset", {**STREAM, "n": 2}, frames)
+    steps = [delta(101, "e", index=0), delta(102, "x", index=1)]
+    status, text, seen, _ = await ask("reset", {**STREAM, "n": 2}, steps)
     frames_out = [line[6:] for line in text.split("\n") if line.startswith("data: ")]
     assert status == 200 and not seen
     assert frames_out[-1] == "[DONE]"

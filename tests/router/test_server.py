@@ -18,6 +18,7 @@ from support.aio import eventually, running_router, serving
 
 from bench import instant_upstream
 from radix.keys import from_key
+from radix.openai.rendered import rendered_answer
 from radix.openai.requests import COMPLETIONS, parse_openai_request
 from router.config import RouterConfig
 from router.config_toml import parse_config
@@ -261,11 +262,12 @@ async def test_client_disconnect_cancels_the_upstream_request() -> None:
     closed = asyncio.Event()
 
     async def slow_generate(request: web.Request) -> web.StreamResponse:
+        answer = rendered_answer(await request.json())
         out = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
         await out.prepare(request)
         try:
             for _ in range(1000):
-                await out.write(b'data: {"index": 0, "text": "a", "finish_reason": null}\n\n')
+                await out.write(answer.step(0, [97], "a", None))
                 await asyncio.sleep(0.02)
         except (asyncio.CancelledError, ConnectionResetError):
             closed.set()

@@ -1,6 +1,7 @@
-"""The router's relay of worker ``/generate`` streams: events split or merged across
-network reads, error events, streams cut short, and the exact chunk bytes; and the
-pass-through of an ``openai``-kind worker's completions stream when it fails."""
+"""The router's relay of worker ``/generate`` streams (rendered by the worker, passed
+through): events split or merged across network reads, error events, streams cut
+short, and the exact chunk bytes; and the pass-through of an ``openai``-kind worker's
+completions stream when it fails."""
 
 from __future__ import annotations
 
@@ -14,8 +15,9 @@ from support.aio import eventually, running_router, serving
 from test_server import ALICE, make_config, sse_objects
 
 from bench import instant_upstream
+from radix.openai.rendered import RenderedAnswer, RenderSpec
 from radix.openai.requests import CHAT, COMPLETIONS
-from radix.openai.responses import ResponseShape, sse_frame
+from radix.openai.responses import ResponseShape, TokenUsage, sse_frame
 
 pytestmark = pytest.mark.anyio
 STREAM = {"model": "demo", "prompt": "hello", "max_tokens": 3, "stream": True,
@@ -27,13 +29,15 @@ def anyio_backend() -> str:
     return "asyncio"
 
 
+SPEC = RenderSpec(COMPLETIONS, "cmpl-w", 7, "demo", True, True)
+
+
 def event(text: str, reason: str | None = None) -> bytes:
-    return sse_frame({"request_id": "r", "index": 0, "token_ids": [97], "text": text,
-                      "finish_reason": reason})
+    """One rendered step, as a worker writes it for ``SPEC``."""
+    return RenderedAnswer(SPEC).step(0, [97], text, reason)
 
 
-USAGE = sse_frame({"request_id": "r", "usage": {"prompt_tokens": 6, "completion_tokens": 3,
-                                                "cached_tokens": 2}})
+USAGE = RenderedAnswer(SPEC).end(TokenUsage(6, 3, 2))
 WHOLE = event("a") + event("b") + event("c", "length") + USAGE + b"data: [DONE]\n\n"
 
 
@@ -83,8 +87,30 @@ async def test_events_split_anywhere_across_reads_relay_the_same(cut: int) -> No
 
 async def test_comments_crlf_and_blank_lines_are_ignored() -> None:
     status, text = await relay([b": keep-alive\r\n\r\n", event("a").replace(b"\n", b"\r\n"),
-                                b"\n\n", b"data: [DONE]\r\n\r\n"])
-    assert status == 200 and [c["choices"][0]["text"] for c in sse_objects(text)] == ["a"]
+                                b"\n\n", USAGE.replace(b"\n", b"\r\n"), b"data: [DONE]\r\n\r\n"])
+    assert status == 200 and [c["choices"][0]["text"] for c in sse_objects(text)[:1]] == ["a"]
+
+
+async def test_the_client_gets_the_workers_data_lines_byte_for_byte() -> None:
+    status, text = await relay([WHOLE])
+    assert status == 200
+    assert text.encode() == b"".join(line + b"\n\n" for line in WHOLE.split(b"\n")
+                                     if line.startswith(b"data: "))
+    spec = RenderSpec(COMPLETIONS, "cmpl-w", 7, "demo", False, False)
+    answer = RenderedAnswer(spec)
+    pieces = [answer.step(0, [97], "a", None), answer.step(0, [98], "b", "length"),
+              answer.end(TokenUsage(6, 2, 2)) + b"data: [DONE]\n\n"]
+    status, text = await relay(pieces, {**STREAM, "stream": False})
+    body = json.loads(text)
+    assert status == 200 and body["id"] == "cmpl-w" and body["choices"][0]["text"] == "ab"
+    assert text.encode() == pieces[-1].split(b"\n")[1][len(b"data: "):]
+
+
+async def test_a_stream_without_usage_before_done_is_a_failed_attempt() -> None:
+    status, text = await relay([event("a", "length"), b"data: [DONE]\n\n"])
+    *frames, done = data_lines(text)
+    assert status == 200 and json.loads(frames[0])["choices"][0]["text"] == "a"
+    assert json.loads(frames[-1])["usage"]["completion_tokens"] == 1 and done == "[DONE]"
 
 
 def data_lines(text: str) -> list[str]:

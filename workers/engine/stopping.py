@@ -64,14 +64,19 @@ class StopChecker:
             return self._finish("length")
         return StepText(self._take_final(), None)
 
-    def replay(self, token_ids: Sequence[int], num_prompt_tokens: int) -> None:
+    def replay(self, token_ids: Sequence[int], num_prompt_tokens: int) -> str:
         """Account for output tokens an earlier attempt already delivered (a resumed
-        request), leaving the state ``append`` would have left; their final text is
-        dropped (the client has it) and text still held back stays pending, so no
-        character is lost or repeated across the seam. None of them may finish."""
+        request), leaving the state ``append`` would have left, and return their final
+        text (what the client already has: the caller does not send it again); text
+        still held back stays pending, so no character is lost or repeated across the
+        seam. None of them may finish."""
+        texts = []
         for i, token_id in enumerate(token_ids):
-            if self.append(token_id, num_prompt_tokens + i + 1).finish_reason is not None:
+            step = self.append(token_id, num_prompt_tokens + i + 1)
+            if step.finish_reason is not None:
                 raise ValueError(f"resumed output token {i} already ends the completion")
+            texts.append(step.text)
+        return "".join(texts)
 
     def _finish(self, reason: FinishReason) -> StepText:
         text = self._pending + self._decoder.flush()

@@ -17,6 +17,8 @@ with the next tokens, so the concatenated texts of both attempts equal one run's
 Streaming sends one event per choice per step (``token_ids`` may be non-empty
 while ``text`` is empty: text is held back until it cannot be part of a stop
 string or of an unfinished UTF-8 character), then a usage event, then ``[DONE]``.
+With ``render`` (a ``radix.openai.rendered.RenderSpec``, stream only) the stream
+carries the client's OpenAI answer itself, rendered here (what routers ask for).
 """
 
 from __future__ import annotations
@@ -26,11 +28,14 @@ import uuid
 from aiohttp import web
 
 from radix.openai.fields import Fields, token_id_list, token_ids_b64
+from radix.openai.rendered import RenderedAnswer, rendered_answer
+from radix.openai.responses import TokenUsage
 from radix.openai.sampling import parse_sampling
-from workers.engine.request import RequestOutput, Usage
+from workers.engine.request import GenerationRequest, RequestOutput, Usage
+from workers.engine.stopping import StopChecker
 from workers.server.errors import bad_request
 from workers.server.sampling import generation_request
-from workers.server.state import STATE, read_fields
+from workers.server.state import STATE, WorkerState, read_fields
 from workers.server.streaming import collect, stream_response
 
 MAX_ID_LEN = 256
@@ -80,6 +85,12 @@ async def generate(request: web.Request) -> web.StreamResponse:
         num_resumed_tokens=num_resumed, max_cached_tokens=max_cached_tokens,
     )  # fmt: skip
     timeout_s = state.config.request_timeout_s
+    if fields.has("render"):
+        if not stream_mode:
+            raise bad_request("render needs stream = true", "render")
+        answer = rendered_answer(fields.data, _resumed_text(state, engine_request))
+        return await stream_response(request, state.engine, engine_request, timeout_s,
+                                     lambda output: _rendered_events(answer, output))
     if not stream_mode:
         choices, usage = await collect(state.engine, engine_request, timeout_s)
         return web.json_response({
@@ -100,3 +111,26 @@ async def generate(request: web.Request) -> web.StreamResponse:
         return events
 
     return await stream_response(request, state.engine, engine_request, timeout_s, render)
+
+
+def _rendered_events(answer: RenderedAnswer, output: RequestOutput) -> list[object]:
+    events: list[object] = [answer.step(d.index, d.token_ids, d.text, d.finish_reason)
+                            for d in output.deltas]
+    if output.usage is not None:
+        usage = output.usage
+        events.append(answer.end(TokenUsage(usage.prompt_tokens, usage.completion_tokens,
+                                            usage.cached_tokens)))
+    return events
+
+
+def _resumed_text(state: WorkerState, request: GenerationRequest) -> str:
+    """The text the earlier attempts of a resumed request delivered (the engine replays
+    the same tokens the same way, so it sends none of it again)."""
+    num_resumed = request.num_resumed_tokens
+    if not num_resumed:
+        return ""
+    tokenizer = state.worker.tokenizer
+    num_prompt = len(request.prompt_token_ids) - num_resumed
+    checker = StopChecker(tokenizer, request.params, tokenizer.eos_token_ids,
+                          state.limits.max_model_len)
+    return checker.replay(request.prompt_token_ids[num_prompt:], num_prompt)
