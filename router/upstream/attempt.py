@@ -17,11 +17,11 @@ for the next readiness probe.
 from __future__ import annotations
 
 import asyncio
-import json
 from collections.abc import AsyncIterator
 from typing import Any
 
 import aiohttp
+import orjson
 
 from radix.api_errors import ApiError
 from radix.openai.requests import OpenAIRequest
@@ -74,7 +74,7 @@ class Upstream:
         """``POST worker.url + path``; the 200 response (the caller closes it), else
         ``UpstreamUnavailable`` (retriable status, failure, first-byte timeout) or
         ``ApiError`` (a client error the worker found, passed through)."""
-        data = json.dumps(payload, separators=(",", ":")).encode()
+        data = orjson.dumps(payload)
         try:
             async with asyncio.timeout(self._config.first_byte_timeout_s):
                 response = await self._session.post(
@@ -135,7 +135,7 @@ class Upstream:
                     batch.append(None)
                     yield batch
                     return
-                batch.append(json.loads(data))
+                batch.append(orjson.loads(data))
             if batch:
                 yield batch
 
@@ -147,7 +147,7 @@ async def _status_error(worker: WorkerState, upstream: aiohttp.ClientResponse,
     misconfiguration allow a retry (a 429 becomes the router's 503 ``saturated`` when
     no worker is left; a draining worker is down)."""
     try:
-        body = json.loads(await upstream.read())
+        body = orjson.loads(await upstream.read())
         message = str(body["error"]["message"])
     except (aiohttp.ClientError, TimeoutError, ValueError, KeyError, TypeError):
         body, message = None, f"HTTP {upstream.status}"

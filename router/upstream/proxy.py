@@ -28,13 +28,13 @@ logged under the request id (``router.server.request_ids``).
 from __future__ import annotations
 
 import base64
-import json
 import logging
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
 
 import aiohttp
+import orjson
 from aiohttp import web
 
 from radix.api_errors import ApiError
@@ -178,7 +178,7 @@ class Proxy:
         path, body = self._openai_body(call, worker)
         upstream = await self._upstream.post(worker, path, body, call.request)
         try:
-            result = json.loads(await upstream.read())
+            result = orjson.loads(await upstream.read())
             shaped = ResponseShape(call.request.endpoint, call.model_name).whole(
                 [ChoiceText(c["index"], c["text"], c["finish_reason"])
                  for c in result["choices"]],
@@ -198,7 +198,7 @@ class Proxy:
         try:
             if not call.request.stream:
                 try:
-                    result = json.loads(await upstream.read())
+                    result = orjson.loads(await upstream.read())
                 except MALFORMED as exc:
                     raise unavailable(worker, exc) from exc
                 result["model"] = call.model_name
@@ -233,7 +233,7 @@ class Proxy:
                     if b'"choices"' in line and b'"usage"' not in line:
                         exchange.num_completion_tokens += 1  # a chunk is about one token
                     else:  # usage, or an error event: the rare lines
-                        chunk = json.loads(line[6:])
+                        chunk = orjson.loads(line[6:])
                         if "error" in chunk or chunk.get("object") == "error":
                             raise ValueError(f"error event {chunk}")
                         note_usage(exchange, chunk.get("usage"))
