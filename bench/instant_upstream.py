@@ -26,6 +26,7 @@ import uuid
 from aiohttp import web
 
 from radix.keys import from_key
+from radix.model_source import DEMO_MODEL, load_tokenizer
 from radix.namespace import CacheNamespace
 from radix.openai.rendered import rendered_answer
 from radix.openai.responses import TokenUsage
@@ -33,7 +34,7 @@ from radix.tokenizer import PromptTokenizer
 from router.server.app import bind_socket
 
 BLOCK_SIZE = 16
-_DEMO = PromptTokenizer.demo()
+TOKENIZER = web.AppKey("tokenizer", PromptTokenizer)
 TOKEN_ID = 97  # "a" in the demo tokenizer
 _HEARTBEAT_S = 5.0
 
@@ -47,11 +48,14 @@ def _identity(tokenizer_digest: str, worker_id: str, epoch: str) -> dict[str, ob
             "num_total_blocks": 1, "max_model_len": 1 << 20}
 
 
-def status_routes(worker_id: str = "instant") -> list[web.RouteDef]:
+def status_routes(worker_id: str = "instant", tokenizer_digest: str | None = None
+                  ) -> list[web.RouteDef]:
     """``/health``, ``/ready``, ``/info`` and ``/kv/events`` of a ready, idle worker whose
-    identity matches a router model using the demo tokenizer with ``block_size = 16``
-    (the events stream is an empty snapshot, then heartbeats)."""
-    identity = _identity(_DEMO.digest, worker_id, uuid.uuid4().hex)
+    identity matches a router model using the tokenizer of ``tokenizer_digest`` (the
+    demo tokenizer's by default) with ``block_size = 16`` (the events stream is an
+    empty snapshot, then heartbeats)."""
+    digest = tokenizer_digest or PromptTokenizer.demo().digest
+    identity = _identity(digest, worker_id, uuid.uuid4().hex)
     zero_load = {"num_requests_running": 0, "num_requests_waiting": 0,
                  "num_waiting_tokens": 0, "kv_cache_usage_ratio": 0.0}
 
@@ -140,8 +144,8 @@ async def server_info(request: web.Request) -> web.Response:
 
 
 async def tokenize(request: web.Request) -> web.Response:
-    """``POST /tokenize`` (vLLM's shape): the demo tokenizer's ids of ``prompt``."""
-    token_ids = _DEMO.encode((await request.json()).get("prompt", ""))
+    """``POST /tokenize`` (vLLM's shape): the tokenizer's ids of ``prompt``."""
+    token_ids = request.app[TOKENIZER].encode((await request.json()).get("prompt", ""))
     return web.json_response({"count": len(token_ids), "max_model_len": 1 << 20,
                               "tokens": token_ids, "token_strs": None})
 
@@ -150,15 +154,19 @@ async def render(request: web.Request) -> web.Response:
     """``POST /v1/completions/render`` (vllm-router, per request): the prompt's ids."""
     body = await request.json()
     prompt = body.get("prompt", "")
-    token_ids = prompt if isinstance(prompt, list) else _DEMO.encode(prompt)
+    token_ids = prompt if isinstance(prompt, list) else request.app[TOKENIZER].encode(prompt)
     return web.json_response([{"request_id": "render", "model": "demo", "token_ids": token_ids}])
 
 
-def create_app(worker_id: str = "instant") -> web.Application:
+def create_app(worker_id: str = "instant", tokenizer: PromptTokenizer | None = None
+               ) -> web.Application:
     """The whole stand-in: status routes, ``/generate``, ``/v1/models``,
-    ``/v1/completions`` and the peer routers' probes."""
+    ``/v1/completions`` and the peer routers' probes, for ``tokenizer`` (the demo
+    tokenizer by default)."""
     app = web.Application(client_max_size=64 * 2**20)
-    app.add_routes([*status_routes(worker_id), web.post("/generate", generate),
+    app[TOKENIZER] = tokenizer or PromptTokenizer.demo()
+    app.add_routes([*status_routes(worker_id, app[TOKENIZER].digest),
+                    web.post("/generate", generate),
                     web.get("/v1/models", models), web.post("/v1/completions", completions),
                     *(web.get(path, server_info) for path in (
                         "/server_info", "/get_server_info", "/model_info", "/get_model_info")),
@@ -177,8 +185,8 @@ async def _stream(request: web.Request, events: list[dict[str, object] | bytes]
     return out
 
 
-async def _serve(host: str, port: int) -> None:
-    runner = web.AppRunner(create_app(), access_log=None)
+async def _serve(host: str, port: int, tokenizer: str) -> None:
+    runner = web.AppRunner(create_app(tokenizer=load_tokenizer(tokenizer)), access_log=None)
     await runner.setup()
     sock = bind_socket(host, port)
     await web.SockSite(runner, sock).start()
@@ -196,8 +204,10 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=0)
+    parser.add_argument("--tokenizer", default=DEMO_MODEL,
+                        help="the tokenizer the identity names (radix.model_source)")
     args = parser.parse_args()
-    asyncio.run(_serve(args.host, args.port))
+    asyncio.run(_serve(args.host, args.port, args.tokenizer))
 
 
 if __name__ == "__main__":

@@ -12,14 +12,18 @@ router's CPU time per request (utime + stime from ``/proc/<pid>/stat``: for ours
 tokenization, the tree walk, proxying and JSON on both sides), p50/p99 latency
 added, and for streams the longest gap between chunks (a stall shows there).
 
-``python -m bench.router_overhead [--requests N] [--processes N] [--without-peers]``;
-``main`` returns the numbers as a dict.
+``python -m bench.router_overhead [--requests N] [--processes N] [--without-peers]
+[--tokenizer NAME]`` (the demo tokenizer, or a real BPE such as the packaged
+``SmolLM2-135M-Instruct``; ``encode us`` is that tokenizer's own time for one prompt,
+what ours spends beyond a router that does not tokenize); ``main`` returns the
+numbers as a dict.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import random
 import sys
 import tempfile
@@ -33,7 +37,7 @@ import aiohttp
 
 from bench import peers
 from bench.procs import process_cpu_s, start_process, start_router
-from radix.tokenizer import PromptTokenizer
+from radix.model_source import DEMO_MODEL, load_tokenizer
 from router.front.auth import hash_key
 
 KEY = "bench-key"
@@ -68,8 +72,8 @@ class Run:
         return 1000 * ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
-def _config(urls: list[str]) -> str:
-    lines = ["[models.demo]", 'tokenizer = "demo"', "[auth.tenants.bench]",
+def _config(urls: list[str], tokenizer: str) -> str:
+    lines = ["[models.demo]", f'tokenizer = "{tokenizer}"', "[auth.tenants.bench]",
              f'key_digests = ["{hash_key(KEY)}"]', "[registry]", "poll_interval_s = 1.0"]
     for i, url in enumerate(urls):
         lines += ["[[workers]]", f'id = "u{i}"', 'model = "demo"', f'url = "{url}"']
@@ -128,20 +132,21 @@ async def _drive(url: str, bodies: list[dict[str, Any]], headers: dict[str, str]
     return Run(latencies, wall, max(gaps))
 
 
-async def _bench(num_requests: int, processes: int, with_peers: bool) -> dict[str, Any]:
-    upstreams = [await asyncio.to_thread(start_process, UPSTREAM_ARGS)
+async def _bench(num_requests: int, processes: int, with_peers: bool, tokenizer: str
+                 ) -> dict[str, Any]:
+    upstreams = [await asyncio.to_thread(start_process, [*UPSTREAM_ARGS, "--tokenizer", tokenizer])
                  for _ in range(NUM_UPSTREAMS)]
     results: dict[str, Any] = {}
     try:
         with tempfile.TemporaryDirectory() as tmp:
             config = Path(tmp) / "router.toml"
-            config.write_text(_config([u.url for u in upstreams]))
+            config.write_text(_config([u.url for u in upstreams], tokenizer))
             flags = ["--processes", str(processes)] if processes > 1 else []
             router = await asyncio.to_thread(start_router, config, *flags)
             try:
                 await asyncio.sleep(1.5)  # the first probes pass
                 results["ours"] = await _scenarios(router.url, router.cpu_s, upstreams[0].url,
-                                                   num_requests, token_ids=True)
+                                                   num_requests, tokenizer, token_ids=True)
             finally:
                 router.stop()
             installed = peers.available()
@@ -155,7 +160,7 @@ async def _bench(num_requests: int, processes: int, with_peers: bool) -> dict[st
                 try:
                     results[name] = await _scenarios(
                         peer.url, lambda pid=peer.process.pid: process_cpu_s(pid),
-                        upstreams[0].url, num_requests, token_ids=False)
+                        upstreams[0].url, num_requests, tokenizer, token_ids=False)
                 finally:
                     peer.stop()
     finally:
@@ -165,10 +170,11 @@ async def _bench(num_requests: int, processes: int, with_peers: bool) -> dict[st
 
 
 async def _scenarios(url: str, cpu_s: Callable[[], float], direct_url: str, num_requests: int,
-                     token_ids: bool) -> dict[str, Any]:
+                     tokenizer_name: str, token_ids: bool) -> dict[str, Any]:
     """Every scenario through the router at ``url`` (token-id prompts only if it takes
-    them) and directly against ``direct_url``."""
-    tokenizer = PromptTokenizer.demo()
+    them) and directly against ``direct_url``; ``encode_us`` is the tokenizer's own
+    time for one of the scenario's prompts (one full encode, in this process)."""
+    tokenizer = load_tokenizer(tokenizer_name)
     auth = {"Authorization": f"Bearer {KEY}"}
     results: dict[str, Any] = {}
     for name, num_clients, stream, as_ids, repeat in SCENARIOS:
@@ -176,7 +182,9 @@ async def _scenarios(url: str, cpu_s: Callable[[], float], direct_url: str, num_
             continue
         n = num_requests if num_clients > 1 else max(num_requests // 4, 50)
         picked = _prompts(n, repeat)
+        encode_started = time.perf_counter()
         ids = [tokenizer.encode(p) for p in picked]
+        encode_us = 1e6 * (time.perf_counter() - encode_started) / n
         via_router = [{"model": "demo", "prompt": i if as_ids else p,
                        "max_tokens": MAX_TOKENS, "stream": stream}
                       for p, i in zip(picked, ids, strict=True)]
@@ -192,6 +200,7 @@ async def _scenarios(url: str, cpu_s: Callable[[], float], direct_url: str, num_
             "router_rps": n / routed.wall_s,
             "direct_rps": n / baseline.wall_s,
             "router_cpu_us_per_request": 1e6 * (cpu_after - cpu_before) / n,
+            "encode_us": encode_us,
             "added_p50_ms": routed.percentile_ms(0.5) - baseline.percentile_ms(0.5),
             "added_p99_ms": routed.percentile_ms(0.99) - baseline.percentile_ms(0.99),
             "router_p50_ms": routed.percentile_ms(0.5),
@@ -204,7 +213,7 @@ async def _scenarios(url: str, cpu_s: Callable[[], float], direct_url: str, num_
 
 def _table(results: dict[str, Any]) -> str:
     header = (f"{'router':<26} {'scenario':<16} {'req':>5} {'router r/s':>10} {'direct r/s':>10} "
-              f"{'CPU us/req':>10} {'+p50 ms':>8} {'+p99 ms':>8} "
+              f"{'CPU us/req':>10} {'encode us':>9} {'+p50 ms':>8} {'+p99 ms':>8} "
               f"{'max gap ms':>10} {'(direct)':>8}")
     rows = [header, "-" * len(header)]
     for router, scenarios in results.items():
@@ -218,6 +227,7 @@ def _row(name: str, r: dict[str, Any]) -> str:
                        (f"{r['max_stream_gap_ms']:.1f}", f"{r['direct_max_stream_gap_ms']:.1f}"))
     return (f"{name:<16} {r['requests']:>5} {r['router_rps']:>10.0f} "
             f"{r['direct_rps']:>10.0f} {r['router_cpu_us_per_request']:>10.0f} "
+            f"{r['encode_us']:>9.0f} "
             f"{r['added_p50_ms']:>8.2f} {r['added_p99_ms']:>8.2f} {gap:>10} {direct_gap:>8}")
 
 
@@ -229,17 +239,23 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--processes", type=int, default=1, help="our router's processes")
     parser.add_argument("--without-peers", action="store_true",
                         help="measure our router only")
+    parser.add_argument("--tokenizer", default=DEMO_MODEL,
+                        help="the model's tokenizer (radix.model_source: demo, "
+                             "SmolLM2-135M-Instruct, a GGUF file)")
     args = parser.parse_args(argv)
-    results = asyncio.run(_bench(args.requests, args.processes, not args.without_peers))
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")  # as the router runs it
+    results = asyncio.run(_bench(args.requests, args.processes, not args.without_peers,
+                                 args.tokenizer))
     print(f"router overhead: {NUM_UPSTREAMS} instant stand-in upstreams, {PROMPT_BYTES} B "
-          f"prompts, {MAX_TOKENS} output tokens, {args.processes} router process(es)")
+          f"prompts, {MAX_TOKENS} output tokens, {args.processes} router process(es), "
+          f"tokenizer {args.tokenizer}")
     print(_table(results))
     print("CPU us/req: router processes' CPU (user+sys; sys = kernel, mostly loopback TCP) "
           "per request; +p50/+p99: router minus direct latency (direct = the upstream's "
           "/generate with the same token ids); _ids: prompts sent as token ids, so no "
           "tokenization on the router; _repeat: a repeated document + question. The peers "
           "route on text and do not tokenize.")
-    return {"processes": args.processes, **results}
+    return {"processes": args.processes, "tokenizer": args.tokenizer, **results}
 
 
 if __name__ == "__main__":
