@@ -9,7 +9,6 @@ Subcommands: ``up`` (the workers, routers and Redis a config launches, as childr
 from __future__ import annotations
 
 import argparse
-import asyncio
 import dataclasses
 import logging
 import os
@@ -130,8 +129,7 @@ def _run_router(args: argparse.Namespace) -> int:
 def _run_up(args: argparse.Namespace) -> int:
     from router.cluster import run_cluster
 
-    return asyncio.run(run_cluster(load_config(args.config), args.config, args.port,
-                                   args.metrics_port))
+    return run_cluster(load_config(args.config), args.config, args.port, args.metrics_port)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

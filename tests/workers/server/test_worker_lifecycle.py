@@ -12,7 +12,8 @@ import openai
 import pytest
 from worker_checks import used_blocks_settle
 
-from bench.procs import REPO_ROOT, child_env, free_port, http_json
+from bench.procs import REPO_ROOT, child_env, http_json
+from router.launcher import free_port
 from workers.config import WorkerConfig, load_config
 
 KEY = "worker-key"
