@@ -142,8 +142,10 @@ def read_section(cls: type[S], data: object, path: str, base: S | None = None,
 def table_array(data: Mapping[str, object], key: str, path: str) -> list[tuple[object, str]]:
     """The items of the array of tables ``data[key]`` (empty when absent), each with
     its path ``path.key[i]``."""
-    where = _join(path, key)
-    items = data.get(key, [])
+    return _array(data.get(key, []), _join(path, key))
+
+
+def _array(items: object, where: str) -> list[tuple[object, str]]:
     if not isinstance(items, list):
         raise ValueError(f"{where}: must be an array of tables")
     return [(item, f"{where}[{i}]") for i, item in enumerate(items)]
@@ -182,7 +184,7 @@ def _read(value: object, hint: Any, where: str, base: Any) -> object:
     if typing.get_origin(hint) is tuple and isinstance(args[0], type) \
             and issubclass(args[0], Section):
         return tuple(read_section(args[0], item, item_where)
-                     for item, item_where in table_array({"": value}, "", where))
+                     for item, item_where in _array(value, where))
     return value
 
 
