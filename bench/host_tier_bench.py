@@ -33,9 +33,9 @@ from bench.procs import (
     router_args,
     start_process,
     start_worker,
-    stop_all,
     wait_routable,
 )
+from router.launcher import stop_all
 
 DEMO_KV_BYTES_PER_TOKEN = 2 * 4 * 4 * 32 * 4  # layers x kv heads x head dim x fp32, K and V
 QUESTION_TOKENS = 24

@@ -34,16 +34,15 @@ from pathlib import Path
 
 from bench.procs import (
     ManagedProcess,
-    RedisServer,
     http_json,
     router_args,
     start_process,
     start_worker,
-    stop_all,
     wait_routable,
 )
 from bench.routing_quality import TENANTS, Workload
 from bench.routing_real import ADMIN_KEY, build_jobs, drive, router_config, tenant_key
+from router.launcher import RedisServer, stop_all
 
 READY_TIMEOUT_S = 60.0
 POLL_S = 0.005

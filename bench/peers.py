@@ -11,7 +11,6 @@ goes through it. A run without them says so and goes on (callers check
 from __future__ import annotations
 
 import json
-import socket
 import subprocess
 import time
 import urllib.error
@@ -21,6 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from bench.peer_rule import DEFAULT_THRESHOLDS, TUNED_THRESHOLDS
+from router.launcher import free_port
 
 PEERS_ENV = Path(__file__).resolve().parent / ".peers"
 PEERS_PYTHON = PEERS_ENV / "bin" / "python"
@@ -62,12 +62,6 @@ def available() -> dict[str, bool]:
     return found
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _completes(url: str, model: str, api_key: str) -> bool:
     body = json.dumps({"model": model, "prompt": "ping", "max_tokens": 1}).encode()
     request = urllib.request.Request(f"{url}/v1/completions", body, {
@@ -101,9 +95,9 @@ def start_peer(setup: PeerSetup, worker_urls: Sequence[str], api_key: str, model
                log_path: Path, timeout_s: float = 90.0) -> PeerProcess:
     """Start ``setup`` in front of ``worker_urls``; RuntimeError with its log's tail
     when no completion goes through within ``timeout_s``."""
-    port = _free_port()
+    port = free_port()
     log = log_path.open("wb")
-    process = subprocess.Popen(setup.args(worker_urls, port, _free_port(), api_key),
+    process = subprocess.Popen(setup.args(worker_urls, port, free_port(), api_key),
                                stdout=log, stderr=subprocess.STDOUT)
     peer = PeerProcess(process, f"http://127.0.0.1:{port}", log_path)
     deadline = time.monotonic() + timeout_s

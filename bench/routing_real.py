@@ -45,11 +45,11 @@ from bench.procs import (
     router_args,
     start_process,
     start_worker,
-    stop_all,
     wait_routable,
 )
 from bench.routing_quality import TENANTS, SimRequest, Workload, WorkloadShape
 from router.front.auth import hash_key
+from router.launcher import stop_all
 from router.routing.policy import POLICIES
 
 ADMIN_KEY = "bench-admin"

@@ -9,7 +9,6 @@ Subcommands: ``up`` (the workers, routers and Redis a config launches, as childr
 from __future__ import annotations
 
 import argparse
-import asyncio
 import dataclasses
 import logging
 import os
@@ -18,8 +17,8 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from radix.namespace import load_secret
-from router.config import DEFAULT_CONFIG, RouterConfig
-from router.config_toml import check_redis_url, check_worker_url, load_config
+from router.config import DEFAULT_CONFIG, RouterConfig, redis_url_problem, worker_url_problem
+from router.config_toml import load_config
 from router.front.auth import hash_key
 
 log = logging.getLogger(__name__)
@@ -68,7 +67,8 @@ def with_overrides(config: RouterConfig, host: str | None, port: int | None,
         worker_id, sep, url = item.partition("=")
         if not sep:
             raise ValueError(f"--worker-url: expected ID=http://HOST:PORT, got {item!r}")
-        check_worker_url(url, "--worker-url")
+        if problem := worker_url_problem(url):
+            raise ValueError(f"--worker-url: {problem}")
         urls[worker_id] = url
     unknown = set(urls) - {w.worker_id for w in config.workers}
     if unknown:
@@ -77,7 +77,8 @@ def with_overrides(config: RouterConfig, host: str | None, port: int | None,
                     for w in config.workers)
     redis = config.redis
     if redis_url is not None:
-        check_redis_url(redis_url, "--redis-url")
+        if problem := redis_url_problem(redis_url):
+            raise ValueError(f"--redis-url: {problem}")
         redis = dataclasses.replace(redis, url=redis_url, launch=False)
     return dataclasses.replace(config, listen=listen, metrics=metrics, workers=workers,
                                redis=redis)
@@ -128,8 +129,7 @@ def _run_router(args: argparse.Namespace) -> int:
 def _run_up(args: argparse.Namespace) -> int:
     from router.cluster import run_cluster
 
-    return asyncio.run(run_cluster(load_config(args.config), args.config, args.port,
-                                   args.metrics_port))
+    return run_cluster(load_config(args.config), args.config, args.port, args.metrics_port)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -1,82 +1,97 @@
-"""Router configuration: one frozen dataclass per component.
+"""Router configuration: one frozen ``radix.config_schema.Section`` per component.
 
-``router.config_toml`` builds them from TOML and validates every field at start;
-``configs/local.toml`` is the embedded default.
+Each field declares its type and bounds; constructing a section validates it, and
+``router.config_toml`` reads them from TOML (the rules that need other sections:
+worker models, unique ids and digests). ``configs/local.toml`` is the embedded
+default.
 """
 
 from __future__ import annotations
 
 import re
+import urllib.parse
 from collections.abc import Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from types import MappingProxyType
 
+from radix.config_schema import DIGEST, ENV_NAME, NAME, FieldError, Pattern, Section, setting
 from router.routing.index import IndexConfig
 
 DEFAULT_CONFIG = Path(__file__).resolve().parent.parent / "configs" / "local.toml"
 WORKER_KINDS = ("radix", "openai")
 RESERVED_TENANTS = ("public", "anonymous")
 WORKER_KEY_ENV_PREFIX = "RADIX_WORKER_KEY_"
+REDIS_KEY_PREFIX = Pattern(re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,63}$"),
+                           "a key prefix (letters, digits, '.', '_', ':', '-')")
+_REDIS_SCHEMES = ("redis", "rediss", "unix")
 
 
 @dataclass(frozen=True)
-class ListenConfig:
+class ListenConfig(Section, section="listen"):
     """Where the router listens; ``port = 0`` picks a free port. On SIGTERM the router
     stops accepting connections and gives the requests in flight up to
     ``drain_timeout_s`` to finish before it exits."""
 
     host: str = "127.0.0.1"
-    port: int = 0
-    drain_timeout_s: float = 60.0
+    port: int = setting(0, low=0, high=65535)
+    drain_timeout_s: float = setting(60.0, above=0)
 
 
 @dataclass(frozen=True)
-class MetricsConfig:
+class MetricsConfig(Section, section="metrics"):
     """Where ``GET /metrics`` listens: its own address, loopback by default, never the
     client port (it names tenants and workers). ``port = 0`` picks a free port; with
     ``--processes N`` process ``i`` listens on ``port + i``."""
 
     host: str = "127.0.0.1"
-    port: int = 0
+    port: int = setting(0, low=0, high=65535)
 
 
 @dataclass(frozen=True)
-class AdminConfig:
+class AdminConfig(Section, section="admin"):
     """Rules for ``POST /admin/workers``: the environment variable an added worker's
     key comes from must start with ``worker_key_env_prefix`` (so an admin request
     cannot send the deployment secret, or any other variable, to a host it names)."""
 
-    worker_key_env_prefix: str = WORKER_KEY_ENV_PREFIX
+    worker_key_env_prefix: str = setting(WORKER_KEY_ENV_PREFIX, pattern=ENV_NAME)
 
 
 @dataclass(frozen=True)
-class PublicPrefixSpec:
+class PublicPrefixSpec(Section):
     """One operator-registered public prefix: exactly one of ``text`` (tokenized like a
-    completions prompt), ``messages`` (rendered with the chat template, no generation
-    prompt) or ``token_ids``."""
+    completions prompt), ``messages`` (each a ``role`` and a ``content``, rendered with
+    the chat template, no generation prompt) or ``token_ids`` (each in [0, 2**32))."""
 
     text: str | None = None
     messages: tuple[Mapping[str, str], ...] | None = None
-    token_ids: tuple[int, ...] | None = None
+    token_ids: tuple[int, ...] | None = setting(None, low=0, high=2**32 - 1)
+
+    def check(self) -> None:
+        """Exactly one kind of prompt; messages have exactly a role and a content."""
+        if sum(bool(x) for x in (self.text, self.messages, self.token_ids)) != 1:
+            raise FieldError(None, "give exactly one of text, messages, token_ids")
+        for i, message in enumerate(self.messages or ()):
+            if set(message) != {"role", "content"}:
+                raise FieldError("messages", "must have exactly a role and a content", f"[{i}]")
 
 
 @dataclass(frozen=True)
-class ModelConfig:
+class ModelConfig(Section):
     """A served model: its tokenizer (``"demo"``, a packaged model name, a GGUF file or
     a local Hugging Face directory: ``radix.model_source``), KV block size, public
     prefixes registered at start, and the character budget of its token cache
     (``radix.token_cache``; 0 turns it off)."""
 
-    name: str
+    name: str = setting(pattern=NAME)
     tokenizer: str
-    block_size: int = 16
+    block_size: int = setting(16, low=1)
     public_prefixes: tuple[PublicPrefixSpec, ...] = ()
-    token_cache_chars: int = 4_000_000
+    token_cache_chars: int = setting(4_000_000, low=0)
 
 
 @dataclass(frozen=True)
-class WorkerConfig:
+class WorkerConfig(Section):
     """A worker: ``radix`` (our worker, exact KV events) or ``openai`` (any
     OpenAI-compatible server, approximate mode). ``url`` may be None only when
     ``launch`` says how ``radix-router up`` starts it (the URL is then learnt).
@@ -84,36 +99,43 @@ class WorkerConfig:
     launched worker gets ``default_key_env(worker_id)`` unless the config names one,
     and ``up`` puts its generated key there."""
 
-    worker_id: str
+    worker_id: str = setting(pattern=NAME, key="id")
     model: str
-    kind: str = "radix"
+    kind: str = setting("radix", choices=WORKER_KINDS)
     url: str | None = None
-    api_key_env: str | None = None
+    api_key_env: str | None = setting(None, pattern=ENV_NAME)
     launch: tuple[str, ...] | None = None
+
+    def check(self) -> None:
+        """A URL or a launch command; a URL that is ``http(s)://HOST[:PORT][/PATH]``."""
+        if self.url is None and self.launch is None:
+            raise FieldError(None, "give url, or launch for `radix-router up`")
+        if self.url is not None and (problem := worker_url_problem(self.url)):
+            raise FieldError("url", problem)
 
 
 @dataclass(frozen=True)
-class PolicyConfig:
+class PolicyConfig(Section, section="policy"):
     """Routing policy by registry name, with its weights (policy-specific)."""
 
     name: str = "cache_aware"
-    weights: Mapping[str, float] = field(default_factory=lambda: MappingProxyType({}))
+    weights: Mapping[str, float] = setting(default_factory=lambda: MappingProxyType({}))
 
 
 @dataclass(frozen=True)
-class TenantLimits:
+class TenantLimits(Section):
     """Per-tenant limits; None means unlimited. ``max_prompt_chars`` bounds a prompt's
     text before it is tokenized (default: ``max_prompt_tokens`` times the model's
     longest token, so no prompt that could fit is refused). ``max_cached_tokens`` is
     the tenant's prefix-cache quota on each worker, sent with every ``/generate``:
     a worker evicts an over-quota tenant's cached blocks before anyone else's."""
 
-    max_prompt_tokens: int | None = None
-    max_prompt_chars: int | None = None
-    max_output_tokens: int | None = None
-    max_concurrent_requests: int | None = None
-    tokens_per_minute: int | None = None
-    max_cached_tokens: int | None = None
+    max_prompt_tokens: int | None = setting(None, low=1)
+    max_prompt_chars: int | None = setting(None, low=1)
+    max_output_tokens: int | None = setting(None, low=1)
+    max_concurrent_requests: int | None = setting(None, low=1)
+    tokens_per_minute: int | None = setting(None, low=1)
+    max_cached_tokens: int | None = setting(None, low=1)
 
     def shared_by(self, num_sharers: int) -> TenantLimits:
         """These limits with the concurrency and tokens-per-minute limits cut to one of
@@ -135,16 +157,22 @@ def local_share(limit: int | None, num_sharers: int) -> int | None:
 
 
 @dataclass(frozen=True)
-class TenantConfig:
-    """A tenant: its id (the cache scope) and the HMAC digests of its API keys."""
+class TenantConfig(Section):
+    """A tenant: its id (the cache scope, never a reserved one) and the HMAC digests
+    of its API keys."""
 
-    tenant_id: str
-    key_digests: tuple[str, ...]
+    tenant_id: str = setting(pattern=NAME)
+    key_digests: tuple[str, ...] = setting((), pattern=DIGEST)
     limits: TenantLimits = TenantLimits()
+
+    def check(self) -> None:
+        """The id is not one of ``RESERVED_TENANTS``."""
+        if self.tenant_id in RESERVED_TENANTS:
+            raise FieldError("tenant_id", f"tenant ids are not {RESERVED_TENANTS}")
 
 
 @dataclass(frozen=True)
-class AuthConfig:
+class AuthConfig(Section, section="auth"):
     """API keys and tenants. Without ``allow_anonymous`` a request needs a known key;
     with it, keyless requests run as tenant ``anonymous`` under ``anonymous_limits``.
     With no ``admin_key_digest`` the admin routes refuse every request."""
@@ -152,7 +180,7 @@ class AuthConfig:
     tenants: tuple[TenantConfig, ...] = ()
     allow_anonymous: bool = False
     anonymous_limits: TenantLimits = TenantLimits()
-    admin_key_digest: str | None = None
+    admin_key_digest: str | None = setting(None, pattern=DIGEST)
 
     def shared_by(self, num_sharers: int) -> AuthConfig:
         """This config with every tenant's (and the anonymous) rate limits cut to one
@@ -163,16 +191,16 @@ class AuthConfig:
 
 
 @dataclass(frozen=True)
-class RegistryConfig:
+class RegistryConfig(Section, section="registry"):
     """Worker polling: ``/ready`` and load (``/info`` or ``/metrics``) every
     ``poll_interval_s``; a probe slower than ``probe_timeout_s`` fails."""
 
-    poll_interval_s: float = 1.0
-    probe_timeout_s: float = 2.0
+    poll_interval_s: float = setting(1.0, above=0)
+    probe_timeout_s: float = setting(2.0, above=0)
 
 
 @dataclass(frozen=True)
-class ProxyConfig:
+class ProxyConfig(Section, section="proxy"):
     """Forwarding: at most ``max_attempts`` workers per request, each worker once (a
     retry before the client's first byte; a resume from the delivered tokens after
     it, on radix workers). Per attempt: ``connect_timeout_s`` to connect,
@@ -181,15 +209,22 @@ class ProxyConfig:
     ``idle_timeout_s`` between two reads of a stream, ``request_timeout_s`` in all;
     a timed-out attempt is a failed one (``router.upstream.attempt``)."""
 
-    max_attempts: int = 3
-    connect_timeout_s: float = 2.0
-    first_byte_timeout_s: float = 60.0
-    idle_timeout_s: float = 30.0
-    request_timeout_s: float = 600.0
+    max_attempts: int = setting(3, low=1)
+    connect_timeout_s: float = setting(2.0, above=0)
+    first_byte_timeout_s: float = setting(60.0, above=0)
+    idle_timeout_s: float = setting(30.0, above=0)
+    request_timeout_s: float = setting(600.0, above=0)
+
+    def check(self) -> None:
+        """No phase timeout exceeds the total."""
+        for name in ("connect_timeout_s", "first_byte_timeout_s", "idle_timeout_s"):
+            if getattr(self, name) > self.request_timeout_s:
+                raise FieldError(name, f"must be at most request_timeout_s "
+                                       f"({self.request_timeout_s:g})")
 
 
 @dataclass(frozen=True)
-class SecretConfig:
+class SecretConfig(Section, section="secret"):
     """Where the deployment secret comes from: a file, else an environment variable;
     with neither present the router uses a random dev secret and warns."""
 
@@ -198,18 +233,18 @@ class SecretConfig:
 
 
 @dataclass(frozen=True)
-class LaunchConfig:
+class LaunchConfig(Section, section="launch"):
     """For ``radix-router up``: how long to wait for children, how many routers to run
     (router ``i`` on ``listen.port + i`` and ``metrics.port + i``), and a demo key
     shown in the start banner (leave it out of real configs)."""
 
-    ready_timeout_s: float = 120.0
-    num_routers: int = 1
+    ready_timeout_s: float = setting(120.0, above=0)
+    num_routers: int = setting(1, low=1, key="routers")
     example_api_key: str | None = None
 
 
 @dataclass(frozen=True)
-class RedisConfig:
+class RedisConfig(Section, section="redis"):
     """Shared state for several routers (``router.state.redis_state``). ``url`` None (and no
     ``launch``) keeps state in process. ``launch`` asks ``radix-router up`` to start a
     local ``redis-server`` and hand its URL to the routers.
@@ -224,17 +259,29 @@ class RedisConfig:
     shared registry outlives the last router."""
 
     url: str | None = None
-    key_prefix: str = "radix"
+    key_prefix: str = setting("radix", pattern=REDIS_KEY_PREFIX)
     launch: bool = False
-    command_timeout_s: float = 0.25
-    connect_timeout_s: float = 0.5
-    heartbeat_interval_s: float = 1.0
-    lease_ttl_s: float = 5.0
-    sync_interval_s: float = 0.5
-    max_workers: int = 1024
-    max_public_prefixes: int = 10_000
-    stream_maxlen: int = 100_000
-    state_ttl_s: float = 86_400.0
+    command_timeout_s: float = setting(0.25, above=0)
+    connect_timeout_s: float = setting(0.5, above=0)
+    heartbeat_interval_s: float = setting(1.0, above=0)
+    lease_ttl_s: float = setting(5.0, above=0)
+    sync_interval_s: float = setting(0.5, above=0)
+    max_workers: int = setting(1024, low=1)
+    max_public_prefixes: int = setting(10_000, low=1)
+    stream_maxlen: int = setting(100_000, low=1)
+    state_ttl_s: float = setting(86_400.0, above=0)
+
+    def check(self) -> None:
+        """A valid URL or ``launch``, not both; a lease that outlives a late heartbeat."""
+        if self.url is not None:
+            if problem := redis_url_problem(self.url):
+                raise FieldError("url", problem)
+            if self.launch:
+                raise FieldError("launch", "give url (an existing server) or launch = true "
+                                           "(`up` starts one), not both")
+        if self.heartbeat_interval_s * 2 > self.lease_ttl_s:
+            raise FieldError("lease_ttl_s", "must be at least twice heartbeat_interval_s "
+                                            "(one late heartbeat must not end a lease)")
 
     @property
     def enabled(self) -> bool:
@@ -243,12 +290,12 @@ class RedisConfig:
 
 
 @dataclass(frozen=True)
-class RouterConfig:
+class RouterConfig(Section):
     """The whole router configuration."""
 
-    listen: ListenConfig
     models: Mapping[str, ModelConfig]
     workers: tuple[WorkerConfig, ...]
+    listen: ListenConfig = ListenConfig()
     policy: PolicyConfig = PolicyConfig()
     auth: AuthConfig = AuthConfig()
     registry: RegistryConfig = RegistryConfig()
@@ -265,3 +312,29 @@ def default_key_env(worker_id: str, prefix: str = WORKER_KEY_ENV_PREFIX) -> str:
     """The key variable of a launched worker: ``prefix`` + its id in upper case, with
     every character that is not a letter or digit as ``_`` (``w-0`` -> ``..._W_0``)."""
     return prefix + re.sub(r"[^A-Z0-9]", "_", worker_id.upper())
+
+
+def worker_url_problem(url: str) -> str | None:
+    """What is wrong with a worker URL (None if nothing): it must be
+    ``http(s)://HOST[:PORT][/PATH]`` with a port in [1, 65535] if given, no user info,
+    query or fragment."""
+    try:
+        parsed = urllib.parse.urlsplit(url)
+        port = parsed.port
+    except ValueError as exc:
+        return f"{url!r} is not a valid URL ({exc})"
+    if parsed.scheme not in ("http", "https") or not parsed.hostname:
+        return f"must be http:// or https:// with a host, got {url!r}"
+    if port == 0 or parsed.username is not None or parsed.query or parsed.fragment:
+        return (f"give http(s)://HOST[:PORT] (port 1-65535, no user info, query or "
+                f"fragment), got {url!r}")
+    return None
+
+
+def redis_url_problem(url: str) -> str | None:
+    """What is wrong with a Redis URL (None if nothing): it must be ``redis://``,
+    ``rediss://`` (TLS) or ``unix://`` with a host (or socket path)."""
+    parsed = urllib.parse.urlsplit(url)
+    if parsed.scheme not in _REDIS_SCHEMES or not (parsed.netloc or parsed.path):
+        return f"must be redis://HOST:PORT[/DB], rediss://... or unix:///PATH, got {url!r}"
+    return None

@@ -1,5 +1,5 @@
-"""Shared fixtures. Process helpers live in bench/procs.py (a plain module,
-importable as ``support.procs`` because this directory is on sys.path)."""
+"""Shared fixtures. Processes are started by ``router.launcher`` (the launcher
+``radix-router up`` uses) through the test conveniences in ``bench.procs``."""
 
 from __future__ import annotations
 
@@ -7,7 +7,8 @@ from collections.abc import Callable, Iterator
 
 import pytest
 
-from bench.procs import ManagedProcess, RedisServer, start_worker
+from bench.procs import ManagedProcess, start_worker
+from router.launcher import RedisServer
 
 
 @pytest.fixture

@@ -19,7 +19,7 @@ import sys
 from typing import Any
 
 from radix.namespace import load_secret
-from workers.config import WorkerConfig, load_config
+from workers.config import DEVICES, KV_CACHE_DTYPES, PREEMPTION_MODES, WorkerConfig, load_config
 from workers.kv.plan import parse_bytes
 from workers.server.access import check_listen_address, load_api_key
 
@@ -57,7 +57,7 @@ def _parser() -> argparse.ArgumentParser:
     add("--served-model-name", nargs="+", metavar="NAME",
         help="names clients send as 'model' (the first is used in responses; default: --model "
              "exactly as given)")  # fmt: skip
-    add("--device", choices=("auto", "cpu", "cuda"))
+    add("--device", choices=DEVICES)
     add("--max-model-len", type=int, help="cap on prompt + output tokens")
     add("--num-threads", type=int, help="torch CPU threads (default: torch's choice)")
     add("--host", help="address to listen on (default 127.0.0.1)")
@@ -68,13 +68,13 @@ def _parser() -> argparse.ArgumentParser:
         help="on SIGTERM, how long requests in flight may take to finish (default 30)")
     add("--kv-cache-bytes", type=parse_bytes, help="KV cache budget, e.g. 64MiB or 2GiB")
     add("--block-size", type=int, help="tokens per KV block (default 16)")
-    add("--kv-cache-dtype", choices=("auto", "fp8_e4m3", "fp8_e5m2"),
+    add("--kv-cache-dtype", choices=KV_CACHE_DTYPES,
         help="KV cache dtype (auto: the model's dtype)")
     add("--kv-scales", metavar="FILE",
         help="per-layer FP8 K/V scales from python -m workers.kv.calibrate (default: 1.0)")
     add("--host-cache-bytes", type=parse_bytes,
         help="host-memory KV tier, e.g. 4GiB (default 0: off; evicted blocks are dropped)")
-    add("--preemption-mode", choices=("recompute", "swap", "auto"),
+    add("--preemption-mode", choices=PREEMPTION_MODES,
         help="preempted sequences: recompute later, swap to the host tier, or by length")
     add("--no-prefix-cache", dest="prefix_cache", action="store_const", const=False,
         help="use the null prefix cache (nothing shared; for comparisons)")  # fmt: skip

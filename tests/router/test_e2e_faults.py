@@ -29,8 +29,9 @@ from typing import Any
 import pytest
 from test_e2e_routing import ADMIN, ALICE, WORKER_KEY, WORKER_KEY_ENV, admin, wait_for
 
-from bench.procs import ManagedProcess, RedisServer, start_router, start_worker
+from bench.procs import ManagedProcess, start_router, start_worker
 from router.front.auth import hash_key
+from router.launcher import RedisServer
 
 pytestmark = pytest.mark.slow
 RETRYABLE = {429, 502, 503}

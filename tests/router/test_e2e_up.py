@@ -18,7 +18,7 @@ import pytest
 
 from bench.procs import REPO_ROOT, child_env, http_json
 from radix.model_source import packaged_model_path
-from router.state.redis_state.server import redis_answers
+from router.launcher import redis_answers
 
 pytestmark = pytest.mark.slow
 

@@ -12,8 +12,8 @@ from contextlib import asynccontextmanager
 
 from support.aio import eventually
 
-from bench.procs import RedisServer
 from router.config import RedisConfig
+from router.launcher import RedisServer
 from router.state.redis_state import RedisLink, RedisSharedState
 
 FAST = RedisConfig(heartbeat_interval_s=0.2, lease_ttl_s=1.0, command_timeout_s=1.0,

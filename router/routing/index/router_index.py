@@ -18,8 +18,9 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass
 
+from radix.config_schema import Section, setting
 from radix.events import KVEvent
 from radix.tree import Scope
 from router.routing.index.approx import ApproxCache
@@ -28,25 +29,18 @@ from router.routing.index.ids import NamespaceDigest, WorkerId
 
 
 @dataclass(frozen=True)
-class IndexConfig:
+class IndexConfig(Section, section="index"):
     """Ageing of routed prefixes. Speculative entries (every worker, at decision time)
     live ``speculative_ttl_s``; approximate ones (workers without KV events) live
     ``approximate_ttl_s``; each worker keeps at most the given tokens per namespace.
     ``host_hit_weight`` (in (0, 1]) is what a token found only in a worker's host
     tier counts for, against 1 for a token on its device."""
 
-    speculative_ttl_s: float = 2.0
-    speculative_capacity_tokens: int = 262_144
-    approximate_ttl_s: float = 300.0
-    approximate_capacity_tokens: int = 1_048_576
-    host_hit_weight: float = 0.5
-
-    def __post_init__(self) -> None:
-        for f in fields(self):
-            if getattr(self, f.name) <= 0:
-                raise ValueError(f"index.{f.name} must be positive, got {getattr(self, f.name)!r}")
-        if self.host_hit_weight > 1:
-            raise ValueError(f"index.host_hit_weight must be <= 1, got {self.host_hit_weight!r}")
+    speculative_ttl_s: float = setting(2.0, above=0)
+    speculative_capacity_tokens: int = setting(262_144, low=1)
+    approximate_ttl_s: float = setting(300.0, above=0)
+    approximate_capacity_tokens: int = setting(1_048_576, low=1)
+    host_hit_weight: float = setting(0.5, above=0, high=1)
 
 
 @dataclass(frozen=True)
