@@ -28,8 +28,10 @@ from aiohttp import web
 from radix.keys import from_key
 from radix.model_source import DEMO_MODEL, load_tokenizer
 from radix.namespace import CacheNamespace
+from radix.openai.prompt import encode_messages
 from radix.openai.rendered import rendered_answer
-from radix.openai.responses import TokenUsage
+from radix.openai.requests import CHAT, COMPLETIONS
+from radix.openai.responses import ChoiceText, ResponseShape, TokenUsage
 from radix.tokenizer import PromptTokenizer
 from router.server.app import bind_socket
 
@@ -118,20 +120,26 @@ async def models(request: web.Request) -> web.Response:
 
 async def completions(request: web.Request) -> web.StreamResponse:
     """``POST /v1/completions``: ``max_tokens`` (default 16) tokens of "a" at once."""
+    return await _openai_answer(request, COMPLETIONS)
+
+
+async def chat_completions(request: web.Request) -> web.StreamResponse:
+    """``POST /v1/chat/completions`` (what sglang-router forwards chat requests to): the
+    same answer in chat shape."""
+    return await _openai_answer(request, CHAT)
+
+
+async def _openai_answer(request: web.Request, endpoint: str) -> web.StreamResponse:
     body = await request.json()
-    num_tokens = int(body.get("max_tokens") or 16)
+    num_tokens = int(body.get("max_completion_tokens") or body.get("max_tokens") or 16)
     num_prompt = len(body["prompt"]) if isinstance(body.get("prompt"), list) else 1
-    usage = {"prompt_tokens": num_prompt, "completion_tokens": num_tokens,
-             "total_tokens": num_prompt + num_tokens,
-             "prompt_tokens_details": {"cached_tokens": 0}}
-    chunk = {"id": "cmpl-x", "object": "text_completion", "created": 0, "model": "demo"}
+    shape = ResponseShape(endpoint, "demo")
+    usage = TokenUsage(num_prompt, num_tokens, 0)
     if not body.get("stream"):
-        return web.json_response({**chunk, "usage": usage, "choices": [
-            {"index": 0, "text": "a" * num_tokens, "finish_reason": "length"}]})
+        return web.json_response(shape.whole([ChoiceText(0, "a" * num_tokens, "length")], usage))
     return await _stream(request, [
-        {**chunk, "choices": [{"index": 0, "text": "a", "finish_reason": None}]}
-        for _ in range(num_tokens)
-    ] + [{**chunk, "choices": [], "usage": usage}])
+        *(shape.chunk(0, "a", "length" if i == num_tokens - 1 else None)
+          for i in range(num_tokens)), shape.usage_chunk(usage)])
 
 
 _SERVER_INFO = {"model_path": "demo", "served_model_name": "demo", "tokenizer_path": "demo",
@@ -151,10 +159,15 @@ async def tokenize(request: web.Request) -> web.Response:
 
 
 async def render(request: web.Request) -> web.Response:
-    """``POST /v1/completions/render`` (vllm-router, per request): the prompt's ids."""
+    """``POST /v1/completions/render`` and ``/v1/chat/completions/render`` (vllm-router,
+    per request): the prompt's ids (chat messages rendered with the template)."""
     body = await request.json()
+    tokenizer = request.app[TOKENIZER]
     prompt = body.get("prompt", "")
-    token_ids = prompt if isinstance(prompt, list) else request.app[TOKENIZER].encode(prompt)
+    if "messages" in body:
+        token_ids = encode_messages(tokenizer, body["messages"])
+    else:
+        token_ids = prompt if isinstance(prompt, list) else tokenizer.encode(prompt)
     return web.json_response([{"request_id": "render", "model": "demo", "token_ids": token_ids}])
 
 
@@ -168,6 +181,8 @@ def create_app(worker_id: str = "instant", tokenizer: PromptTokenizer | None = N
     app.add_routes([*status_routes(worker_id, app[TOKENIZER].digest),
                     web.post("/generate", generate),
                     web.get("/v1/models", models), web.post("/v1/completions", completions),
+                    web.post("/v1/chat/completions", chat_completions),
+                    web.post("/v1/chat/completions/render", render),
                     *(web.get(path, server_info) for path in (
                         "/server_info", "/get_server_info", "/model_info", "/get_model_info")),
                     web.post("/tokenize", tokenize), web.post("/v1/completions/render", render)])

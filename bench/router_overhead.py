@@ -1,12 +1,13 @@
 """Router overhead: what a router adds on top of an upstream that answers instantly.
 
 Starts four ``bench.instant_upstream`` processes (a stand-in that answers ``/generate``
-and ``/v1/completions`` at once: it measures the router, not a model) and, in turn,
-our router (cache-aware policy, demo tokenizer) and each peer router installed in
-bench/.peers (sglang-router and vllm-router, cache_aware, ``bench.peers``) in front
-of them. Each drives 2 KB prompts with 1 and 64 concurrent clients, streaming and
-not, unique (``_text``) or a repeated 2 KB document plus a short question
-(``_repeat``, as RAG prompts repeat), and compares with the upstream's
+and the OpenAI routes at once: it measures the router, not a model) and, in turn,
+our router (cache-aware policy) and each peer router installed in bench/.peers
+(sglang-router and vllm-router, cache_aware, ``bench.peers``) in front of them. Each
+drives 2 KB prompts with 1 and 64 concurrent clients, streaming and not, unique
+(``_text``) or a repeated 2 KB document plus a short question (``_repeat``, as RAG
+prompts repeat), and 10-turn chat conversations whose history repeats (``_chat``),
+and compares with the upstream's
 ``/generate`` driven directly with the same token ids. Reports requests/s, the
 router's CPU time per request (utime + stime from ``/proc/<pid>/stat``: for ours
 tokenization, the tree walk, proxying and JSON on both sides), p50/p99 latency
@@ -36,8 +37,9 @@ from typing import Any
 import aiohttp
 
 from bench import peers
-from bench.procs import process_cpu_s, start_process, start_router
+from bench.procs import ManagedProcess, process_cpu_s, start_process, start_router
 from radix.model_source import DEMO_MODEL, load_tokenizer
+from radix.openai.prompt import encode_messages
 from router.front.auth import hash_key
 
 KEY = "bench-key"
@@ -45,15 +47,18 @@ UPSTREAM_ARGS = [sys.executable, "-m", "bench.instant_upstream"]
 NUM_UPSTREAMS = 4
 PROMPT_BYTES = 2048
 MAX_TOKENS = 16
+CHAT_TURNS = 10
 # name, concurrent clients, streaming, prompt sent as token ids (no router tokenization),
-# prompts repeat (a document + question) rather than being unique
+# prompts: unique, "repeat" (a repeated document + question) or "chat" (10-turn
+# conversations sent to /v1/chat/completions, each turn the previous one's history)
 SCENARIOS = (
-    ("1c_text", 1, False, False, False),
-    ("1c_text_stream", 1, True, False, False),
-    ("64c_text", 64, False, False, False),
-    ("64c_text_stream", 64, True, False, False),
-    ("64c_repeat", 64, False, False, True),
-    ("64c_ids", 64, False, True, False),
+    ("1c_text", 1, False, False, "unique"),
+    ("1c_text_stream", 1, True, False, "unique"),
+    ("64c_text", 64, False, False, "unique"),
+    ("64c_text_stream", 64, True, False, "unique"),
+    ("64c_repeat", 64, False, False, "repeat"),
+    ("64c_chat", 64, False, False, "chat"),
+    ("64c_ids", 64, False, True, "unique"),
 )
 PEER_SETUPS = ("sglang cache_aware default", "vllm cache_aware")
 
@@ -80,19 +85,32 @@ def _config(urls: list[str], tokenizer: str) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _prompts(n: int, repeat: bool) -> list[str]:
-    """``n`` unique 2 KB prompts, or (``repeat``) one of 16 2 KB documents each followed
-    by a unique question."""
+def _prompts(n: int, workload: str) -> list[str] | list[list[dict[str, str]]]:
+    """``n`` unique 2 KB prompts; or (``repeat``) one of 16 2 KB documents each followed
+    by a unique question; or (``chat``) the turns of ``n / 10`` conversations, in
+    turn order across conversations, each turn's messages the previous turn's plus
+    its reply (about 300 bytes) and a new user message (about 150)."""
     rng = random.Random(0)
     words = [f"w{rng.randrange(10**6)}" for _ in range(4096)]
 
     def text(num_bytes: int) -> str:
         return " ".join(rng.choices(words, k=num_bytes // 7))[:num_bytes]
 
-    if not repeat:
+    if workload == "unique":
         return [text(PROMPT_BYTES) for _ in range(n)]
-    documents = [text(PROMPT_BYTES) for _ in range(16)]
-    return [f"{rng.choice(documents)}\nQuestion {i}: {text(60)}?" for i in range(n)]
+    if workload == "repeat":
+        documents = [text(PROMPT_BYTES) for _ in range(16)]
+        return [f"{rng.choice(documents)}\nQuestion {i}: {text(60)}?" for i in range(n)]
+    histories = [[{"role": "system", "content": f"You are assistant {c}. {text(200)}"}]
+                 for c in range(max(n // CHAT_TURNS, 1))]
+    turns: list[list[dict[str, str]]] = []
+    while len(turns) < n:
+        for history in histories[: n - len(turns)]:
+            if len(history) > 1:
+                history.append({"role": "assistant", "content": text(300)})
+            history.append({"role": "user", "content": text(150)})
+            turns.append(list(history))
+    return turns
 
 
 async def _one(session: aiohttp.ClientSession, url: str, body: dict[str, Any],
@@ -145,7 +163,7 @@ async def _bench(num_requests: int, processes: int, with_peers: bool, tokenizer:
             router = await asyncio.to_thread(start_router, config, *flags)
             try:
                 await asyncio.sleep(1.5)  # the first probes pass
-                results["ours"] = await _scenarios(router.url, router.cpu_s, upstreams[0].url,
+                results["ours"] = await _scenarios(router.url, router.cpu_s, upstreams,
                                                    num_requests, tokenizer, token_ids=True)
             finally:
                 router.stop()
@@ -160,7 +178,7 @@ async def _bench(num_requests: int, processes: int, with_peers: bool, tokenizer:
                 try:
                     results[name] = await _scenarios(
                         peer.url, lambda pid=peer.process.pid: process_cpu_s(pid),
-                        upstreams[0].url, num_requests, tokenizer, token_ids=False)
+                        upstreams, num_requests, tokenizer, token_ids=False)
                 finally:
                     peer.stop()
     finally:
@@ -169,31 +187,41 @@ async def _bench(num_requests: int, processes: int, with_peers: bool, tokenizer:
     return results
 
 
-async def _scenarios(url: str, cpu_s: Callable[[], float], direct_url: str, num_requests: int,
-                     tokenizer_name: str, token_ids: bool) -> dict[str, Any]:
+async def _scenarios(url: str, cpu_s: Callable[[], float], upstreams: list[ManagedProcess],
+                     num_requests: int, tokenizer_name: str, token_ids: bool) -> dict[str, Any]:
     """Every scenario through the router at ``url`` (token-id prompts only if it takes
-    them) and directly against ``direct_url``; ``encode_us`` is the tokenizer's own
-    time for one of the scenario's prompts (one full encode, in this process)."""
+    them) and directly against the first upstream; ``encode_us`` is the tokenizer's
+    own time for one of the scenario's prompts (one full encode, in this process),
+    ``cluster_cpu_us_per_request`` the router's CPU plus the upstreams' (where
+    vllm-router's per-request tokenization runs)."""
+    direct_url = upstreams[0].url
+
+    def upstreams_cpu_s() -> float:
+        return sum(u.cpu_s() for u in upstreams)
+
     tokenizer = load_tokenizer(tokenizer_name)
     auth = {"Authorization": f"Bearer {KEY}"}
     results: dict[str, Any] = {}
-    for name, num_clients, stream, as_ids, repeat in SCENARIOS:
+    for name, num_clients, stream, as_ids, workload in SCENARIOS:
         if as_ids and not token_ids:
             continue
         n = num_requests if num_clients > 1 else max(num_requests // 4, 50)
-        picked = _prompts(n, repeat)
+        picked = _prompts(n, workload)
+        chat = workload == "chat"
         encode_started = time.perf_counter()
-        ids = [tokenizer.encode(p) for p in picked]
+        ids = [encode_messages(tokenizer, p) if chat else tokenizer.encode(p) for p in picked]
         encode_us = 1e6 * (time.perf_counter() - encode_started) / n
-        via_router = [{"model": "demo", "prompt": i if as_ids else p,
+        prompt_field = "messages" if chat else "prompt"
+        via_router = [{"model": "demo", prompt_field: i if as_ids else p,
                        "max_tokens": MAX_TOKENS, "stream": stream}
                       for p, i in zip(picked, ids, strict=True)]
+        path = "/v1/chat/completions" if chat else "/v1/completions"
         direct = [{"token_ids": i, "scope": "bench", "stream": stream,
                    "sampling": {"max_tokens": MAX_TOKENS}} for i in ids]
-        await _drive(f"{url}/v1/completions", via_router[:20], auth, 4, stream)
-        cpu_before = cpu_s()
-        routed = await _drive(f"{url}/v1/completions", via_router, auth, num_clients, stream)
-        cpu_after = cpu_s()
+        await _drive(f"{url}{path}", via_router[:20], auth, 4, stream)
+        cpu_before, upstreams_before = cpu_s(), upstreams_cpu_s()
+        routed = await _drive(f"{url}{path}", via_router, auth, num_clients, stream)
+        cpu_after, upstreams_after = cpu_s(), upstreams_cpu_s()
         baseline = await _drive(f"{direct_url}/generate", direct, {}, num_clients, stream)
         results[name] = {
             "requests": n,
@@ -201,6 +229,8 @@ async def _scenarios(url: str, cpu_s: Callable[[], float], direct_url: str, num_
             "direct_rps": n / baseline.wall_s,
             "router_cpu_us_per_request": 1e6 * (cpu_after - cpu_before) / n,
             "encode_us": encode_us,
+            "cluster_cpu_us_per_request":
+                1e6 * (cpu_after - cpu_before + upstreams_after - upstreams_before) / n,
             "added_p50_ms": routed.percentile_ms(0.5) - baseline.percentile_ms(0.5),
             "added_p99_ms": routed.percentile_ms(0.99) - baseline.percentile_ms(0.99),
             "router_p50_ms": routed.percentile_ms(0.5),
@@ -213,7 +243,7 @@ async def _scenarios(url: str, cpu_s: Callable[[], float], direct_url: str, num_
 
 def _table(results: dict[str, Any]) -> str:
     header = (f"{'router':<26} {'scenario':<16} {'req':>5} {'router r/s':>10} {'direct r/s':>10} "
-              f"{'CPU us/req':>10} {'encode us':>9} {'+p50 ms':>8} {'+p99 ms':>8} "
+              f"{'CPU us/req':>10} {'encode us':>9} {'cluster us':>10} {'+p50 ms':>8} {'+p99 ms':>8} "
               f"{'max gap ms':>10} {'(direct)':>8}")
     rows = [header, "-" * len(header)]
     for router, scenarios in results.items():
@@ -227,7 +257,7 @@ def _row(name: str, r: dict[str, Any]) -> str:
                        (f"{r['max_stream_gap_ms']:.1f}", f"{r['direct_max_stream_gap_ms']:.1f}"))
     return (f"{name:<16} {r['requests']:>5} {r['router_rps']:>10.0f} "
             f"{r['direct_rps']:>10.0f} {r['router_cpu_us_per_request']:>10.0f} "
-            f"{r['encode_us']:>9.0f} "
+            f"{r['encode_us']:>9.0f} {r['cluster_cpu_us_per_request']:>10.0f} "
             f"{r['added_p50_ms']:>8.2f} {r['added_p99_ms']:>8.2f} {gap:>10} {direct_gap:>8}")
 
 
@@ -253,8 +283,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     print("CPU us/req: router processes' CPU (user+sys; sys = kernel, mostly loopback TCP) "
           "per request; +p50/+p99: router minus direct latency (direct = the upstream's "
           "/generate with the same token ids); _ids: prompts sent as token ids, so no "
-          "tokenization on the router; _repeat: a repeated document + question. The peers "
-          "route on text and do not tokenize.")
+          "tokenization on the router; _repeat: a repeated document + question; _chat: "
+          "10-turn conversations as chat; encode us: one full encode of one prompt by "
+          "this tokenizer; cluster us: router + upstreams CPU per request. sglang-router routes on text and does not tokenize; "
+          "vllm-router asks an upstream to tokenize.")
     return {"processes": args.processes, "tokenizer": args.tokenizer, **results}
 
 

@@ -1,0 +1,14 @@
+"""The router-overhead benchmark runs every scenario through our router end to end
+(unique, repeated and chat prompts; whole and streamed) on a small count."""
+
+from bench import router_overhead
+
+
+def test_router_overhead_small_run_measures_every_scenario():
+    results = router_overhead.main(["--requests", "8", "--without-peers"])
+    ours = results["ours"]
+    assert set(ours) == {name for name, *_ in router_overhead.SCENARIOS}
+    for row in ours.values():
+        assert row["router_rps"] > 0 and row["direct_rps"] > 0
+        assert row["cluster_cpu_us_per_request"] >= row["router_cpu_us_per_request"] >= 0
+    assert ours["64c_chat"]["encode_us"] > 0
