@@ -19,6 +19,7 @@ from bench import (
     model_bench,
     multi_router,
     radix_bench,
+    reference,
     router_overhead,
     routing_quality,
     routing_real,
@@ -41,6 +42,7 @@ BENCHMARKS: dict[str, Callable[[list[str]], dict]] = {
     "multi_router": multi_router.main,
     "sim": sim.main,
     "e2e": e2e.main,
+    "reference": reference.main,
 }
 
 

@@ -1,6 +1,12 @@
 """A stand-in upstream that answers instantly, for measuring the router's own overhead.
 
-This is NOT a worker: it runs no model and caches nothing. It speaks just enough of
+This is NOT a worker: it runs no model and caches nothing. With ``--lru-tokens`` it
+records prompt reuse (``bench.reuse.ReuseMeter``: the longest prefix of each
+completion prompt it had already seen, unlimited and under an LRU cap of that many
+tokens; text prompts tokenized with the demo tokenizer, as our router tokenizes
+them), served at ``GET /reuse`` and cleared by ``POST /reuse/reset``; with
+``--delay-ms`` a completion answers after that delay (the reference harness,
+``bench.reference``). It speaks just enough of
 the worker HTTP API (docs/protocol.md) for a router to accept and use it: ``/ready``
 and ``/info`` report the demo tokenizer's digest and a fixed namespace, ``/kv/events``
 sends an empty snapshot and then heartbeats, ``/generate`` returns ``max_tokens``
@@ -21,9 +27,11 @@ import base64
 import json
 import signal
 import uuid
+from collections.abc import Awaitable, Callable
 
 from aiohttp import web
 
+from bench.reuse import ReuseMeter
 from radix.keys import from_key
 from radix.namespace import CacheNamespace
 from radix.tokenizer import PromptTokenizer
@@ -104,22 +112,47 @@ async def models(request: web.Request) -> web.Response:
     return web.json_response({"object": "list", "data": [{"id": "demo", "object": "model"}]})
 
 
-async def completions(request: web.Request) -> web.StreamResponse:
-    """``POST /v1/completions``: ``max_tokens`` (default 16) tokens of "a" at once."""
-    body = await request.json()
-    num_tokens = int(body.get("max_tokens") or 16)
-    num_prompt = len(body["prompt"]) if isinstance(body.get("prompt"), list) else 1
-    usage = {"prompt_tokens": num_prompt, "completion_tokens": num_tokens,
-             "total_tokens": num_prompt + num_tokens,
-             "prompt_tokens_details": {"cached_tokens": 0}}
-    chunk = {"id": "cmpl-x", "object": "text_completion", "created": 0, "model": "demo"}
-    if not body.get("stream"):
-        return web.json_response({**chunk, "usage": usage, "choices": [
-            {"index": 0, "text": "a" * num_tokens, "finish_reason": "length"}]})
-    return await _stream(request, [
-        {**chunk, "choices": [{"index": 0, "text": "a", "finish_reason": None}]}
-        for _ in range(num_tokens)
-    ] + [{**chunk, "choices": [], "usage": usage}])
+def completions_handler(delay_s: float = 0.0, meter: ReuseMeter | None = None
+                        ) -> Callable[[web.Request], Awaitable[web.StreamResponse]]:
+    """``POST /v1/completions``: ``max_tokens`` (default 16) tokens of "a", ``delay_s``
+    after the request arrives; the prompt (token ids, or text in the demo tokenizer)
+    is counted by ``meter`` when one is given."""
+    async def completions(request: web.Request) -> web.StreamResponse:
+        body = await request.json()
+        prompt = body.get("prompt", "")
+        token_ids = prompt if isinstance(prompt, list) else None
+        if meter is not None:
+            meter.observe(token_ids if token_ids is not None else _DEMO.encode(prompt))
+        if delay_s:
+            await asyncio.sleep(delay_s)
+        num_tokens = int(body.get("max_tokens") or 16)
+        num_prompt = len(token_ids) if token_ids is not None else 1
+        usage = {"prompt_tokens": num_prompt, "completion_tokens": num_tokens,
+                 "total_tokens": num_prompt + num_tokens,
+                 "prompt_tokens_details": {"cached_tokens": 0}}
+        chunk = {"id": "cmpl-x", "object": "text_completion", "created": 0, "model": "demo"}
+        if not body.get("stream"):
+            return web.json_response({**chunk, "usage": usage, "choices": [
+                {"index": 0, "text": "a" * num_tokens, "finish_reason": "length"}]})
+        return await _stream(request, [
+            {**chunk, "choices": [{"index": 0, "text": "a", "finish_reason": None}]}
+            for _ in range(num_tokens)
+        ] + [{**chunk, "choices": [], "usage": usage}])
+    return completions
+
+
+completions = completions_handler()
+
+
+def reuse_routes(meter: ReuseMeter) -> list[web.RouteDef]:
+    """``GET /reuse`` (``meter``'s counts) and ``POST /reuse/reset`` (clears them)."""
+    async def stats(request: web.Request) -> web.Response:
+        return web.json_response(meter.stats().to_dict())
+
+    async def reset(request: web.Request) -> web.Response:
+        meter.reset()
+        return web.json_response({"reset": True})
+    return [web.get("/reuse", stats), web.post("/reuse/reset", reset)]
 
 
 _SERVER_INFO = {"model_path": "demo", "served_model_name": "demo", "tokenizer_path": "demo",
@@ -146,12 +179,15 @@ async def render(request: web.Request) -> web.Response:
     return web.json_response([{"request_id": "render", "model": "demo", "token_ids": token_ids}])
 
 
-def create_app(worker_id: str = "instant") -> web.Application:
+def create_app(worker_id: str = "instant", delay_s: float = 0.0,
+               meter: ReuseMeter | None = None) -> web.Application:
     """The whole stand-in: status routes, ``/generate``, ``/v1/models``,
-    ``/v1/completions`` and the peer routers' probes."""
+    ``/v1/completions`` (see ``completions_handler``), the peer routers' probes, and
+    the reuse routes when ``meter`` is given."""
     app = web.Application(client_max_size=64 * 2**20)
     app.add_routes([*status_routes(worker_id), web.post("/generate", generate),
-                    web.get("/v1/models", models), web.post("/v1/completions", completions),
+                    web.get("/v1/models", models), web.post("/v1/completions", completions_handler(delay_s, meter)),
+                    *(reuse_routes(meter) if meter is not None else ()),
                     *(web.get(path, server_info) for path in (
                         "/server_info", "/get_server_info", "/model_info", "/get_model_info")),
                     web.post("/tokenize", tokenize), web.post("/v1/completions/render", render)])
@@ -167,8 +203,9 @@ async def _stream(request: web.Request, events: list[dict[str, object]]) -> web.
     return out
 
 
-async def _serve(host: str, port: int) -> None:
-    runner = web.AppRunner(create_app(), access_log=None)
+async def _serve(host: str, port: int, delay_s: float, lru_tokens: int | None) -> None:
+    meter = ReuseMeter(lru_tokens) if lru_tokens is not None else None
+    runner = web.AppRunner(create_app(delay_s=delay_s, meter=meter), access_log=None)
     await runner.setup()
     sock = bind_socket(host, port)
     await web.SockSite(runner, sock).start()
@@ -186,8 +223,11 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=0)
+    parser.add_argument("--delay-ms", type=float, default=0.0, help="before a completion answers")
+    parser.add_argument("--lru-tokens", type=int, default=None,
+                        help="record prompt reuse, the capped tree holding this many tokens")
     args = parser.parse_args()
-    asyncio.run(_serve(args.host, args.port))
+    asyncio.run(_serve(args.host, args.port, args.delay_ms / 1e3, args.lru_tokens))
 
 
 if __name__ == "__main__":
