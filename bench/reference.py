@@ -79,8 +79,9 @@ def single_worker(prompts: list[str]) -> tuple[float, int]:
     return stats.num_seen_tokens / stats.num_prompt_tokens, stats.num_working_set_tokens
 
 
-def _our_config(urls: list[str]) -> str:
+def _our_config(urls: list[str], weights: dict[str, str]) -> str:
     lines = ["[models.demo]", 'tokenizer = "demo"', "[policy]", 'name = "cache_aware"',
+             "[policy.weights]", *(f"{name} = {value}" for name, value in weights.items()),
              "[auth.tenants.bench]", f'key_digests = ["{hash_key(KEY)}"]']
     for i, url in enumerate(urls):
         lines += ["[[workers]]", f'id = "w{i}"', 'model = "demo"', 'kind = "openai"', f'url = "{url}"']
@@ -88,9 +89,9 @@ def _our_config(urls: list[str]) -> str:
 
 
 @contextmanager
-def _our_router(urls: list[str], log_dir: Path) -> Iterator[str]:
+def _our_router(urls: list[str], log_dir: Path, weights: dict[str, str]) -> Iterator[str]:
     path = log_dir / "router.toml"
-    path.write_text(_our_config(urls))
+    path.write_text(_our_config(urls, weights))
     router = start_router(path)
     try:
         wait_routable(router, len(urls), 60.0)
@@ -110,7 +111,12 @@ def _peer_router(setup: str, urls: list[str], log_dir: Path) -> Iterator[str]:
 
 
 def _router(setup: str, urls: list[str], log_dir: Path) -> AbstractContextManager[str]:
-    return _our_router(urls, log_dir) if setup == OURS else _peer_router(setup, urls, log_dir)
+    """``setup`` is a peer setup's name, or ours: ``OURS`` then optional ``name=value``
+    policy weights."""
+    if setup.startswith(OURS):
+        weights = dict(item.split("=") for item in setup[len(OURS):].split())
+        return _our_router(urls, log_dir, weights)
+    return _peer_router(setup, urls, log_dir)
 
 
 async def drive(url: str, requests: list[TraceRequest], prompts: list[str], num_clients: int) -> int:
@@ -191,6 +197,8 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--cache-share", type=float, default=0.10,
                         help="each worker's LRU tree, as a share of the working set")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--our-weights", nargs="*", default=[], metavar="NAME=VALUE",
+                        help="also run ours with these policy weights (to check a change)")
     parser.add_argument("--without-peers", action="store_true", help="our router only")
     args = parser.parse_args(argv)
     requests = trace(args.requests, args.seed)
@@ -198,7 +206,8 @@ def main(argv: list[str] | None = None) -> dict:
     bound, working_set = single_worker(prompts)
     lru_tokens = int(args.cache_share * working_set)
     found = {m: False for m in ("sglang_router", "vllm_router")} if args.without_peers else peers.available()
-    setups = [OURS, *(name for name in PEER_SETUPS if found[peers.PEER_SETUPS[name].module])]
+    setups = [OURS] + ([" ".join([OURS, *args.our_weights])] if args.our_weights else [])
+    setups += [name for name in PEER_SETUPS if found[peers.PEER_SETUPS[name].module]]
     missing = [module for module, ok in found.items() if not ok]
     if missing:
         print(f"peer routers not installed ({', '.join(missing)}): run `make bench-peers`; going on without them")
