@@ -1,5 +1,6 @@
-"""``python -m bench [name ...]``: run the benchmarks (all by default), print each table,
-and write the numbers to bench/results/latest.json. ``make bench`` writes the routing
+"""``python -m bench [name ...] [--flag ...]``: run the benchmarks (all by default), print
+each table, and write the numbers to bench/results/latest.json. Flags after one name
+go to that benchmark (``python -m bench sim --workers 8``). ``make bench`` writes the routing
 report instead (``bench.report``)."""
 
 from __future__ import annotations
@@ -15,12 +16,13 @@ from bench import (
     e2e,
     e2e_worker_bench,
     host_tier_bench,
+    index_bench,
     kv_bench,
     model_bench,
     multi_router,
     radix_bench,
+    reference,
     router_overhead,
-    routing_quality,
     routing_real,
     sim,
     smollm2_bench,
@@ -34,13 +36,14 @@ BENCHMARKS: dict[str, Callable[[list[str]], dict]] = {
     "smollm2": smollm2_bench.main,
     "e2e_worker": e2e_worker_bench.main,
     "host_tier": host_tier_bench.main,
-    "routing": routing_quality.main,
+    "index": index_bench.main,
     "routing_real": routing_real.main,
     "token_cache": token_cache_bench.main,
     "router_overhead": router_overhead.main,
     "multi_router": multi_router.main,
     "sim": sim.main,
     "e2e": e2e.main,
+    "reference": reference.main,
 }
 
 
@@ -48,14 +51,16 @@ def main() -> None:
     """Run the selected benchmarks in order and save their results."""
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("names", nargs="*", help=f"any of {', '.join(BENCHMARKS)}")
-    args = parser.parse_args()
+    args, flags = parser.parse_known_args()
     unknown = set(args.names) - set(BENCHMARKS)
     if unknown:
         parser.error(f"unknown benchmarks: {', '.join(sorted(unknown))}")
+    if flags and len(args.names) != 1:
+        parser.error("flags go to one benchmark: name exactly one")
     results = {"machine": platform.platform(), "started": time.strftime("%Y-%m-%d %H:%M:%S")}
     for name in args.names or BENCHMARKS:
         print(f"\n=== {name} ===", flush=True)
-        results[name] = BENCHMARKS[name]([])
+        results[name] = BENCHMARKS[name](flags)
     out = Path(__file__).parent / "results" / "latest.json"
     out.parent.mkdir(exist_ok=True)
     out.write_text(json.dumps(results, indent=2, default=str))

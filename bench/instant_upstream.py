@@ -2,14 +2,19 @@
 
 This is NOT a worker: it runs no model and caches nothing. It speaks just enough of
 the worker HTTP API (docs/protocol.md) for a router to accept and use it: ``/ready``
-and ``/info`` report the demo tokenizer's digest and a fixed namespace, ``/kv/events``
-sends an empty snapshot and then heartbeats, ``/generate`` returns ``max_tokens``
-fixed tokens at once (streamed as one SSE event per token; rendered as a worker
-renders them when asked), and the OpenAI routes
-answer the same way so it can also stand in for an ``openai``-kind worker, behind our
-router or behind the peer routers (``/server_info``, ``/model_info`` for
-sglang-router; ``/tokenize`` and ``/v1/completions/render`` with the demo tokenizer
-for vllm-router).
+and ``/info`` report the tokenizer's digest (``--tokenizer``, the demo one by
+default) and a fixed namespace, ``/kv/events`` sends an empty snapshot and then
+heartbeats, ``/generate`` returns ``max_tokens`` fixed tokens at once (streamed as
+one SSE event per token; rendered as a worker renders them when asked), and the
+OpenAI routes answer the same way so it can also stand in for an ``openai``-kind
+worker, behind our router or behind the peer routers (``/server_info``,
+``/model_info`` for sglang-router; ``/tokenize`` and the ``/render`` routes with the
+tokenizer for vllm-router). With ``--lru-tokens`` it records prompt reuse
+(``bench.reuse.ReuseMeter``: the longest prefix of each OpenAI prompt it had already
+seen, unlimited and under an LRU cap of that many tokens; text prompts tokenized
+with its tokenizer, as our router tokenizes them), served at ``GET /reuse`` and
+cleared by ``POST /reuse/reset``; with ``--delay-ms`` an OpenAI answer comes after
+that delay (the reference harness, ``bench.reference``).
 
 ``python -m bench.instant_upstream --port 0`` prints ``READY http://HOST:PORT``.
 """
@@ -22,9 +27,11 @@ import base64
 import json
 import signal
 import uuid
+from collections.abc import Awaitable, Callable
 
 from aiohttp import web
 
+from bench.reuse import ReuseMeter
 from radix.keys import from_key
 from radix.model_source import DEMO_MODEL, load_tokenizer
 from radix.namespace import CacheNamespace
@@ -118,28 +125,45 @@ async def models(request: web.Request) -> web.Response:
     return web.json_response({"object": "list", "data": [{"id": "demo", "object": "model"}]})
 
 
-async def completions(request: web.Request) -> web.StreamResponse:
-    """``POST /v1/completions``: ``max_tokens`` (default 16) tokens of "a" at once."""
-    return await _openai_answer(request, COMPLETIONS)
+def openai_handler(endpoint: str, delay_s: float = 0.0, meter: ReuseMeter | None = None
+                   ) -> Callable[[web.Request], Awaitable[web.StreamResponse]]:
+    """``POST /v1/completions`` or ``/v1/chat/completions`` (what sglang-router forwards
+    chat requests to): ``max_tokens`` (default 16) tokens of "a" in the endpoint's
+    shape, ``delay_s`` after the request arrives; the prompt (token ids, or text in the
+    app's tokenizer) is counted by ``meter`` when one is given."""
+    async def answer(request: web.Request) -> web.StreamResponse:
+        body = await request.json()
+        prompt = body.get("prompt", "")
+        token_ids = prompt if isinstance(prompt, list) else None
+        if meter is not None:
+            meter.observe(token_ids if token_ids is not None
+                          else request.app[TOKENIZER].encode(prompt))
+        if delay_s:
+            await asyncio.sleep(delay_s)
+        num_tokens = int(body.get("max_completion_tokens") or body.get("max_tokens") or 16)
+        shape = ResponseShape(endpoint, "demo")
+        usage = TokenUsage(len(token_ids) if token_ids is not None else 1, num_tokens, 0)
+        if not body.get("stream"):
+            return web.json_response(
+                shape.whole([ChoiceText(0, "a" * num_tokens, "length")], usage))
+        return await _stream(request, [
+            *(shape.chunk(0, "a", "length" if i == num_tokens - 1 else None)
+              for i in range(num_tokens)), shape.usage_chunk(usage)])
+    return answer
 
 
-async def chat_completions(request: web.Request) -> web.StreamResponse:
-    """``POST /v1/chat/completions`` (what sglang-router forwards chat requests to): the
-    same answer in chat shape."""
-    return await _openai_answer(request, CHAT)
+completions = openai_handler(COMPLETIONS)
 
 
-async def _openai_answer(request: web.Request, endpoint: str) -> web.StreamResponse:
-    body = await request.json()
-    num_tokens = int(body.get("max_completion_tokens") or body.get("max_tokens") or 16)
-    num_prompt = len(body["prompt"]) if isinstance(body.get("prompt"), list) else 1
-    shape = ResponseShape(endpoint, "demo")
-    usage = TokenUsage(num_prompt, num_tokens, 0)
-    if not body.get("stream"):
-        return web.json_response(shape.whole([ChoiceText(0, "a" * num_tokens, "length")], usage))
-    return await _stream(request, [
-        *(shape.chunk(0, "a", "length" if i == num_tokens - 1 else None)
-          for i in range(num_tokens)), shape.usage_chunk(usage)])
+def reuse_routes(meter: ReuseMeter) -> list[web.RouteDef]:
+    """``GET /reuse`` (``meter``'s counts) and ``POST /reuse/reset`` (clears them)."""
+    async def stats(request: web.Request) -> web.Response:
+        return web.json_response(meter.stats().to_dict())
+
+    async def reset(request: web.Request) -> web.Response:
+        meter.reset()
+        return web.json_response({"reset": True})
+    return [web.get("/reuse", stats), web.post("/reuse/reset", reset)]
 
 
 _SERVER_INFO = {"model_path": "demo", "served_model_name": "demo", "tokenizer_path": "demo",
@@ -171,18 +195,19 @@ async def render(request: web.Request) -> web.Response:
     return web.json_response([{"request_id": "render", "model": "demo", "token_ids": token_ids}])
 
 
-def create_app(worker_id: str = "instant", tokenizer: PromptTokenizer | None = None
-               ) -> web.Application:
-    """The whole stand-in: status routes, ``/generate``, ``/v1/models``,
-    ``/v1/completions`` and the peer routers' probes, for ``tokenizer`` (the demo
-    tokenizer by default)."""
+def create_app(worker_id: str = "instant", tokenizer: PromptTokenizer | None = None,
+               delay_s: float = 0.0, meter: ReuseMeter | None = None) -> web.Application:
+    """The whole stand-in for ``tokenizer`` (the demo tokenizer by default): status
+    routes, ``/generate``, ``/v1/models``, the OpenAI routes (see ``openai_handler``),
+    the peer routers' probes, and the reuse routes when ``meter`` is given."""
     app = web.Application(client_max_size=64 * 2**20)
     app[TOKENIZER] = tokenizer or PromptTokenizer.demo()
     app.add_routes([*status_routes(worker_id, app[TOKENIZER].digest),
-                    web.post("/generate", generate),
-                    web.get("/v1/models", models), web.post("/v1/completions", completions),
-                    web.post("/v1/chat/completions", chat_completions),
+                    web.post("/generate", generate), web.get("/v1/models", models),
+                    web.post("/v1/completions", openai_handler(COMPLETIONS, delay_s, meter)),
+                    web.post("/v1/chat/completions", openai_handler(CHAT, delay_s, meter)),
                     web.post("/v1/chat/completions/render", render),
+                    *(reuse_routes(meter) if meter is not None else ()),
                     *(web.get(path, server_info) for path in (
                         "/server_info", "/get_server_info", "/model_info", "/get_model_info")),
                     web.post("/tokenize", tokenize), web.post("/v1/completions/render", render)])
@@ -200,8 +225,11 @@ async def _stream(request: web.Request, events: list[dict[str, object] | bytes]
     return out
 
 
-async def _serve(host: str, port: int, tokenizer: str) -> None:
-    runner = web.AppRunner(create_app(tokenizer=load_tokenizer(tokenizer)), access_log=None)
+async def _serve(host: str, port: int, tokenizer: str, delay_s: float,
+                 lru_tokens: int | None) -> None:
+    meter = ReuseMeter(lru_tokens) if lru_tokens is not None else None
+    app = create_app(tokenizer=load_tokenizer(tokenizer), delay_s=delay_s, meter=meter)
+    runner = web.AppRunner(app, access_log=None)
     await runner.setup()
     sock = bind_socket(host, port)
     await web.SockSite(runner, sock).start()
@@ -221,8 +249,12 @@ def main() -> None:
     parser.add_argument("--port", type=int, default=0)
     parser.add_argument("--tokenizer", default=DEMO_MODEL,
                         help="the tokenizer the identity names (radix.model_source)")
+    parser.add_argument("--delay-ms", type=float, default=0.0, help="before a completion answers")
+    parser.add_argument("--lru-tokens", type=int, default=None,
+                        help="record prompt reuse, the capped tree holding this many tokens")
     args = parser.parse_args()
-    asyncio.run(_serve(args.host, args.port, args.tokenizer))
+    asyncio.run(_serve(args.host, args.port, args.tokenizer, args.delay_ms / 1e3,
+                       args.lru_tokens))
 
 
 if __name__ == "__main__":

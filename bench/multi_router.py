@@ -40,8 +40,7 @@ from bench.procs import (
     start_worker,
     wait_routable,
 )
-from bench.routing_quality import TENANTS, Workload
-from bench.routing_real import ADMIN_KEY, build_jobs, drive, router_config, tenant_key
+from bench.routing_real import ADMIN_KEY, TENANTS, build_jobs, drive, router_config, tenant_key
 from router.launcher import RedisServer, stop_all
 
 READY_TIMEOUT_S = 60.0
@@ -54,7 +53,7 @@ key_prefix = "bench"
 
 
 @contextlib.contextmanager
-def cluster(num_routers: int, num_workers: int, workload: Workload, kv_cache_bytes: str
+def cluster(num_routers: int, num_workers: int, public_prefixes: list[bytes], kv_cache_bytes: str
             ) -> Iterator[list[ManagedProcess]]:
     """Fresh workers and ``num_routers`` routers over all of them (on a fresh Redis when
     more than one); yields the routers. Everything started is stopped on leaving."""
@@ -64,7 +63,7 @@ def cluster(num_routers: int, num_workers: int, workload: Workload, kv_cache_byt
         started += [start_worker(kv_cache_bytes=kv_cache_bytes, wait=False)
                     for _ in range(num_workers)]
         urls = [worker.wait_ready(READY_TIMEOUT_S) for worker in started]
-        text = router_config(workload, urls, "cache_aware")
+        text = router_config(public_prefixes, urls, "cache_aware")
         if redis is not None:
             text += _REDIS.format(url=redis.url)
         with tempfile.TemporaryDirectory(prefix="multi-router-") as tmp:
@@ -130,8 +129,8 @@ def convergence_delays(a: ManagedProcess, b: ManagedProcess, num_probes: int) ->
 
 def run_one(num_routers: int, args: argparse.Namespace) -> dict[str, object]:
     """The workload through ``num_routers`` routers on fresh workers, summarized."""
-    workload, jobs = build_jobs(args.requests, args.seed)
-    with cluster(num_routers, args.workers, workload, args.kv_cache_bytes) as routers:
+    public_prefixes, jobs = build_jobs(args.requests, args.seed)
+    with cluster(num_routers, args.workers, public_prefixes, args.kv_cache_bytes) as routers:
         start = time.perf_counter()
         outcomes = asyncio.run(drive([r.url for r in routers], jobs, args.clients,
                                      args.max_tokens))

@@ -23,7 +23,7 @@ import time
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from bench import e2e, radix_bench
+from bench import e2e, radix_bench, reference
 from bench.report_write import write_plots, write_summary
 from bench.sim import RATES, SIM_POLICIES, SimConfig, simulate
 
@@ -41,6 +41,7 @@ class Plan:
     scaling_requests: tuple[int, ...]
     cache_sizes: tuple[int, ...]
     e2e_args: tuple[str, ...]
+    reference_args: tuple[str, ...]
     radix_requests: int
 
 
@@ -49,12 +50,12 @@ FULL = Plan(workers=(8, 32, 256), workloads=("rag", "chat", "agent", "multitenan
             scaling_workers=(8, 32, 128, 256), scaling_requests=(2000, 4000, 8000),
             cache_sizes=(25_000, 50_000, 100_000, 200_000, 400_000),
             e2e_args=("--workers", "4", "--requests", "300", "--clients", "16"),
-            radix_requests=20_000)
+            reference_args=("--requests", "5000", "--clients", "64"), radix_requests=20_000)
 QUICK = Plan(workers=(8,), workloads=("rag", "chat"), requests_per_worker=60,
              min_requests=500, max_requests=500, scaling_workers=(4, 8, 16),
              scaling_requests=(250, 500), cache_sizes=(50_000, 200_000),
              e2e_args=("--workers", "2", "--requests", "24", "--clients", "4"),
-             radix_requests=2000)
+             reference_args=("--requests", "500", "--clients", "16"), radix_requests=2000)
 CACHE_POLICIES = ("cache_aware", "threshold_default", "threshold_tuned", "consistent_hash", "round_robin")
 
 
@@ -133,6 +134,8 @@ def main(argv: list[str] | None = None) -> Path:
     report["cache_sizes"] = run_cache_sizes(plan)
     print("=== end to end ===", flush=True)
     report["e2e"] = e2e.main(list(plan.e2e_args))
+    print("=== reference harness ===", flush=True)
+    report["reference"] = reference.main(list(plan.reference_args))
     print("=== radix core ===", flush=True)
     report["radix"] = radix_bench.main(["--requests", str(plan.radix_requests)])
     report["sglang_radix"] = report["radix"]["sglang_radix"]

@@ -62,6 +62,22 @@ def e2e_table(report: dict) -> list[str]:
     return lines
 
 
+def reference_table(report: dict) -> list[str]:
+    """One row per router of the reference harness, with the single-worker bound."""
+    ref = report["reference"]
+    lines = [f"{ref['num_requests']} requests; single-worker bound {ref['single_worker_bound']:.4f}; "
+             f"LRU {ref['lru_tokens']} of {ref['working_set_tokens']} working-set tokens per worker"
+             + (f"; not installed: {', '.join(ref['missing_peers'])}" if ref["missing_peers"] else ""),
+             "", "| router | reuse unlimited | reuse at LRU | max/mean requests | failed | requests per worker |",
+             "|---|---:|---:|---:|---:|---|"]
+    for setup, r in ref.items():
+        if isinstance(r, dict):
+            lines.append(f"| {setup} | {r['reuse_unlimited']:.4f} | {r['reuse_lru']:.3f} | "
+                         f"{r['max_over_mean_requests']:.2f} | {r['num_failed']} | "
+                         f"{'/'.join(map(str, r['requests_per_worker']))} |")
+    return lines
+
+
 def write_summary(report: dict, plots: list[str] | None, out: Path) -> None:
     """``summary.md``: command, machine, every table, the plots."""
     scaling = report["scaling"]
@@ -81,6 +97,7 @@ def write_summary(report: dict, plots: list[str] | None, out: Path) -> None:
              *(f"| {policy} | " + " | ".join(f"{row['cached_fraction']:.3f}" for row in rows) + " |"
                for policy, rows in report["cache_sizes"].items()), "",
              "## End to end, same workers", "", *e2e_table(report), "",
+             "## Reference harness (stand-in workers, `bench.reference`)", "", *reference_table(report), "",
              "## Radix core", "", f"SGLang RadixCache: {report['sglang_radix']}.", ""]
     lines += ["## Plots", ""] + ([f"![{p}]({p})" for p in plots] if plots is not None
                                  else ["matplotlib is not installed (pip install -e '.[bench]'): no plots."])

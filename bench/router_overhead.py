@@ -222,15 +222,16 @@ async def _scenarios(url: str, cpu_s: Callable[[], float], upstreams: list[Manag
         cpu_before, upstreams_before = cpu_s(), upstreams_cpu_s()
         routed = await _drive(f"{url}{path}", via_router, auth, num_clients, stream)
         cpu_after, upstreams_after = cpu_s(), upstreams_cpu_s()
+        router_us = 1e6 * (cpu_after - cpu_before) / n
         baseline = await _drive(f"{direct_url}/generate", direct, {}, num_clients, stream)
         results[name] = {
             "requests": n,
             "router_rps": n / routed.wall_s,
             "direct_rps": n / baseline.wall_s,
-            "router_cpu_us_per_request": 1e6 * (cpu_after - cpu_before) / n,
+            "router_cpu_us_per_request": router_us,
             "encode_us": encode_us,
             "cluster_cpu_us_per_request":
-                1e6 * (cpu_after - cpu_before + upstreams_after - upstreams_before) / n,
+                router_us + 1e6 * (upstreams_after - upstreams_before) / n,
             "added_p50_ms": routed.percentile_ms(0.5) - baseline.percentile_ms(0.5),
             "added_p99_ms": routed.percentile_ms(0.99) - baseline.percentile_ms(0.99),
             "router_p50_ms": routed.percentile_ms(0.5),

@@ -2,10 +2,11 @@
 
 For each worker count and policy, a fresh cluster (empty caches): ``--workers`` demo
 workers (one torch thread, ``--kv-cache-bytes`` each, small so eviction matters) and a
-router with that ``[policy] name``. The workload is ``bench.routing_quality``'s
-(Zipf-popular documents registered as public prefixes plus a private question, and
-multi-turn conversations on public system prompts, eight tenants), shrunk to a few
-hundred tokens per document and sent as token-id completions prompts. Every run gets
+router with that ``[policy] name``. The workload is ``bench.workloads``' ``rag_chat``
+(a public system prompt and a Zipf-popular document, registered as public prefixes,
+plus a private question; multi-turn conversations on the public system prompts;
+eight tenants), shrunk to a few hundred tokens per document and sent as token-id
+completions prompts. Every run gets
 the same requests in the same order from ``--clients`` concurrent streaming clients
 (closed loop: a client sends its next request when the previous one ends; a
 conversation's turns go in order from one client). A conversation resends the
@@ -47,7 +48,8 @@ from bench.procs import (
     start_worker,
     wait_routable,
 )
-from bench.routing_quality import TENANTS, SimRequest, Workload, WorkloadShape
+from bench.workloads import TraceRequest, WorkloadConfig, generate
+from radix.keys import TOKEN_BYTES
 from router.front.auth import hash_key
 from router.launcher import stop_all
 from router.routing.policy import POLICIES
@@ -55,12 +57,14 @@ from router.routing.policy import POLICIES
 ADMIN_KEY = "bench-admin"
 READY_TIMEOUT_S = 60.0
 # Documents and conversations short enough for a CPU demo worker; 24 documents of
-# ~300 tokens exceed two 16 MiB workers' 4,000-token caches, fit in four.
-SHAPE = WorkloadShape(
-    num_docs=24, doc_tokens=(128, 512), question_tokens=(16, 64), answer_tokens=(16, 48),
-    system_tokens=(128, 129), first_message_tokens=(32, 128), turn_tokens=(16, 64),
-    num_turns=(2, 6), vocab_size=256,
+# ~300 tokens exceed two 16 MiB workers' 4,000-token caches, fit in four. 30% of
+# session starts are conversations.
+CONFIG = WorkloadConfig(
+    num_docs=24, doc_tokens=(128, 512), message_tokens=(16, 64), output_tokens=(16, 48),
+    system_tokens=(128, 129), num_turns=(2, 6), docs_per_request=(1, 2),
+    chat_session_share=0.3, vocab_size=256,
 )  # fmt: skip
+TENANTS = [f"tenant-{i}" for i in range(CONFIG.num_tenants)]
 
 
 def tenant_key(tenant: str) -> str:
@@ -73,30 +77,22 @@ def token_ids(key: bytes) -> list[int]:
     return np.frombuffer(key, dtype=np.uint32).tolist()
 
 
-def build_jobs(num_requests: int, seed: int = 0) -> tuple[Workload, list[list[SimRequest]]]:
-    """The workload and exactly ``num_requests`` requests grouped into jobs: a document
-    question alone (70%) or a conversation's turns in order (30%; the last may be cut)."""
-    rng = np.random.default_rng(seed)
-    workload = Workload(rng, SHAPE)
-    jobs: list[list[SimRequest]] = []
-    num_left = num_requests
-    while num_left:
-        if rng.random() < 0.7:
-            job = [workload.document_request(0.0)]
-        else:
-            job = [workload.first_turn(0.0)]
-            while job[-1].turns_left and len(job) < num_left:
-                job.append(workload.next_turn(job[-1], 0.0)[1])
-        jobs.append(job[:num_left])
-        num_left -= len(jobs[-1])
-    return workload, jobs
+def build_jobs(num_requests: int, seed: int = 0) -> tuple[list[bytes], list[list[TraceRequest]]]:
+    """The workload's public prefixes (each request's public part, distinct) and exactly
+    ``num_requests`` requests grouped into jobs: a session's requests in order (a
+    document question alone, or a conversation's turns; the last may be cut)."""
+    requests = list(generate("rag_chat", num_requests, 1.0, seed, config=CONFIG))
+    sessions: dict[str, list[TraceRequest]] = {}
+    for request in requests:
+        sessions.setdefault(request.session, []).append(request)
+    prefixes = {r.prompt[: r.num_public_tokens * TOKEN_BYTES] for r in requests}
+    return sorted(prefixes), list(sessions.values())
 
 
-def router_config(workload: Workload, worker_urls: list[str], policy: str) -> str:
-    """Router TOML: the demo model with every document and system prompt registered as
-    a public prefix, the workload's tenants, an admin key, ``policy``."""
-    prefixes = ", ".join(f"{{ token_ids = {token_ids(p)} }}"
-                         for p in workload.docs + workload.system_prompts)
+def router_config(public_prefixes: list[bytes], worker_urls: list[str], policy: str) -> str:
+    """Router TOML: the demo model with ``public_prefixes`` registered, the workload's
+    tenants, an admin key, ``policy``."""
+    prefixes = ", ".join(f"{{ token_ids = {token_ids(p)} }}" for p in public_prefixes)
     lines = ["[models.demo]", 'tokenizer = "demo"', f"public_prefixes = [{prefixes}]",
              "[policy]", f'name = "{policy}"',
              "[auth]", f'admin_key_digest = "{hash_key(ADMIN_KEY)}"']
@@ -108,7 +104,7 @@ def router_config(workload: Workload, worker_urls: list[str], policy: str) -> st
 
 
 @contextlib.contextmanager
-def cluster(num_workers: int, policy: str, workload: Workload, kv_cache_bytes: str
+def cluster(num_workers: int, policy: str, public_prefixes: list[bytes], kv_cache_bytes: str
             ) -> Iterator[ManagedProcess]:
     """Fresh workers and a router serving all of them; yields the router. Every process
     started is stopped on leaving, whatever ends the block (errors, Ctrl-C)."""
@@ -119,7 +115,7 @@ def cluster(num_workers: int, policy: str, workload: Workload, kv_cache_bytes: s
         urls = [worker.wait_ready(READY_TIMEOUT_S) for worker in started]
         with tempfile.TemporaryDirectory(prefix="routing-real-") as tmp:
             path = Path(tmp) / "router.toml"
-            path.write_text(router_config(workload, urls, policy))
+            path.write_text(router_config(public_prefixes, urls, policy))
             started.append(router := start_process(router_args(path), wait=False))
             router.wait_ready(READY_TIMEOUT_S)
         wait_routable(router, num_workers, READY_TIMEOUT_S)
@@ -139,13 +135,13 @@ class Outcome:
     error: str | None = None
 
 
-async def _send(client: AsyncOpenAI, request: SimRequest, max_tokens: int) -> Outcome:
+async def _send(client: AsyncOpenAI, request: TraceRequest, max_tokens: int) -> Outcome:
     start = time.perf_counter()
     ttft_s: float | None = None
     usage = None
     try:
         stream = await client.completions.create(
-            model="demo", prompt=token_ids(request.key), max_tokens=max_tokens, stream=True,
+            model="demo", prompt=token_ids(request.prompt), max_tokens=max_tokens, stream=True,
             stream_options={"include_usage": True}, extra_body={"ignore_eos": True})
         async for chunk in stream:
             if chunk.choices and ttft_s is None:
@@ -158,7 +154,7 @@ async def _send(client: AsyncOpenAI, request: SimRequest, max_tokens: int) -> Ou
     return Outcome(usage.prompt_tokens, usage.prompt_tokens_details.cached_tokens, ttft_s)
 
 
-async def drive(router_urls: Sequence[str], jobs: list[list[SimRequest]], num_clients: int,
+async def drive(router_urls: Sequence[str], jobs: list[list[TraceRequest]], num_clients: int,
                 max_tokens: int) -> list[Outcome]:
     """Send every job from ``num_clients`` concurrent loops, each taking the next job
     when its last one ends; loop ``i`` sends to ``router_urls[i % len(router_urls)]``
@@ -173,7 +169,7 @@ async def drive(router_urls: Sequence[str], jobs: list[list[SimRequest]], num_cl
         mine = clients[index % len(clients)]
         for job in pending:
             for request in job:
-                outcomes.append(await _send(mine[request.scope], request, max_tokens))
+                outcomes.append(await _send(mine[request.tenant], request, max_tokens))
 
     try:
         await asyncio.gather(*(loop(i) for i in range(num_clients)))
@@ -187,8 +183,8 @@ async def drive(router_urls: Sequence[str], jobs: list[list[SimRequest]], num_cl
 def run_one(policy: str, num_workers: int, args: argparse.Namespace) -> dict[str, object]:
     """One policy on fresh workers: drive the workload, read the router's per-worker
     stats, and summarize."""
-    workload, jobs = build_jobs(args.requests, args.seed)
-    with cluster(num_workers, policy, workload, args.kv_cache_bytes) as router:
+    public_prefixes, jobs = build_jobs(args.requests, args.seed)
+    with cluster(num_workers, policy, public_prefixes, args.kv_cache_bytes) as router:
         start = time.perf_counter()
         outcomes = asyncio.run(drive([router.url], jobs, args.clients, args.max_tokens))
         drive_s = time.perf_counter() - start

@@ -1,7 +1,6 @@
 """Cluster simulator: policies on the same workload, with our real index and policy code.
 
-Grown from ``bench.routing_quality``: N simulated workers, each a ``SimCache`` (our
-``RadixTree`` with LRU eviction under a KV capacity in tokens, speaking the KV event
+N simulated workers, each a ``SimCache`` (our ``RadixTree`` with LRU eviction under a KV capacity in tokens, speaking the KV event
 protocol) and a continuous-batching engine reduced to its timing: prefill one request
 at a time in arrival order at ``prefill_s_per_token`` per uncached token (slowed by
 ``prefill_interference`` per running decode), at most ``max_num_seqs`` requests
@@ -51,7 +50,7 @@ from router.routing.policy import (
 NAMESPACE = "5a" * 32
 NUM_TIME_BUCKETS = 20
 # Session starts per second per worker: each workload at a load where queueing shows.
-RATES = {"rag": 3.0, "chat": 2.0, "agent": 0.4, "multitenant": 4.0}
+RATES = {"rag": 3.0, "chat": 2.0, "agent": 0.4, "rag_chat": 2.5, "multitenant": 4.0}
 
 
 @dataclass(frozen=True)
@@ -324,13 +323,14 @@ def summarize(cluster: Cluster, wall_s: float) -> dict[str, object]:
 def simulate(policy: str, num_workers: int, workload: str, num_requests: int,
              rate_per_worker: float, seed: int = 0, config: SimConfig | None = None,
              workload_config: WorkloadConfig | None = None, arrival: str = "poisson",
-             kv_events: bool = True) -> dict[str, object]:
-    """One run of ``policy`` (a ``SIM_POLICIES`` name) on ``num_workers`` workers:
-    ``num_requests`` requests of ``workload``, sessions starting at
-    ``rate_per_worker * num_workers`` per second (``kv_events``: see ``Cluster``)."""
+             kv_events: bool = True, weights: dict[str, float] | None = None) -> dict[str, object]:
+    """One run of ``policy`` (a ``SIM_POLICIES`` name; one of ours runs with ``weights``
+    over its defaults when given) on ``num_workers`` workers: ``num_requests`` requests
+    of ``workload``, sessions starting at ``rate_per_worker * num_workers`` per second
+    (``kv_events``: see ``Cluster``)."""
     config = config or SimConfig()
-    cluster = Cluster(SIM_POLICIES[policy], num_workers, config, seed, kv_events,
-                      config.kv_capacity_tokens)
+    spec = _ours(policy, weights) if weights and policy in POLICIES else SIM_POLICIES[policy]
+    cluster = Cluster(spec, num_workers, config, seed, kv_events, config.kv_capacity_tokens)
     requests = generate(workload, num_requests, rate_per_worker * num_workers, seed, arrival,
                         workload_config)
     start = time.perf_counter()
@@ -351,7 +351,10 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--arrival", default="poisson", choices=["poisson", "bursty"])
     parser.add_argument("--no-kv-events", action="store_true",
                         help="our policies read an approximate index (faster at scale)")
+    parser.add_argument("--our-weights", nargs="*", default=[], metavar="NAME=VALUE",
+                        help="our policies' weights over their defaults")
     args = parser.parse_args(argv)
+    weights = {name: float(value) for name, value in (item.split("=") for item in args.our_weights)}
     results: dict[str, dict] = {}
     print(f"{'workload':<12}{'w':>4} {'policy':<18}{'cached':>8}{'p50 ms':>8}{'p99 ms':>8}"
           f"{'req/s':>8}{'max/mean':>9}{'wall s':>8}")
@@ -360,7 +363,7 @@ def main(argv: list[str] | None = None) -> dict:
             for policy in args.policies:
                 r = simulate(policy, num_workers, workload, args.requests,
                              args.rate or RATES[workload], arrival=args.arrival,
-                             kv_events=not args.no_kv_events)
+                             kv_events=not args.no_kv_events, weights=weights)
                 results[f"{workload}/{num_workers}/{policy}"] = r
                 print(f"{workload:<12}{num_workers:>4} {policy:<18}{r['cached_fraction']:>8.3f}"
                       f"{1e3 * r['ttft_p50_s']:>8.0f}{1e3 * r['ttft_p99_s']:>8.0f}"

@@ -6,13 +6,15 @@ million-request stream holds only its open sessions in memory), and the same
 ``vocab_size``; shared segments (system prompts, documents) are drawn once per
 workload, so two requests share exactly the prefixes the workload says they share.
 
-- ``rag``: a public system prompt + 1-3 documents of a corpus with Zipf popularity
-  (the documents registered public, as an operator registers shared documents) + a
-  private question.
+- ``rag``: a public system prompt + ``docs_per_request`` (1-3) documents of a corpus
+  with Zipf popularity (the documents registered public, as an operator registers
+  shared documents) + a private question.
 - ``chat``: multi-turn sessions on a few public system prompts; each turn resends the
   previous turn's prompt, its reply and a new message, a think time after it.
 - ``agent``: trajectories that loop tool calls (each step appends the tool result)
   and fork parallel sub-agents from a shared state, which then continue on their own.
+- ``rag_chat``: both on one stream: a session start is a chat session with
+  probability ``chat_session_share``, else a rag question.
 - ``multitenant``: tenants with private documents (never public) plus public system
   prompts; a tenant's requests reuse its own documents only.
 - ``replay``: a JSONL trace written by ``write_trace`` (or by hand in that format).
@@ -72,6 +74,8 @@ class WorkloadConfig:
     num_docs: int = 200
     doc_tokens: tuple[int, int] = (1000, 4000)
     zipf_exponent: float = 1.1
+    docs_per_request: tuple[int, int] = (1, 4)
+    chat_session_share: float = 0.05
     num_system_prompts: int = 4
     system_tokens: tuple[int, int] = (256, 512)
     message_tokens: tuple[int, int] = (50, 200)
@@ -172,10 +176,11 @@ def _sessions(source: _Source, start: Callable[[float, str], tuple[TraceRequest,
 
 
 def rag(source: _Source) -> Callable[[float, str], tuple[TraceRequest, Follow]]:
-    """One-request sessions: system prompt + 1-3 popular documents + a question."""
+    """One-request sessions: system prompt + popular documents + a question."""
     def start(now: float, session: str) -> tuple[TraceRequest, Follow]:
         system = source.systems[source.pick(len(source.systems))]
-        docs = b"".join(source.docs[source.popular_doc()] for _ in range(1 + source.pick(3)))
+        num_docs = int(source.rng.integers(*source.config.docs_per_request))
+        docs = b"".join(source.docs[source.popular_doc()] for _ in range(num_docs))
         public = system + docs
         prompt = public + source.tokens(source.config.message_tokens)
         request = TraceRequest(now, source.tenant(), session, prompt,
@@ -247,6 +252,18 @@ def agent(source: _Source) -> Callable[[float, str], tuple[TraceRequest, Follow]
     return start
 
 
+def rag_chat(source: _Source) -> Callable[[float, str], tuple[TraceRequest, Follow]]:
+    """``chat`` sessions (share ``chat_session_share`` of session starts) among ``rag``
+    questions, drawn from one source so they share its system prompts."""
+    start_rag, start_chat = rag(source), chat(source)
+
+    def start(now: float, session: str) -> tuple[TraceRequest, Follow]:
+        if source.rng.random() < source.config.chat_session_share:
+            return start_chat(now, session)
+        return start_rag(now, session)
+    return start
+
+
 def multitenant(source: _Source) -> Callable[[float, str], tuple[TraceRequest, Follow]]:
     """One-request sessions: a public system prompt + one of the tenant's own private
     documents (Zipf within the tenant) + a question. Tenant t owns documents
@@ -269,7 +286,7 @@ def multitenant(source: _Source) -> Callable[[float, str], tuple[TraceRequest, F
 
 
 GENERATORS: dict[str, Callable[[_Source], Callable[[float, str], tuple[TraceRequest, Follow]]]] = {
-    "rag": rag, "chat": chat, "agent": agent, "multitenant": multitenant,
+    "rag": rag, "chat": chat, "agent": agent, "rag_chat": rag_chat, "multitenant": multitenant,
 }
 WORKLOADS = (*GENERATORS, "replay")
 

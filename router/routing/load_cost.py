@@ -36,6 +36,12 @@ class PolicyWeights:
       ``ceil(factor * (active requests of all workers + 1) / number of workers)``
       active requests.
     - ``hash_prefix_tokens``: how many leading prompt tokens consistent hashing reads.
+    - ``owner_load_cap_factor``: 0 turns owner stickiness off; else a request whose
+      longest match covers at least ``owner_min_share`` of its prompt stays on the
+      workers holding that match (its owners) while one of them is under the
+      bounded-load cap of this factor, whatever their queues; with every owner at the
+      cap the cost decides, which may copy the prefix to another worker (replication).
+    - ``owner_min_share``: the share of the prompt a match must cover for stickiness.
     """
 
     prefill_cost_per_token: float = 1.0
@@ -44,6 +50,8 @@ class PolicyWeights:
     kv_usage_cost: float = 256.0
     load_cap_factor: float = 1.25
     hash_prefix_tokens: int = 64
+    owner_load_cap_factor: float = 1.1
+    owner_min_share: float = 0.5
 
     def __post_init__(self) -> None:
         for f in fields(self):
@@ -52,6 +60,9 @@ class PolicyWeights:
                 raise ValueError(f"policy.weights.{f.name}: must be a non-negative number, got {value!r}")
         if self.load_cap_factor < 1.0:
             raise ValueError(f"policy.weights.load_cap_factor: must be >= 1, got {self.load_cap_factor}")
+        if self.owner_load_cap_factor and self.owner_load_cap_factor < 1.0:
+            raise ValueError("policy.weights.owner_load_cap_factor: must be 0 (off) or >= 1, "
+                             f"got {self.owner_load_cap_factor}")
         if not isinstance(self.hash_prefix_tokens, int) or self.hash_prefix_tokens < 1:
             raise ValueError("policy.weights.hash_prefix_tokens: must be a positive integer, "
                              f"got {self.hash_prefix_tokens!r}")
@@ -101,15 +112,22 @@ def load_cost(view: WorkerView, weights: PolicyWeights) -> float:
 def rendezvous_order(key: bytes, workers: Sequence[WorkerView], num_prefix_tokens: int) -> list[WorkerView]:
     """Workers in highest-random-weight order for the first ``num_prefix_tokens`` of
     ``key`` (xxh3). Deterministic across routers; removing a worker moves only the
-    prefixes that were on it."""
+    prefixes that were on it. Any subset of ``workers`` comes out in the same relative
+    order (each worker's weight depends on the key and its id alone)."""
     seed = xxhash.xxh3_64_intdigest(key[: num_prefix_tokens * TOKEN_BYTES])
     return sorted(workers, key=lambda v: xxhash.xxh3_64_intdigest(v.worker_id.encode(), seed=seed),
                   reverse=True)
 
 
+def bounded_load_cap(workers: Sequence[WorkerView], load_cap_factor: float) -> int:
+    """Active requests at which a worker counts as full: ``ceil(factor * (active
+    requests of all workers + 1) / number of workers)``; some worker is always under it."""
+    total = sum(num_active_requests(v) for v in workers)
+    return math.ceil(load_cap_factor * (total + 1) / len(workers))
+
+
 def bounded_load_pick(order: Sequence[WorkerView], load_cap_factor: float) -> WorkerView:
     """The first worker in ``order`` below the bounded-load cap (consistent hashing with
     bounded loads); the cap always leaves at least one worker eligible."""
-    total = sum(num_active_requests(v) for v in order)
-    cap = math.ceil(load_cap_factor * (total + 1) / len(order))
+    cap = bounded_load_cap(order, load_cap_factor)
     return next(v for v in order if num_active_requests(v) < cap)

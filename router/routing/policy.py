@@ -7,7 +7,10 @@ weighs each worker's cached prefix against its load in one continuous cost::
     cost(w) = prefill_cost_per_token * (prompt tokens - matched(w)) + load_cost(w)
 
 (``router.routing.load_cost``). The lowest cost wins; ties go to the least loaded, then to
-rendezvous-hash order. A cold prefix (no worker matches any of it) goes to the first
+rendezvous-hash order. A request whose longest match covers most of its prompt stays
+on the workers holding it (its owners) while one is under a bounded-load cap, so a
+passing queue does not copy a hot prefix around; with every owner at the cap the cost
+decides, and may replicate it to a second worker. A cold prefix (no worker matches any of it) goes to the first
 worker in rendezvous-hash order of its first tokens that is under the bounded-load
 cap, so concurrent requests for a new document meet on one worker and different
 documents spread. ``round_robin``, ``least_load``, ``consistent_hash`` and ``random``
@@ -22,10 +25,17 @@ from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from types import MappingProxyType
-from typing import ClassVar
+from typing import ClassVar, NamedTuple
 
 from router.routing.index import NamespaceDigest, WorkerId
-from router.routing.load_cost import PolicyWeights, bounded_load_pick, load_cost, rendezvous_order
+from router.routing.load_cost import (
+    PolicyWeights,
+    bounded_load_cap,
+    bounded_load_pick,
+    load_cost,
+    num_active_requests,
+    rendezvous_order,
+)
 
 
 @dataclass(frozen=True)
@@ -39,14 +49,15 @@ class RouteRequest:
     scope: str
 
 
-@dataclass(frozen=True)
-class WorkerView:
+class WorkerView(NamedTuple):
     """A routable worker at decision time. ``num_in_flight_*`` are this router's own
     counts, updated the moment it decides: requests sent and not finished, and prompt
     tokens still to prefill: the uncached part (prompt - matched at decision) until the
-    first token arrives (whole prompts held to the end overstate a hot worker's queue:
-    bench/routing_quality.py). The polled fields are the worker's last reported load;
-    ``num_matched_tokens`` comes from ``RouterIndex.match``."""
+    first token arrives (whole prompts held to the end overstate a hot worker's queue).
+    The polled fields are the worker's last reported load;
+    ``num_matched_tokens`` comes from ``RouterIndex.match``. A NamedTuple, as is
+    ``WorkerScore``: policies build one per worker per request, and a tuple is
+    cheaper to build than a frozen dataclass."""
 
     worker_id: WorkerId
     num_matched_tokens: int = 0
@@ -59,8 +70,7 @@ class WorkerView:
     max_num_requests: int | None = None
 
 
-@dataclass(frozen=True)
-class WorkerScore:
+class WorkerScore(NamedTuple):
     """The numbers behind a worker's rank, for logs and metrics."""
 
     worker_id: WorkerId
@@ -132,17 +142,52 @@ class CacheAwarePolicy(Policy):
     def choose(self, request: RouteRequest, workers: Sequence[WorkerView]) -> RouteDecision:
         """Lowest cost first; a cold prefix's hash choice first."""
         _require(workers)
-        order = rendezvous_order(request.key, workers, self.weights.hash_prefix_tokens)
-        position = {view.worker_id: i for i, view in enumerate(order)}
         scores = {view.worker_id: self._score(request, view) for view in workers}
-        ranked = sorted(workers, key=lambda v: (scores[v.worker_id].cost,
-                                                scores[v.worker_id].load_cost, position[v.worker_id]))
+        ranked = self._by_cost(request, workers, scores)
         cold = not any(view.num_matched_tokens for view in workers)
         if cold:
+            order = rendezvous_order(request.key, workers, self.weights.hash_prefix_tokens)
             first = bounded_load_pick(order, self.weights.load_cap_factor)
             ranked = [first, *(view for view in ranked if view is not first)]
+        elif self.weights.owner_load_cap_factor:
+            ranked = self._owners_first(request, ranked)
         return RouteDecision(self.name, tuple(v.worker_id for v in ranked),
                              tuple(scores[v.worker_id] for v in ranked), cold)
+
+
+    def _by_cost(self, request: RouteRequest, workers: Sequence[WorkerView],
+                 scores: Mapping[WorkerId, WorkerScore]) -> list[WorkerView]:
+        """``workers`` by (cost, load cost), equal pairs in rendezvous-hash order (hashed
+        only where pairs are equal: the hash order of a subset is the full order's)."""
+        def rank(view: WorkerView) -> tuple[float, float]:
+            score = scores[view.worker_id]
+            return score.cost, score.load_cost
+
+        ranked = sorted(workers, key=rank)
+        keys = [rank(view) for view in ranked]
+        start = 0
+        for end in range(1, len(ranked) + 1):
+            if end < len(ranked) and keys[end] == keys[start]:
+                continue
+            if end - start > 1:
+                ranked[start:end] = rendezvous_order(request.key, ranked[start:end],
+                                                     self.weights.hash_prefix_tokens)
+            start = end
+        return ranked
+
+    def _owners_first(self, request: RouteRequest, ranked: list[WorkerView]) -> list[WorkerView]:
+        """``ranked`` with the owners of the longest match under the owner cap moved to
+        the front (in cost order), when that match is long enough to stick to."""
+        best = max(view.num_matched_tokens for view in ranked)
+        if best < self.weights.owner_min_share * request.num_prompt_tokens:
+            return ranked
+        owners = [v for v in ranked if v.num_matched_tokens == best]
+        if len(owners) == len(ranked):
+            return ranked
+        cap = bounded_load_cap(ranked, self.weights.owner_load_cap_factor)
+        owners = [v for v in owners if num_active_requests(v) < cap]
+        owner_ids = {v.worker_id for v in owners}
+        return [*owners, *(view for view in ranked if view.worker_id not in owner_ids)]
 
 
 class RoundRobinPolicy(Policy):

@@ -12,7 +12,7 @@ from radix.keys import TOKEN_BYTES
 SMALL = WorkloadConfig(num_docs=12, doc_tokens=(64, 128), system_tokens=(32, 48),
                        message_tokens=(8, 16), output_tokens=(4, 8), tool_result_tokens=(8, 16),
                        docs_per_tenant=3, num_tenants=4)
-NAMES = ("rag", "chat", "agent", "multitenant")
+NAMES = ("rag", "chat", "agent", "rag_chat", "multitenant")
 
 
 @pytest.mark.parametrize("name", NAMES)

@@ -150,3 +150,29 @@ def test_registry_errors_name_the_unknown_policy_or_weight():
     with pytest.raises(ValueError, match="policy.weights.kv_usage_cost"):
         PolicyWeights(kv_usage_cost=-1)
     assert make_policy("cache_aware", {"running_request_cost": 8}).weights.running_request_cost == 8
+
+
+def test_a_long_match_stays_on_its_owner_under_the_cap_even_when_the_cost_says_move():
+    # w0 holds 800 of 1000 tokens but has 4,000 tokens queued: cost 200 + 1000 vs 1000.
+    workers = views({"num_matched_tokens": 800, "num_waiting_tokens": 4000, "num_in_flight_requests": 2},
+                    {"num_matched_tokens": 100, "num_in_flight_requests": 2})
+    assert make_policy("cache_aware", {"owner_load_cap_factor": 0}).choose(request(), workers).chosen == "w1"
+    assert make_policy().choose(request(), workers).ranked == ("w0", "w1")
+
+
+def test_owners_at_the_cap_go_by_cost_which_may_replicate():
+    # 12 active + 1 over 3 workers at factor 1.1: cap ceil(4.77) = 5, and w0 runs 5.
+    workers = views({"num_matched_tokens": 900, "num_in_flight_requests": 5, "num_waiting_tokens": 4000},
+                    {"num_matched_tokens": 100, "num_in_flight_requests": 4},
+                    {"num_matched_tokens": 100, "num_in_flight_requests": 3})
+    assert make_policy().choose(request(), workers).ranked == ("w2", "w1", "w0")
+
+
+def test_a_short_match_is_not_sticky():
+    workers = views({"num_matched_tokens": 400, "num_waiting_tokens": 4000}, {"num_matched_tokens": 100})
+    assert make_policy().choose(request(), workers).chosen == "w1"
+
+
+def test_owner_cap_below_one_is_refused():
+    with pytest.raises(ValueError, match="policy.weights.owner_load_cap_factor"):
+        make_policy("cache_aware", {"owner_load_cap_factor": 0.5})
