@@ -144,8 +144,9 @@ async def forward(router: Router, request: web.Request, call: Call, ranked: list
     (``router.upstream.relay``); with none left, a started stream ends with an error event.
     Each attempt is counted in flight and noted in the index (speculative entry) at
     decision time. In flight counts the tokens the worker must prefill (prompt minus
-    its match): a request that hits the cache adds little queued work, so locality is
-    not punished."""
+    its match) until the first token comes back: a request that hits the cache adds
+    little queued work, so locality is not punished, and a request that is decoding
+    no longer counts as prefill waiting."""
     relay = router.proxy.relay(request, call)
     failure: UpstreamUnavailable | None = None
     for worker in ranked:
@@ -155,7 +156,8 @@ async def forward(router: Router, request: web.Request, call: Call, ranked: list
             router.metrics.retries.inc()
         key, _ = relay.progress.resumed_prompt(call.prompt.key)
         num_tokens = max(len(key) // TOKEN_BYTES - matched.get(worker.worker_id, 0), 0)
-        router.registry.begin(worker, num_tokens)
+        in_flight = router.registry.begin(worker, num_tokens)
+        relay.on_first_token = in_flight.prefilled
         router.index.note_routed(worker.namespace, worker.worker_id, key, call.scope)
         router.peers.routed(worker, key, call.scope)
         try:
@@ -165,7 +167,7 @@ async def forward(router: Router, request: web.Request, call: Call, ranked: list
             if exc.worker_down:
                 await router.registry.mark_failed(worker, str(exc))
         finally:
-            router.registry.end(worker, num_tokens)
+            in_flight.end()
         if relay.can_finish:
             await relay.finish(exchange)
             assert relay.response is not None

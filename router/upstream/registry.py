@@ -95,6 +95,30 @@ class WorkerState:
         }
 
 
+class InFlight:
+    """One attempt counted in its worker's in-flight load: the request until ``end``
+    (when it ends or moves to another worker), its prompt tokens until ``prefilled``
+    (its first token came: the worker's prefill is done) or ``end``."""
+
+    __slots__ = ("_worker", "_num_prompt_tokens")
+
+    def __init__(self, worker: WorkerState, num_prompt_tokens: int) -> None:
+        self._worker = worker
+        self._num_prompt_tokens = num_prompt_tokens
+        worker.num_in_flight_requests += 1
+        worker.num_in_flight_prompt_tokens += num_prompt_tokens
+
+    def prefilled(self) -> None:
+        """The prompt tokens are no longer queued work (idempotent)."""
+        self._worker.num_in_flight_prompt_tokens -= self._num_prompt_tokens
+        self._num_prompt_tokens = 0
+
+    def end(self) -> None:
+        """The attempt is over."""
+        self.prefilled()
+        self._worker.num_in_flight_requests -= 1
+
+
 class WorkerIndex(Protocol):
     """What the registry needs of the router index."""
 
@@ -174,17 +198,10 @@ class WorkerRegistry:
         return self._routable.get(model, [])
 
     @staticmethod
-    def begin(worker: WorkerState, num_prompt_tokens: int) -> None:
+    def begin(worker: WorkerState, num_prompt_tokens: int) -> InFlight:
         """Count a request routed to ``worker`` with ``num_prompt_tokens`` to prefill
         (call at decision time)."""
-        worker.num_in_flight_requests += 1
-        worker.num_in_flight_prompt_tokens += num_prompt_tokens
-
-    @staticmethod
-    def end(worker: WorkerState, num_prompt_tokens: int) -> None:
-        """Undo ``begin`` when the request ends or moves to another worker."""
-        worker.num_in_flight_requests -= 1
-        worker.num_in_flight_prompt_tokens -= num_prompt_tokens
+        return InFlight(worker, num_prompt_tokens)
 
     async def mark_failed(self, worker: WorkerState, reason: str) -> None:
         """The proxy could not reach ``worker``: take it out of routing and the index

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import base64
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -130,7 +131,8 @@ class Relay:
     """One request's answer to its client. ``started`` once the client got a byte
     (only streams start before the end); ``prepare_attempt(kind)`` says whether an
     attempt on a worker of that kind may go on from here (dropping progress if it
-    must start over)."""
+    must start over); the current attempt's ``on_first_token`` is called as each of
+    its steps arrives (it must be cheap and idempotent)."""
 
     def __init__(self, client: web.Request, shape: ResponseShape, stream: bool,
                  include_usage: bool, num_choices: int, num_prompt_tokens: int) -> None:
@@ -143,6 +145,7 @@ class Relay:
         self.progress = Progress(num_choices)
         self.response: web.StreamResponse | None = None
         self._whole_body: bytes | None = None
+        self.on_first_token: Callable[[], None] = _nothing
 
     @property
     def started(self) -> bool:
@@ -173,6 +176,7 @@ class Relay:
         out: list[bytes] = []
         for line in lines:
             if line.startswith(TOKENS_PREFIX):
+                self.on_first_token()
                 step = orjson.loads(line[len(TOKENS_PREFIX):])
                 token_ids = step["token_ids"]
                 self.progress.note(step["index"], token_ids, step["finish_reason"])
@@ -203,6 +207,7 @@ class Relay:
         chat chunks; True when the answer is over (as ``write_rendered``)."""
         assert self._stream, "whole answers of openai workers are not relayed"
         frames: list[bytes] = []
+        self.on_first_token()
         for event in batch:
             if event is None:
                 if not self.progress.num_steps:
@@ -269,6 +274,10 @@ class Relay:
             await self.response.write(data)
         except ConnectionResetError:
             exchange.status = CLIENT_CLOSED
+
+
+def _nothing() -> None:
+    """No attempt is listening for tokens."""
 
 
 def answered(exchange: Exchange) -> None:

@@ -101,6 +101,23 @@ def stalling_upstream(num_events: int, sent: asyncio.Event) -> web.Application:
     return app
 
 
+async def test_a_decoding_request_no_longer_counts_as_queued_prefill() -> None:
+    """In flight: the request until it ends, its prompt tokens only until the first
+    token (the worker's prefill is done), so the policy sees a decode, not a queue."""
+    sent = asyncio.Event()
+    async with serving(stalling_upstream(2, sent)) as up, \
+            running_router(make_config([up])) as (url, router):
+        body = {**PROMPT, "max_tokens": 40, "stream": True}
+        async with aiohttp.ClientSession() as session, \
+                session.post(f"{url}/v1/completions", json=body, headers=ALICE) as resp:
+            while not (await resp.content.readline()).startswith(b"data: {"):
+                pass
+            worker = router.registry.get("u0")
+            assert worker.num_in_flight_requests == 1
+            assert worker.num_in_flight_prompt_tokens == 0
+        await eventually(lambda: router.registry.get("u0").num_in_flight_requests == 0)
+
+
 async def test_a_stream_the_client_cuts_is_charged_for_what_it_received() -> None:
     sent = asyncio.Event()
     async with serving(stalling_upstream(5, sent)) as up, \
