@@ -69,6 +69,7 @@ class Engine:
         self._block_size = manager.block_size
         self._num_prompt_tokens = 0
         self._num_generation_tokens = 0
+        self._unwritten: dict[int, int] = {}
 
     # ---- requests ------------------------------------------------------------------
 
@@ -81,7 +82,8 @@ class Engine:
         arrival = time.monotonic() if arrival_time is None else arrival_time
         state = RequestState(request_id, request, arrival)
         self._requests[request_id] = state
-        seq = self._new_sequence(state, 0, list(request.prompt_token_ids))
+        seq = self._new_sequence(state, 0, list(request.prompt_token_ids),
+                                 request.prompt_key or b"")  # fmt: skip
         self.scheduler.add(seq)
 
     def abort_request(self, request_id: int) -> None:
@@ -100,6 +102,7 @@ class Engine:
         self._failures.clear()
         for request_id in list(self._requests):
             self.abort_request(request_id)
+        self._unwritten = {}
         return request_ids
 
     def has_work(self) -> bool:
@@ -111,8 +114,12 @@ class Engine:
     def step(self) -> dict[int, RequestOutput]:
         """Run one batch; returns outputs of the requests that produced tokens or
         failed alone. Raises only when the batch as a whole failed."""
-        chunks, inputs = self._prepare(self.scheduler.schedule())
-        outputs = self._postprocess(chunks, self._runner.execute(inputs)) if chunks else {}
+        chunks = self.scheduler.schedule()
+        self._unwritten = {chunk.seq.seq_id: chunk.num_computed_tokens for chunk in chunks}
+        chunks, inputs = self._prepare(chunks)
+        logits = self._runner.execute(inputs) if chunks else None
+        self._unwritten = {}
+        outputs = self._postprocess(chunks, logits) if logits is not None else {}
         outputs.update(self._failures)
         self._failures.clear()
         return outputs
@@ -133,10 +140,9 @@ class Engine:
         return [chunks[row] for row in kept], [inputs[row] for row in kept]
 
     def _step_input(self, chunk: ScheduledChunk) -> StepInput:
-        seq = chunk.seq
-        start = seq.num_computed_tokens
+        seq, start, num_new = chunk
         return StepInput(
-            token_ids=seq.token_ids[start : start + chunk.num_new_tokens],
+            token_ids=seq.token_ids[start : start + num_new],
             num_computed_tokens=start,
             block_table=self.manager.block_table(seq.seq_id),
         )
@@ -155,12 +161,12 @@ class Engine:
     ) -> dict[int, RequestOutput]:
         rows: list[int] = []
         to_sample: list[Sequence] = []
-        for row, chunk in enumerate(chunks):
-            seq = chunk.seq
-            seq.num_computed_tokens += chunk.num_new_tokens
-            if chunk.num_new_tokens > 1:
-                self._commit_full_blocks(seq)
-            if seq.num_uncomputed_tokens:
+        block_size = self._block_size
+        for row, (seq, start, num_new) in enumerate(chunks):
+            end = start + num_new
+            if num_new > 1 and end >= block_size:  # whole blocks, shareable at once
+                self.manager.commit(seq.seq_id, seq.key(end - end % block_size))
+            if end < len(seq.token_ids):
                 continue
             family = [seq] if seq.request.is_forked else self._fork(seq)
             rows.extend([row] * len(family))
@@ -236,7 +242,8 @@ class Engine:
 
     # ---- sequences -----------------------------------------------------------------
 
-    def _new_sequence(self, state: RequestState, index: int, token_ids: list[int]) -> Sequence:
+    def _new_sequence(self, state: RequestState, index: int, token_ids: list[int],
+                      key: bytes = b"") -> Sequence:
         params = state.request.params
         stop_checker = StopChecker(
             self._tokenizer, params, self._tokenizer.eos_token_ids, self._max_model_len
@@ -245,7 +252,7 @@ class Engine:
         if seed is not None:
             seed = (seed + index) % 2**63
         stop_checker.replay(token_ids[state.num_prompt_tokens:], state.num_prompt_tokens)
-        seq = Sequence(next(self._seq_ids), state, index, token_ids, stop_checker, seed)
+        seq = Sequence(next(self._seq_ids), state, index, token_ids, stop_checker, seed, key)
         state.sequences.append(seq)
         return seq
 
@@ -255,22 +262,23 @@ class Engine:
         state = parent.request
         family = [parent]
         for index in range(1, state.request.params.n):
-            child = self._new_sequence(state, index, list(parent.token_ids))
+            child = self._new_sequence(state, index, list(parent.token_ids),
+                                       parent.key(len(parent.token_ids)))  # fmt: skip
             self.manager.fork(parent.seq_id, child.seq_id)
-            child.num_computed_tokens = parent.num_computed_tokens
             self.scheduler.add_running(child)
             family.append(child)
         state.is_forked = True
         return family
 
-    def _commit_full_blocks(self, seq: Sequence) -> None:
-        num_tokens = seq.num_computed_tokens - seq.num_computed_tokens % self._block_size
-        if num_tokens:
-            self.manager.commit(seq.seq_id, seq.token_ids[:num_tokens])
-
     def _release(self, seq: Sequence) -> None:
+        """Commit what ``seq`` has computed and free it. Positions assigned to a step
+        that has not run (its request failed while preparing, or the batch failed) have
+        no KV yet: only those before the chunk are committed."""
         if seq.status is SequenceStatus.RUNNING:
-            self.manager.commit(seq.seq_id, seq.token_ids[: seq.num_computed_tokens])
+            num_written = self._unwritten.get(seq.seq_id)
+            if num_written is None:
+                num_written = self.manager.num_computed_tokens(seq.seq_id)
+            self.manager.commit(seq.seq_id, seq.key(num_written))
         self.scheduler.release(seq)
 
     # ---- observation ---------------------------------------------------------------
@@ -278,10 +286,9 @@ class Engine:
     def stats(self) -> EngineStats:
         """Load and KV counters now (engine thread; others read published copies)."""
         running = {seq.request.request_id for seq in self.scheduler.running}
-        waiting_tokens = sum(s.num_uncomputed_tokens for s in self.scheduler.waiting)
-        waiting_tokens += sum(
-            s.num_uncomputed_tokens for s in self.scheduler.running if s.num_uncomputed_tokens > 1
-        )
+        uncomputed = [self.scheduler.num_uncomputed_tokens(s) for s in self.scheduler.running]
+        waiting_tokens = sum(len(s.token_ids) for s in self.scheduler.waiting)
+        waiting_tokens += sum(n for n in uncomputed if n > 1)
         return EngineStats.collect(
             self.manager,
             num_requests_running=len(running),

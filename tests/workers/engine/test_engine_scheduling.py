@@ -13,10 +13,11 @@ def test_long_prompt_is_prefilled_in_chunks_then_decoded():
     computed = []
     for _ in range(3):
         assert engine.step() == {}, "no token before the prompt is fully computed"
-        computed.append(engine.scheduler.running[0].num_computed_tokens)
+        computed.append(engine.manager.num_computed_tokens(engine.scheduler.running[0].seq_id))
     outputs = engine.step()
     seq = engine.scheduler.running[0]
-    assert computed == [32, 64, 96] and seq.num_computed_tokens == 100
+    assert computed == [32, 64, 96] and engine.manager.num_computed_tokens(seq.seq_id) == 100
+    assert engine.scheduler.num_uncomputed_tokens(seq) == 1
     assert len(outputs[0].deltas[0].token_ids) == 1 and len(seq.token_ids) == 101
     assert set(engine.step()) == {0}, "then one decode step per token"
 
