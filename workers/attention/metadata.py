@@ -57,47 +57,55 @@ class AttentionMetadata:
         device: torch.device | str,
     ) -> AttentionMetadata:
         """Lay out a batch. Raises ValueError if a query is empty, a block table does
-        not cover its sequence's positions, or names a block outside ``[0, num_blocks)``."""
+        not cover its sequence's positions, or names a block outside ``[0, num_blocks)``.
+
+        The layout is computed in Python lists (one loop over sequences, C-level
+        ``range`` runs per block) and becomes one tensor per field: a step's metadata
+        costs a handful of tensor constructions whatever the batch."""
         num_seqs = len(query_lens)
         if not (num_seqs == len(num_computed_tokens) == len(block_tables)) or num_seqs == 0:
             raise ValueError(
                 "query_lens, num_computed_tokens and block_tables must be equal, non-empty"
             )
-        seq_lens = [
-            computed + new for computed, new in zip(num_computed_tokens, query_lens, strict=True)
-        ]
+        max_blocks = max(len(table) for table in block_tables)
+        positions: list[int] = []
+        slots: list[int] = []
+        query_start = [0]
+        seq_lens: list[int] = []
+        flat_tables: list[int] = []
         for b, (new, computed, table) in enumerate(
             zip(query_lens, num_computed_tokens, block_tables, strict=True)
         ):
+            end = computed + new
             if new <= 0 or computed < 0:
                 raise ValueError(f"sequence {b}: needs >= 1 new token and >= 0 computed tokens")
-            if len(table) * block_size < seq_lens[b]:
+            if len(table) * block_size < end:
                 raise ValueError(
-                    f"sequence {b}: {len(table)} blocks of {block_size} cannot hold {seq_lens[b]} tokens"
+                    f"sequence {b}: {len(table)} blocks of {block_size} cannot hold {end} tokens"
                 )
-        max_blocks = max(len(table) for table in block_tables)
-        padded = torch.tensor(
-            [[*table, *([0] * (max_blocks - len(table)))] for table in block_tables],
-            dtype=torch.int32,
-        )
-        if padded.numel() and not 0 <= int(padded.min()) <= int(padded.max()) < num_blocks:
-            raise ValueError(f"block table names a block outside [0, {num_blocks})")
-        query_lens_t = torch.tensor(query_lens, dtype=torch.int64)
-        seq_index = torch.repeat_interleave(torch.arange(num_seqs), query_lens_t)
-        query_start = torch.zeros(num_seqs + 1, dtype=torch.int64)
-        query_start[1:] = torch.cumsum(query_lens_t, 0)
-        computed_t = torch.tensor(num_computed_tokens, dtype=torch.int64)
-        positions = (
-            torch.arange(int(query_start[-1])) - query_start[seq_index] + computed_t[seq_index]
-        )
-        blocks = padded[seq_index, positions // block_size].long()
-        slot_mapping = blocks * block_size + positions % block_size
+            if table and not 0 <= min(table) <= max(table) < num_blocks:
+                raise ValueError(f"block table names a block outside [0, {num_blocks})")
+            if new == 1:
+                positions.append(computed)
+                slots.append(table[computed // block_size] * block_size + computed % block_size)
+            else:
+                positions.extend(range(computed, end))
+                for k in range(computed // block_size, (end - 1) // block_size + 1):
+                    base = (table[k] - k) * block_size
+                    first, last = max(computed, k * block_size), min(end, (k + 1) * block_size)
+                    slots.extend(range(base + first, base + last))
+            query_start.append(query_start[-1] + new)
+            seq_lens.append(end)
+            flat_tables.extend(table)
+            flat_tables.extend([0] * (max_blocks - len(table)))
         return cls(
-            positions=positions.to(device),
-            slot_mapping=slot_mapping.to(device),
-            query_start_loc=query_start.to(torch.int32).to(device),
-            seq_lens=torch.tensor(seq_lens, dtype=torch.int32).to(device),
-            block_tables=padded.to(device),
+            positions=torch.tensor(positions, dtype=torch.int64, device=device),
+            slot_mapping=torch.tensor(slots, dtype=torch.int64, device=device),
+            query_start_loc=torch.tensor(query_start, dtype=torch.int32, device=device),
+            seq_lens=torch.tensor(seq_lens, dtype=torch.int32, device=device),
+            block_tables=torch.tensor(flat_tables, dtype=torch.int32, device=device).view(
+                num_seqs, max_blocks
+            ),
             max_query_len=max(query_lens),
             max_seq_len=max(seq_lens),
         )

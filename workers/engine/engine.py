@@ -168,23 +168,34 @@ class Engine:
                 self.manager.commit(seq.seq_id, seq.key(end - end % block_size))
             if end < len(seq.token_ids):
                 continue
-            family = [seq] if seq.request.is_forked else self._fork(seq)
-            rows.extend([row] * len(family))
-            to_sample.extend(family)
+            if seq.request.is_forked:
+                rows.append(row)
+                to_sample.append(seq)
+            else:
+                family = self._fork(seq)
+                rows.extend([row] * len(family))
+                to_sample.extend(family)
         if not to_sample:
             return {}
         deltas: dict[int, list[ChoiceDelta]] = {}
+        requests = self._requests
+        now = time.monotonic()
         for seq, token_id in zip(to_sample, self._sample(logits, rows, to_sample), strict=True):
-            if token_id is None or seq.request.request_id not in self._requests:
+            request_id = seq.request.request_id
+            if token_id is None or request_id not in requests:
                 continue
             try:
-                delta = self._append(seq, token_id)
+                delta = self._append(seq, token_id, now)
             except Exception:
                 self._fail(seq.request, "detokenizing")
                 continue
-            deltas.setdefault(seq.request.request_id, []).append(delta)
-        return {rid: self._output(self._requests[rid], items) for rid, items in deltas.items()
-                if rid in self._requests}
+            items = deltas.get(request_id)
+            if items is None:
+                deltas[request_id] = [delta]
+            else:
+                items.append(delta)
+        return {rid: self._output(requests[rid], items) for rid, items in deltas.items()
+                if rid in requests}
 
     def _sample(self, logits: torch.Tensor, rows: list[int], seqs: list[Sequence]
                 ) -> list[int | None]:
@@ -210,18 +221,17 @@ class Engine:
                 token_ids[i] = token_id
         return token_ids
 
-    def _append(self, seq: Sequence, token_id: int) -> ChoiceDelta:
+    def _append(self, seq: Sequence, token_id: int, now: float) -> ChoiceDelta:
         previous_time = seq.last_token_time
-        seq.append_token(token_id)
+        seq.append_token(token_id, now)
         self._num_generation_tokens += 1
         if previous_time is None:
             num_prompt_tokens = seq.request.num_prompt_tokens
-            self._metrics.observe_ttft(seq.last_token_time - seq.request.arrival_time,
-                                       num_prompt_tokens)
+            self._metrics.observe_ttft(now - seq.request.arrival_time, num_prompt_tokens)
             if seq.index == 0:
                 self._num_prompt_tokens += num_prompt_tokens
         else:
-            self._metrics.observe_tpot(seq.last_token_time - previous_time)
+            self._metrics.observe_tpot(now - previous_time)
         step = seq.stop_checker.append(token_id, len(seq.token_ids))
         if step.finish_reason is not None:
             seq.finish_reason = step.finish_reason
@@ -229,7 +239,9 @@ class Engine:
         return ChoiceDelta(seq.index, (token_id,), step.text, step.finish_reason)
 
     def _output(self, state: RequestState, deltas: list[ChoiceDelta]) -> RequestOutput:
-        if not state.is_finished:
+        """The request's output for this step; a request can only have finished in a
+        step where one of its choices did."""
+        if not any(delta.finish_reason for delta in deltas) or not state.is_finished:
             return RequestOutput(tuple(deltas))
         del self._requests[state.request_id]
         self._metrics.observe_finished(state.num_prompt_tokens, state.num_completion_tokens())
@@ -311,6 +323,6 @@ def _sample_rows(logits: torch.Tensor, rows: list[int], seqs: list[Sequence]) ->
     generators = [None if seq.seed is None
                   else position_generator(seq.seed, len(seq.token_ids), logits.device)
                   for seq in seqs]
-    token_ids = sample(logits[rows], [seq.request.request.params.sampling for seq in seqs],
-                       generators)
-    return [int(token_id) for token_id in token_ids]
+    if rows != list(range(logits.shape[0])):  # a decode-only batch samples every row once
+        logits = logits[rows]
+    return sample(logits, [seq.request.request.params.sampling for seq in seqs], generators)

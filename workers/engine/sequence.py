@@ -12,7 +12,6 @@ Only the engine thread touches these objects.
 
 from __future__ import annotations
 
-import time
 from enum import Enum
 
 from radix.keys import TOKEN_BYTES, to_key
@@ -111,10 +110,11 @@ class Sequence:
         """Tokens generated so far."""
         return len(self.token_ids) - self.request.num_prompt_tokens
 
-    def append_token(self, token_id: int) -> None:
-        """Add one sampled token (its KV is computed by the next step)."""
+    def append_token(self, token_id: int, now: float) -> None:
+        """Add one sampled token (its KV is computed by the next step) sampled at
+        ``now`` (``time.monotonic``)."""
         self.token_ids.append(token_id)
-        self.last_token_time = time.monotonic()
+        self.last_token_time = now
 
     def __repr__(self) -> str:
         return (
