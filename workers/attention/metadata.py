@@ -60,8 +60,8 @@ class AttentionMetadata:
         not cover its sequence's positions, or names a block outside ``[0, num_blocks)``.
 
         The layout is computed in Python lists (one loop over sequences, C-level
-        ``range`` runs per block) and becomes one tensor per field: a step's metadata
-        costs a handful of tensor constructions whatever the batch."""
+        ``range`` runs per block) and becomes two tensors (int64 and int32, one copy
+        each to the device) whose contiguous slices are the fields."""
         num_seqs = len(query_lens)
         if not (num_seqs == len(num_computed_tokens) == len(block_tables)) or num_seqs == 0:
             raise ValueError(
@@ -83,8 +83,6 @@ class AttentionMetadata:
                 raise ValueError(
                     f"sequence {b}: {len(table)} blocks of {block_size} cannot hold {end} tokens"
                 )
-            if table and not 0 <= min(table) <= max(table) < num_blocks:
-                raise ValueError(f"block table names a block outside [0, {num_blocks})")
             if new == 1:
                 positions.append(computed)
                 slots.append(table[computed // block_size] * block_size + computed % block_size)
@@ -98,14 +96,17 @@ class AttentionMetadata:
             seq_lens.append(end)
             flat_tables.extend(table)
             flat_tables.extend([0] * (max_blocks - len(table)))
+        if not 0 <= min(flat_tables) <= max(flat_tables) < num_blocks:  # padding is block 0
+            raise ValueError(f"block table names a block outside [0, {num_blocks})")
+        num_tokens = len(positions)
+        longs = torch.tensor(positions + slots, dtype=torch.int64, device=device)
+        ints = torch.tensor(query_start + seq_lens + flat_tables, dtype=torch.int32, device=device)
         return cls(
-            positions=torch.tensor(positions, dtype=torch.int64, device=device),
-            slot_mapping=torch.tensor(slots, dtype=torch.int64, device=device),
-            query_start_loc=torch.tensor(query_start, dtype=torch.int32, device=device),
-            seq_lens=torch.tensor(seq_lens, dtype=torch.int32, device=device),
-            block_tables=torch.tensor(flat_tables, dtype=torch.int32, device=device).view(
-                num_seqs, max_blocks
-            ),
+            positions=longs[:num_tokens],
+            slot_mapping=longs[num_tokens:],
+            query_start_loc=ints[: num_seqs + 1],
+            seq_lens=ints[num_seqs + 1 : 2 * num_seqs + 1],
+            block_tables=ints[2 * num_seqs + 1 :].view(num_seqs, max_blocks),
             max_query_len=max(query_lens),
             max_seq_len=max(seq_lens),
         )

@@ -203,7 +203,7 @@ class Engine:
         request's rows are sampled on their own so that only the request at fault
         fails (None for its rows)."""
         try:
-            return list(_sample_rows(logits, rows, seqs))
+            return _sample_rows(logits, rows, seqs)
         except Exception:
             log.warning("batched sampling failed; sampling each request on its own")
         by_request: dict[int, list[int]] = {}

@@ -99,10 +99,10 @@ class Scheduler:
         chunks: list[ScheduledChunk] = []
         scheduled: set[int] = set()
         num_preemptions = self.num_preemptions
-        computed = self._manager.num_computed_tokens
+        manager = self._manager
         decodes, prefills = [], []
         for seq in self.running:
-            start = computed(seq.seq_id)
+            start = manager.num_computed_tokens(seq.seq_id)
             (prefills if len(seq.token_ids) - start > 1 else decodes).append((seq, start))
         for seq, start in decodes + prefills:
             if budget == 0:
@@ -110,7 +110,7 @@ class Scheduler:
             if seq.status is not SequenceStatus.RUNNING:
                 continue
             num_new = min(len(seq.token_ids) - start, budget)
-            if self._reserve(seq, num_new, scheduled):
+            if manager.append_slots(seq.seq_id, num_new) or self._reserve(seq, num_new, scheduled):
                 chunks.append(ScheduledChunk(seq, start, num_new))
                 scheduled.add(seq.seq_id)
                 budget -= num_new
@@ -119,15 +119,17 @@ class Scheduler:
         return chunks
 
     def _reserve(self, seq: Sequence, num_new: int, scheduled: set[int]) -> bool:
-        """Slots for ``num_new`` tokens of ``seq``, preempting the newest unscheduled
-        sequences until they fit (a preempted sequence's KV count is gone, so its
-        start taken before is never used). False when ``seq`` had to preempt itself."""
-        while not self._manager.append_slots(seq.seq_id, num_new):
+        """Slots for ``num_new`` tokens of ``seq`` once they did not fit, preempting the
+        newest unscheduled sequences until they do (a preempted sequence's KV count is
+        gone, so its start taken before is never used). False when ``seq`` had to
+        preempt itself."""
+        while True:
             victim = next(s for s in reversed(self.running) if s.seq_id not in scheduled)
             self._preempt(victim)
             if victim is seq:
                 return False
-        return True
+            if self._manager.append_slots(seq.seq_id, num_new):
+                return True
 
     def _preempt(self, seq: Sequence) -> None:
         mode = self._config.preemption_mode

@@ -72,7 +72,7 @@ class KVCacheStats:
 class _SeqState:
     """One admitted sequence. ``num_computed_tokens`` is the only count of its positions
     with KV written or assigned to the step being prepared (the engine reads it, see
-    docs/kv-cache.md); ``num_committed_tokens`` what its last commit cached."""
+    docs/kv-cache.md)."""
 
     block_table: list[BlockId]
     num_computed_tokens: int
@@ -80,7 +80,6 @@ class _SeqState:
     num_public_tokens: int
     lock: Node | None
     extra_blocks: list[BlockId]
-    num_committed_tokens: int = 0
 
 
 class KVCacheManager:
@@ -243,10 +242,10 @@ class KVCacheManager:
         blocks while the sequence still runs: a cached partial block is copied on the
         sequence's next write into it.
 
-        Incremental: given a key, nothing is encoded; a commit of what the sequence
-        committed last time is a no-op; otherwise only the path below its previous
-        lock is scanned for blocks to hold (the tree insert itself walks the path by
-        ``memcmp``), so committing after each prefill chunk is not quadratic in Python."""
+        Incremental: given a key, nothing is encoded, and only the path below the
+        sequence's previous lock is scanned for blocks to hold (the tree insert itself
+        walks the path by ``memcmp``), so committing after each prefill chunk does not
+        redo the work of the chunks before."""
         seq = self._seqs[seq_id]
         is_key = isinstance(token_ids, bytes)
         num_given = len(token_ids) // TOKEN_BYTES if is_key else len(token_ids)
@@ -256,7 +255,7 @@ class KVCacheManager:
                 f"cannot commit {count} tokens of sequence {seq_id} "
                 f"({seq.num_computed_tokens} computed, {num_given} given)"
             )
-        if count == 0 or count == seq.num_committed_tokens:
+        if count == 0:
             return
         if is_key:
             key = token_ids if count == num_given else token_ids[: count * TOKEN_BYTES]
@@ -274,7 +273,6 @@ class KVCacheManager:
         previous_lock, seq.lock = seq.lock, node
         self._extend_lock_path(seq, previous_lock)
         self.prefix_cache.unlock(previous_lock)
-        seq.num_committed_tokens = count
 
     def fork(self, parent_seq_id: SeqId, child_seq_id: SeqId) -> None:
         """Start ``child_seq_id`` sharing every block of ``parent_seq_id`` (each copied on
@@ -293,7 +291,6 @@ class KVCacheManager:
             parent.num_public_tokens,
             parent.lock,
             list(parent.extra_blocks),
-            parent.num_committed_tokens,
         )
 
     def free(self, seq_id: SeqId) -> None:

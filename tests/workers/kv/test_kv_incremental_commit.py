@@ -60,7 +60,7 @@ def test_chunked_commits_equal_one_commit(prompts, chunks, public, as_key):
     assert _run(prompts, chunks, public, incremental=True, as_key=not as_key) == one
 
 
-def test_a_repeated_commit_is_a_no_op_and_a_key_needs_its_computed_tokens():
+def test_a_repeated_commit_adds_nothing_and_a_key_needs_its_computed_tokens():
     manager = make_manager(8, B)
     tokens = list(range(10))
     manager.admit(1, to_key(tokens), "t1")
