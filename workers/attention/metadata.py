@@ -14,6 +14,7 @@ position ``p`` of sequence ``b`` lives in slot
 
 from __future__ import annotations
 
+from array import array
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -99,8 +100,8 @@ class AttentionMetadata:
         if not 0 <= min(flat_tables) <= max(flat_tables) < num_blocks:  # padding is block 0
             raise ValueError(f"block table names a block outside [0, {num_blocks})")
         num_tokens = len(positions)
-        longs = torch.tensor(positions + slots, dtype=torch.int64, device=device)
-        ints = torch.tensor(query_start + seq_lens + flat_tables, dtype=torch.int32, device=device)
+        longs = int_tensor("q", positions + slots, device)
+        ints = int_tensor("i", query_start + seq_lens + flat_tables, device)
         return cls(
             positions=longs[:num_tokens],
             slot_mapping=longs[num_tokens:],
@@ -110,3 +111,11 @@ class AttentionMetadata:
             max_query_len=max(query_lens),
             max_seq_len=max(seq_lens),
         )
+
+
+def int_tensor(typecode: str, values: list[int], device: torch.device | str) -> torch.Tensor:
+    """``values`` as a 1-D int64 (``typecode`` "q") or int32 ("i") tensor on ``device``,
+    packed by ``array`` at C speed (``torch.tensor`` of a list converts each int in
+    Python). ``values`` must not be empty."""
+    dtype = torch.int64 if typecode == "q" else torch.int32
+    return torch.frombuffer(array(typecode, values), dtype=dtype).to(device)

@@ -15,7 +15,7 @@ from typing import NamedTuple
 import torch
 
 from workers.attention.backend import LayerKVCache
-from workers.attention.metadata import AttentionMetadata
+from workers.attention.metadata import AttentionMetadata, int_tensor
 from workers.kv.scales import KVScales
 from workers.model.llama import LlamaForCausalLM
 
@@ -104,10 +104,8 @@ class ModelRunner:
             self.num_blocks,
             self.device,
         )
-        input_ids = torch.tensor(
-            list(chain.from_iterable(step.token_ids for step in batch)),
-            dtype=torch.int64, device=self.device,
-        )  # fmt: skip
+        input_ids = int_tensor("q", list(chain.from_iterable(step.token_ids for step in batch)),
+                               self.device)  # fmt: skip
         with torch.inference_mode():
             hidden = self.model(input_ids, self.caches, metadata)
             if metadata.max_query_len > 1:  # else token b is sequence b's last already
