@@ -69,7 +69,6 @@ class Engine:
         self._block_size = manager.block_size
         self._num_prompt_tokens = 0
         self._num_generation_tokens = 0
-        self._unwritten: dict[int, int] = {}
 
     # ---- requests ------------------------------------------------------------------
 
@@ -102,7 +101,7 @@ class Engine:
         self._failures.clear()
         for request_id in list(self._requests):
             self.abort_request(request_id)
-        self._unwritten = {}
+        self.scheduler.end_step()
         return request_ids
 
     def has_work(self) -> bool:
@@ -114,11 +113,9 @@ class Engine:
     def step(self) -> dict[int, RequestOutput]:
         """Run one batch; returns outputs of the requests that produced tokens or
         failed alone. Raises only when the batch as a whole failed."""
-        chunks = self.scheduler.schedule()
-        self._unwritten = {chunk.seq.seq_id: chunk.num_computed_tokens for chunk in chunks}
-        chunks, inputs = self._prepare(chunks)
+        chunks, inputs = self._prepare(self.scheduler.schedule())
         logits = self._runner.execute(inputs) if chunks else None
-        self._unwritten = {}
+        self.scheduler.end_step()
         outputs = self._postprocess(chunks, logits) if logits is not None else {}
         outputs.update(self._failures)
         self._failures.clear()
@@ -287,10 +284,7 @@ class Engine:
         that has not run (its request failed while preparing, or the batch failed) have
         no KV yet: only those before the chunk are committed."""
         if seq.status is SequenceStatus.RUNNING:
-            num_written = self._unwritten.get(seq.seq_id)
-            if num_written is None:
-                num_written = self.manager.num_computed_tokens(seq.seq_id)
-            self.manager.commit(seq.seq_id, seq.key(num_written))
+            self.manager.commit(seq.seq_id, seq.key(self.scheduler.num_written_tokens(seq)))
         self.scheduler.release(seq)
 
     # ---- observation ---------------------------------------------------------------

@@ -66,6 +66,7 @@ class Scheduler:
         self.num_swaps = 0
         self.num_stalls = 0
         self._stalled_seq_id: int | None = None
+        self._in_flight: dict[int, int] = {}  # seq_id -> start of its chunk this step
 
     def add(self, seq: Sequence) -> None:
         """Queue a new sequence for admission."""
@@ -87,6 +88,18 @@ class Scheduler:
             self._manager.free(seq.seq_id)
         seq.status = SequenceStatus.FINISHED
 
+    def num_written_tokens(self, seq: Sequence) -> int:
+        """Positions of running ``seq`` whose KV is written: the KV manager's count, or,
+        while a chunk of it is in flight (scheduled, its step not ended), the chunk's
+        start. What to commit when ``seq`` is released at any moment."""
+        start = self._in_flight.get(seq.seq_id)
+        return self._manager.num_computed_tokens(seq.seq_id) if start is None else start
+
+    def end_step(self) -> None:
+        """The step of the last ``schedule`` is over: its model call returned (its
+        positions have KV), or every request was released after it failed."""
+        self._in_flight = {}
+
     def num_uncomputed_tokens(self, seq: Sequence) -> int:
         """Tokens of ``seq`` without KV (all of them while it is not running)."""
         if seq.status is not SequenceStatus.RUNNING:
@@ -94,8 +107,10 @@ class Scheduler:
         return len(seq.token_ids) - self._manager.num_computed_tokens(seq.seq_id)
 
     def schedule(self) -> list[ScheduledChunk]:
-        """Pick this step's work (see the module docstring for the policy)."""
+        """Pick this step's work (see the module docstring for the policy); its chunks
+        are in flight until ``end_step``."""
         budget = self._config.max_batched_tokens
+        self._in_flight = in_flight = {}
         chunks: list[ScheduledChunk] = []
         scheduled: set[int] = set()
         num_preemptions = self.num_preemptions
@@ -112,6 +127,7 @@ class Scheduler:
             num_new = min(len(seq.token_ids) - start, budget)
             if manager.append_slots(seq.seq_id, num_new) or self._reserve(seq, num_new, scheduled):
                 chunks.append(ScheduledChunk(seq, start, num_new))
+                in_flight[seq.seq_id] = start
                 scheduled.add(seq.seq_id)
                 budget -= num_new
         if self.num_preemptions == num_preemptions:
@@ -173,6 +189,7 @@ class Scheduler:
                 self._preempt(seq)
                 break
             chunks.append(ScheduledChunk(seq, num_cached, num_new))
+            self._in_flight[seq.seq_id] = num_cached
             budget -= num_new
         return chunks
 
