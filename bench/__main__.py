@@ -15,6 +15,7 @@ from pathlib import Path
 from bench import (
     e2e,
     e2e_worker_bench,
+    engine_overhead,
     host_tier_bench,
     index_bench,
     kv_bench,
@@ -35,6 +36,7 @@ BENCHMARKS: dict[str, Callable[[list[str]], dict]] = {
     "model": model_bench.main,
     "smollm2": smollm2_bench.main,
     "e2e_worker": e2e_worker_bench.main,
+    "engine_overhead": engine_overhead.main,
     "host_tier": host_tier_bench.main,
     "index": index_bench.main,
     "routing_real": routing_real.main,

@@ -125,9 +125,10 @@ def token_id_list(value: object, param: str, vocab_size: int, max_len: int | Non
     return tuple(value)
 
 
-def token_ids_b64(value: object, param: str, vocab_size: int) -> tuple[int, ...]:
+def token_ids_b64(value: object, param: str, vocab_size: int) -> tuple[bytes, tuple[int, ...]]:
     """Token ids sent as base64 of their ``radix.keys`` encoding (4 little-endian bytes
-    per id), all in ``[0, vocab_size)``. Decoding is linear and runs at C speed."""
+    per id), all in ``[0, vocab_size)``: the decoded key and its ids. Decoding is
+    linear and runs at C speed."""
     if not isinstance(value, str) or not value:
         raise bad_request(f"{param} must be a non-empty base64 string", param)
     try:
@@ -143,7 +144,7 @@ def token_ids_b64(value: object, param: str, vocab_size: int) -> tuple[int, ...]
     token_ids = from_key(raw)
     if max(token_ids) >= vocab_size:
         raise bad_request(f"{param} must hold token ids in [0, {vocab_size})", param)
-    return tuple(token_ids)
+    return raw, tuple(token_ids)
 
 
 def describe(value: object) -> str:

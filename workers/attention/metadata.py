@@ -14,6 +14,7 @@ position ``p`` of sequence ``b`` lives in slot
 
 from __future__ import annotations
 
+from array import array
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -57,47 +58,64 @@ class AttentionMetadata:
         device: torch.device | str,
     ) -> AttentionMetadata:
         """Lay out a batch. Raises ValueError if a query is empty, a block table does
-        not cover its sequence's positions, or names a block outside ``[0, num_blocks)``."""
+        not cover its sequence's positions, or names a block outside ``[0, num_blocks)``.
+
+        The layout is computed in Python lists (one loop over sequences, C-level
+        ``range`` runs per block) and becomes two tensors (int64 and int32, one copy
+        each to the device) whose contiguous slices are the fields."""
         num_seqs = len(query_lens)
         if not (num_seqs == len(num_computed_tokens) == len(block_tables)) or num_seqs == 0:
             raise ValueError(
                 "query_lens, num_computed_tokens and block_tables must be equal, non-empty"
             )
-        seq_lens = [
-            computed + new for computed, new in zip(num_computed_tokens, query_lens, strict=True)
-        ]
+        max_blocks = max(len(table) for table in block_tables)
+        positions: list[int] = []
+        slots: list[int] = []
+        query_start = [0]
+        seq_lens: list[int] = []
+        flat_tables: list[int] = []
         for b, (new, computed, table) in enumerate(
             zip(query_lens, num_computed_tokens, block_tables, strict=True)
         ):
+            end = computed + new
             if new <= 0 or computed < 0:
                 raise ValueError(f"sequence {b}: needs >= 1 new token and >= 0 computed tokens")
-            if len(table) * block_size < seq_lens[b]:
+            if len(table) * block_size < end:
                 raise ValueError(
-                    f"sequence {b}: {len(table)} blocks of {block_size} cannot hold {seq_lens[b]} tokens"
+                    f"sequence {b}: {len(table)} blocks of {block_size} cannot hold {end} tokens"
                 )
-        max_blocks = max(len(table) for table in block_tables)
-        padded = torch.tensor(
-            [[*table, *([0] * (max_blocks - len(table)))] for table in block_tables],
-            dtype=torch.int32,
-        )
-        if padded.numel() and not 0 <= int(padded.min()) <= int(padded.max()) < num_blocks:
+            if new == 1:
+                positions.append(computed)
+                slots.append(table[computed // block_size] * block_size + computed % block_size)
+            else:
+                positions.extend(range(computed, end))
+                for k in range(computed // block_size, (end - 1) // block_size + 1):
+                    base = (table[k] - k) * block_size
+                    first, last = max(computed, k * block_size), min(end, (k + 1) * block_size)
+                    slots.extend(range(base + first, base + last))
+            query_start.append(query_start[-1] + new)
+            seq_lens.append(end)
+            flat_tables.extend(table)
+            flat_tables.extend([0] * (max_blocks - len(table)))
+        if not 0 <= min(flat_tables) <= max(flat_tables) < num_blocks:  # padding is block 0
             raise ValueError(f"block table names a block outside [0, {num_blocks})")
-        query_lens_t = torch.tensor(query_lens, dtype=torch.int64)
-        seq_index = torch.repeat_interleave(torch.arange(num_seqs), query_lens_t)
-        query_start = torch.zeros(num_seqs + 1, dtype=torch.int64)
-        query_start[1:] = torch.cumsum(query_lens_t, 0)
-        computed_t = torch.tensor(num_computed_tokens, dtype=torch.int64)
-        positions = (
-            torch.arange(int(query_start[-1])) - query_start[seq_index] + computed_t[seq_index]
-        )
-        blocks = padded[seq_index, positions // block_size].long()
-        slot_mapping = blocks * block_size + positions % block_size
+        num_tokens = len(positions)
+        longs = int_tensor("q", positions + slots, device)
+        ints = int_tensor("i", query_start + seq_lens + flat_tables, device)
         return cls(
-            positions=positions.to(device),
-            slot_mapping=slot_mapping.to(device),
-            query_start_loc=query_start.to(torch.int32).to(device),
-            seq_lens=torch.tensor(seq_lens, dtype=torch.int32).to(device),
-            block_tables=padded.to(device),
+            positions=longs[:num_tokens],
+            slot_mapping=longs[num_tokens:],
+            query_start_loc=ints[: num_seqs + 1],
+            seq_lens=ints[num_seqs + 1 : 2 * num_seqs + 1],
+            block_tables=ints[2 * num_seqs + 1 :].view(num_seqs, max_blocks),
             max_query_len=max(query_lens),
             max_seq_len=max(seq_lens),
         )
+
+
+def int_tensor(typecode: str, values: list[int], device: torch.device | str) -> torch.Tensor:
+    """``values`` as a 1-D int64 (``typecode`` "q") or int32 ("i") tensor on ``device``,
+    packed by ``array`` at C speed (``torch.tensor`` of a list converts each int in
+    Python). ``values`` must not be empty."""
+    dtype = torch.int64 if typecode == "q" else torch.int32
+    return torch.frombuffer(array(typecode, values), dtype=dtype).to(device)

@@ -81,7 +81,8 @@ class Engine:
         arrival = time.monotonic() if arrival_time is None else arrival_time
         state = RequestState(request_id, request, arrival)
         self._requests[request_id] = state
-        seq = self._new_sequence(state, 0, list(request.prompt_token_ids))
+        seq = self._new_sequence(state, 0, list(request.prompt_token_ids),
+                                 request.prompt_key or b"")  # fmt: skip
         self.scheduler.add(seq)
 
     def abort_request(self, request_id: int) -> None:
@@ -100,6 +101,7 @@ class Engine:
         self._failures.clear()
         for request_id in list(self._requests):
             self.abort_request(request_id)
+        self.scheduler.end_step()
         return request_ids
 
     def has_work(self) -> bool:
@@ -112,7 +114,9 @@ class Engine:
         """Run one batch; returns outputs of the requests that produced tokens or
         failed alone. Raises only when the batch as a whole failed."""
         chunks, inputs = self._prepare(self.scheduler.schedule())
-        outputs = self._postprocess(chunks, self._runner.execute(inputs)) if chunks else {}
+        logits = self._runner.execute(inputs) if chunks else None
+        self.scheduler.end_step()
+        outputs = self._postprocess(chunks, logits) if logits is not None else {}
         outputs.update(self._failures)
         self._failures.clear()
         return outputs
@@ -133,10 +137,9 @@ class Engine:
         return [chunks[row] for row in kept], [inputs[row] for row in kept]
 
     def _step_input(self, chunk: ScheduledChunk) -> StepInput:
-        seq = chunk.seq
-        start = seq.num_computed_tokens
+        seq, start, num_new = chunk
         return StepInput(
-            token_ids=seq.token_ids[start : start + chunk.num_new_tokens],
+            token_ids=seq.token_ids[start : start + num_new],
             num_computed_tokens=start,
             block_table=self.manager.block_table(seq.seq_id),
         )
@@ -155,30 +158,41 @@ class Engine:
     ) -> dict[int, RequestOutput]:
         rows: list[int] = []
         to_sample: list[Sequence] = []
-        for row, chunk in enumerate(chunks):
-            seq = chunk.seq
-            seq.num_computed_tokens += chunk.num_new_tokens
-            if chunk.num_new_tokens > 1:
-                self._commit_full_blocks(seq)
-            if seq.num_uncomputed_tokens:
+        block_size = self._block_size
+        for row, (seq, start, num_new) in enumerate(chunks):
+            end = start + num_new
+            if num_new > 1 and end >= block_size:  # whole blocks, shareable at once
+                self.manager.commit(seq.seq_id, seq.key(end - end % block_size))
+            if end < len(seq.token_ids):
                 continue
-            family = [seq] if seq.request.is_forked else self._fork(seq)
-            rows.extend([row] * len(family))
-            to_sample.extend(family)
+            if seq.request.is_forked:
+                rows.append(row)
+                to_sample.append(seq)
+            else:
+                family = self._fork(seq)
+                rows.extend([row] * len(family))
+                to_sample.extend(family)
         if not to_sample:
             return {}
         deltas: dict[int, list[ChoiceDelta]] = {}
+        requests = self._requests
+        now = time.monotonic()
         for seq, token_id in zip(to_sample, self._sample(logits, rows, to_sample), strict=True):
-            if token_id is None or seq.request.request_id not in self._requests:
+            request_id = seq.request.request_id
+            if token_id is None or request_id not in requests:
                 continue
             try:
-                delta = self._append(seq, token_id)
+                delta = self._append(seq, token_id, now)
             except Exception:
                 self._fail(seq.request, "detokenizing")
                 continue
-            deltas.setdefault(seq.request.request_id, []).append(delta)
-        return {rid: self._output(self._requests[rid], items) for rid, items in deltas.items()
-                if rid in self._requests}
+            items = deltas.get(request_id)
+            if items is None:
+                deltas[request_id] = [delta]
+            else:
+                items.append(delta)
+        return {rid: self._output(requests[rid], items) for rid, items in deltas.items()
+                if rid in requests}
 
     def _sample(self, logits: torch.Tensor, rows: list[int], seqs: list[Sequence]
                 ) -> list[int | None]:
@@ -186,7 +200,7 @@ class Engine:
         request's rows are sampled on their own so that only the request at fault
         fails (None for its rows)."""
         try:
-            return list(_sample_rows(logits, rows, seqs))
+            return _sample_rows(logits, rows, seqs)
         except Exception:
             log.warning("batched sampling failed; sampling each request on its own")
         by_request: dict[int, list[int]] = {}
@@ -204,18 +218,17 @@ class Engine:
                 token_ids[i] = token_id
         return token_ids
 
-    def _append(self, seq: Sequence, token_id: int) -> ChoiceDelta:
+    def _append(self, seq: Sequence, token_id: int, now: float) -> ChoiceDelta:
         previous_time = seq.last_token_time
-        seq.append_token(token_id)
+        seq.append_token(token_id, now)
         self._num_generation_tokens += 1
         if previous_time is None:
             num_prompt_tokens = seq.request.num_prompt_tokens
-            self._metrics.observe_ttft(seq.last_token_time - seq.request.arrival_time,
-                                       num_prompt_tokens)
+            self._metrics.observe_ttft(now - seq.request.arrival_time, num_prompt_tokens)
             if seq.index == 0:
                 self._num_prompt_tokens += num_prompt_tokens
         else:
-            self._metrics.observe_tpot(seq.last_token_time - previous_time)
+            self._metrics.observe_tpot(now - previous_time)
         step = seq.stop_checker.append(token_id, len(seq.token_ids))
         if step.finish_reason is not None:
             seq.finish_reason = step.finish_reason
@@ -223,7 +236,9 @@ class Engine:
         return ChoiceDelta(seq.index, (token_id,), step.text, step.finish_reason)
 
     def _output(self, state: RequestState, deltas: list[ChoiceDelta]) -> RequestOutput:
-        if not state.is_finished:
+        """The request's output for this step; a request can only have finished in a
+        step where one of its choices did."""
+        if not any(delta.finish_reason for delta in deltas) or not state.is_finished:
             return RequestOutput(tuple(deltas))
         del self._requests[state.request_id]
         self._metrics.observe_finished(state.num_prompt_tokens, state.num_completion_tokens())
@@ -236,7 +251,8 @@ class Engine:
 
     # ---- sequences -----------------------------------------------------------------
 
-    def _new_sequence(self, state: RequestState, index: int, token_ids: list[int]) -> Sequence:
+    def _new_sequence(self, state: RequestState, index: int, token_ids: list[int],
+                      key: bytes = b"") -> Sequence:
         params = state.request.params
         stop_checker = StopChecker(
             self._tokenizer, params, self._tokenizer.eos_token_ids, self._max_model_len
@@ -245,7 +261,7 @@ class Engine:
         if seed is not None:
             seed = (seed + index) % 2**63
         stop_checker.replay(token_ids[state.num_prompt_tokens:], state.num_prompt_tokens)
-        seq = Sequence(next(self._seq_ids), state, index, token_ids, stop_checker, seed)
+        seq = Sequence(next(self._seq_ids), state, index, token_ids, stop_checker, seed, key)
         state.sequences.append(seq)
         return seq
 
@@ -255,22 +271,20 @@ class Engine:
         state = parent.request
         family = [parent]
         for index in range(1, state.request.params.n):
-            child = self._new_sequence(state, index, list(parent.token_ids))
+            child = self._new_sequence(state, index, list(parent.token_ids),
+                                       parent.key(len(parent.token_ids)))  # fmt: skip
             self.manager.fork(parent.seq_id, child.seq_id)
-            child.num_computed_tokens = parent.num_computed_tokens
             self.scheduler.add_running(child)
             family.append(child)
         state.is_forked = True
         return family
 
-    def _commit_full_blocks(self, seq: Sequence) -> None:
-        num_tokens = seq.num_computed_tokens - seq.num_computed_tokens % self._block_size
-        if num_tokens:
-            self.manager.commit(seq.seq_id, seq.token_ids[:num_tokens])
-
     def _release(self, seq: Sequence) -> None:
+        """Commit what ``seq`` has computed and free it. Positions assigned to a step
+        that has not run (its request failed while preparing, or the batch failed) have
+        no KV yet: only those before the chunk are committed."""
         if seq.status is SequenceStatus.RUNNING:
-            self.manager.commit(seq.seq_id, seq.token_ids[: seq.num_computed_tokens])
+            self.manager.commit(seq.seq_id, seq.key(self.scheduler.num_written_tokens(seq)))
         self.scheduler.release(seq)
 
     # ---- observation ---------------------------------------------------------------
@@ -278,10 +292,9 @@ class Engine:
     def stats(self) -> EngineStats:
         """Load and KV counters now (engine thread; others read published copies)."""
         running = {seq.request.request_id for seq in self.scheduler.running}
-        waiting_tokens = sum(s.num_uncomputed_tokens for s in self.scheduler.waiting)
-        waiting_tokens += sum(
-            s.num_uncomputed_tokens for s in self.scheduler.running if s.num_uncomputed_tokens > 1
-        )
+        uncomputed = [self.scheduler.num_uncomputed_tokens(s) for s in self.scheduler.running]
+        waiting_tokens = sum(len(s.token_ids) for s in self.scheduler.waiting)
+        waiting_tokens += sum(n for n in uncomputed if n > 1)
         return EngineStats.collect(
             self.manager,
             num_requests_running=len(running),
@@ -304,6 +317,6 @@ def _sample_rows(logits: torch.Tensor, rows: list[int], seqs: list[Sequence]) ->
     generators = [None if seq.seed is None
                   else position_generator(seq.seed, len(seq.token_ids), logits.device)
                   for seq in seqs]
-    token_ids = sample(logits[rows], [seq.request.request.params.sampling for seq in seqs],
-                       generators)
-    return [int(token_id) for token_id in token_ids]
+    if rows != list(range(logits.shape[0])):  # a decode-only batch samples every row once
+        logits = logits[rows]
+    return sample(logits, [seq.request.request.params.sampling for seq in seqs], generators)

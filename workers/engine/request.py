@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
+from radix.keys import TOKEN_BYTES
 from workers.model.sampler import SamplingParams
 
 FinishReason = Literal["stop", "length"]
@@ -42,6 +43,10 @@ class GenerationRequest:
     request already delivered (a resume: ``n`` is then 1): they count as completion
     tokens in ``max_tokens``, stop strings and usage, and their text is not sent again.
     ``max_cached_tokens`` is the scope's prefix-cache quota (None: none).
+    ``prompt_key`` is the prompt's radix key (``radix.keys.to_key``) when the caller
+    already holds it (``/generate`` keeps the bytes of ``token_ids_b64``), so the
+    engine never encodes the prompt again; None: encoded at admission. Its length is
+    checked, its content is the caller's guarantee.
     """
 
     prompt_token_ids: tuple[int, ...]
@@ -50,6 +55,13 @@ class GenerationRequest:
     num_public_tokens: int = 0
     num_resumed_tokens: int = 0
     max_cached_tokens: int | None = None
+    prompt_key: bytes | None = None
+
+    def __post_init__(self) -> None:
+        key = self.prompt_key
+        if key is not None and len(key) != TOKEN_BYTES * len(self.prompt_token_ids):
+            raise ValueError(f"prompt_key has {len(key)} bytes for "
+                             f"{len(self.prompt_token_ids)} prompt tokens")  # fmt: skip
 
 
 @dataclass(frozen=True)

@@ -32,8 +32,9 @@ from __future__ import annotations
 
 import logging
 from collections import deque
-from dataclasses import dataclass
+from typing import NamedTuple
 
+from radix.keys import TOKEN_BYTES
 from workers.config import EngineConfig
 from workers.engine.sequence import Sequence, SequenceStatus
 from workers.kv.manager import KVCacheManager
@@ -41,12 +42,14 @@ from workers.kv.manager import KVCacheManager
 log = logging.getLogger(__name__)
 
 
-@dataclass(frozen=True)
-class ScheduledChunk:
-    """``num_new_tokens`` tokens of ``seq`` to compute this step, from its
-    ``num_computed_tokens`` on (slots already reserved)."""
+class ScheduledChunk(NamedTuple):
+    """Positions ``[num_computed_tokens, num_computed_tokens + num_new_tokens)`` of
+    ``seq`` to compute this step (slots already reserved). ``num_computed_tokens`` is
+    the KV manager's count when the chunk was scheduled: the positions whose KV was
+    written before this step."""
 
     seq: Sequence
+    num_computed_tokens: int
     num_new_tokens: int
 
 
@@ -63,6 +66,7 @@ class Scheduler:
         self.num_swaps = 0
         self.num_stalls = 0
         self._stalled_seq_id: int | None = None
+        self._in_flight: dict[int, int] = {}  # seq_id -> start of its chunk this step
 
     def add(self, seq: Sequence) -> None:
         """Queue a new sequence for admission."""
@@ -84,20 +88,46 @@ class Scheduler:
             self._manager.free(seq.seq_id)
         seq.status = SequenceStatus.FINISHED
 
+    def num_written_tokens(self, seq: Sequence) -> int:
+        """Positions of running ``seq`` whose KV is written: the KV manager's count, or,
+        while a chunk of it is in flight (scheduled, its step not ended), the chunk's
+        start. What to commit when ``seq`` is released at any moment."""
+        start = self._in_flight.get(seq.seq_id)
+        return self._manager.num_computed_tokens(seq.seq_id) if start is None else start
+
+    def end_step(self) -> None:
+        """The step of the last ``schedule`` is over: its model call returned (its
+        positions have KV), or every request was released after it failed."""
+        self._in_flight = {}
+
+    def num_uncomputed_tokens(self, seq: Sequence) -> int:
+        """Tokens of ``seq`` without KV (all of them while it is not running)."""
+        if seq.status is not SequenceStatus.RUNNING:
+            return len(seq.token_ids)
+        return len(seq.token_ids) - self._manager.num_computed_tokens(seq.seq_id)
+
     def schedule(self) -> list[ScheduledChunk]:
-        """Pick this step's work (see the module docstring for the policy)."""
+        """Pick this step's work (see the module docstring for the policy); its chunks
+        are in flight until ``end_step``."""
         budget = self._config.max_batched_tokens
+        self._in_flight = in_flight = {}
         chunks: list[ScheduledChunk] = []
         scheduled: set[int] = set()
         num_preemptions = self.num_preemptions
-        for seq in sorted(self.running, key=lambda s: s.num_uncomputed_tokens > 1):
+        manager = self._manager
+        decodes, prefills = [], []
+        for seq in self.running:
+            start = manager.num_computed_tokens(seq.seq_id)
+            (prefills if len(seq.token_ids) - start > 1 else decodes).append((seq, start))
+        for seq, start in decodes + prefills:
             if budget == 0:
                 break
             if seq.status is not SequenceStatus.RUNNING:
                 continue
-            num_new = min(seq.num_uncomputed_tokens, budget)
-            if self._reserve(seq, num_new, scheduled):
-                chunks.append(ScheduledChunk(seq, num_new))
+            num_new = min(len(seq.token_ids) - start, budget)
+            if manager.append_slots(seq.seq_id, num_new) or self._reserve(seq, num_new, scheduled):
+                chunks.append(ScheduledChunk(seq, start, num_new))
+                in_flight[seq.seq_id] = start
                 scheduled.add(seq.seq_id)
                 budget -= num_new
         if self.num_preemptions == num_preemptions:
@@ -105,27 +135,30 @@ class Scheduler:
         return chunks
 
     def _reserve(self, seq: Sequence, num_new: int, scheduled: set[int]) -> bool:
-        """Slots for ``num_new`` tokens of ``seq``, preempting the newest unscheduled
-        sequences until they fit. False when ``seq`` had to preempt itself."""
-        while not self._manager.append_slots(seq.seq_id, num_new):
+        """Slots for ``num_new`` tokens of ``seq`` once they did not fit, preempting the
+        newest unscheduled sequences until they do (a preempted sequence's KV count is
+        gone, so its start taken before is never used). False when ``seq`` had to
+        preempt itself."""
+        while True:
             victim = next(s for s in reversed(self.running) if s.seq_id not in scheduled)
             self._preempt(victim)
             if victim is seq:
                 return False
-        return True
+            if self._manager.append_slots(seq.seq_id, num_new):
+                return True
 
     def _preempt(self, seq: Sequence) -> None:
         mode = self._config.preemption_mode
+        key = seq.key(self._manager.num_computed_tokens(seq.seq_id))
         if mode == "swap" or (
-            mode == "auto" and seq.num_computed_tokens >= self._config.swap_min_tokens
+            mode == "auto" and len(key) // TOKEN_BYTES >= self._config.swap_min_tokens
         ):
-            self._manager.swap_out(seq.seq_id, seq.token_ids)
+            self._manager.swap_out(seq.seq_id, key)
             self.num_swaps += 1
         else:
-            self._manager.commit(seq.seq_id, seq.token_ids[: seq.num_computed_tokens])
+            self._manager.commit(seq.seq_id, key)
             self._manager.free(seq.seq_id)
         self.running.remove(seq)
-        seq.num_computed_tokens = 0
         seq.status = SequenceStatus.WAITING
         self.waiting.appendleft(seq)
         self.num_preemptions += 1
@@ -139,7 +172,7 @@ class Scheduler:
             if self.running and len(self.running) + num_seqs > self._config.max_num_seqs:
                 break
             num_cached = self._manager.admit(
-                seq.seq_id, seq.token_ids, request.request.scope,
+                seq.seq_id, seq.key(len(seq.token_ids)), request.request.scope,
                 request.request.num_public_tokens, request.request.max_cached_tokens,
             )  # fmt: skip
             if num_cached is None:
@@ -149,14 +182,14 @@ class Scheduler:
             self.waiting.popleft()
             if request.num_cached_tokens is None:
                 request.num_cached_tokens = num_cached
-            seq.num_computed_tokens = num_cached
             seq.status = SequenceStatus.RUNNING
             self.running.append(seq)
-            num_new = min(seq.num_uncomputed_tokens, budget)
+            num_new = min(len(seq.token_ids) - num_cached, budget)
             if not self._manager.append_slots(seq.seq_id, num_new):
                 self._preempt(seq)
                 break
-            chunks.append(ScheduledChunk(seq, num_new))
+            chunks.append(ScheduledChunk(seq, num_cached, num_new))
+            self._in_flight[seq.seq_id] = num_cached
             budget -= num_new
         return chunks
 

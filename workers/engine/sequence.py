@@ -1,10 +1,10 @@
 """Engine-side state of requests and their sequences (one sequence per choice).
 
 A ``Sequence`` is what the scheduler and the KV manager see: token ids (prompt then
-output) and how many of them have KV written (``num_computed_tokens``). The tokens
-``[num_computed_tokens, len(token_ids))`` are still to be computed: the whole prompt
-when new, a chunk's remainder during chunked prefill, the last sampled token while
-decoding, and everything again after a preemption (recompute). A sampled token is
+output) and their radix key (``key``, encoded once per token). How many of them have
+KV is the KV manager's count (``KVCacheManager.num_computed_tokens``), the only one:
+a sequence that is not admitted has none, so everything is still to be computed (the
+whole prompt when new, everything again after a preemption). A sampled token is
 appended only when a step computed the sequence up to its last token.
 
 Only the engine thread touches these objects.
@@ -12,9 +12,9 @@ Only the engine thread touches these objects.
 
 from __future__ import annotations
 
-import time
 from enum import Enum
 
+from radix.keys import TOKEN_BYTES, to_key
 from workers.engine.request import FinishReason, GenerationRequest
 from workers.engine.stopping import StopChecker
 
@@ -58,14 +58,14 @@ class RequestState:
 
 
 class Sequence:
-    """One choice of a request: token ids, KV progress and stop state."""
+    """One choice of a request: token ids, their key, and stop state."""
 
     __slots__ = (
         "seq_id",
         "request",
         "index",
         "token_ids",
-        "num_computed_tokens",
+        "_key",
         "status",
         "stop_checker",
         "seed",
@@ -81,35 +81,43 @@ class Sequence:
         token_ids: list[int],
         stop_checker: StopChecker,
         seed: int | None,
+        key: bytes = b"",
     ) -> None:
         self.seq_id = seq_id
         self.request = request
         self.index = index
         self.token_ids = token_ids
-        self.num_computed_tokens = 0
+        self._key = key
         self.status = SequenceStatus.WAITING
         self.stop_checker = stop_checker
         self.seed = seed
         self.finish_reason: FinishReason | None = None
         self.last_token_time: float | None = None
 
-    @property
-    def num_uncomputed_tokens(self) -> int:
-        """Tokens whose KV is not written yet (at least 1 while unfinished)."""
-        return len(self.token_ids) - self.num_computed_tokens
+    def key(self, num_tokens: int) -> bytes:
+        """The radix key (``radix.keys.to_key``) of the first ``num_tokens`` token ids.
+        Each token is encoded once: the key given at construction (a prefix of the
+        tokens' key, e.g. the bytes a request arrived as) is extended only by the
+        tokens not encoded before."""
+        key = self._key
+        num_known = len(key) // TOKEN_BYTES
+        if num_tokens > num_known:
+            key = self._key = key + to_key(self.token_ids[num_known:num_tokens])
+        return key if len(key) == num_tokens * TOKEN_BYTES else key[: num_tokens * TOKEN_BYTES]
 
     @property
     def num_output_tokens(self) -> int:
         """Tokens generated so far."""
         return len(self.token_ids) - self.request.num_prompt_tokens
 
-    def append_token(self, token_id: int) -> None:
-        """Add one sampled token (its KV is computed by the next step)."""
+    def append_token(self, token_id: int, now: float) -> None:
+        """Add one sampled token (its KV is computed by the next step) sampled at
+        ``now`` (``time.monotonic``)."""
         self.token_ids.append(token_id)
-        self.last_token_time = time.monotonic()
+        self.last_token_time = now
 
     def __repr__(self) -> str:
         return (
             f"Sequence(id={self.seq_id}, status={self.status.value}, "
-            f"computed={self.num_computed_tokens}/{len(self.token_ids)})"
+            f"tokens={len(self.token_ids)})"
         )

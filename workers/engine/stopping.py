@@ -58,7 +58,7 @@ class StopChecker:
         if token_id in self._stop_ids:
             return self._finish("stop")
         self._pending += self._decoder.feed((token_id,))
-        if self._find_stop(self._pending) is not None:
+        if self._stop_strings and self._find_stop(self._pending) is not None:
             return self._finish("stop")
         if self.num_output_tokens >= self._max_tokens or num_total_tokens >= self._max_total_tokens:
             return self._finish("length")
@@ -89,6 +89,9 @@ class StopChecker:
         return min(positions) if positions else None
 
     def _take_final(self) -> str:
+        if not self._holdback:
+            text, self._pending = self._pending, ""
+            return text
         keep = min(self._holdback, len(self._pending))
         final_len = len(self._pending) - keep
         text, self._pending = self._pending[:final_len], self._pending[final_len:]

@@ -70,6 +70,10 @@ class KVCacheStats:
 
 @dataclass(slots=True)
 class _SeqState:
+    """One admitted sequence. ``num_computed_tokens`` is the only count of its positions
+    with KV written or assigned to the step being prepared (the engine reads it, see
+    docs/kv-cache.md)."""
+
     block_table: list[BlockId]
     num_computed_tokens: int
     scope: Scope
@@ -98,19 +102,20 @@ class KVCacheManager:
     def admit(
         self,
         seq_id: SeqId,
-        token_ids: Sequence[int],
+        token_ids: Sequence[int] | bytes,
         scope: Scope,
         num_public_tokens: int = 0,
         max_cached_tokens: int | None = None,
     ) -> int | None:
-        """Start ``seq_id``: match the prompt in the prefix cache (at most ``len - 1``
+        """Start ``seq_id``: match the prompt (token ids, or their ``radix.keys`` key,
+        which saves encoding them) in the prefix cache (at most ``len - 1``
         tokens, so the last one is always computed), lock and share the matched blocks,
         and reserve every block the prompt needs. Returns the number of cached tokens
         (= ``num_computed_tokens``), or None, holding nothing, when the blocks are not
         there even after eviction. ``num_public_tokens`` (a multiple of the block size)
         leading tokens are cached under ``PUBLIC`` at commit. ``max_cached_tokens`` is
         ``scope``'s cache quota (see ``PrefixCache.set_quota``; None: none)."""
-        num_tokens = len(token_ids)
+        num_tokens = len(token_ids) // TOKEN_BYTES if isinstance(token_ids, bytes) else len(token_ids)
         if seq_id in self._seqs:
             raise ValueError(f"sequence {seq_id} is already admitted")
         if num_tokens == 0:
@@ -121,7 +126,7 @@ class KVCacheManager:
                 f" got {num_public_tokens}"
             )
         self.prefix_cache.set_quota(scope, max_cached_tokens)
-        key = to_key(token_ids)
+        key = _key(token_ids)
         seq = None
         num_hit_tokens: int | None = num_tokens - 1
         while seq is None and num_hit_tokens is not None:
@@ -166,15 +171,16 @@ class KVCacheManager:
         cache.unlock(hit.node)
         return cache.match(key, scope) if num_restored else hit
 
-    def swap_out(self, seq_id: SeqId, token_ids: Sequence[int]) -> int:
+    def swap_out(self, seq_id: SeqId, token_ids: Sequence[int] | bytes) -> int:
         """Preempt ``seq_id`` by swapping: cache its first ``num_computed_tokens`` of
-        ``token_ids``, free it, and evict its own now-unlocked leaves to the host tier
-        (dropped when there is none). Returns the blocks freed by that eviction."""
+        ``token_ids`` (or of their key), free it, and evict its own now-unlocked leaves
+        to the host tier (dropped when there is none). Returns the blocks freed by that
+        eviction."""
         seq = self._seqs[seq_id]
-        count = seq.num_computed_tokens
-        self.commit(seq_id, token_ids[:count])
+        key = _key(token_ids)[: seq.num_computed_tokens * TOKEN_BYTES]
+        self.commit(seq_id, key)
         self.free(seq_id)
-        return self.prefix_cache.evict_path(to_key(token_ids[:count]), seq.scope)
+        return self.prefix_cache.evict_path(key, seq.scope)
 
     def _smaller_hit(self, num_hit_tokens: int) -> int | None:
         """The prefix hit to try after one of ``num_hit_tokens`` did not fit, or None:
@@ -192,15 +198,24 @@ class KVCacheManager:
         caller writes exactly those positions in the step it prepares. Shared blocks in
         that range are copied first. False, holding nothing new, when out of blocks
         even after eviction (the engine preempts)."""
-        if num_new_tokens < 0:
-            raise ValueError(f"num_new_tokens must be >= 0, got {num_new_tokens}")
         seq = self._seqs[seq_id]
         end = seq.num_computed_tokens + num_new_tokens
+        if num_new_tokens == 1 and self._append_in_place(seq):
+            seq.num_computed_tokens = end
+            return True
+        if num_new_tokens < 0:
+            raise ValueError(f"num_new_tokens must be >= 0, got {num_new_tokens}")
         if not self._make_room(self._num_blocks_needed(seq, end)):
             return False
         self._reserve(seq, end)
         seq.num_computed_tokens = end
         return True
+
+    def _append_in_place(self, seq: _SeqState) -> bool:
+        """Whether the next position falls in a block ``seq`` may already write (the
+        decode step's common case: no block to allocate, copy or evict)."""
+        k = seq.num_computed_tokens // self.block_size
+        return k < len(seq.block_table) and self.pool.is_writable(seq.block_table[k])
 
     def block_table(self, seq_id: SeqId) -> list[int]:
         """A copy of the physical block ids of ``seq_id``'s logical blocks."""
@@ -215,23 +230,37 @@ class KVCacheManager:
         return self._seqs[seq_id].num_computed_tokens
 
     def commit(
-        self, seq_id: SeqId, token_ids: Sequence[int], num_computed_tokens: int | None = None
+        self,
+        seq_id: SeqId,
+        token_ids: Sequence[int] | bytes,
+        num_computed_tokens: int | None = None,
     ) -> None:
         """Cache the first ``num_computed_tokens`` (default: all) of ``token_ids``, the
-        sequence's tokens: its public part under ``PUBLIC``, the rest under its scope.
-        Tokens already cached are not re-referenced. The sequence's lock moves to the
-        inserted path. Pass whole blocks while the sequence still runs: a cached
-        partial block is copied on the sequence's next write into it."""
+        sequence's tokens (or their ``radix.keys`` key): its public part under
+        ``PUBLIC``, the rest under its scope. Tokens already cached are not
+        re-referenced. The sequence's lock moves to the inserted path. Pass whole
+        blocks while the sequence still runs: a cached partial block is copied on the
+        sequence's next write into it.
+
+        Incremental: given a key, nothing is encoded, and only the path below the
+        sequence's previous lock is scanned for blocks to hold (the tree insert itself
+        walks the path by ``memcmp``), so committing after each prefill chunk does not
+        redo the work of the chunks before."""
         seq = self._seqs[seq_id]
-        count = len(token_ids) if num_computed_tokens is None else num_computed_tokens
-        if not 0 <= count <= min(len(token_ids), seq.num_computed_tokens):
+        is_key = isinstance(token_ids, bytes)
+        num_given = len(token_ids) // TOKEN_BYTES if is_key else len(token_ids)
+        count = num_given if num_computed_tokens is None else num_computed_tokens
+        if not 0 <= count <= min(num_given, seq.num_computed_tokens):
             raise ValueError(
                 f"cannot commit {count} tokens of sequence {seq_id} "
-                f"({seq.num_computed_tokens} computed, {len(token_ids)} given)"
+                f"({seq.num_computed_tokens} computed, {num_given} given)"
             )
         if count == 0:
             return
-        key = to_key(token_ids[:count])
+        if is_key:
+            key = token_ids if count == num_given else token_ids[: count * TOKEN_BYTES]
+        else:
+            key = to_key(token_ids[:count])
         num_public = min(seq.num_public_tokens, count)
         node = None
         if num_public:
@@ -242,7 +271,7 @@ class KVCacheManager:
             node = self.prefix_cache.insert(key, seq.scope, seq.block_table)
         self.prefix_cache.lock(node)
         previous_lock, seq.lock = seq.lock, node
-        self._hold_lock_path(seq)
+        self._extend_lock_path(seq, previous_lock)
         self.prefix_cache.unlock(previous_lock)
 
     def fork(self, parent_seq_id: SeqId, child_seq_id: SeqId) -> None:
@@ -314,6 +343,20 @@ class KVCacheManager:
             self.pool.decref([source for source, _ in copies])
             self._num_cow_copies += len(copies)
 
+    def _extend_lock_path(self, seq: _SeqState, previous_lock: Node | None) -> None:
+        """``_hold_lock_path`` after the lock moved from ``previous_lock``: when that node
+        is on the new path, only the nodes below it are scanned (the blocks named above
+        it are held already, and the table did not change for them)."""
+        added = self.prefix_cache.blocks_beyond_since(seq.lock, seq.block_table, previous_lock)
+        if added is None:
+            self._hold_lock_path(seq)
+            return
+        held = set(seq.extra_blocks)
+        new = [block for block in added if block not in held]
+        if new:
+            self.pool.incref(new)
+            seq.extra_blocks = sorted([*seq.extra_blocks, *new])
+
     def _hold_lock_path(self, seq: _SeqState) -> None:
         """Reference exactly the blocks ``seq``'s locked path names beyond its table."""
         extra = self.prefix_cache.blocks_beyond(seq.lock, seq.block_table)
@@ -369,7 +412,14 @@ class KVCacheManager:
             assert len(set(table)) == len(table), f"sequence {seq_id} holds a block twice"
             assert len(table) * self.block_size >= seq.num_computed_tokens, f"{seq_id}: short table"
             assert not set(seq.extra_blocks) & set(table), f"sequence {seq_id} holds a block twice"
+            assert seq.extra_blocks == self.prefix_cache.blocks_beyond(seq.lock, table), (
+                f"sequence {seq_id}: extra blocks are not exactly those its lock names")
             held.update(table)
             held.update(seq.extra_blocks)
         for block in range(self.pool.num_total_blocks):
             assert self.pool.refcount(BlockId(block)) == held[BlockId(block)], f"block {block} refs"
+
+
+def _key(token_ids: Sequence[int] | bytes) -> bytes:
+    """``token_ids`` as a radix key; a key is passed through unchanged."""
+    return token_ids if isinstance(token_ids, bytes) else to_key(token_ids)

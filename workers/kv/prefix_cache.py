@@ -70,6 +70,15 @@ class PrefixCache(ABC):
         sequence references is evictable, and admission can count on it."""
 
     @abstractmethod
+    def blocks_beyond_since(
+        self, node: Node | None, block_table: Sequence[BlockId], since: Node | None
+    ) -> list[BlockId] | None:
+        """``blocks_beyond`` for the nodes on the path to ``node`` below ``since`` only
+        (``since`` None: the whole path), or None when ``since`` is not on that path. A
+        lock moved from ``since`` down to ``node`` needs only these on top of the blocks
+        it held."""
+
+    @abstractmethod
     def insert(self, key: bytes, scope: Scope, block_table: Sequence[BlockId]) -> Node | None:
         """Cache ``key`` for ``scope``; the tokens not cached yet take their KV from
         ``block_table`` (which must hold valid KV for all of ``key``). Returns the node
@@ -143,6 +152,12 @@ class NullPrefixCache(PrefixCache):
         """No-op."""
 
     def blocks_beyond(self, node: Node | None, block_table: Sequence[BlockId]) -> list[BlockId]:
+        """Nothing is ever locked."""
+        return []
+
+    def blocks_beyond_since(
+        self, node: Node | None, block_table: Sequence[BlockId], since: Node | None
+    ) -> list[BlockId] | None:
         """Nothing is ever locked."""
         return []
 

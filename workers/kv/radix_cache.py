@@ -121,9 +121,23 @@ class RadixPrefixCache(PrefixCache):
         """Blocks named on the path to ``node`` that ``block_table`` does not hold at their
         logical block: where an edge ends inside a block that a later sequence copied
         on write, or where another sequence cached the same tokens first."""
+        beyond = self.blocks_beyond_since(node, block_table, None)
+        assert beyond is not None  # the walk always reaches the root
+        return beyond
+
+    def blocks_beyond_since(
+        self, node: Node | None, block_table: Sequence[BlockId], since: Node | None
+    ) -> list[BlockId] | None:
+        """``blocks_beyond`` over the path's nodes below ``since`` (None: all); None
+        when the walk reaches the root without meeting ``since``."""
         beyond: set[BlockId] = set()
         num_table_blocks = len(block_table)
-        while node is not None and node is not self.tree.root:
+        root = self.tree.root
+        node = root if node is None else node
+        stop = root if since is None else since
+        while node is not stop:
+            if node is root:
+                return None
             at = node.start
             for block, count in self._runs(node):
                 k = at // self._block_size

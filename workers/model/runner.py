@@ -9,18 +9,18 @@ out, writes the new tokens' K/V into their slots and returns next-token logits.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from itertools import chain
+from typing import NamedTuple
 
 import torch
 
 from workers.attention.backend import LayerKVCache
-from workers.attention.metadata import AttentionMetadata
+from workers.attention.metadata import AttentionMetadata, int_tensor
 from workers.kv.scales import KVScales
 from workers.model.llama import LlamaForCausalLM
 
 
-@dataclass(frozen=True)
-class StepInput:
+class StepInput(NamedTuple):
     """One sequence's share of a step.
 
     ``token_ids``: new tokens computed now (a prefill chunk, or one decode token).
@@ -104,9 +104,10 @@ class ModelRunner:
             self.num_blocks,
             self.device,
         )
-        input_ids = torch.tensor(
-            [token for step in batch for token in step.token_ids], dtype=torch.int64
-        ).to(self.device)
+        input_ids = int_tensor("q", list(chain.from_iterable(step.token_ids for step in batch)),
+                               self.device)  # fmt: skip
         with torch.inference_mode():
             hidden = self.model(input_ids, self.caches, metadata)
-            return self.model.compute_logits(hidden[metadata.last_token_indices])
+            if metadata.max_query_len > 1:  # else token b is sequence b's last already
+                hidden = hidden[metadata.last_token_indices]
+            return self.model.compute_logits(hidden)

@@ -49,15 +49,16 @@ def _usage(usage: Usage) -> dict[str, int]:
     }
 
 
-def _prompt_ids(fields: Fields, vocab_size: int) -> tuple[str, tuple[int, ...]]:
-    """The field that carried the prompt and its token ids; 400 unless exactly one of
-    ``token_ids`` and ``token_ids_b64`` is given."""
+def _prompt_ids(fields: Fields, vocab_size: int) -> tuple[str, tuple[int, ...], bytes | None]:
+    """The field that carried the prompt, its token ids, and its radix key when it came
+    as one (``token_ids_b64``: the engine keeps those bytes instead of encoding the ids
+    again); 400 unless exactly one of ``token_ids`` and ``token_ids_b64`` is given."""
     if fields.has("token_ids_b64"):
         if fields.has("token_ids"):
             raise bad_request("give exactly one of token_ids and token_ids_b64", "token_ids")
-        return "token_ids_b64", token_ids_b64(fields.raw("token_ids_b64"), "token_ids_b64",
-                                              vocab_size)
-    return "token_ids", token_id_list(fields.raw("token_ids"), "token_ids", vocab_size)
+        key, token_ids = token_ids_b64(fields.raw("token_ids_b64"), "token_ids_b64", vocab_size)
+        return "token_ids_b64", token_ids, key
+    return "token_ids", token_id_list(fields.raw("token_ids"), "token_ids", vocab_size), None
 
 
 async def generate(request: web.Request) -> web.StreamResponse:
@@ -66,7 +67,7 @@ async def generate(request: web.Request) -> web.StreamResponse:
     limits = state.limits
     fields = await read_fields(request)
     request_id = fields.string("request_id", None, MAX_ID_LEN) or uuid.uuid4().hex
-    prompt_param, token_ids = _prompt_ids(fields, limits.vocab_size)
+    prompt_param, token_ids, prompt_key = _prompt_ids(fields, limits.vocab_size)
     scope = fields.string("scope", "anonymous", MAX_ID_LEN) or "anonymous"
     num_public = fields.integer("num_public_tokens", 0, lo=0, hi=len(token_ids)) or 0
     if num_public % limits.block_size:
@@ -83,6 +84,7 @@ async def generate(request: web.Request) -> web.StreamResponse:
     engine_request = generation_request(
         token_ids, sampling, limits, prompt_param, scope=scope, num_public_tokens=num_public,
         num_resumed_tokens=num_resumed, max_cached_tokens=max_cached_tokens,
+        prompt_key=prompt_key,
     )  # fmt: skip
     timeout_s = state.config.request_timeout_s
     if fields.has("render"):

@@ -3,6 +3,7 @@ out, and its invariants."""
 
 from __future__ import annotations
 
+import pytest
 from engine_support import make_engine, prompt, request, run
 
 
@@ -47,7 +48,10 @@ def test_newest_sequence_is_preempted_and_requeued_first():
         engine.step()
         engine.manager.check_invariants()
     victim = engine.scheduler.waiting[0]
-    assert victim.request.request_id == 1 and victim.num_computed_tokens == 0
+    assert victim.request.request_id == 1
+    assert engine.scheduler.num_uncomputed_tokens(victim) == len(victim.token_ids)
+    with pytest.raises(KeyError):  # a preempted sequence has no KV count at all
+        engine.manager.num_computed_tokens(victim.seq_id)
     assert [s.request.request_id for s in engine.scheduler.running] == [0]
     results = run(engine, {})
     assert results[1].finish_reason[0] == "length"

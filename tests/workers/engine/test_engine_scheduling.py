@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 from engine_support import BLOCK_SIZE, Result, collect, make_engine, prompt, request, run
 
 from workers.engine.sequence import SequenceStatus
@@ -13,10 +14,11 @@ def test_long_prompt_is_prefilled_in_chunks_then_decoded():
     computed = []
     for _ in range(3):
         assert engine.step() == {}, "no token before the prompt is fully computed"
-        computed.append(engine.scheduler.running[0].num_computed_tokens)
+        computed.append(engine.manager.num_computed_tokens(engine.scheduler.running[0].seq_id))
     outputs = engine.step()
     seq = engine.scheduler.running[0]
-    assert computed == [32, 64, 96] and seq.num_computed_tokens == 100
+    assert computed == [32, 64, 96] and engine.manager.num_computed_tokens(seq.seq_id) == 100
+    assert engine.scheduler.num_uncomputed_tokens(seq) == 1
     assert len(outputs[0].deltas[0].token_ids) == 1 and len(seq.token_ids) == 101
     assert set(engine.step()) == {0}, "then one decode step per token"
 
@@ -98,3 +100,22 @@ def test_abort_releases_every_block_at_once():
     assert stats.num_used_blocks == 0
     assert stats.num_cached_blocks >= (50 + 30) // BLOCK_SIZE, "computed tokens stay cached"
     assert not engine.has_work()
+
+
+def test_a_failed_batch_caches_only_the_positions_written_before_it():
+    engine = make_engine(max_batched_tokens=16)
+    engine.add_request(0, request(prompt(40), max_tokens=3))
+    engine.step()  # 16 prompt tokens computed and committed
+    seq = engine.scheduler.running[0]
+
+    def fail(inputs):
+        raise RuntimeError("device fault")
+
+    engine._runner.execute = fail
+    with pytest.raises(RuntimeError):
+        engine.step()  # positions 16..31 were assigned, never written
+    assert engine.manager.num_computed_tokens(seq.seq_id) == 32
+    assert engine.scheduler.num_written_tokens(seq) == 16
+    assert engine.abort_all() == [0]
+    assert engine.manager.stats().num_cached_tokens == 16
+    engine.manager.check_invariants()
