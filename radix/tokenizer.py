@@ -14,6 +14,7 @@ No torch here: the router imports this module.
 
 from __future__ import annotations
 
+import codecs
 import functools
 import hashlib
 import json
@@ -160,6 +161,32 @@ class PromptTokenizer:
         """Text of ``token_ids``; incomplete UTF-8 sequences decode to U+FFFD."""
         return self._tokenizer.decode(list(token_ids), skip_special_tokens=skip_special_tokens)
 
+    @functools.cached_property
+    def byte_pieces(self) -> tuple[bytes, ...] | None:
+        """The bytes each token id decodes to (``b""`` for special tokens, which
+        ``decode`` skips) when decoding is plain byte-level BPE: a ``ByteLevel``
+        decoder, every vocabulary token spelled in GPT-2's byte alphabet, every added
+        token printable ASCII (the same bytes however it is read). ``decode`` is then
+        the lossy UTF-8 decoding of the ids' pieces joined. None for any other
+        tokenizer."""
+        spec = json.loads(self.tokenizer_json)
+        if (spec.get("decoder") or {}).get("type") != "ByteLevel":
+            return None
+        byte_of = {char: byte for byte, char in enumerate(byte_alphabet())}
+        pieces: list[bytes | None] = [None] * self.vocab_size
+        for token, token_id in self._tokenizer.get_vocab(with_added_tokens=False).items():
+            if token_id >= self.vocab_size or any(char not in byte_of for char in token):
+                return None
+            pieces[token_id] = bytes(byte_of[char] for char in token)
+        for added in spec.get("added_tokens") or ():
+            content = added["content"]
+            if not content.isascii() or not all("!" <= char <= "~" for char in content):
+                return None
+            pieces[added["id"]] = b"" if added["special"] else content.encode()
+        if any(piece is None for piece in pieces):
+            return None
+        return tuple(piece for piece in pieces if piece is not None)
+
     def apply_chat_template(
         self, messages: Sequence[Mapping[str, Any]], add_generation_prompt: bool = True
     ) -> str:
@@ -230,10 +257,13 @@ class IncrementalDecoder:
     """Turns a stream of token ids into a stream of text without splitting characters.
 
     ``feed`` returns only text not returned before, and never text ending in an
-    incomplete UTF-8 sequence (a decoded tail of U+FFFD is held back until more ids
-    arrive). ``flush`` returns whatever is held back. Decoding works on a window
-    starting a few tokens back, so tokenizers that drop a leading space on the first
-    token still produce the same text as decoding everything at once.
+    incomplete UTF-8 sequence (it is held back until more ids arrive). ``flush``
+    returns whatever is held back. The texts joined equal ``decode`` of all the ids.
+    A byte-level tokenizer (``PromptTokenizer.byte_pieces``) decodes each id's bytes
+    through an incremental UTF-8 decoder: a table lookup per id. Any other decodes a
+    window starting a few tokens back twice per feed (a decoded tail of U+FFFD is held
+    back), so tokenizers that drop a leading space on the first token still produce
+    the same text as decoding everything at once.
     """
 
     def __init__(self, tokenizer: PromptTokenizer, skip_special_tokens: bool = True) -> None:
@@ -242,14 +272,25 @@ class IncrementalDecoder:
         self._token_ids: list[int] = []
         self._prefix_offset = 0
         self._read_offset = 0
+        self._pieces = tokenizer.byte_pieces if skip_special_tokens else None
+        self._utf8 = codecs.getincrementaldecoder("utf-8")("replace")
 
     def feed(self, token_ids: Sequence[int]) -> str:
         """Append ``token_ids``; return the newly completed text (possibly empty)."""
+        if self._pieces is not None:
+            pieces = self._pieces
+            try:
+                data = b"".join([pieces[token_id] for token_id in token_ids])
+            except IndexError:  # an id past the vocabulary (a padded model's): no text
+                data = b"".join([pieces[i] for i in token_ids if i < len(pieces)])
+            return self._utf8.decode(data)
         self._token_ids.extend(token_ids)
         return self._advance(final=False)
 
     def flush(self) -> str:
         """Return all text still held back, even if it ends in U+FFFD."""
+        if self._pieces is not None:
+            return self._utf8.decode(b"", final=True)
         return self._advance(final=True)
 
     def _advance(self, final: bool) -> str:

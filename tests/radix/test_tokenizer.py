@@ -11,6 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from support.bpe import merging_bpe
 
+from radix.model_source import load_tokenizer, packaged_model_path
 from radix.tokenizer import (
     DEMO_SPECIAL_TOKENS,
     IncrementalDecoder,
@@ -203,3 +204,57 @@ def test_incremental_decoder_never_splits_a_character(text, batch_sizes):
 def test_radix_tokenizer_does_not_import_torch():
     code = "import sys, radix.tokenizer; assert 'torch' not in sys.modules"
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def _byte_level_tokenizers() -> dict[str, PromptTokenizer]:
+    found = {"demo": DEMO, "trained-bpe": merging_bpe(["héllo wörld 😀 " * 8, "abc def " * 20])}
+    try:
+        packaged_model_path("SmolLM2-135M-Instruct")
+        found["smollm2"] = load_tokenizer("SmolLM2-135M-Instruct")
+    except ValueError:
+        pass
+    return found
+
+
+BYTE_LEVEL = _byte_level_tokenizers()
+
+
+@pytest.mark.parametrize("name", sorted(BYTE_LEVEL))
+def test_byte_level_tokenizers_have_a_piece_per_id(name):
+    tokenizer = BYTE_LEVEL[name]
+    pieces = tokenizer.byte_pieces
+    assert pieces is not None and len(pieces) == tokenizer.vocab_size
+    for token_id in range(0, tokenizer.vocab_size, max(tokenizer.vocab_size // 500, 1)):
+        text = pieces[token_id].decode("utf-8", "replace")
+        assert text == tokenizer.decode([token_id]), token_id
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.data(), st.lists(st.integers(min_value=1, max_value=4), min_size=1))
+def test_the_byte_level_decoder_streams_exactly_what_decode_returns(data, batch_sizes):
+    """Any ids (special tokens, bytes that are no valid UTF-8, ids past the vocabulary)
+    fed in any batches: the pieces joined equal one ``decode`` of all of them, and a
+    text decoded without U+FFFD is streamed without one."""
+    tokenizer = BYTE_LEVEL[data.draw(st.sampled_from(sorted(BYTE_LEVEL)))]
+    ids = data.draw(st.lists(st.integers(0, tokenizer.vocab_size + 3), max_size=40))
+    decoder = IncrementalDecoder(tokenizer)
+    pieces, start, turn = [], 0, 0
+    while start < len(ids):
+        size = batch_sizes[turn % len(batch_sizes)]
+        pieces.append(decoder.feed(ids[start : start + size]))
+        start, turn = start + size, turn + 1
+    pieces.append(decoder.flush())
+    expected = tokenizer.decode([i for i in ids if i < tokenizer.vocab_size])
+    assert "".join(pieces) == expected
+    if "\ufffd" not in expected:
+        assert all("\ufffd" not in piece for piece in pieces)
+
+
+def test_a_tokenizer_that_is_not_byte_level_decodes_through_windows(tmp_path):
+    spec = json.loads(demo_tokenizer_files()["tokenizer.json"])
+    spec["decoder"] = {"type": "Fuse"}
+    tokenizer = PromptTokenizer(json.dumps(spec), None, "<|bos|>", "<|eos|>")
+    assert tokenizer.byte_pieces is None
+    decoder = IncrementalDecoder(tokenizer)
+    ids = tokenizer.encode("ab", add_special_tokens=False)
+    assert "".join(decoder.feed([i]) for i in ids) + decoder.flush() == tokenizer.decode(ids)
