@@ -50,7 +50,7 @@ class PolicyWeights:
     kv_usage_cost: float = 256.0
     load_cap_factor: float = 1.25
     hash_prefix_tokens: int = 64
-    owner_load_cap_factor: float = 1.1
+    owner_load_cap_factor: float = 1.5
     owner_min_share: float = 0.5
 
     def __post_init__(self) -> None:

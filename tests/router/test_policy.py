@@ -161,11 +161,14 @@ def test_a_long_match_stays_on_its_owner_under_the_cap_even_when_the_cost_says_m
 
 
 def test_owners_at_the_cap_go_by_cost_which_may_replicate():
-    # 12 active + 1 over 3 workers at factor 1.1: cap ceil(4.77) = 5, and w0 runs 5.
+    # 12 active + 1 over 3 workers at factor 1.1: cap ceil(4.77) = 5, and w0 runs 5;
+    # at the default 1.5 the cap is ceil(6.5) = 7 and w0 keeps it.
     workers = views({"num_matched_tokens": 900, "num_in_flight_requests": 5, "num_waiting_tokens": 4000},
                     {"num_matched_tokens": 100, "num_in_flight_requests": 4},
                     {"num_matched_tokens": 100, "num_in_flight_requests": 3})
-    assert make_policy().choose(request(), workers).ranked == ("w2", "w1", "w0")
+    tight = make_policy("cache_aware", {"owner_load_cap_factor": 1.1})
+    assert tight.choose(request(), workers).ranked == ("w2", "w1", "w0")
+    assert make_policy().choose(request(), workers).chosen == "w0"
 
 
 def test_a_short_match_is_not_sticky():
