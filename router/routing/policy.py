@@ -7,10 +7,11 @@ weighs each worker's cached prefix against its load in one continuous cost::
     cost(w) = prefill_cost_per_token * (prompt tokens - matched(w)) + load_cost(w)
 
 (``router.routing.load_cost``). The lowest cost wins; ties go to the least loaded, then to
-rendezvous-hash order. A request whose longest match covers most of its prompt stays
-on the workers holding it (its owners) while one is under a bounded-load cap, so a
-passing queue does not copy a hot prefix around; with every owner at the cap the cost
-decides, and may replicate it to a second worker. A cold prefix (no worker matches any of it) goes to the first
+rendezvous-hash order. A request whose longest match covers at least
+``owner_min_share`` of its prompt stays on the workers holding it (its owners) while
+one is under a bounded-load cap, so a passing queue does not copy a hot prefix
+around; with every owner at the cap the cost decides, and may replicate it to a
+second worker. A cold prefix (no worker matches any of it) goes to the first
 worker in rendezvous-hash order of its first tokens that is under the bounded-load
 cap, so concurrent requests for a new document meet on one worker and different
 documents spread. ``round_robin``, ``least_load``, ``consistent_hash`` and ``random``
@@ -153,7 +154,6 @@ class CacheAwarePolicy(Policy):
             ranked = self._owners_first(request, ranked)
         return RouteDecision(self.name, tuple(v.worker_id for v in ranked),
                              tuple(scores[v.worker_id] for v in ranked), cold)
-
 
     def _by_cost(self, request: RouteRequest, workers: Sequence[WorkerView],
                  scores: Mapping[WorkerId, WorkerScore]) -> list[WorkerView]:

@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import base64
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -136,37 +136,41 @@ class Proxy:
         body = resumed_generate_body(generate_body(call, relay.render), call.prompt.key,
                                      relay.progress)
         upstream = await self._upstream.post(worker, "/generate", body, call.request)
-        try:
-            async for lines in self._upstream.line_batches(upstream):
-                if await relay.write_rendered(lines, exchange):
-                    return self._answered(relay, worker, exchange)
-        except MALFORMED as exc:
-            raise unavailable(worker, exc) from exc
-        finally:
-            upstream.close()
-        raise AssertionError("line_batches reads until the caller stops or raises")
+        return await self._relay_stream(relay, worker, upstream, exchange,
+                                        self._upstream.line_batches(upstream),
+                                        relay.write_rendered)
 
     async def _relay_openai_chat(self, call: Call, relay: Relay, worker: WorkerState,
                                  exchange: Exchange) -> web.StreamResponse:
         path, body = self._openai_body(call, worker)
         upstream = await self._upstream.post(worker, path, body, call.request)
+
+        async def write(batch: Batch, exchange: Exchange) -> bool:
+            events = _completion_events(batch)
+            return bool(events) and await relay.write(events, exchange)
+
+        return await self._relay_stream(relay, worker, upstream, exchange,
+                                        self._upstream.sse_batches(upstream), write)
+
+    @staticmethod
+    async def _relay_stream(relay: Relay, worker: WorkerState, upstream: aiohttp.ClientResponse,
+                            exchange: Exchange, batches: AsyncIterator[Any],
+                            write: Callable[[Any, Exchange], Awaitable[bool]]
+                            ) -> web.StreamResponse:
+        """Write each batch of ``upstream`` through the relay until the answer is over;
+        a broken or malformed stream is a failed attempt."""
         try:
-            async for batch in self._upstream.sse_batches(upstream):
-                events = _completion_events(batch)
-                if events and await relay.write(events, exchange):
-                    return self._answered(relay, worker, exchange)
+            async for batch in batches:
+                if await write(batch, exchange):
+                    if exchange.status == 502:
+                        log.warning("worker %s sent an error event", worker.worker_id)
+                    assert relay.response is not None
+                    return relay.response
         except MALFORMED as exc:
             raise unavailable(worker, exc) from exc
         finally:
             upstream.close()
-        raise AssertionError("sse_batches ends with [DONE] or raises")
-
-    @staticmethod
-    def _answered(relay: Relay, worker: WorkerState, exchange: Exchange) -> web.StreamResponse:
-        if exchange.status == 502:
-            log.warning("worker %s sent an error event", worker.worker_id)
-        assert relay.response is not None
-        return relay.response
+        raise AssertionError("a stream ends with [DONE] or raises")
 
     @staticmethod
     def _openai_body(call: Call, worker: WorkerState) -> tuple[str, dict[str, Any]]:

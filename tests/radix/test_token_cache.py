@@ -7,10 +7,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from support.bpe import merging_bpe
+from support.tokenizers import packaged_smollm2
 from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
 
 from radix.gguf_tokenizer import SPLIT_REGEXES
-from radix.model_source import load_tokenizer, packaged_model_path
 from radix.token_cache import NullTokenCache, PrefixTokenCache, eligible, safe_cuts, token_cache
 from radix.tokenizer import DEMO_CHAT_TEMPLATE, DEMO_SPECIAL_TOKENS, PromptTokenizer
 from radix.tree import PUBLIC, Scope
@@ -41,11 +41,9 @@ def _tokenizers() -> dict[str, PromptTokenizer]:
         "llama3-split": _split_bpe(SPLIT_REGEXES["llama3"]),
         "qwen2-split": _split_bpe(SPLIT_REGEXES["qwen2"]),
     }
-    try:
-        packaged_model_path("SmolLM2-135M-Instruct")
-        found["smollm2"] = load_tokenizer("SmolLM2-135M-Instruct")
-    except ValueError:
-        pass
+    smollm2 = packaged_smollm2()
+    if smollm2 is not None:
+        found["smollm2"] = smollm2
     return found
 
 

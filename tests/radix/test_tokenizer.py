@@ -10,8 +10,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from support.bpe import merging_bpe
+from support.tokenizers import packaged_smollm2
 
-from radix.model_source import load_tokenizer, packaged_model_path
 from radix.tokenizer import (
     DEMO_SPECIAL_TOKENS,
     IncrementalDecoder,
@@ -189,13 +189,7 @@ def test_incremental_decoder_flushes_an_unfinished_character(demo):
 def test_incremental_decoder_never_splits_a_character(text, batch_sizes):
     tokenizer = DEMO
     ids = [tokenizer.bos_token_id, *tokenizer.encode(text, add_special_tokens=False)]
-    decoder = IncrementalDecoder(tokenizer)
-    pieces, start, turn = [], 0, 0
-    while start < len(ids):
-        size = batch_sizes[turn % len(batch_sizes)]
-        pieces.append(decoder.feed(ids[start : start + size]))
-        start, turn = start + size, turn + 1
-    pieces.append(decoder.flush())
+    pieces = streamed(IncrementalDecoder(tokenizer), ids, batch_sizes)
     assert "".join(pieces) == text
     if "\ufffd" not in text:
         assert all("\ufffd" not in piece for piece in pieces)
@@ -208,15 +202,24 @@ def test_radix_tokenizer_does_not_import_torch():
 
 def _byte_level_tokenizers() -> dict[str, PromptTokenizer]:
     found = {"demo": DEMO, "trained-bpe": merging_bpe(["héllo wörld 😀 " * 8, "abc def " * 20])}
-    try:
-        packaged_model_path("SmolLM2-135M-Instruct")
-        found["smollm2"] = load_tokenizer("SmolLM2-135M-Instruct")
-    except ValueError:
-        pass
+    smollm2 = packaged_smollm2()
+    if smollm2 is not None:
+        found["smollm2"] = smollm2
     return found
 
 
 BYTE_LEVEL = _byte_level_tokenizers()
+
+
+def streamed(decoder: IncrementalDecoder, ids: list[int], batch_sizes: list[int]) -> list[str]:
+    """What ``decoder`` returns for ``ids`` fed in batches of the sizes in turn, then
+    its flush."""
+    pieces, start, turn = [], 0, 0
+    while start < len(ids):
+        size = batch_sizes[turn % len(batch_sizes)]
+        pieces.append(decoder.feed(ids[start : start + size]))
+        start, turn = start + size, turn + 1
+    return [*pieces, decoder.flush()]
 
 
 @pytest.mark.parametrize("name", sorted(BYTE_LEVEL))
@@ -237,13 +240,7 @@ def test_the_byte_level_decoder_streams_exactly_what_decode_returns(data, batch_
     text decoded without U+FFFD is streamed without one."""
     tokenizer = BYTE_LEVEL[data.draw(st.sampled_from(sorted(BYTE_LEVEL)))]
     ids = data.draw(st.lists(st.integers(0, tokenizer.vocab_size + 3), max_size=40))
-    decoder = IncrementalDecoder(tokenizer)
-    pieces, start, turn = [], 0, 0
-    while start < len(ids):
-        size = batch_sizes[turn % len(batch_sizes)]
-        pieces.append(decoder.feed(ids[start : start + size]))
-        start, turn = start + size, turn + 1
-    pieces.append(decoder.flush())
+    pieces = streamed(IncrementalDecoder(tokenizer), ids, batch_sizes)
     expected = tokenizer.decode([i for i in ids if i < tokenizer.vocab_size])
     assert "".join(pieces) == expected
     if "\ufffd" not in expected:
