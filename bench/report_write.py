@@ -128,6 +128,18 @@ def write_plots(report: dict, out: Path) -> list[str] | None:
     axes[0][0].set_ylabel("TTFT p99 (ms)")
     axes[1][0].set_ylabel("cached fraction")
     names.append(_save(fig, out, "sim_ttft_cached.png"))
+    num_cols = min(4, len(groups))
+    num_rows = -(-len(groups) // num_cols)
+    fig, axes = plt.subplots(num_rows, num_cols, figsize=(3.2 * num_cols, 2.8 * num_rows),
+                             squeeze=False)
+    for i, ((workload, workers), runs) in enumerate(groups.items()):
+        ax = axes[i // num_cols][i % num_cols]
+        for policy, run in runs.items():
+            ax.plot(run["cached_fraction_over_time"], label=policy)
+        ax.set_title(f"{workload}, {workers} workers: cached fraction", fontsize=8)
+        ax.set_xlabel("twentieth of the run (by arrival)", fontsize=7)
+    axes[0][-1].legend(fontsize=5)
+    names.append(_save(fig, out, "sim_hit_rate_over_time.png"))
     e2e = {k: v for k, v in report["e2e"].items() if isinstance(v, dict)}
     fig, axes = plt.subplots(1, 3, figsize=(13, 3.5))
     labels = list(e2e)
