@@ -25,7 +25,7 @@ from pathlib import Path
 
 from bench import e2e, radix_bench, reference
 from bench.report_write import write_plots, write_summary
-from bench.sim import RATES, SIM_POLICIES, SimConfig, simulate
+from bench.sim import RATES, SIM_POLICIES, TABLE_HEADER, SimConfig, simulate, table_row
 
 
 @dataclass(frozen=True)
@@ -66,18 +66,14 @@ def _requests(plan: Plan, num_workers: int) -> int:
 def run_sim(plan: Plan) -> dict[str, dict]:
     """Every policy on every workload at every worker count."""
     results: dict[str, dict] = {}
-    print(f"{'workload':<12}{'w':>4}{'policy':<19}{'cached':>8}{'p50 ms':>8}{'p99 ms':>8}"
-          f"{'req/s':>8}{'max/mean':>9}{'wall s':>8}")
+    print(TABLE_HEADER)
     for num_workers in plan.workers:
         for workload in plan.workloads:
             for policy in SIM_POLICIES:
                 r = simulate(policy, num_workers, workload, _requests(plan, num_workers),
                              RATES[workload])
                 results[f"{workload}/{num_workers}/{policy}"] = r
-                print(f"{workload:<12}{num_workers:>4} {policy:<18}{r['cached_fraction']:>8.3f}"
-                      f"{1e3 * r['ttft_p50_s']:>8.0f}{1e3 * r['ttft_p99_s']:>8.0f}"
-                      f"{r['requests_per_s']:>8.0f}{r['max_over_mean_load']:>9.2f}{r['wall_s']:>8.1f}",
-                      flush=True)
+                print(table_row(workload, num_workers, policy, r), flush=True)
     return results
 
 

@@ -320,6 +320,17 @@ def summarize(cluster: Cluster, wall_s: float) -> dict[str, object]:
     }
 
 
+TABLE_HEADER = (f"{'workload':<12}{'w':>4} {'policy':<18}{'cached':>8}{'p50 ms':>8}{'p99 ms':>8}"
+                f"{'req/s':>8}{'max/mean':>9}{'wall s':>8}")
+
+
+def table_row(workload: str, num_workers: int, policy: str, r: dict) -> str:
+    """One run's line under ``TABLE_HEADER``."""
+    return (f"{workload:<12}{num_workers:>4} {policy:<18}{r['cached_fraction']:>8.3f}"
+            f"{1e3 * r['ttft_p50_s']:>8.0f}{1e3 * r['ttft_p99_s']:>8.0f}"
+            f"{r['requests_per_s']:>8.0f}{r['max_over_mean_load']:>9.2f}{r['wall_s']:>8.1f}")
+
+
 def simulate(policy: str, num_workers: int, workload: str, num_requests: int,
              rate_per_worker: float, seed: int = 0, config: SimConfig | None = None,
              workload_config: WorkloadConfig | None = None, arrival: str = "poisson",
@@ -356,8 +367,7 @@ def main(argv: list[str] | None = None) -> dict:
     args = parser.parse_args(argv)
     weights = {name: float(value) for name, value in (item.split("=") for item in args.our_weights)}
     results: dict[str, dict] = {}
-    print(f"{'workload':<12}{'w':>4} {'policy':<18}{'cached':>8}{'p50 ms':>8}{'p99 ms':>8}"
-          f"{'req/s':>8}{'max/mean':>9}{'wall s':>8}")
+    print(TABLE_HEADER)
     for num_workers in args.workers:
         for workload in args.workloads:
             for policy in args.policies:
@@ -365,10 +375,7 @@ def main(argv: list[str] | None = None) -> dict:
                              args.rate or RATES[workload], arrival=args.arrival,
                              kv_events=not args.no_kv_events, weights=weights)
                 results[f"{workload}/{num_workers}/{policy}"] = r
-                print(f"{workload:<12}{num_workers:>4} {policy:<18}{r['cached_fraction']:>8.3f}"
-                      f"{1e3 * r['ttft_p50_s']:>8.0f}{1e3 * r['ttft_p99_s']:>8.0f}"
-                      f"{r['requests_per_s']:>8.0f}{r['max_over_mean_load']:>9.2f}{r['wall_s']:>8.1f}",
-                      flush=True)
+                print(table_row(workload, num_workers, policy, r), flush=True)
     return results
 
 
