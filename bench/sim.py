@@ -145,10 +145,12 @@ class SimWorker:
         self.num_requests = 0
         self.busy_s = 0.0
 
-    def load(self) -> tuple[int, int, float]:
-        """What ``/info`` reports: running requests, prompt tokens waiting, KV usage."""
+    def load(self) -> tuple[int, int, int, float, None]:
+        """What ``/info`` reports, in ``WorkerView``'s order: running requests, waiting
+        requests, prompt tokens waiting, KV usage, and no queue bound."""
         running = self.num_decoding + self.prefilling
-        return running, self.num_waiting_tokens, self.cache.tree.num_tokens() / self.config.kv_capacity_tokens
+        return (running, len(self.queue), self.num_waiting_tokens,
+                self.cache.tree.num_tokens() / self.config.kv_capacity_tokens, None)
 
     def admit(self, job: Job) -> None:
         """Take ``job`` now: match its prefix (an engine's admission) and queue it."""
@@ -224,7 +226,7 @@ class Cluster:
             for w in self.workers:
                 self.index.set_approximate(w.worker_id, approximate_capacity_tokens)
         self.in_flight = [[0, 0] for _ in self.workers]
-        self.polled = [(0, 0, 0.0)] * num_workers
+        self.polled = [w.load() for w in self.workers]
         self.next_poll_s = 0.0
         self.results = Results()
         self._heap: list[tuple[float, int, Callable[[], None]]] = []
@@ -261,8 +263,9 @@ class Cluster:
             self.next_poll_s = self.now + self.config.poll_interval_s
         scope = self._scope(request)
         matched = self.index.match(NAMESPACE, request.prompt, scope)
-        views = [WorkerView(w.worker_id, matched.get(w.worker_id, 0), *self.in_flight[w.index],
-                            *self.polled[w.index]) for w in self.workers]
+        view, get = WorkerView._make, matched.get
+        views = [view((w.worker_id, get(w.worker_id, 0), *in_flight, *polled))
+                 for w, in_flight, polled in zip(self.workers, self.in_flight, self.polled, strict=True)]
         decision = self.policy.choose(RouteRequest(NAMESPACE, request.prompt, request.num_prompt_tokens,
                                                    scope), views)
         self.index.note_routed(NAMESPACE, decision.chosen, request.prompt, scope)

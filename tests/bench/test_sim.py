@@ -5,8 +5,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from bench.sim import SIM_POLICIES, Cluster, SimConfig, simulate, summarize
+from bench.sim import SIM_POLICIES, Cluster, PolicySpec, SimConfig, simulate, summarize
 from bench.workloads import TraceRequest, WorkloadConfig
+from router.routing.policy import RoundRobinPolicy, WorkerView
 
 CONFIG = SimConfig(kv_capacity_tokens=1_000_000, prefill_s_per_token=0.001, prefill_interference=0.0,
                    decode_step_s=0.01, decode_step_s_per_running=0.0, max_num_seqs=4)
@@ -56,3 +57,28 @@ def test_every_policy_runs_a_small_workload_to_completion():
         r = simulate(name, 3, "chat", 60, rate_per_worker=1.0, workload_config=small)
         assert r["num_requests"] == 60 and sum(r["requests_per_worker"]) == 60
         assert 0.0 <= r["cached_fraction"] < 1.0 and r["ttft_p99_s"] >= r["ttft_p50_s"] > 0
+
+
+class RecordingPolicy(RoundRobinPolicy):
+    """Round robin that keeps the views it was given."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.seen: list[list[WorkerView]] = []
+
+    def choose(self, request, workers):
+        self.seen.append(list(workers))
+        return super().choose(request, workers)
+
+
+def test_the_policy_sees_the_polled_load_in_its_fields():
+    policy = RecordingPolicy()
+    polling = SimConfig(**{**CONFIG.__dict__, "poll_interval_s": 0.0, "kv_capacity_tokens": 1000})
+    cluster = Cluster(PolicySpec(lambda seed: policy), 1, polling)
+    requests = [TraceRequest(0.01 * i, "t", "s", tokens(1000 * i, 100), tokens(9000 + i, 4)) for i in range(4)]
+    cluster.run(iter(requests))
+    # At 0.03 s: the first request prefills (until 0.1 s), two wait with 100 tokens each;
+    # nothing is cached yet.
+    view = policy.seen[3][0]
+    assert (view.num_requests_running, view.num_requests_waiting, view.num_waiting_tokens,
+            view.kv_cache_usage_ratio, view.num_in_flight_requests) == (1, 2, 200, 0.0, 3)
