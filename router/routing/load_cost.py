@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, fields
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol, TypeVar
 
 import xxhash
 
@@ -85,7 +85,8 @@ def num_active_requests(view: WorkerView) -> int:
     """Requests on the worker: the polled running count, or this router's in-flight
     count when that is higher (the poll is up to a second old). Queued requests weigh
     in through their prompt tokens (``queued_token_cost``)."""
-    return max(view.num_requests_running, view.num_in_flight_requests)
+    running, in_flight = view.num_requests_running, view.num_in_flight_requests
+    return running if running > in_flight else in_flight
 
 
 def is_saturated(view: WorkerView) -> bool:
@@ -101,15 +102,34 @@ def is_saturated(view: WorkerView) -> bool:
 
 def load_cost(view: WorkerView, weights: PolicyWeights) -> float:
     """Cost of the load already on a worker, in prefill-token equivalents."""
-    queued = view.num_waiting_tokens + view.num_in_flight_prompt_tokens
-    return (
-        weights.queued_token_cost * queued
-        + weights.running_request_cost * num_active_requests(view)
-        + weights.kv_usage_cost * view.kv_cache_usage_ratio
-    )
+    return load_costs((view,), weights)[0]
 
 
-def rendezvous_order(key: bytes, workers: Sequence[WorkerView], num_prefix_tokens: int) -> list[WorkerView]:
+def load_costs(views: Sequence[WorkerView], weights: PolicyWeights) -> list[float]:
+    """``load_cost`` of each of ``views``, in order: queued prompt tokens (polled plus
+    in flight), active requests (``num_active_requests``) and KV usage, weighted. One
+    pass with the weights read once: the policies call it for every worker per request."""
+    queued, running, kv = weights.queued_token_cost, weights.running_request_cost, weights.kv_usage_cost
+    return [
+        queued * (v.num_waiting_tokens + v.num_in_flight_prompt_tokens)
+        + running * (v.num_requests_running if v.num_requests_running > v.num_in_flight_requests
+                     else v.num_in_flight_requests)
+        + kv * v.kv_cache_usage_ratio
+        for v in views
+    ]
+
+
+class HasWorkerId(Protocol):
+    """Anything naming a worker (a ``WorkerView``, a ``WorkerScore``)."""
+
+    @property
+    def worker_id(self) -> str: ...
+
+
+Named = TypeVar("Named", bound=HasWorkerId)
+
+
+def rendezvous_order(key: bytes, workers: Sequence[Named], num_prefix_tokens: int) -> list[Named]:
     """Workers in highest-random-weight order for the first ``num_prefix_tokens`` of
     ``key`` (xxh3). Deterministic across routers; removing a worker moves only the
     prefixes that were on it. Any subset of ``workers`` comes out in the same relative
@@ -122,7 +142,7 @@ def rendezvous_order(key: bytes, workers: Sequence[WorkerView], num_prefix_token
 def bounded_load_cap(workers: Sequence[WorkerView], load_cap_factor: float) -> int:
     """Active requests at which a worker counts as full: ``ceil(factor * (active
     requests of all workers + 1) / number of workers)``; some worker is always under it."""
-    total = sum(num_active_requests(v) for v in workers)
+    total = sum(map(num_active_requests, workers))
     return math.ceil(load_cap_factor * (total + 1) / len(workers))
 
 

@@ -21,10 +21,12 @@ they are given; the caller updates in-flight counts and the index after deciding
 
 from __future__ import annotations
 
+import itertools
 import random
 from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from operator import itemgetter
 from types import MappingProxyType
 from typing import ClassVar, NamedTuple
 
@@ -34,6 +36,7 @@ from router.routing.load_cost import (
     bounded_load_cap,
     bounded_load_pick,
     load_cost,
+    load_costs,
     num_active_requests,
     rendezvous_order,
 )
@@ -101,6 +104,11 @@ class RouteDecision:
         return self.scores[0].num_matched_tokens
 
 
+# WorkerScore fields by position, for C-level sorts and scans over every worker.
+_MATCHED = itemgetter(1)
+_COST_THEN_LOAD = itemgetter(3, 2)
+
+
 class NoWorkerError(LookupError):
     """``choose`` was given no worker."""
 
@@ -120,14 +128,18 @@ class Policy(ABC):
         """Rank ``workers`` for ``request``, best first."""
 
     def _decide(self, request: RouteRequest, ranked: Sequence[WorkerView]) -> RouteDecision:
-        scores = tuple(self._score(request, view) for view in ranked)
-        return RouteDecision(self.name, tuple(v.worker_id for v in ranked), scores)
+        scores = self._scores(request, ranked)
+        return RouteDecision(self.name, tuple(s.worker_id for s in scores), tuple(scores))
 
-    def _score(self, request: RouteRequest, view: WorkerView) -> WorkerScore:
-        load = load_cost(view, self.weights)
-        uncached = max(0, request.num_prompt_tokens - view.num_matched_tokens)
-        cost = self.weights.prefill_cost_per_token * uncached + load
-        return WorkerScore(view.worker_id, view.num_matched_tokens, load, cost)
+    def _scores(self, request: RouteRequest, views: Sequence[WorkerView]) -> list[WorkerScore]:
+        """Each view's score, in order: cost = prefill of its uncached tokens + load."""
+        prefill, num_prompt_tokens = self.weights.prefill_cost_per_token, request.num_prompt_tokens
+        return [
+            WorkerScore(view.worker_id, view.num_matched_tokens, load,
+                        prefill * (num_prompt_tokens - view.num_matched_tokens
+                                   if num_prompt_tokens > view.num_matched_tokens else 0) + load)
+            for view, load in zip(views, load_costs(views, self.weights), strict=True)
+        ]
 
 
 def _require(workers: Sequence[WorkerView]) -> None:
@@ -143,51 +155,43 @@ class CacheAwarePolicy(Policy):
     def choose(self, request: RouteRequest, workers: Sequence[WorkerView]) -> RouteDecision:
         """Lowest cost first; a cold prefix's hash choice first."""
         _require(workers)
-        scores = {view.worker_id: self._score(request, view) for view in workers}
-        ranked = self._by_cost(request, workers, scores)
-        cold = not any(view.num_matched_tokens for view in workers)
+        ranked = self._by_cost(request, self._scores(request, workers))
+        cold = not any(map(_MATCHED, ranked))
         if cold:
             order = rendezvous_order(request.key, workers, self.weights.hash_prefix_tokens)
-            first = bounded_load_pick(order, self.weights.load_cap_factor)
-            ranked = [first, *(view for view in ranked if view is not first)]
+            first = bounded_load_pick(order, self.weights.load_cap_factor).worker_id
+            ranked = [s for s in ranked if s.worker_id == first] + [s for s in ranked if s.worker_id != first]
         elif self.weights.owner_load_cap_factor:
-            ranked = self._owners_first(request, ranked)
-        return RouteDecision(self.name, tuple(v.worker_id for v in ranked),
-                             tuple(scores[v.worker_id] for v in ranked), cold)
+            ranked = self._owners_first(request, workers, ranked)
+        return RouteDecision(self.name, tuple(s.worker_id for s in ranked), tuple(ranked), cold)
 
-    def _by_cost(self, request: RouteRequest, workers: Sequence[WorkerView],
-                 scores: Mapping[WorkerId, WorkerScore]) -> list[WorkerView]:
-        """``workers`` by (cost, load cost), equal pairs in rendezvous-hash order (hashed
+    def _by_cost(self, request: RouteRequest, scores: list[WorkerScore]) -> list[WorkerScore]:
+        """``scores`` by (cost, load cost), equal pairs in rendezvous-hash order (hashed
         only where pairs are equal: the hash order of a subset is the full order's)."""
-        def rank(view: WorkerView) -> tuple[float, float]:
-            score = scores[view.worker_id]
-            return score.cost, score.load_cost
-
-        ranked = sorted(workers, key=rank)
-        keys = [rank(view) for view in ranked]
-        start = 0
-        for end in range(1, len(ranked) + 1):
-            if end < len(ranked) and keys[end] == keys[start]:
-                continue
-            if end - start > 1:
-                ranked[start:end] = rendezvous_order(request.key, ranked[start:end],
-                                                     self.weights.hash_prefix_tokens)
-            start = end
+        ranked = sorted(scores, key=_COST_THEN_LOAD)
+        if len(set(map(_COST_THEN_LOAD, ranked))) == len(ranked):
+            return ranked
+        by_cost, ranked = ranked, []
+        for _, group in itertools.groupby(by_cost, key=_COST_THEN_LOAD):
+            tied = list(group)
+            ranked += tied if len(tied) == 1 else rendezvous_order(
+                request.key, tied, self.weights.hash_prefix_tokens)
         return ranked
 
-    def _owners_first(self, request: RouteRequest, ranked: list[WorkerView]) -> list[WorkerView]:
+    def _owners_first(self, request: RouteRequest, workers: Sequence[WorkerView],
+                      ranked: list[WorkerScore]) -> list[WorkerScore]:
         """``ranked`` with the owners of the longest match under the owner cap moved to
         the front (in cost order), when that match is long enough to stick to."""
-        best = max(view.num_matched_tokens for view in ranked)
+        best = max(map(_MATCHED, ranked))
         if best < self.weights.owner_min_share * request.num_prompt_tokens:
             return ranked
-        owners = [v for v in ranked if v.num_matched_tokens == best]
-        if len(owners) == len(ranked):
+        owners = [v for v in workers if v.num_matched_tokens == best]
+        if len(owners) == len(workers):
             return ranked
-        cap = bounded_load_cap(ranked, self.weights.owner_load_cap_factor)
-        owners = [v for v in owners if num_active_requests(v) < cap]
-        owner_ids = {v.worker_id for v in owners}
-        return [*owners, *(view for view in ranked if view.worker_id not in owner_ids)]
+        cap = bounded_load_cap(workers, self.weights.owner_load_cap_factor)
+        owner_ids = {v.worker_id for v in owners if num_active_requests(v) < cap}
+        return ([s for s in ranked if s.worker_id in owner_ids]
+                + [s for s in ranked if s.worker_id not in owner_ids])
 
 
 class RoundRobinPolicy(Policy):
