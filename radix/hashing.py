@@ -12,6 +12,7 @@ where tokens are available.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import struct
 from typing import NewType
@@ -71,6 +72,8 @@ class BlockHasher:
         return hashes
 
 
+@functools.lru_cache(maxsize=4096)
 def _field(text: str) -> bytes:
+    """``text`` length-prefixed (a scope name; cached: every block hash needs one)."""
     raw = text.encode()
     return struct.pack(">I", len(raw)) + raw
