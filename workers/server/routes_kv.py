@@ -41,7 +41,8 @@ async def kv_events(request: web.Request) -> web.StreamResponse:
         await response.write(b"".join(subscription.backlog))
         while not subscription.lost:
             try:
-                lines = await asyncio.wait_for(subscription.queue.get(), heartbeat_s)
+                async with asyncio.timeout(heartbeat_s):  # not wait_for: 3.11's can eat a cancel
+                    lines = await subscription.queue.get()
             except TimeoutError:
                 lines = [b"\n"]
             await response.write(b"".join(lines))

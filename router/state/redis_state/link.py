@@ -101,9 +101,13 @@ class RedisLink:
             raise
 
     async def _bounded(self, awaitable: Awaitable[T]) -> T:
+        """``await awaitable`` within the timeout. ``asyncio.timeout``, not ``wait_for``:
+        Python 3.11's ``wait_for`` drops a cancel that lands as the command completes, and
+        a task that lost its cancel (the routed-stream follower) keeps a router's close,
+        or an event loop's shutdown, waiting forever."""
         try:
-            return await asyncio.wait_for(
-                awaitable, self.config.connect_timeout_s + self.config.command_timeout_s)
+            async with asyncio.timeout(self.config.connect_timeout_s + self.config.command_timeout_s):
+                return await awaitable
         except (RedisError, OSError, TimeoutError) as exc:
             raise RedisUnavailable(f"{type(exc).__name__}: {exc}") from exc
 
