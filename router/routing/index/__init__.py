@@ -1,7 +1,7 @@
 """The router's index of cached prefixes (docs/router-index.md).
 
 ``RouterIndex`` is the entry point; ``exact`` mirrors the workers' KV events,
-``approx`` keeps routed prefixes for a while.
+``approx`` keeps what was routed to each worker for a while.
 """
 
 from router.routing.index.ids import NamespaceDigest, WorkerId

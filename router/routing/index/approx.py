@@ -1,75 +1,260 @@
-"""Approximate cache of one worker in one namespace: what was routed to it, recently.
+"""Approximate index of one namespace: which worker was recently routed which prefix.
 
 For workers that publish no KV events (OpenAI-compatible servers) this is all the
 router knows; for every worker it also holds the short-lived speculative entry written
 at decision time, which covers the moment between routing a request and the worker's
 ``stored`` event for it.
 
-A ``RadixTree`` whose payload is the time each node was last routed. Noting a route
-inserts the key and stamps its whole path, so an ancestor is always at least as
-fresh as its descendants and the tree's LRU order is the routing order. Two limits
-age entries out: ``capacity_tokens`` (LRU leaves evicted past it) and ``ttl_s``
-(a queue of (time, deepest node) per note; a node not routed again within ``ttl_s``
-is removed, with each parent it leaves as an expired leaf). Removed nodes get the
-payload None, which tells a later expiry entry that its node is already gone (the
-root's payload is None too, so a cascade stops there).
+One ``RadixTree`` per scope, shared by all workers (the shape of ``ExactIndex``, for
+the same reasons). A node's payload maps worker id -> ``_Entry``: the time that worker
+was last routed a key through the node. Noting a key stamps its whole insert path, so
+a worker on a node is on its parent, with a stamp at least as recent, and a lookup
+credits each worker with its deepest node on the key's path in one walk per tree.
+
+Per worker, its entries form an intrusive doubly linked list, oldest first. A note
+moves the path's entries to the newest end leaf first, root last, so an ancestor
+always sits after its descendants and the oldest entry is always a *worker-leaf* (no
+child holds the worker): capacity eviction and expiry pop from the front in O(1) per
+entry. When an insert cuts an edge, every worker on it gets a head entry with the same
+stamp right after its tail entry, which keeps both orders exact.
+
+Capacity: a worker holds the tokens of the nodes it is on, summed over the scopes'
+trees (a prefix routed under two scopes counts twice); a key is cut to the capacity,
+and after a note the worker's oldest entries go until it fits. Eviction is per node,
+and nodes are cut by every worker's keys, so it frees tokens in finer steps than the
+worker's own keys alone would.
+
+Expiry: each note queues (time, worker) on the deque of the worker's TTL. A call at
+``now`` pops the items older than the TTL and, for each, that worker's entries stamped
+at or before ``now - ttl_s``; every entry's own stamp is queued, so none outlives its
+TTL and no call scans workers that have nothing due.
 """
 
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Iterator
+from typing import NamedTuple
 
 from radix.keys import TOKEN_BYTES
-from radix.tree import Node, RadixTree, Scope
+from radix.tree import PUBLIC, Node, RadixTree, Scope
+from router.routing.index.exact import credit_deepest
+from router.routing.index.ids import WorkerId
 
-Stamp = float | None
+
+class Limits(NamedTuple):
+    """How long a worker's entries live and how many tokens it may hold."""
+
+    ttl_s: float
+    capacity_tokens: int
 
 
-class ApproxCache:
-    """Prefixes routed to one worker within the last ``ttl_s`` seconds, at most
-    ``capacity_tokens`` tokens. Times are the caller's clock; calls must not go back
-    in time. Scope visibility is the tree's: a lookup by T sees T's and PUBLIC nodes."""
+class _Entry:
+    """One worker on one node, a link of that worker's list (``_Lru``'s sentinel has
+    ``holders`` None)."""
 
-    def __init__(self, ttl_s: float, capacity_tokens: int):
-        if ttl_s <= 0 or capacity_tokens <= 0:
-            raise ValueError("ttl_s and capacity_tokens must be positive")
-        self.ttl_s = ttl_s
-        self.capacity_tokens = capacity_tokens
-        self.tree: RadixTree[Stamp] = RadixTree()
-        self._expiry: deque[tuple[float, Node[Stamp]]] = deque()
+    __slots__ = ("holders", "stamp", "prev", "next")
 
-    def note(self, key: bytes, scope: Scope, now: float) -> None:
-        """Remember that ``key`` was routed here at ``now`` (refreshes its whole path)."""
-        self.expire(now)
+    def __init__(self, holders: _Holders | None, stamp: float) -> None:
+        self.holders = holders
+        self.stamp = stamp
+        self.prev: _Entry = self
+        self.next: _Entry = self
+
+
+class _Holders(dict[WorkerId, _Entry]):
+    """A node's payload: worker -> entry, and the node itself (None only between a
+    split and the end of the insert that made it)."""
+
+    __slots__ = ("node",)
+
+    def __init__(self, node: Node[_Holders] | None) -> None:
+        super().__init__()
+        self.node = node
+
+
+class _Lru:
+    """One worker's entries, oldest first (a ring closed by a sentinel), its limits
+    and the tokens of the nodes it is on."""
+
+    __slots__ = ("limits", "num_tokens", "ring")
+
+    def __init__(self, limits: Limits) -> None:
+        self.limits = limits
+        self.num_tokens = 0
+        self.ring = _Entry(None, 0.0)
+
+    def oldest(self) -> _Entry | None:
+        entry = self.ring.next
+        return None if entry is self.ring else entry
+
+    def link_after(self, anchor: _Entry, entry: _Entry) -> None:
+        entry.prev, entry.next = anchor, anchor.next
+        anchor.next.prev = entry
+        anchor.next = entry
+
+    def unlink(self, entry: _Entry) -> None:
+        entry.prev.next, entry.next.prev = entry.next, entry.prev
+
+    def __iter__(self) -> Iterator[_Entry]:
+        entry = self.ring.next
+        while entry is not self.ring:
+            yield entry
+            entry = entry.next
+
+
+class ApproxIndex:
+    """Prefixes routed to each worker of one namespace within its TTL, at most its
+    capacity in tokens, per scope (a lookup by T sees what was routed under T or
+    PUBLIC). Times are the caller's clock; calls must not go back in time.
+
+    Guarantee: ``match`` gives each worker the longest common prefix of the key with
+    any key noted to it within its TTL under the key's scope or PUBLIC, less what its
+    capacity evicted (its least recently routed nodes first).
+    """
+
+    def __init__(self) -> None:
+        self._trees: dict[Scope, RadixTree[_Holders]] = {}
+        self._num_entries: dict[Scope, dict[WorkerId, int]] = {}
+        self._workers: dict[WorkerId, _Lru] = {}
+        self._expiry: dict[float, deque[tuple[float, WorkerId]]] = {}
+
+    def note(self, worker_id: WorkerId, key: bytes, scope: Scope, now: float,
+             limits: Limits) -> None:
+        """Stamp ``key``'s path (cut to the capacity) for ``worker_id`` at ``now``, then
+        evict its oldest entries past its capacity. ``limits`` apply from a worker's
+        first note until ``reset_worker``. O(path + evicted)."""
+        self._expire(now)
+        lru = self._workers.get(worker_id)
+        if lru is None:
+            lru = self._workers[worker_id] = _Lru(limits)
         if not key:
             return
-        nodes = self.tree.insert(key[: self.capacity_tokens * TOKEN_BYTES], scope).nodes
-        for node in nodes:
-            node.payload = now
-        self._expiry.append((now, nodes[-1]))
-        excess = self.tree.num_tokens() - self.capacity_tokens
-        if excess > 0:
-            for node in self.tree.evict(excess):
-                node.payload = None
+        tree = self._trees.get(scope)
+        if tree is None:
+            tree = self._trees[scope] = RadixTree(self._split)
+            self._num_entries[scope] = {}
+        num_entries = self._num_entries[scope]
+        path = tree.insert(key[: lru.limits.capacity_tokens * TOKEN_BYTES], scope).nodes
+        for node in reversed(path):  # leaf first: each ancestor ends up newer
+            holders = node.payload
+            if holders is None:
+                holders = node.payload = _Holders(node)
+            elif holders.node is None:
+                holders.node = node
+            entry = holders.get(worker_id)
+            if entry is None:
+                entry = holders[worker_id] = _Entry(holders, now)
+                lru.num_tokens += node.num_tokens
+                num_entries[worker_id] = num_entries.get(worker_id, 0) + 1
+            else:
+                lru.unlink(entry)
+            entry.stamp = now
+            lru.link_after(lru.ring.prev, entry)
+        self._expiry.setdefault(lru.limits.ttl_s, deque()).append((now, worker_id))
+        while lru.num_tokens > lru.limits.capacity_tokens:
+            self._drop(worker_id, lru, lru.ring.next)
 
-    def match(self, key: bytes, scope: Scope, now: float) -> int:
-        """Tokens of ``key`` routed here within the TTL, visible to ``scope``."""
-        self.expire(now)
-        return self.tree.match(key, scope, touch=False).num_matched_tokens
+    def _split(self, tail: _Holders, num_head_tokens: int) -> tuple[_Holders, _Holders]:
+        head = _Holders(None)
+        num_entries = self._num_entries[tail.node.scope]
+        for worker_id, entry in tail.items():
+            head[worker_id] = _Entry(head, entry.stamp)
+            self._workers[worker_id].link_after(entry, head[worker_id])
+            num_entries[worker_id] += 1
+        return head, tail
 
-    def expire(self, now: float) -> None:
-        """Remove what was last routed at or before ``now - ttl_s``."""
-        cutoff = now - self.ttl_s
-        expiry = self._expiry
-        while expiry and expiry[0][0] <= cutoff:
-            node = expiry.popleft()[1]
-            while node.payload is not None and node.payload <= cutoff and node.is_leaf():
-                parent = node.parent
-                self.tree.remove_leaf(node)
-                node.payload = None
-                node = parent
+    def _drop(self, worker_id: WorkerId, lru: _Lru, entry: _Entry) -> None:
+        """Remove a worker-leaf entry; its node goes when no worker is left on it (then
+        it is a leaf: its children's workers would be on it)."""
+        holders = entry.holders
+        node = holders.node
+        lru.unlink(entry)
+        lru.num_tokens -= node.num_tokens
+        del holders[worker_id]
+        num_entries = self._num_entries[node.scope]
+        num_entries[worker_id] -= 1
+        if not num_entries[worker_id]:
+            del num_entries[worker_id]
+        if not holders:
+            tree = self._trees[node.scope]
+            tree.remove_leaf(node)
+            if not tree.num_nodes:
+                del self._trees[node.scope], self._num_entries[node.scope]
 
-    @property
-    def num_tokens(self) -> int:
-        """Tokens currently held (expired entries are dropped at the next call)."""
-        return self.tree.num_tokens()
+    def _expire(self, now: float) -> None:
+        """Drop every entry stamped at or before ``now`` minus its worker's TTL;
+        O(queued notes that fall due + entries dropped)."""
+        for ttl_s, queue in self._expiry.items():
+            cutoff = now - ttl_s
+            while queue and queue[0][0] <= cutoff:
+                worker_id = queue.popleft()[1]
+                lru = self._workers.get(worker_id)
+                if lru is None:
+                    continue
+                worker_cutoff = now - lru.limits.ttl_s
+                while (entry := lru.oldest()) is not None and entry.stamp <= worker_cutoff:
+                    self._drop(worker_id, lru, entry)
+
+    def match(self, key: bytes, scope: Scope, now: float) -> dict[WorkerId, int]:
+        """Matched tokens per worker (workers with none are left out), expired entries
+        dropped first. Costs one walk of the scope's tree and one of the PUBLIC tree,
+        plus set operations over the workers on the nodes walked."""
+        self._expire(now)
+        found: dict[WorkerId, int] = {}
+        for tree_scope in (scope, PUBLIC) if scope != PUBLIC else (PUBLIC,):
+            tree = self._trees.get(tree_scope)
+            if tree is not None:
+                result = tree.match(key, tree_scope, touch=False)
+                credit_deepest(result, len(self._num_entries[tree_scope]), found)
+        return found
+
+    def reset_worker(self, worker_id: WorkerId) -> None:
+        """Forget every entry of ``worker_id`` and its limits; O(its entries)."""
+        lru = self._workers.pop(worker_id, None)
+        while lru is not None and (entry := lru.oldest()) is not None:
+            self._drop(worker_id, lru, entry)
+
+    def num_tokens(self) -> dict[WorkerId, int]:
+        """Tokens per worker noted since its last reset (0 once all expired; expired
+        entries count until the next call drops them)."""
+        return {worker_id: lru.num_tokens for worker_id, lru in self._workers.items()}
+
+    def check_invariants(self) -> None:
+        """Raise AssertionError unless every node holds a worker, a worker on a node is
+        on its parent with a stamp at least as recent, each worker's list runs oldest
+        first with every descendant before its ancestors, holds exactly its entries,
+        their tokens (at most its capacity) and their stamps on its expiry queue.
+        O(entries): for tests."""
+        entries: dict[WorkerId, set[_Entry]] = {}
+        for scope, tree in self._trees.items():
+            tree.check_invariants()
+            assert tree.num_nodes, f"empty tree {scope} kept"
+            counts: dict[WorkerId, int] = {}
+            for node in tree.iter_nodes():
+                holders = node.payload
+                assert node.scope == scope and holders and holders.node is node, node
+                for worker_id, entry in holders.items():
+                    assert entry.holders is holders, node
+                    if node.parent is not tree.root:
+                        parent_entry = node.parent.payload.get(worker_id)
+                        assert parent_entry is not None, f"{worker_id} on {node}, not its parent"
+                        assert parent_entry.stamp >= entry.stamp, node
+                    entries.setdefault(worker_id, set()).add(entry)
+                    counts[worker_id] = counts.get(worker_id, 0) + 1
+            assert counts == self._num_entries[scope], f"entry counts of {scope}"
+        assert self._num_entries.keys() == self._trees.keys()
+        for worker_id, lru in self._workers.items():
+            listed = list(lru)
+            assert set(listed) == entries.pop(worker_id, set()), f"list of {worker_id}"
+            position = {entry: i for i, entry in enumerate(listed)}
+            queued = {t for t, w in self._expiry.get(lru.limits.ttl_s, ()) if w == worker_id}
+            for i, entry in enumerate(listed):
+                assert entry.next.prev is entry and entry.stamp in queued, entry
+                assert i == 0 or listed[i - 1].stamp <= entry.stamp, f"{worker_id} out of order"
+                parent = entry.holders.node.parent.payload
+                if parent is not None:  # the root's payload is None
+                    assert position[parent[worker_id]] > i, f"{worker_id} ancestor before descendant"
+            assert lru.num_tokens == sum(e.holders.node.num_tokens for e in listed)
+            assert lru.num_tokens <= lru.limits.capacity_tokens, f"{worker_id} over capacity"
+        assert not entries, f"entries of unknown workers {set(entries)}"

@@ -22,16 +22,18 @@ one count. Leaves whose payload empties are removed, cascading upward.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
+from typing import TypeVar
 
 from radix.events import KVEvent
 from radix.keys import TOKEN_BYTES, to_key
-from radix.tree import PUBLIC, Node, RadixTree, Scope
+from radix.tree import PUBLIC, MatchResult, Node, RadixTree, Scope
 from router.routing.index.ids import NamespaceDigest, WorkerId
 
 Counts = dict[WorkerId, int]
 TreeId = tuple[NamespaceDigest, Scope]
+H = TypeVar("H", bound=Mapping[WorkerId, object])
 
 
 def _split_counts(counts: Counts, num_head_tokens: int) -> tuple[Counts, Counts]:
@@ -209,20 +211,9 @@ class ExactIndex:
         found: Counts = {}
         for tree_scope in (scope, PUBLIC) if scope != PUBLIC else (PUBLIC,):
             tree = self._trees.get((namespace, tree_scope))
-            if tree is None:
-                continue
-            result = tree.match(key, tree_scope, touch=False)
-            num_workers = len(self._num_blocks[(namespace, tree_scope)])
-            seen: set[WorkerId] = set()
-            for node in reversed(result.nodes):
-                depth = min(node.end, result.num_matched_tokens)
-                for worker_id in node.payload:
-                    if worker_id not in seen:
-                        seen.add(worker_id)
-                        if found.get(worker_id, 0) < depth:
-                            found[worker_id] = depth
-                if len(seen) == num_workers:
-                    break
+            if tree is not None:
+                result = tree.match(key, tree_scope, touch=False)
+                credit_deepest(result, len(self._num_blocks[(namespace, tree_scope)]), found)
         return found
 
     def fingerprint(self) -> str:
@@ -280,6 +271,30 @@ class ExactIndex:
         for worker_id, blocks in self._blocks.items():
             for block in blocks.values():
                 yield worker_id, block
+
+
+def credit_deepest(result: MatchResult[H], num_workers: int, found: Counts) -> None:
+    """Raise ``found[w]`` to the depth of the deepest node of ``result`` whose payload
+    holds ``w``, counted only up to the matched part of the last node. The walk goes
+    deepest first and stops once all ``num_workers`` workers of the tree were seen;
+    each node costs set operations over its payload's keys, not a Python loop."""
+    deepest: Counts = {}
+    for node in reversed(result.nodes):
+        depth = min(node.end, result.num_matched_tokens)
+        deepest.update(dict.fromkeys(node.payload.keys() - deepest.keys(), depth))
+        if len(deepest) == num_workers:
+            break
+    raise_to(found, deepest)
+
+
+def raise_to(found: Counts, other: Counts) -> None:
+    """``found[w] = max(found[w], other[w])`` for every worker of ``other``."""
+    if not found:
+        found.update(other)
+        return
+    for worker_id, num_tokens in other.items():
+        if found.get(worker_id, 0) < num_tokens:
+            found[worker_id] = num_tokens
 
 
 def _init_new(nodes: tuple[Node[Counts], ...]) -> None:

@@ -2,10 +2,11 @@
 
 matched(w) = max(exact(w), approximate(w)). Exact comes from the radix workers' KV
 events (``ExactIndex``); approximate from what the router itself routed
-(``ApproxCache``): for workers marked approximate (OpenAI-compatible servers that
-publish no events) with a long TTL and a capacity like the worker's KV cache, for
-every other worker a speculative entry with a short TTL that the real ``stored``
-event supersedes.
+(``ApproxIndex``, one per namespace, its trees shared by all workers): for workers
+marked approximate (OpenAI-compatible servers that publish no events) with a long TTL
+and a capacity like the worker's KV cache, for every other worker a speculative entry
+with a short TTL that the real ``stored`` event supersedes. Either part answers for
+all workers in one walk of the key's scope tree and one of the PUBLIC tree.
 
 Host tier: a worker's events with medium ``host`` (blocks it moved to host memory)
 feed a second ``ExactIndex`` whose blocks chain from the device index's. A worker
@@ -23,8 +24,8 @@ from dataclasses import asdict, dataclass
 from radix.config_schema import Section, setting
 from radix.events import KVEvent
 from radix.tree import Scope
-from router.routing.index.approx import ApproxCache
-from router.routing.index.exact import ExactIndex
+from router.routing.index.approx import ApproxIndex, Limits
+from router.routing.index.exact import ExactIndex, raise_to
 from router.routing.index.ids import NamespaceDigest, WorkerId
 
 
@@ -63,9 +64,9 @@ class RouterIndex:
     """Per namespace digest, which workers hold which prefixes, per scope.
 
     ``match`` is read-only apart from dropping expired approximate entries; it costs
-    one walk of the key's scope tree and of the PUBLIC tree, plus one walk of each
-    worker's small approximate tree in that namespace. ``clock`` (seconds, monotonic)
-    times approximate entries; the default is ``time.monotonic``.
+    one walk of the key's scope tree and of the PUBLIC tree in the exact, host and
+    approximate parts each, plus the workers on the nodes walked. ``clock`` (seconds,
+    monotonic) times approximate entries; the default is ``time.monotonic``.
     """
 
     def __init__(self, config: IndexConfig | None = None,
@@ -74,7 +75,7 @@ class RouterIndex:
         self._clock = clock
         self._exact = ExactIndex()
         self._host = ExactIndex(parents=self._exact)
-        self._approx: dict[NamespaceDigest, dict[WorkerId, ApproxCache]] = {}
+        self._approx: dict[NamespaceDigest, ApproxIndex] = {}
         self._approximate_capacity: dict[WorkerId, int] = {}
 
     def apply_event(self, worker_id: WorkerId, event: KVEvent) -> None:
@@ -90,8 +91,8 @@ class RouterIndex:
         (snapshot, new epoch, worker removed or unhealthy). Its mode is kept."""
         self._exact.reset_worker(worker_id)
         self._host.reset_worker(worker_id)
-        for caches in self._approx.values():
-            caches.pop(worker_id, None)
+        for approx in self._approx.values():
+            approx.reset_worker(worker_id)
 
     def set_approximate(self, worker_id: WorkerId, capacity_tokens: int | None = None) -> None:
         """Mark ``worker_id`` as publishing no KV events: from now on ``note_routed``
@@ -102,25 +103,23 @@ class RouterIndex:
         if capacity <= 0:
             raise ValueError(f"capacity_tokens must be positive, got {capacity_tokens!r}")
         self._approximate_capacity[worker_id] = capacity
-        for caches in self._approx.values():
-            caches.pop(worker_id, None)
+        for approx in self._approx.values():
+            approx.reset_worker(worker_id)
 
     def note_routed(self, namespace: NamespaceDigest, worker_id: WorkerId, key: bytes,
                     scope: str) -> None:
         """Record that ``key`` was just routed to ``worker_id`` under ``scope``: an
         approximate entry for approximate workers, a speculative one for the others."""
-        caches = self._approx.setdefault(namespace, {})
-        cache = caches.get(worker_id)
-        if cache is None:
-            cache = caches[worker_id] = self._new_cache(worker_id)
-        cache.note(key, Scope(scope), self._clock())
+        approx = self._approx.get(namespace)
+        if approx is None:
+            approx = self._approx[namespace] = ApproxIndex()
+        approx.note(worker_id, key, Scope(scope), self._clock(), self._limits(worker_id))
 
-    def _new_cache(self, worker_id: WorkerId) -> ApproxCache:
+    def _limits(self, worker_id: WorkerId) -> Limits:
         capacity = self._approximate_capacity.get(worker_id)
         if capacity is None:
-            return ApproxCache(self.config.speculative_ttl_s,
-                               self.config.speculative_capacity_tokens)
-        return ApproxCache(self.config.approximate_ttl_s, capacity)
+            return Limits(self.config.speculative_ttl_s, self.config.speculative_capacity_tokens)
+        return Limits(self.config.approximate_ttl_s, capacity)
 
     def match(self, namespace: NamespaceDigest, key: bytes, scope: str) -> dict[WorkerId, int]:
         """Tokens of ``key`` each worker holds, visible to ``scope`` (its own and PUBLIC
@@ -132,13 +131,9 @@ class RouterIndex:
             num_device = found.get(worker_id, 0)
             if num_host > num_device:
                 found[worker_id] = num_device + int(weight * (num_host - num_device))
-        caches = self._approx.get(namespace)
-        if caches:
-            now = self._clock()
-            for worker_id, cache in caches.items():
-                num_tokens = cache.match(key, Scope(scope), now)
-                if num_tokens > found.get(worker_id, 0):
-                    found[worker_id] = num_tokens
+        approx = self._approx.get(namespace)
+        if approx is not None:
+            raise_to(found, approx.match(key, Scope(scope), self._clock()))
         return found
 
     def fingerprint(self) -> str:
@@ -149,9 +144,9 @@ class RouterIndex:
         """Current sizes (approximate tokens include entries expired since last use)."""
         exact = self._exact.stats()
         num_approx: dict[WorkerId, int] = {}
-        for caches in self._approx.values():
-            for worker_id, cache in caches.items():
-                num_approx[worker_id] = num_approx.get(worker_id, 0) + cache.num_tokens
+        for approx in self._approx.values():
+            for worker_id, num_tokens in approx.num_tokens().items():
+                num_approx[worker_id] = num_approx.get(worker_id, 0) + num_tokens
         return IndexStats(
             num_trees=exact.num_trees,
             num_nodes=exact.num_nodes,
@@ -162,10 +157,8 @@ class RouterIndex:
         )
 
     def check_invariants(self) -> None:
-        """Raise AssertionError if the exact index or an approximate tree is inconsistent."""
+        """Raise AssertionError if the exact, host or an approximate index is inconsistent."""
         self._exact.check_invariants()
         self._host.check_invariants()
-        for caches in self._approx.values():
-            for cache in caches.values():
-                cache.tree.check_invariants()
-                assert cache.num_tokens <= cache.capacity_tokens, "approximate cache over capacity"
+        for approx in self._approx.values():
+            approx.check_invariants()
