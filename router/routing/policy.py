@@ -21,6 +21,7 @@ they are given; the caller updates in-flight counts and the index after deciding
 
 from __future__ import annotations
 
+import functools
 import itertools
 import random
 from abc import ABC, abstractmethod
@@ -104,7 +105,10 @@ class RouteDecision:
         return self.scores[0].num_matched_tokens
 
 
-# WorkerScore fields by position, for C-level sorts and scans over every worker.
+# A WorkerScore from a tuple of its fields, in C (its generated ``__new__`` is a Python
+# call, made for every worker per request); its fields by position, for C-level sorts
+# and scans over every worker.
+_score = functools.partial(tuple.__new__, WorkerScore)
 _MATCHED = itemgetter(1)
 _COST_THEN_LOAD = itemgetter(3, 2)
 
@@ -135,9 +139,9 @@ class Policy(ABC):
         """Each view's score, in order: cost = prefill of its uncached tokens + load."""
         prefill, num_prompt_tokens = self.weights.prefill_cost_per_token, request.num_prompt_tokens
         return [
-            WorkerScore(view.worker_id, view.num_matched_tokens, load,
-                        prefill * (num_prompt_tokens - view.num_matched_tokens
-                                   if num_prompt_tokens > view.num_matched_tokens else 0) + load)
+            _score((view.worker_id, view.num_matched_tokens, load,
+                    prefill * (num_prompt_tokens - view.num_matched_tokens
+                               if num_prompt_tokens > view.num_matched_tokens else 0) + load))
             for view, load in zip(views, load_costs(views, self.weights), strict=True)
         ]
 
