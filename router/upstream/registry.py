@@ -14,7 +14,6 @@ the end of the request (``end``): a burst of decisions sees its own effect at on
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import os
 from collections.abc import Callable, Coroutine
@@ -25,6 +24,7 @@ import aiohttp
 
 from router.config import RegistryConfig, WorkerConfig
 from router.front.tokenization import Models
+from router.tasks import cancel_and_wait
 from router.upstream.probes import ProbeResult, WorkerLoad, probe_openai, probe_radix
 
 log = logging.getLogger(__name__)
@@ -176,7 +176,7 @@ class WorkerRegistry:
         worker = self._workers.pop(worker_id, None)
         if worker is None:
             return False
-        await _cancel(self._poll_tasks.pop(worker_id))
+        await cancel_and_wait(self._poll_tasks.pop(worker_id))
         await self._leave(worker, "removed")
         return True
 
@@ -250,7 +250,7 @@ class WorkerRegistry:
         self._rebuild_routable()
         task = self._follow_tasks.pop(worker.worker_id, None)
         if task is not None:
-            await _cancel(task)
+            await cancel_and_wait(task)
         self._index.reset_worker(worker.worker_id)
 
     def _rebuild_routable(self) -> None:
@@ -260,9 +260,4 @@ class WorkerRegistry:
                 routable.setdefault(worker.model, []).append(worker)
         self._routable = routable
 
-
-async def _cancel(task: asyncio.Task[None]) -> None:
-    task.cancel()
-    with contextlib.suppress(asyncio.CancelledError):
-        await task
 

@@ -36,6 +36,7 @@ from redis.retry import Retry
 from router.config import RedisConfig
 from router.state.redis_state import scripts
 from router.state.redis_state.keys import Keys
+from router.tasks import cancel_and_wait
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -121,8 +122,7 @@ class RedisLink:
         """Stop the heartbeat, drop this router's lease (its slots stop counting at
         once) and close the connections."""
         if self._task is not None:
-            self._task.cancel()
-            await asyncio.gather(self._task, return_exceptions=True)
+            await cancel_and_wait(self._task)
         if self.up:
             with contextlib.suppress(RedisUnavailable):
                 await self._bounded(self.client.zrem(self.keys.routers, self.router_id))

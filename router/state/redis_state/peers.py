@@ -34,6 +34,7 @@ from router.routing.index import RouterIndex
 from router.state.redis_state import scripts
 from router.state.redis_state.link import RedisLink, RedisUnavailable
 from router.state.redis_state.routed import RoutedStream
+from router.tasks import cancel_and_wait
 from router.upstream.registry import WorkerRegistry, WorkerState
 
 log = logging.getLogger(__name__)
@@ -91,9 +92,7 @@ class RedisPeers:
     async def close(self) -> None:
         """See ``Peers.close``."""
         if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+            await cancel_and_wait(self._task)
         if self._stream is not None:
             await self._stream.close()
         await self._link.close()

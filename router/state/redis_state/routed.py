@@ -19,6 +19,7 @@ from collections import deque
 
 from router.routing.index import NamespaceDigest, RouterIndex, WorkerId
 from router.state.redis_state.link import RedisLink, RedisUnavailable
+from router.tasks import cancel_and_wait
 from router.upstream.registry import WorkerRegistry, WorkerState
 
 log = logging.getLogger(__name__)
@@ -47,10 +48,7 @@ class RoutedStream:
     async def close(self) -> None:
         """Stop both tasks."""
         for task in self._tasks:
-            task.cancel()
-        for task in self._tasks:
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+            await cancel_and_wait(task)
 
     def note(self, worker: WorkerState, key: bytes, scope: str) -> None:
         """Queue a decision for ``worker`` if it is approximate and Redis is up."""
