@@ -45,7 +45,7 @@ class PolicyWeights:
     """
 
     prefill_cost_per_token: float = 1.0
-    queued_token_cost: float = 0.25
+    queued_token_cost: float = 1.0
     running_request_cost: float = 48.0
     kv_usage_cost: float = 256.0
     load_cap_factor: float = 1.25

@@ -32,7 +32,7 @@ def test_cost_is_uncached_prefill_plus_load_with_default_weights():
                       num_requests_running=2, num_waiting_tokens=100, kv_cache_usage_ratio=0.5)
     decision = make_policy("cache_aware").choose(request(), [view])
     score = decision.scores[0]
-    assert (score.num_matched_tokens, score.load_cost, score.cost) == (200, 309.5, 1109.5)
+    assert (score.num_matched_tokens, score.load_cost, score.cost) == (200, 422.0, 1222.0)
     assert decision.chosen == "w0" and decision.num_matched_tokens == 200 and not decision.cold
 
 
