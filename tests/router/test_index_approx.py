@@ -7,6 +7,7 @@ from __future__ import annotations
 from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
+from support.prefixes import common_prefix_length
 
 from radix.keys import to_key
 from radix.tree import PUBLIC
@@ -161,7 +162,7 @@ class RoutedModel:
         found = {}
         for worker_id in self.notes:
             visible = [key for key, s in self.live(worker_id, now) if s in (scope, PUBLIC)]
-            best = max((_lcp(query, key) for key in visible), default=0)
+            best = max((common_prefix_length(query, key) for key in visible), default=0)
             if best:
                 found[worker_id] = best
         return found
@@ -171,15 +172,6 @@ class RoutedModel:
         return {worker_id: len({(scope, key[:i]) for key, scope in self.live(worker_id, now)
                                 for i in range(1, len(key) + 1)})
                 for worker_id in self.notes}
-
-
-def _lcp(a: list[int], b: tuple[int, ...]) -> int:
-    n = 0
-    for x, y in zip(a, b, strict=False):
-        if x != y:
-            break
-        n += 1
-    return n
 
 
 class ApproxMachine(RuleBasedStateMachine):

@@ -13,6 +13,7 @@ from __future__ import annotations
 from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
+from support.prefixes import common_prefix_length
 
 from bench.sim_cache import SimCache
 from radix.events import KVEvent
@@ -47,19 +48,10 @@ class BlockOracle:
     def match(self, query: list[int], scope: str) -> dict[str, int]:
         found = {}
         for worker, blocks in self.blocks.items():
-            best = max((_lcp(query, path) for path, s in blocks.values() if s in (scope, PUBLIC)), default=0)
+            best = max((common_prefix_length(query, path) for path, s in blocks.values() if s in (scope, PUBLIC)), default=0)
             if best:
                 found[worker] = best
         return found
-
-
-def _lcp(a: list[int], b: tuple[int, ...]) -> int:
-    n = 0
-    for x, y in zip(a, b, strict=False):
-        if x != y:
-            break
-        n += 1
-    return n
 
 
 class IndexMachine(RuleBasedStateMachine):
