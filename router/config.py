@@ -19,7 +19,7 @@ from radix.config_schema import DIGEST, ENV_NAME, NAME, FieldError, Pattern, Sec
 from router.routing.index import IndexConfig
 
 DEFAULT_CONFIG = Path(__file__).resolve().parent.parent / "configs" / "local.toml"
-WORKER_KINDS = ("radix", "openai")
+WORKER_KINDS = ("radix", "vllm", "openai")
 RESERVED_TENANTS = ("public", "anonymous")
 WORKER_KEY_ENV_PREFIX = "RADIX_WORKER_KEY_"
 REDIS_KEY_PREFIX = Pattern(re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,63}$"),
@@ -92,12 +92,14 @@ class ModelConfig(Section):
 
 @dataclass(frozen=True)
 class WorkerConfig(Section):
-    """A worker: ``radix`` (our worker, exact KV events) or ``openai`` (any
-    OpenAI-compatible server, approximate mode). ``url`` may be None only when
-    ``launch`` says how ``radix-router up`` starts it (the URL is then learnt).
-    ``api_key_env`` names the environment variable holding the worker's API key; a
-    launched worker gets ``default_key_env(worker_id)`` unless the config names one,
-    and ``up`` puts its generated key there."""
+    """A worker: ``radix`` (our worker, exact KV events over HTTP), ``vllm`` (a vLLM
+    server: exact from its ZMQ KV events when ``kv_events`` names its publisher
+    endpoint, with ``kv_events_replay`` its replay endpoint; approximate without) or
+    ``openai`` (any OpenAI-compatible server, approximate mode). ``url`` may be None
+    only when ``launch`` says how ``radix-router up`` starts it (the URL is then
+    learnt). ``api_key_env`` names the environment variable holding the worker's API
+    key; a launched worker gets ``default_key_env(worker_id)`` unless the config names
+    one, and ``up`` puts its generated key there."""
 
     worker_id: str = setting(pattern=NAME, key="id")
     model: str
@@ -105,13 +107,26 @@ class WorkerConfig(Section):
     url: str | None = None
     api_key_env: str | None = setting(None, pattern=ENV_NAME)
     launch: tuple[str, ...] | None = None
+    kv_events: str | None = None
+    kv_events_replay: str | None = None
 
     def check(self) -> None:
-        """A URL or a launch command; a URL that is ``http(s)://HOST[:PORT][/PATH]``."""
+        """A URL or a launch command; a URL that is ``http(s)://HOST[:PORT][/PATH]``;
+        ZMQ endpoints only for ``vllm`` workers, a replay endpoint only with events."""
         if self.url is None and self.launch is None:
             raise FieldError(None, "give url, or launch for `radix-router up`")
         if self.url is not None and (problem := worker_url_problem(self.url)):
             raise FieldError("url", problem)
+        for name in ("kv_events", "kv_events_replay"):
+            endpoint = getattr(self, name)
+            if endpoint is None:
+                continue
+            if self.kind != "vllm":
+                raise FieldError(name, 'only workers of kind = "vllm" publish ZMQ KV events')
+            if problem := zmq_endpoint_problem(endpoint):
+                raise FieldError(name, problem)
+        if self.kv_events_replay is not None and self.kv_events is None:
+            raise FieldError("kv_events_replay", "give kv_events too")
 
 
 @dataclass(frozen=True)
@@ -329,6 +344,21 @@ def worker_url_problem(url: str) -> str | None:
         return (f"give http(s)://HOST[:PORT] (port 1-65535, no user info, query or "
                 f"fragment), got {url!r}")
     return None
+
+
+def zmq_endpoint_problem(endpoint: str) -> str | None:
+    """What is wrong with a ZMQ endpoint the router connects to (None if nothing): it
+    must be ``ipc://PATH`` or ``tcp://HOST:PORT`` (the server binds ``tcp://*:PORT``)."""
+    if endpoint.startswith("ipc://") and len(endpoint) > len("ipc://"):
+        return None
+    parsed = urllib.parse.urlsplit(endpoint)
+    try:
+        port = parsed.port
+    except ValueError:
+        port = None
+    if parsed.scheme == "tcp" and parsed.hostname and parsed.hostname != "*" and port:
+        return None
+    return f"give ipc://PATH or tcp://HOST:PORT, got {endpoint!r}"
 
 
 def redis_url_problem(url: str) -> str | None:

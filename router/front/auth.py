@@ -80,6 +80,13 @@ class Authenticator:
             raise ApiError(401, "invalid API key", code="invalid_api_key")
         return tenant
 
+    def tenant_ids(self) -> set[str]:
+        """Every tenant id a request can run as (the anonymous one when allowed)."""
+        ids = {tenant.tenant_id for tenant in self._tenants.values()}
+        if self._anonymous is not None:
+            ids.add(self._anonymous.tenant_id)
+        return ids
+
     def check_admin(self, authorization: str | None) -> None:
         """Return if the header carries the admin key; ApiError 401 otherwise (403 when
         the config sets no admin key at all)."""

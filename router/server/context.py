@@ -24,6 +24,7 @@ from router.state.shared_state import SharedState
 from router.upstream.kv_events import KVEventFollower
 from router.upstream.proxy import Proxy
 from router.upstream.registry import WorkerRegistry, WorkerState
+from router.upstream.vllm.attach import VllmAttacher
 
 
 @dataclass
@@ -43,6 +44,7 @@ class Router:
     metrics: RouterMetrics
     cache_salts: CacheSalts
     peers: Peers
+    vllm: VllmAttacher
 
     @classmethod
     def build(cls, config: RouterConfig, secret: bytes, state: SharedState,
@@ -58,23 +60,31 @@ class Router:
             connector=aiohttp.TCPConnector(limit=0, keepalive_timeout=60),
             auto_decompress=False)
 
+        metrics = RouterMetrics(models.token_cache_stats)
+        auth = Authenticator(config.auth)
+        salts = CacheSalts(secret)
+        vllm = VllmAttacher(index, session, secret, salts, auth.tenant_ids(), metrics.kv_events,
+                            config.registry.probe_timeout_s)
+
         async def follow(worker: WorkerState) -> None:
+            if worker.kind == "vllm":
+                await vllm.follow(worker, models.get(worker.model))
+                return
             await KVEventFollower(index, WorkerId(worker.worker_id), worker.url, session,
                                   worker.headers, NamespaceDigest(worker.namespace or "")).run()
 
         registry = WorkerRegistry(config.registry, models, secret, session, index, follow)
         peers = peers or NoPeers()
-        metrics = RouterMetrics(models.token_cache_stats)
         metrics.shared_state_up.set_function(lambda: float(peers.up))
-        return cls(config, models, Authenticator(config.auth), TenantLimiter(state), index,
-                   policy, session, registry, Proxy(session, config.proxy), metrics,
-                   CacheSalts(secret), peers)
+        return cls(config, models, auth, TenantLimiter(state), index, policy, session, registry,
+                   Proxy(session, config.proxy), metrics, salts, peers, vllm)
 
     async def close(self) -> None:
         """Leave the peers, stop polling and following every worker, then close the
         client session."""
         await self.peers.close()
         await self.registry.close()
+        self.vllm.close()
         await self.session.close()
 
 

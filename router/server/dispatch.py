@@ -94,10 +94,18 @@ async def tokenize(model: ModelTokenizer, parsed: OpenAIRequest, tenant_id: str)
 
 def match(router: Router, workers: list[WorkerState], prompt: Prompt,
           tenant: Tenant) -> dict[str, int]:
-    """Tokens of the prompt each worker holds, by one walk per namespace in use."""
+    """Tokens of the prompt each worker holds, by one walk per namespace in use; for an
+    engine that reuses whole blocks only (vLLM: ``cache_block_size``), what it will
+    reuse: whole blocks, and never the prompt's last token (it computes that one)."""
     matched: dict[str, int] = {}
     for namespace in {w.namespace for w in workers if w.namespace is not None}:
         matched.update(router.index.match(namespace, prompt.key, tenant.tenant_id))
+    for worker in workers:
+        block_size = worker.cache_block_size
+        if block_size is not None and worker.worker_id in matched:
+            reusable = (len(prompt.token_ids) - 1) // block_size * block_size
+            matched[worker.worker_id] = min(matched[worker.worker_id] // block_size * block_size,
+                                            reusable)
     return matched
 
 

@@ -16,6 +16,7 @@ from prometheus_client.registry import Collector
 
 from radix.token_cache import CacheStats
 from router.upstream.registry import WorkerState
+from router.upstream.vllm.follower import KVEventMetrics
 
 _LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5,
                     1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
@@ -44,6 +45,10 @@ class RouterMetrics:
         self.worker_ready = Gauge("router_worker_ready",
                                   "1 while the worker passes its readiness probe and is routed to",
                                   ["worker"], registry=r)
+        self.worker_exact = Gauge("router_worker_index_exact",
+                                  "1 while the worker is routed from its KV events, 0 while "
+                                  "approximately (no events, or its tokenization differs)",
+                                  ["worker"], registry=r)
         self.worker_load = Gauge("router_worker_load", "Worker load as the router sees it",
                                  ["worker", "measure"], registry=r)
         self.request_seconds = Histogram("router_request_seconds", "Whole request latency",
@@ -56,6 +61,7 @@ class RouterMetrics:
             "router_shared_state_up",
             "1 while the shared state is reachable (always 1 without Redis: state is local)",
             registry=r)
+        self.kv_events = KVEventMetrics(r)
         self._request_counters: dict[tuple[str, str, int], Counter] = {}
         self._token_counters: dict[str, tuple[Counter, Counter]] = {}
 
@@ -86,8 +92,10 @@ class RouterMetrics:
         self.index_nodes.set(index_nodes)
         self.worker_load.clear()
         self.worker_ready.clear()
+        self.worker_exact.clear()
         for worker in workers:
             self.worker_ready.labels(worker.worker_id).set(float(worker.ready))
+            self.worker_exact.labels(worker.worker_id).set(float(worker.index_mode == "exact"))
             for measure, value in _load_measures(worker).items():
                 self.worker_load.labels(worker.worker_id, measure).set(value)
         return generate_latest(self.registry)

@@ -5,14 +5,17 @@
 reported CacheNamespace fields under its own secret, and refuses a worker whose
 tokenizer digest or block size differs from the router's model.
 
-``openai`` workers: ``GET /v1/models`` (ready when it lists a model; a server without
-that route is ready when ``GET /health`` answers 200) and ``GET /metrics`` when it exists (Prometheus text; our names and vLLM/SGLang names);
-without metrics the router relies on its own in-flight counts.
+``openai`` and ``vllm`` workers: ``GET /v1/models`` (ready when it lists a model; a
+server without that route is ready when ``GET /health`` answers 200) and
+``GET /metrics`` when it exists (Prometheus text; our names and vLLM/SGLang names;
+vLLM's ``cache_config_info`` also gives its KV block size); without metrics the
+router relies on its own in-flight counts.
 """
 
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -47,6 +50,7 @@ class ProbeResult:
     epoch: str | None = None
     served_model: str | None = None
     load: WorkerLoad = WorkerLoad()
+    cache_block_size: int | None = None
 
 
 class ProbeError(Exception):
@@ -119,28 +123,36 @@ def _radix_load(load: Any, engine: Any) -> WorkerLoad:
         return WorkerLoad()
 
 
-def openai_namespace(model: ModelTokenizer, secret: bytes) -> str:
-    """The namespace the router files an OpenAI-compatible worker's approximate entries
-    under: it knows only the model and the router's tokenizer."""
+def openai_namespace(model: ModelTokenizer, secret: bytes, kind: str = "openai",
+                     adapter_name: str = "") -> str:
+    """The namespace the router files an OpenAI-compatible (``kind`` ``openai``) or
+    vLLM worker's entries under: it knows only the engine kind, the model, the
+    router's tokenizer and, for a LoRA adapter's blocks, the adapter's name (the
+    engine publishes no digest of its weights)."""
     return CacheNamespace(
-        model_id=f"openai:{model.name}",
+        model_id=f"{kind}:{model.name}",
         weights_digest="unknown",
         tokenizer_digest=model.digest,
+        adapter_name=adapter_name,
+        adapter_digest="unknown" if adapter_name else "",
         block_size=model.block_size,
     ).fingerprint(secret)
 
 
 async def probe_openai(session: aiohttp.ClientSession, url: str, headers: Mapping[str, str],
-                       timeout_s: float, model: ModelTokenizer, secret: bytes) -> ProbeResult:
-    """Readiness (``/v1/models``) and, if published, Prometheus load of an
-    OpenAI-compatible server."""
+                       timeout_s: float, model: ModelTokenizer, secret: bytes,
+                       kind: str = "openai") -> ProbeResult:
+    """Readiness (``/v1/models``) and, if published, Prometheus load (and vLLM's KV
+    block size) of an OpenAI-compatible server of ``kind`` (``openai`` or ``vllm``)."""
     try:
         served = await _served_model(session, url, headers, timeout_s, model.name)
         if served is None:
             return ProbeResult(False, "neither /v1/models nor /health answers")
         status, text = await _get(session, f"{url}/metrics", headers, timeout_s)
-        load = parse_prometheus_load(text) if status == 200 else WorkerLoad()
-        return ProbeResult(True, "ready", openai_namespace(model, secret), None, served, load)
+        if status != 200:
+            text = ""
+        return ProbeResult(True, "ready", openai_namespace(model, secret, kind), None, served,
+                           parse_prometheus_load(text), parse_cache_block_size(text))
     except ProbeError as exc:
         return ProbeResult(False, str(exc))
 
@@ -197,3 +209,12 @@ def parse_prometheus_load(text: str) -> WorkerLoad:
         num_waiting_tokens=int(totals.get("num_waiting_tokens", 0)),
         kv_cache_usage_ratio=totals.get("kv_cache_usage_ratio", 0.0),
     )
+
+
+_CACHE_CONFIG_INFO = re.compile(r'^vllm:cache_config_info\{[^}]*?\bblock_size="(\d+)"', re.M)
+
+
+def parse_cache_block_size(text: str) -> int | None:
+    """vLLM's KV block size from its ``vllm:cache_config_info`` gauge (None without)."""
+    found = _CACHE_CONFIG_INFO.search(text)
+    return int(found.group(1)) if found and int(found.group(1)) > 0 else None

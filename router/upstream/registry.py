@@ -63,7 +63,8 @@ class WorkerState:
 
     __slots__ = ("config", "worker_id", "kind", "model", "url", "headers", "ready", "reason",
                  "namespace", "epoch", "served_model", "load", "num_in_flight_requests",
-                 "num_in_flight_prompt_tokens", "stats")
+                 "num_in_flight_prompt_tokens", "stats", "index_mode", "index_reason",
+                 "cache_block_size")
 
     def __init__(self, config: WorkerConfig, url: str, headers: dict[str, str]) -> None:
         self.config = config
@@ -81,6 +82,14 @@ class WorkerState:
         self.num_in_flight_requests = 0
         self.num_in_flight_prompt_tokens = 0
         self.stats = WorkerStats()
+        self.index_mode = "exact" if self.has_event_stream else "approximate"
+        self.index_reason = "" if self.has_event_stream else "publishes no KV events"
+        self.cache_block_size: int | None = None
+
+    @property
+    def has_event_stream(self) -> bool:
+        """Whether the worker publishes KV events the router can follow."""
+        return self.kind == "radix" or (self.kind == "vllm" and self.config.kv_events is not None)
 
     def to_dict(self) -> dict[str, object]:
         """JSON view for ``GET /admin/workers``."""
@@ -88,6 +97,8 @@ class WorkerState:
             "id": self.worker_id, "kind": self.kind, "model": self.model, "url": self.url,
             "ready": self.ready, "reason": self.reason, "namespace": self.namespace,
             "epoch": self.epoch, "served_model": self.served_model,
+            "index_mode": self.index_mode, "index_reason": self.index_reason,
+            "cache_block_size": self.cache_block_size,
             "load": asdict(self.load),
             "num_in_flight_requests": self.num_in_flight_requests,
             "num_in_flight_prompt_tokens": self.num_in_flight_prompt_tokens,
@@ -164,7 +175,7 @@ class WorkerRegistry:
                 raise ValueError(f"api_key_env: ${config.api_key_env} is not set")
             headers["Authorization"] = f"Bearer {key}"
         worker = WorkerState(config, config.url, headers)
-        if worker.kind == "openai":
+        if not worker.has_event_stream:
             self._index.set_approximate(worker.worker_id)
         self._workers[worker.worker_id] = worker
         self._poll_tasks[worker.worker_id] = asyncio.create_task(self._poll(worker))
@@ -212,11 +223,15 @@ class WorkerRegistry:
 
     async def _poll(self, worker: WorkerState) -> None:
         model = self._models.get(worker.model)
-        probe = probe_radix if worker.kind == "radix" else probe_openai
         while True:
             try:
-                result = await probe(self._session, worker.url, worker.headers,
-                                     self._config.probe_timeout_s, model, self._secret)
+                if worker.kind == "radix":
+                    result = await probe_radix(self._session, worker.url, worker.headers,
+                                               self._config.probe_timeout_s, model, self._secret)
+                else:
+                    result = await probe_openai(self._session, worker.url, worker.headers,
+                                                self._config.probe_timeout_s, model,
+                                                self._secret, worker.kind)
                 await self._apply(worker, result)
             except Exception:  # a bug here must not stop polling this worker
                 log.exception("polling worker %s failed", worker.worker_id)
@@ -234,11 +249,12 @@ class WorkerRegistry:
         worker.load = result.load
         worker.epoch = result.epoch
         worker.served_model = result.served_model
+        worker.cache_block_size = result.cache_block_size
         if not worker.ready:
             worker.namespace = result.namespace
             worker.ready = True
             worker.reason = result.reason
-            if worker.kind == "radix":
+            if worker.has_event_stream:
                 self._follow_tasks[worker.worker_id] = asyncio.create_task(
                     self._follow_events(worker))
             self._rebuild_routable()

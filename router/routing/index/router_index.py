@@ -106,6 +106,13 @@ class RouterIndex:
         for approx in self._approx.values():
             approx.reset_worker(worker_id)
 
+    def set_exact(self, worker_id: WorkerId) -> None:
+        """Undo ``set_approximate``: ``worker_id``'s KV events are followed again, and
+        what is routed to it is kept only as short speculative entries."""
+        if self._approximate_capacity.pop(worker_id, None) is not None:
+            for approx in self._approx.values():
+                approx.reset_worker(worker_id)
+
     def note_routed(self, namespace: NamespaceDigest, worker_id: WorkerId, key: bytes,
                     scope: str) -> None:
         """Record that ``key`` was just routed to ``worker_id`` under ``scope``: an

@@ -1,0 +1,179 @@
+"""VllmEventFollower against a publisher speaking vLLM's ZMQ wire format.
+
+Each test drives the publisher (tests/support/vllm_publisher.py) through one of the
+situations the follower must survive: a late start, a lost message, a gap the replay
+buffer no longer covers, a restarted server (idle or busy), garbage, and both event
+encodings. The index is checked by exact matches per tenant.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from pathlib import Path
+
+import pytest
+import zmq.asyncio
+from prometheus_client import CollectorRegistry
+
+from radix.keys import to_key
+from router.routing.index import RouterIndex
+from router.upstream.vllm.follower import Endpoints, KVEventMetrics, VllmEventFollower
+from router.upstream.vllm.translate import VllmTranslator
+from tests.support.aio import eventually
+from tests.support.vllm_publisher import VllmPublisher, chain_hashes
+
+BLOCK = 4
+SALTS = {"salt-alice": "alice", "salt-bob": "bob"}
+DOC = list(range(200, 216))
+
+
+class Harness:
+    """A publisher, a follower task and the index it feeds."""
+
+    def __init__(self, tmp_path: Path, **publisher_args) -> None:
+        self.events = f"ipc://{tmp_path}/events"
+        self.replay = f"ipc://{tmp_path}/replay"
+        self.publisher_args = publisher_args
+        self.publisher = VllmPublisher(self.events, self.replay, **publisher_args)
+        self.index = RouterIndex()
+        self.registry = CollectorRegistry()
+        self.metrics = KVEventMetrics(self.registry)
+        self.translator = VllmTranslator("v0", SALTS.get, lambda lora: "ns")
+        self.context = zmq.asyncio.Context()
+        self.follower = VllmEventFollower(self.index, self.translator,
+                                          Endpoints(self.events, self.replay, 1.0),
+                                          self.metrics, self.context)
+
+    def store(self, tokens: list[int], salt: str = "salt-alice", send: bool = True) -> list[int]:
+        hashes = chain_hashes(tokens, BLOCK, salt)
+        self.publisher.publish([self.publisher.stored(hashes, None, tokens, BLOCK, salt)], send)
+        return hashes
+
+    def matched(self, tokens: list[int], tenant: str = "alice") -> int:
+        return self.index.match("ns", to_key(tokens), tenant).get("v0", 0)
+
+    def counter(self, name: str) -> float:
+        return self.registry.get_sample_value(f"router_{name}_total", {"worker": "v0"}) or 0
+
+    def restart_publisher(self) -> None:
+        self.publisher.close()
+        self.publisher = VllmPublisher(self.events, self.replay, **self.publisher_args)
+
+
+def run(tmp_path: Path, test, **publisher_args) -> None:
+    async def main() -> None:
+        harness = Harness(tmp_path, **publisher_args)
+        task = None
+        try:
+            await test(harness, lambda: asyncio.create_task(harness.follower.run()))
+        finally:
+            for task in [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+            harness.publisher.close()
+            harness.context.destroy(linger=0)
+            harness.index.check_invariants()
+
+    asyncio.run(main())
+
+
+@pytest.mark.parametrize("encoding,bytes_hashes,batch_as_map",
+                         [("map", False, False), ("array", True, True)])
+def test_a_late_follower_catches_up_by_replay_then_follows_live(tmp_path, encoding, bytes_hashes,
+                                                                 batch_as_map):
+    async def test(h: Harness, start) -> None:
+        h.store(DOC[:8])
+        h.store(DOC, salt="salt-bob")
+        start()
+        await eventually(lambda: h.matched(DOC, "bob") == 16)
+        assert h.matched(DOC) == 8
+        await asyncio.sleep(0.2)  # the subscription is up
+        h.store(DOC)
+        await eventually(lambda: h.matched(DOC) == 16)
+        assert h.follower.last_seq == 2
+
+    run(tmp_path, test, encoding=encoding, bytes_hashes=bytes_hashes, batch_as_map=batch_as_map)
+
+
+def test_a_lost_message_is_filled_by_replay(tmp_path):
+    async def test(h: Harness, start) -> None:
+        start()
+        await asyncio.sleep(0.3)
+        h.store(DOC[:4])
+        await eventually(lambda: h.matched(DOC) == 4)
+        h.store(DOC[4:12], send=False)
+        first = chain_hashes(DOC[:4], BLOCK, "salt-alice")[0]
+        more = chain_hashes(DOC[4:8], BLOCK, parent=first)
+        h.publisher.publish([h.publisher.stored(more, first, DOC[4:8], BLOCK)])
+        await eventually(lambda: h.matched(DOC) == 8)
+        assert h.matched(DOC[4:12]) == 8
+        assert (h.counter("kv_event_gaps"), h.counter("kv_event_resyncs")) == (1, 0)
+
+    run(tmp_path, test)
+
+
+def test_a_gap_the_buffer_no_longer_covers_clears_the_worker(tmp_path):
+    async def test(h: Harness, start) -> None:
+        start()
+        await asyncio.sleep(0.3)
+        h.store(DOC[:8])
+        await eventually(lambda: h.matched(DOC) == 8)
+        for i in range(4):
+            h.store([1, 2, 3, 4 + i], send=False)  # lost, and soon out of the buffer
+        h.store(DOC[8:], salt="salt-bob")
+        await eventually(lambda: h.matched(DOC[8:], "bob") == 8)
+        assert h.matched(DOC) == 0  # its store fell out of the buffer: not claimed
+        assert h.matched([1, 2, 3, 7]) == 4
+        assert h.counter("kv_event_gaps") == 1 and h.counter("kv_event_resyncs") == 1
+
+    run(tmp_path, test, buffer_steps=2)
+
+
+def test_a_restarted_server_is_cleared_at_once_even_when_idle(tmp_path):
+    async def test(h: Harness, start) -> None:
+        start()
+        await asyncio.sleep(0.3)
+        h.store(DOC)
+        await eventually(lambda: h.matched(DOC) == 16)
+        h.restart_publisher()
+        await eventually(lambda: h.matched(DOC) == 0)
+        await asyncio.sleep(0.3)
+        h.store(DOC[:8], salt="salt-bob")
+        await eventually(lambda: h.matched(DOC, "bob") == 8)
+        assert h.follower.last_seq == 0
+
+    run(tmp_path, test)
+
+
+def test_a_seq_that_goes_back_clears_the_worker(tmp_path):
+    async def test(h: Harness, start) -> None:
+        start()
+        await asyncio.sleep(0.3)
+        h.store(DOC)
+        h.store([9, 9, 9, 9])
+        await eventually(lambda: h.matched([9, 9, 9, 9]) == 4)
+        h.publisher.forget()
+        h.publisher.publish([])  # a fresh process, same sockets: seq 0 again
+        await eventually(lambda: h.matched(DOC) == 0)
+        assert h.counter("kv_event_resyncs") >= 1
+
+    run(tmp_path, test)
+
+
+def test_garbage_is_counted_and_following_goes_on(tmp_path):
+    async def test(h: Harness, start) -> None:
+        start()
+        await asyncio.sleep(0.3)
+        h.publisher.send_raw([b"only one frame"])
+        h.publisher.send_raw([b"", b"short", b"x"])
+        h.publisher.publish([{"type": "BlockStored", "block_hashes": 5}, "junk"])
+        h.publisher.send_raw([b"", (1).to_bytes(8, "big"), b"\xc1 not msgpack"])
+        h.publisher.seq = 2
+        h.store(DOC[:4])
+        await eventually(lambda: h.matched(DOC) == 4)
+        assert h.counter("kv_event_decode_errors") == 5
+        assert h.counter("kv_events") == 2
+
+    run(tmp_path, test)
