@@ -13,6 +13,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from bench import (
+    chaos,
     e2e,
     e2e_worker_bench,
     engine_overhead,
@@ -46,6 +47,7 @@ BENCHMARKS: dict[str, Callable[[list[str]], dict]] = {
     "sim": sim.main,
     "e2e": e2e.main,
     "reference": reference.main,
+    "chaos": chaos.main,
 }
 
 
