@@ -13,6 +13,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from bench import (
+    chaos,
     e2e,
     e2e_worker_bench,
     engine_overhead,
@@ -48,6 +49,7 @@ BENCHMARKS: dict[str, Callable[[list[str]], dict]] = {
     "e2e": e2e.main,
     "reference": reference.main,
     "vllm": vllm_bench.main,
+    "chaos": chaos.main,
 }
 
 

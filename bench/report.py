@@ -5,7 +5,8 @@ machine state: the simulator (``bench.sim``) for every policy on every workload 
 each worker count, its scaling with workers and requests, the cached fraction
 against the KV capacity; the end-to-end run (``bench.e2e``) of our router and the
 installed peer routers in front of the same workers; and the radix core
-(``bench.radix_bench``). Writes ``results.json``, ``summary.md`` (the tables, with
+(``bench.radix_bench``); and the chaos soak (``bench.chaos``, 30 minutes; one
+minute with ``--quick``). Writes ``results.json``, ``summary.md`` (the tables, with
 the command that made them) and PNG plots (matplotlib; without it the plots are
 skipped and the summary says so). The other micro-benchmarks run with
 ``python -m bench NAME``.
@@ -23,7 +24,7 @@ import time
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from bench import e2e, radix_bench, reference
+from bench import chaos, e2e, radix_bench, reference
 from bench.report_write import write_plots, write_summary
 from bench.sim import RATES, SIM_POLICIES, TABLE_HEADER, SimConfig, simulate, table_row
 
@@ -43,6 +44,7 @@ class Plan:
     e2e_args: tuple[str, ...]
     reference_args: tuple[str, ...]
     radix_requests: int
+    chaos_duration_s: float
 
 
 FULL = Plan(workers=(8, 32, 256), workloads=("rag", "chat", "agent", "multitenant"),
@@ -50,12 +52,14 @@ FULL = Plan(workers=(8, 32, 256), workloads=("rag", "chat", "agent", "multitenan
             scaling_workers=(8, 32, 128, 256), scaling_requests=(2000, 4000, 8000),
             cache_sizes=(25_000, 50_000, 100_000, 200_000, 400_000),
             e2e_args=("--workers", "4", "--requests", "300", "--clients", "16"),
-            reference_args=("--requests", "5000", "--clients", "64"), radix_requests=20_000)
+            reference_args=("--requests", "5000", "--clients", "64"), radix_requests=20_000,
+            chaos_duration_s=1800.0)
 QUICK = Plan(workers=(8,), workloads=("rag", "chat"), requests_per_worker=60,
              min_requests=500, max_requests=500, scaling_workers=(4, 8, 16),
              scaling_requests=(250, 500), cache_sizes=(50_000, 200_000),
              e2e_args=("--workers", "2", "--requests", "24", "--clients", "4"),
-             reference_args=("--requests", "500", "--clients", "16"), radix_requests=2000)
+             reference_args=("--requests", "500", "--clients", "16"), radix_requests=2000,
+            chaos_duration_s=60.0)
 CACHE_POLICIES = ("cache_aware", "threshold_default", "threshold_tuned", "consistent_hash", "round_robin")
 
 
@@ -114,7 +118,7 @@ def run_cache_sizes(plan: Plan) -> dict[str, list]:
 def main(argv: list[str] | None = None) -> Path:
     """Run the plan and write the report; returns its directory."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--quick", action="store_true", help="the small plan (under 3 minutes)")
+    parser.add_argument("--quick", action="store_true", help="the small plan (about 5 minutes)")
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args(argv)
     plan = QUICK if args.quick else FULL
@@ -135,6 +139,8 @@ def main(argv: list[str] | None = None) -> Path:
     print("=== radix core ===", flush=True)
     report["radix"] = radix_bench.main(["--requests", str(plan.radix_requests)])
     report["sglang_radix"] = report["radix"]["sglang_radix"]
+    print("=== chaos soak ===", flush=True)
+    report["chaos"] = chaos.main(["--duration-s", str(plan.chaos_duration_s)])
     report["wall_s"] = time.perf_counter() - start
     (out / "results.json").write_text(json.dumps(report, indent=2, default=str))
     plots = write_plots(report, out)

@@ -78,6 +78,21 @@ def reference_table(report: dict) -> list[str]:
     return lines
 
 
+def chaos_table(report: dict) -> list[str]:
+    """The chaos soak: request totals, then a row per fault, then what was left held."""
+    chaos = report["chaos"]
+    totals = {k: v for k, v in chaos["requests"].items() if k != "lost_details"}
+    rows = [f"{chaos['duration_s']:.0f} s; requests: {totals}.", "",
+            "| fault | at s | recover s | p99 during ms | p99 after ms | lost |",
+            "|---|---:|---:|---:|---:|---:|"]
+    rows += [f"| {f['fault']} | {f['at_s']} | {f['recover_s']} | {f['p99_during_ms']} | "
+             f"{f['p99_after_ms']} | {f['num_lost']} |" for f in chaos["faults"]]
+    growth = {name: rss["growth_pct"] for name, rss in chaos["rss_mb"].items()}
+    return rows + ["", f"RSS growth %: {growth}. KV blocks in use at the end: "
+                       f"{chaos['kv_blocks_in_use']}; Redis slots held: "
+                       f"{chaos['redis_slots_held'] or 0}; healthy: {chaos['healthy_at_end']}."]
+
+
 def write_summary(report: dict, plots: list[str] | None, out: Path) -> None:
     """``summary.md``: command, machine, every table, the plots."""
     scaling = report["scaling"]
@@ -98,7 +113,8 @@ def write_summary(report: dict, plots: list[str] | None, out: Path) -> None:
                for policy, rows in report["cache_sizes"].items()), "",
              "## End to end, same workers", "", *e2e_table(report), "",
              "## Reference harness (stand-in workers, `bench.reference`)", "", *reference_table(report), "",
-             "## Radix core", "", f"SGLang RadixCache: {report['sglang_radix']}.", ""]
+             "## Radix core", "", f"SGLang RadixCache: {report['sglang_radix']}.", "",
+             "## Chaos soak (`bench.chaos`)", "", *chaos_table(report), ""]
     lines += ["## Plots", ""] + ([f"![{p}]({p})" for p in plots] if plots is not None
                                  else ["matplotlib is not installed (pip install -e '.[bench]'): no plots."])
     (out / "summary.md").write_text("\n".join(lines) + "\n")

@@ -8,9 +8,12 @@ run in their own session so a terminal's Ctrl-C reaches only this
 supervisor, and with a parent-death signal so a killed supervisor leaves no orphan.
 Each child prints ``READY http://HOST:PORT`` when it serves; the supervisor waits
 for every READY, prints how to use the router with the answer to one example
-request (when the config names an example key), and on SIGINT/SIGTERM (or any child
-exiting) stops them all: SIGTERM, then SIGKILL after a grace period, Redis last.
-Starting, waiting and stopping are ``router.launcher``'s, shared with the tests.
+request (when the config names an example key), then keeps every child serving:
+one that exits is restarted on the ports it had, with backoff, or given up on
+after too many crashes (``router.supervisor``, policy in ``[launch]``), while the
+rest keeps serving. Only SIGINT/SIGTERM end ``up``: it stops every child by PID,
+SIGTERM, then SIGKILL after a grace period, Redis last. Starting, waiting and
+stopping are ``router.launcher``'s, shared with the tests.
 
 Secrets travel in the environment only, never on a command line (``ps`` shows
 argv): the deployment secret, and a worker API key generated for this deployment,
@@ -27,13 +30,23 @@ import signal
 import sys
 import threading
 import time
+import urllib.parse
+from collections.abc import Callable
 from pathlib import Path
 
 import aiohttp
 
 from radix.namespace import SECRET_ENV
 from router.config import RouterConfig
-from router.launcher import WORKER_KEY_ENV, ChildProcess, Interrupted, RedisServer, stop_all
+from router.launcher import (
+    WORKER_KEY_ENV,
+    ChildProcess,
+    Interrupted,
+    ProcessFailed,
+    RedisServer,
+    stop_all,
+)
+from router.supervisor import Restart, RestartPolicy, Supervised
 
 EXAMPLE_QUESTION = "What is the capital of France?"
 
@@ -113,24 +126,30 @@ def run_cluster(config: RouterConfig, config_path: str, port: int | None = None,
                 metrics_port: int | None = None) -> int:
     """Start Redis if the config launches it, the launched workers (all at once), then
     the routers (from ``port`` and ``metrics_port`` if given, else the config's);
-    serve until a signal or a child exits; stop everything, Redis last. Returns the
-    exit code (130 when interrupted during start-up)."""
+    supervise them (``router.supervisor``) until SIGINT or SIGTERM; stop everything,
+    Redis last. Returns the exit code: 0, 1 if a child was given up on, 130 when
+    interrupted during start-up."""
     env = cluster_env(config, deployment_secret(config), secrets.token_urlsafe(32))
     stop = threading.Event()
     for signum in (signal.SIGINT, signal.SIGTERM):
         signal.signal(signum, lambda *_: stop.set())
-    children: list[ChildProcess] = []
-    redis: RedisServer | None = None
+    policy = RestartPolicy.from_launch(config.launch)
     timeout_s = config.launch.ready_timeout_s
+    started: list[Supervised] = []  # Redis, the workers, the routers
+    redis: RedisServer | None = None
     try:
         if config.redis.launch:
             redis = RedisServer(timeout_s=timeout_s, env=env, echo=True, supervised=True,
                                 interrupted=stop.is_set)
             print(f"[redis] READY {redis.url}", flush=True)
+            _announce_start("redis", redis.child)
+            started.append(Supervised("redis", redis.child, _redis_restart(redis, timeout_s),
+                                      policy, stop))
         launched = [w for w in config.workers if w.launch is not None]
-        children += [ChildProcess([sys.executable, "-m", "workers", *w.launch], env,
-                                  w.worker_id, echo=True, supervised=True) for w in launched]
-        urls = _wait_ready(children, timeout_s, stop)
+        workers = [_supervised(w.worker_id, [sys.executable, "-m", "workers", *w.launch],
+                               env, timeout_s, policy, stop, ("--port",)) for w in launched]
+        started += workers
+        urls = _wait_ready([s.child for s in workers], timeout_s, stop)
         worker_urls = [arg for w, url in zip(launched, urls, strict=True)
                        for arg in ("--worker-url", f"{w.worker_id}={url}")]
         routers = []
@@ -138,24 +157,71 @@ def run_cluster(config: RouterConfig, config_path: str, port: int | None = None,
             name = "router" if config.launch.num_routers == 1 else f"router{i}"
             args = _router_args(config, config_path, i, port, metrics_port,
                                 redis.url if redis else None)
-            routers.append(ChildProcess([*args, *worker_urls], env, name, echo=True,
-                                        supervised=True))
-        children += routers
-        router_urls = _wait_ready(routers, timeout_s, stop)
+            routers.append(_supervised(name, [*args, *worker_urls], env, timeout_s, policy,
+                                       stop, ("--port", "--metrics-port")))
+        started += routers
+        router_urls = _wait_ready([s.child for s in routers], timeout_s, stop)
         exchange = asyncio.run(example_exchange(router_urls[0], config))
         print(banner(router_urls, config, exchange), flush=True)
-        while not stop.wait(0.2) and all(c.poll() is None for c in children):
+        for supervised in started:
+            supervised.start()
+        while not stop.wait(0.5):
             pass
-        exited = [c.name for c in children if c.poll() is not None]
-        if exited:
-            print(f"{', '.join(exited)} exited; stopping", flush=True)
-        return 1 if exited else 0
+        return 1 if any(s.given_up for s in started) else 0
     except Interrupted:
         return 130
     finally:
-        stop_all(children[::-1])
+        stop.set()
+        for supervised in started:
+            supervised.join()
+        stop_all([s.child for s in started if s.name != "redis"][::-1])
         if redis is not None:
             redis.stop()
+
+
+def _announce_start(name: str, child: ChildProcess | None) -> None:
+    if child is not None:
+        print(f"[{name}] started (pid {child.proc.pid})", flush=True)
+
+
+def _supervised(name: str, args: list[str], env: dict[str, str], timeout_s: float,
+                policy: RestartPolicy, stop: threading.Event,
+                port_flags: tuple[str, ...]) -> Supervised:
+    """Start ``args`` as child ``name`` under ``policy``. A restart keeps the ports
+    the first child announced: its READY port after ``port_flags[0]`` and (a router)
+    its METRICS port after ``port_flags[1]`` (so routers and clients find it again)."""
+    child = ChildProcess(args, env, name, echo=True, supervised=True)
+    _announce_start(name, child)
+
+    def restart(previous: ChildProcess, interrupted: Callable[[], bool]) -> ChildProcess:
+        urls = (previous.url, previous.metrics_url)
+        ports = [f for flag, url in zip(port_flags, urls, strict=False)
+                 for f in (flag, str(urllib.parse.urlsplit(url).port))]
+        fresh = ChildProcess([*args, *ports], env, name, echo=True, supervised=True)
+        _announce_start(name, fresh)
+        try:
+            fresh.wait_ready(timeout_s, interrupted)
+        except (Interrupted, ProcessFailed):
+            fresh.stop()
+            raise
+        return fresh
+
+    return Supervised(name, child, restart, policy, stop)
+
+
+def _redis_restart(redis: RedisServer, timeout_s: float) -> Restart:
+    """A fresh, empty ``redis-server`` on the same port (the routers reconnect)."""
+    def restart(previous: ChildProcess, interrupted: Callable[[], bool]) -> ChildProcess:
+        try:
+            redis.start(timeout_s, interrupted)
+        except Interrupted:
+            redis.stop()
+            raise
+        assert redis.child is not None
+        _announce_start("redis", redis.child)
+        return redis.child
+
+    return restart
 
 
 def _wait_ready(children: list[ChildProcess], timeout_s: float, stop: threading.Event

@@ -251,11 +251,26 @@ class SecretConfig(Section, section="secret"):
 class LaunchConfig(Section, section="launch"):
     """For ``radix-router up``: how long to wait for children, how many routers to run
     (router ``i`` on ``listen.port + i`` and ``metrics.port + i``), and a demo key
-    shown in the start banner (leave it out of real configs)."""
+    shown in the start banner (leave it out of real configs).
+
+    The restart policy (``router.supervisor``): a child that exits is started again
+    after ``restart_backoff_initial_s``, doubled at each further crash within
+    ``crash_window_s`` up to ``restart_backoff_max_s``; its ``max_crashes``-th crash
+    within ``crash_window_s`` leaves it down for good."""
 
     ready_timeout_s: float = setting(120.0, above=0)
     num_routers: int = setting(1, low=1, key="routers")
     example_api_key: str | None = None
+    restart_backoff_initial_s: float = setting(0.5, above=0)
+    restart_backoff_max_s: float = setting(30.0, above=0)
+    max_crashes: int = setting(5, low=1)
+    crash_window_s: float = setting(60.0, above=0)
+
+    def check(self) -> None:
+        """The backoff cap is at least its start."""
+        if self.restart_backoff_max_s < self.restart_backoff_initial_s:
+            raise FieldError("restart_backoff_max_s",
+                             "must be at least restart_backoff_initial_s")
 
 
 @dataclass(frozen=True)

@@ -92,6 +92,9 @@ def test_timeouts_and_drain_are_read() -> None:
         ({"redis": {"max_workers": 0}}, "redis.max_workers"),
         ({"redis": {"urll": "redis://x"}}, "redis.urll: unknown key"),
         ({"launch": {"routers": 0}}, "launch.routers"),
+        ({"launch": {"max_crashes": 0}}, "launch.max_crashes"),
+        ({"launch": {"restart_backoff_initial_s": 2, "restart_backoff_max_s": 1}},
+         "launch.restart_backoff_max_s: must be at least"),
     ],
 )
 def test_errors_name_the_field(patch: dict, field: str) -> None:

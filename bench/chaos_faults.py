@@ -1,0 +1,174 @@
+"""The chaos soak's deployment under ``radix-router up`` and the faults it suffers.
+
+``Deployment`` is configs/multi-router.toml's shape (a launched Redis, two routers,
+three demo workers) started through the supervisor, with the handles a fault and
+a health check need. Each fault is an async function that injects it and returns
+when it has ended (the supervisor restarted what was killed, a hung worker was
+continued, hostile clients closed), with notes on what it saw. Every signal goes to
+a PID the supervisor announced; every socket goes to 127.0.0.1.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import subprocess
+import tempfile
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+
+import aiohttp
+
+from bench.chaos_traffic import Slowloris, close_all, open_non_reading
+from bench.up_process import TENANT_KEYS, UpProcess, up_config
+
+NUM_WORKERS = 3
+WORKERS = tuple(f"w{i}" for i in range(NUM_WORKERS))
+ROUTERS = ("router0", "router1")
+# Faults never exhaust the restart budget: each kind hits a child once per round.
+RESTART_POLICY = {"restart_backoff_initial_s": 0.2, "restart_backoff_max_s": 2.0,
+                  "max_crashes": 20, "crash_window_s": 60}
+
+
+class Deployment:
+    """``up`` with the chaos config, started and serving (every router sees every
+    worker) once ``start`` returns."""
+
+    def __init__(self, workdir: Path | None = None) -> None:
+        self.workdir = workdir or Path(tempfile.mkdtemp(prefix="chaos-"))
+        self.config_path = self.workdir / "chaos.toml"
+        self.config_path.write_text(up_config(NUM_WORKERS, num_routers=2, launch_redis=True,
+                                              launch=RESTART_POLICY, policy="cache_aware"))
+        self.up = UpProcess(self.config_path, log=self.workdir / "up.log")
+        self.routers: list[str] = []
+        self.metrics: list[str] = []
+
+    async def start(self, session: aiohttp.ClientSession) -> None:
+        await asyncio.to_thread(self.up.wait_banner)
+        self.routers = self.up.router_urls()
+        self.metrics = [self.up.metrics_url(name) for name in ROUTERS]
+        if not await wait_healthy(session, self, 120.0):
+            raise RuntimeError("chaos deployment not healthy after start:\n" + self.up.output())
+
+    @property
+    def redis_port(self) -> int:
+        return int(self.up.url("redis").rsplit(":", 1)[1].split("/")[0])
+
+    def worker_key(self) -> str:
+        """The worker API key ``up`` generated (from a worker's environment)."""
+        raw = Path(f"/proc/{self.up.pid('w0')}/environ").read_bytes().split(b"\0")
+        env = dict(item.decode().partition("=")[::2] for item in raw if item)
+        return env["RADIX_WORKER_API_KEY"]
+
+
+async def healthy(session: aiohttp.ClientSession, deployment: Deployment) -> bool:
+    """Every router answers with every worker ready and Redis up, and serves a request."""
+    timeout = aiohttp.ClientTimeout(total=5)
+    headers = {"Authorization": f"Bearer {TENANT_KEYS['alice']}"}
+    body = {"model": "demo", "prompt": "health", "max_tokens": 1, "temperature": 0}
+    try:
+        for router, metrics in zip(deployment.routers, deployment.metrics, strict=True):
+            async with session.get(f"{router}/health", timeout=timeout) as response:
+                if (await response.json())["num_ready_workers"] < NUM_WORKERS:
+                    return False
+            async with session.get(f"{metrics}/metrics", timeout=timeout) as response:
+                if "router_shared_state_up 1.0" not in await response.text():
+                    return False
+            async with session.post(f"{router}/v1/completions", json=body, headers=headers,
+                                    timeout=timeout) as response:
+                if response.status != 200:
+                    return False
+    except (aiohttp.ClientError, asyncio.TimeoutError, ValueError, KeyError):
+        return False
+    return True
+
+
+async def wait_healthy(session: aiohttp.ClientSession, deployment: Deployment,
+                       timeout_s: float) -> bool:
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout_s
+    while not await healthy(session, deployment):
+        if loop.time() > deadline:
+            return False
+        await asyncio.sleep(0.1)
+    return True
+
+
+async def _restarted(up: UpProcess, name: str, since: int) -> None:
+    await asyncio.to_thread(up.wait_line, rf"^\[{name}\] restarted", 240.0, since)
+
+
+async def kill_worker(deployment: Deployment, hold_s: float) -> dict:
+    """SIGKILL w0; ends when the supervisor has it serving again."""
+    since = len(deployment.up.lines)
+    deployment.up.signal_child("w0", signal.SIGKILL)
+    await _restarted(deployment.up, "w0", since)
+    return {}
+
+
+async def hang_worker(deployment: Deployment, hold_s: float) -> dict:
+    """SIGSTOP w1 for ``hold_s`` (a hang), then SIGCONT."""
+    pid = deployment.up.signal_child("w1", signal.SIGSTOP)
+    try:
+        await asyncio.sleep(hold_s)
+    finally:
+        deployment.up.signal_child("w1", signal.SIGCONT)
+    return {"pid": pid}
+
+
+async def kill_redis(deployment: Deployment, hold_s: float) -> dict:
+    """SIGKILL redis-server; ends when the supervisor has a fresh one on its port."""
+    since = len(deployment.up.lines)
+    deployment.up.signal_child("redis", signal.SIGKILL)
+    await _restarted(deployment.up, "redis", since)
+    return {}
+
+
+async def restart_router(deployment: Deployment, hold_s: float) -> dict:
+    """SIGTERM router1 (it drains and exits); ends when the supervisor restarted it."""
+    since = len(deployment.up.lines)
+    deployment.up.signal_child("router1", signal.SIGTERM)
+    await _restarted(deployment.up, "router1", since)
+    return {}
+
+
+async def drop_connections(deployment: Deployment, hold_s: float) -> dict:
+    """Drop every TCP connection to w2 (the routers' KV-event streams among them, and
+    requests in flight there) with ``ss -K``; the routers reconnect and resync."""
+    port = deployment.up.url("w2").rsplit(":", 1)[1]
+    result = await asyncio.to_thread(
+        subprocess.run, ["ss", "-K", "-t", "-n", "dst", "127.0.0.1", "dport", "=", f":{port}"],
+        capture_output=True, text=True)
+    killed = [line for line in result.stdout.splitlines()[1:] if line.strip()]
+    return {"num_connections_dropped": len(killed),
+            **({"error": result.stderr.strip()} if result.returncode else {})}
+
+
+async def non_reading_clients(deployment: Deployment, hold_s: float) -> dict:
+    """32 streams on router0 that are never read, for ``hold_s``."""
+    sockets = await asyncio.to_thread(open_non_reading, deployment.routers[0],
+                                      TENANT_KEYS["carol"], 32)
+    await asyncio.sleep(hold_s)
+    close_all(sockets)
+    return {"num_clients": len(sockets)}
+
+
+async def slowloris(deployment: Deployment, hold_s: float) -> dict:
+    """64 sockets on router1 trickling a request's headers, for ``hold_s``; notes how
+    many the router closed by itself (a header timeout would close all)."""
+    attack = Slowloris(deployment.routers[1], 64)
+    stop = asyncio.Event()
+    task = asyncio.create_task(attack.run(stop))
+    await asyncio.sleep(hold_s)
+    stop.set()
+    await task
+    attack.close()
+    return {"num_clients": 64, "num_closed_by_server": attack.num_closed_by_server}
+
+
+Fault = Callable[[Deployment, float], Awaitable[dict]]
+FAULTS: dict[str, Fault] = {
+    "kill_worker": kill_worker, "hang_worker": hang_worker, "kill_redis": kill_redis,
+    "restart_router": restart_router, "drop_connections": drop_connections,
+    "non_reading_clients": non_reading_clients, "slowloris": slowloris,
+}

@@ -1,0 +1,37 @@
+"""The two-minute chaos soak (``python -m bench chaos --duration-s 120``): every fault
+kind strikes once under mixed greedy traffic through the supervisor. Asserts the
+correctness outcomes only, never timings: no request lost (each answered in full
+with the fault-free text, or with a clean error), every fault recovered from, no KV
+block in use once idle, everything healthy at the end, and `up` stopping every
+child on SIGTERM.
+
+Reported but not asserted, because today's code fails them (other items of issue
+27, fixed in parallel); add the assertion when the fix lands:
+- ``report["redis_slots_held"] == {}``: a Redis restart or a router restart leaves a
+  concurrency slot held (item 6: the resync rewrites a leaked slot);
+- ``report["requests"]["dropped"] == 0``: a router's graceful restart closes idle
+  keep-alive connections a client has just sent a request on;
+- ``slowloris["num_closed_by_server"] == slowloris["num_clients"]``: the router has
+  no header read timeout (item 11).
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from bench import chaos
+
+pytestmark = pytest.mark.slow
+
+
+def test_chaos_soak_loses_nothing_and_leaks_no_blocks(tmp_path) -> None:
+    report = chaos.run(duration_s=120.0, workdir=tmp_path)
+    chaos.print_report(report)
+    requests = report["requests"]
+    assert requests["lost"] == 0 and requests["mismatch"] == 0, requests["lost_details"]
+    assert requests["ok"] > 100
+    assert [f["fault"] for f in report["faults"]] == list(chaos.FAULTS)
+    assert all(f["recover_s"] is not None for f in report["faults"]), report["faults"]
+    assert set(report["kv_blocks_in_use"].values()) == {0}, report["kv_blocks_in_use"]
+    assert report["healthy_at_end"]
+    assert report["up_exit_status"] == 0 and report["children_left"] == []
