@@ -92,12 +92,13 @@ class PeerProcess:
 
 
 def start_peer(setup: PeerSetup, worker_urls: Sequence[str], api_key: str, model: str,
-               log_path: Path, timeout_s: float = 90.0) -> PeerProcess:
-    """Start ``setup`` in front of ``worker_urls``; RuntimeError with its log's tail
-    when no completion goes through within ``timeout_s``."""
+               log_path: Path, timeout_s: float = 90.0,
+               extra_args: Sequence[str] = ()) -> PeerProcess:
+    """Start ``setup`` (plus ``extra_args``) in front of ``worker_urls``; RuntimeError
+    with its log's tail when no completion goes through within ``timeout_s``."""
     port = free_port()
     log = log_path.open("wb")
-    process = subprocess.Popen(setup.args(worker_urls, port, free_port(), api_key),
+    process = subprocess.Popen([*setup.args(worker_urls, port, free_port(), api_key), *extra_args],
                                stdout=log, stderr=subprocess.STDOUT)
     peer = PeerProcess(process, f"http://127.0.0.1:{port}", log_path)
     deadline = time.monotonic() + timeout_s

@@ -46,6 +46,8 @@ WORDS = ("lease", "tenant", "premises", "repair", "rent", "clause", "notice", "t
          "landlord", "deposit", "insurance", "utility", "access", "damage", "renewal",
          "assignment", "default", "remedy", "period", "payment", "water", "heat", "garden",
          "parking", "storage", "pets", "noise", "guest", "key", "lock", "window", "door")
+KV_AWARE = "vllm kv_aware"
+PEER_SETUPS = {**peers.PEER_SETUPS, KV_AWARE: peers.PeerSetup("vllm_router", "kv_aware")}
 ACCESS = re.compile(r"request \S+ worker=(\S+) status=200 prompt_tokens=(\d+) "
                     r"predicted_cached=(\d+) cached=(\d+)")
 
@@ -73,6 +75,15 @@ def our_config(servers: list[VllmServer], exact: bool) -> str:
     return "\n".join(lines) + "\n"
 
 
+def kv_event_args(servers: list[VllmServer]) -> list[str]:
+    """vllm-router's kv_aware policy: the same ZMQ endpoints our router follows."""
+    args = ["--kv-event-block-size", "128", "--kv-event-model", SERVED_MODEL]
+    for server in servers:
+        args += ["--kv-event-source", f"{server.url}={server.events}",
+                 "--kv-event-replay-source", f"{server.url}={server.replay}"]
+    return args
+
+
 @contextlib.contextmanager
 def router_for(setup: str, servers: list[VllmServer], log_dir: Path
                ) -> Iterator[tuple[str, str, ManagedProcess | None]]:
@@ -94,8 +105,9 @@ def router_for(setup: str, servers: list[VllmServer], log_dir: Path
         finally:
             router.stop()
         return
-    peer = peers.start_peer(peers.PEER_SETUPS[setup], urls, "unused", SERVED_MODEL,
-                            log_dir / f"{setup.replace(' ', '_')}.log", 120)
+    peer = peers.start_peer(PEER_SETUPS[setup], urls, "unused", SERVED_MODEL,
+                            log_dir / f"{setup.replace(' ', '_')}.log", 120,
+                            kv_event_args(servers) if setup == KV_AWARE else ())
     try:
         yield peer.url, "unused", None
     finally:
@@ -194,8 +206,9 @@ def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--requests", type=int, default=160)
     parser.add_argument("--clients", type=int, default=4)
-    parser.add_argument("--docs", type=int, default=24)
-    parser.add_argument("--num-blocks", type=int, default=64, help="KV blocks per server")
+    parser.add_argument("--docs", type=int, default=32)
+    parser.add_argument("--num-blocks", type=int, default=32,
+                        help="KV blocks per server (128 tokens each): the documents do not fit")
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
     problem = available()
@@ -204,12 +217,13 @@ def main(argv: list[str] | None = None) -> dict:
     prompts = make_trace(args.docs, args.requests, args.seed)
     found = peers.available()
     setups = ["ours exact", "ours approximate"]
-    setups += [name for name in ("sglang cache_aware default", "vllm cache_aware")
-               if found[peers.PEER_SETUPS[name].module]]
+    setups += [name for name in ("sglang cache_aware default", "vllm cache_aware", KV_AWARE)
+               if found[PEER_SETUPS[name].module]]
     results: dict[str, object] = {"num_requests": args.requests, "num_docs": args.docs,
                                   "num_blocks_per_server": args.num_blocks,
                                   "missing_peers": [m for m, ok in found.items() if not ok]}
-    servers = [VllmServer(cpus=str(i), num_blocks=args.num_blocks, dev_mode=True).start()
+    servers = [VllmServer(cpus=str(i), num_blocks=args.num_blocks, max_model_len=2048, dev_mode=True,
+                          tcp=True).start()
                for i in range(2)]
     try:
         for server in servers:

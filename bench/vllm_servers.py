@@ -50,18 +50,26 @@ def available() -> str | None:
 
 class VllmServer:
     """One vLLM server on a free loopback port, KV events on ``ipc://`` endpoints in a
-    fresh directory. ``cpus``: the cores its OpenMP threads bind to (``"0"``), or
-    unbound. ``num_blocks``: override the KV block count (eviction pressure).
-    ``dev_mode``: vLLM's development routes too (``POST /reset_prefix_cache``)."""
+    fresh directory, or with ``tcp`` on free TCP ports (vLLM binds ``tcp://*:P``;
+    ``events`` and ``replay`` are the addresses to connect to). ``cpus``: the cores its
+    OpenMP threads bind to (``"0"``), or unbound. ``num_blocks``: override the KV block
+    count (eviction pressure). ``dev_mode``: vLLM's development routes too
+    (``POST /reset_prefix_cache``)."""
 
     def __init__(self, cpus: str | None = None, num_blocks: int | None = None,
                  max_model_len: int = 4096, kv_cache_gib: int = 1,
-                 dev_mode: bool = False) -> None:
+                 dev_mode: bool = False, tcp: bool = False) -> None:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self._dir = tempfile.mkdtemp(prefix="vllm-events-")
-        self.events = f"ipc://{self._dir}/events"
-        self.replay = f"ipc://{self._dir}/replay"
+        if tcp:
+            ports = free_port(), free_port()
+            self.events, self.replay = (f"tcp://127.0.0.1:{port}" for port in ports)
+            self._bound = tuple(f"tcp://*:{port}" for port in ports)
+        else:
+            self.events = f"ipc://{self._dir}/events"
+            self.replay = f"ipc://{self._dir}/replay"
+            self._bound = (self.events, self.replay)
         self._cpus, self._num_blocks = cpus, num_blocks
         self._max_model_len, self._kv_cache_gib = max_model_len, kv_cache_gib
         self._dev_mode = dev_mode
@@ -71,7 +79,7 @@ class VllmServer:
     def args(self) -> list[str]:
         """The server's command line."""
         config = {"enable_kv_cache_events": True, "publisher": "zmq",
-                  "endpoint": self.events, "replay_endpoint": self.replay}
+                  "endpoint": self._bound[0], "replay_endpoint": self._bound[1]}
         args = [str(VLLM_PYTHON), "-m", "vllm.entrypoints.openai.api_server",
                 "--model", str(SMOLLM2_DIR), "--served-model-name", SERVED_MODEL,
                 "--host", "127.0.0.1", "--port", str(self.port), "--enforce-eager",
