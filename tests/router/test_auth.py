@@ -8,7 +8,8 @@ import pytest
 
 from radix.api_errors import ApiError
 from router.config import AuthConfig, TenantConfig, TenantLimits
-from router.front.auth import ANONYMOUS, Authenticator, TenantLimiter, hash_key
+from router.front.auth import ANONYMOUS, Authenticator, hash_key
+from router.front.limits import TenantLimiter
 from router.state.shared_state import InProcessSharedState
 
 LIMITS = TenantLimits(max_prompt_tokens=100, max_output_tokens=20,
