@@ -27,12 +27,13 @@ _CONCURRENCY_RETRY_AFTER_S = 1
 class Admission:
     """Proof that a request passed its tenant's limits; give it back to ``release``.
     ``reservation_id`` names its tokens-per-minute reservation (None without a limit)
-    of ``num_prompt_tokens`` plus the most it may generate."""
+    of ``num_reserved`` tokens: ``num_prompt_tokens`` plus the most it may generate."""
 
     tenant: Tenant
     holds_slot: bool
     reservation_id: str | None = None
     num_prompt_tokens: int = 0
+    num_reserved: int = 0
 
 
 class TenantLimiter:
@@ -43,7 +44,9 @@ class TenantLimiter:
     the request may generate (``max_tokens x n``; the prompt alone when no cap is
     known), and ``release`` settles the reservation to the prompt plus the completion
     tokens the client actually received, counted as they streamed, so a stream the
-    client cuts pays for what it got."""
+    client cuts pays for what it got. A request that outlives the window (its
+    reservation expired) has the tokens above its reservation charged to the current
+    window at release, so output with no cap is never free."""
 
     def __init__(self, state: SharedState) -> None:
         self._state = state
@@ -127,7 +130,7 @@ class TenantLimiter:
                 code="rate_limit_exceeded",
                 headers={"Retry-After": str(max(1, int(wait_s + 0.999)))},
             )
-        return Admission(tenant, holds_slot, reservation_id, num_prompt_tokens)
+        return Admission(tenant, holds_slot, reservation_id, num_prompt_tokens, num_reserved)
 
     async def tokens_in_window(self, tenant_id: str) -> int:
         """Tokens reserved or charged against ``tenant_id``'s minute window now."""
@@ -152,5 +155,5 @@ class TenantLimiter:
         if admission.holds_slot:
             await self._state.release_slot(key)
         if admission.reservation_id is not None:
-            await self._state.settle_tokens(key, admission.reservation_id,
+            await self._state.settle_tokens(key, admission.reservation_id, admission.num_reserved,
                                             admission.num_prompt_tokens + num_completion_tokens)

@@ -154,6 +154,28 @@ def test_admission_reserves_max_output_and_settles_to_what_was_sent() -> None:
     run(scenario())
 
 
+def test_output_of_a_request_outliving_the_window_is_charged_to_the_current_one() -> None:
+    async def scenario() -> None:
+        clock = Clock()
+        state = InProcessSharedState(clock=clock)
+        limiter = TenantLimiter(state)
+        carol = Authenticator(AuthConfig(tenants=(TenantConfig(
+            "carol", (hash_key("k"),), TenantLimits(tokens_per_minute=100)),))).tenant("Bearer k")
+        long_one = await limiter.admit(carol, 10, 0)             # no max_tokens: prompt only
+        clock.now += 90.0                                        # it streams for 90 s
+        await limiter.release(long_one, 80)
+        assert await state.tokens_in_window("carol") == 80       # 10 + 80 - 10 reserved
+        with pytest.raises(ApiError) as info:
+            await limiter.admit(carol, 30, 0)
+        assert info.value.status == 429
+        short_one = await limiter.admit(carol, 5, 10)
+        clock.now += 70.0                                        # reservation expired too
+        await limiter.release(short_one, 8)                      # within it: nothing new
+        assert await state.tokens_in_window("carol") == 0
+
+    run(scenario())
+
+
 def test_prompt_above_tokens_per_minute_is_413() -> None:
     limiter = TenantLimiter(InProcessSharedState())
     alice = Authenticator(AuthConfig(tenants=(TenantConfig(

@@ -97,15 +97,17 @@ def test_window_settles_and_expires(redis_server) -> None:
             assert await a.reserve_tokens("alice", "r1", 60, 100) is None
             wait_s = await b.reserve_tokens("alice", "r2", 50, 100)
             assert wait_s is not None and 0 < wait_s <= 0.6
-            await a.settle_tokens("alice", "r1", 20)  # the stream ended early
+            await a.settle_tokens("alice", "r1", 60, 20)  # the stream ended early
             assert await b.tokens_in_window("alice") == 20
             assert await b.reserve_tokens("alice", "r2", 50, 100) is None
-            await b.settle_tokens("alice", "r2", 70)
+            await b.settle_tokens("alice", "r2", 50, 70)
             assert await a.tokens_in_window("alice") == 90
             await asyncio.sleep(0.7)
             assert await a.tokens_in_window("alice") == 0
-            await a.settle_tokens("alice", "r1", 500)  # gone from the window: no effect
+            await a.settle_tokens("alice", "r1", 60, 50)  # gone, and within its reservation
             assert await a.tokens_in_window("alice") == 0
+            await b.settle_tokens("alice", "r2", 50, 500)  # gone: the rest is charged now
+            assert await a.tokens_in_window("alice") == 450
 
     run(main)
 
