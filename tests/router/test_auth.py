@@ -75,16 +75,18 @@ def test_admin_key() -> None:
 def test_sizes() -> None:
     limiter = TenantLimiter(InProcessSharedState())
     alice = Authenticator(AUTH).tenant("Bearer key-a")
-    assert limiter.check_sizes(alice, 100, None) == 20
-    assert limiter.check_sizes(alice, 10, 5) == 5
+    limiter.check_prompt(alice, 100)
+    assert limiter.output_cap(alice, None) == 20
+    assert limiter.output_cap(alice, 5) == 5
     with pytest.raises(ApiError) as info:
-        limiter.check_sizes(alice, 101, None)
+        limiter.check_prompt(alice, 101)
     assert info.value.status == 413 and info.value.param == "prompt"
     with pytest.raises(ApiError) as info:
-        limiter.check_sizes(alice, 10, 21)
+        limiter.output_cap(alice, 21)
     assert info.value.status == 400 and info.value.param == "max_tokens"
     bob = Authenticator(AUTH).tenant("Bearer key-b")
-    assert limiter.check_sizes(bob, 10**6, None) is None
+    limiter.check_prompt(bob, 10**6)
+    assert limiter.output_cap(bob, None) is None
 
 
 def test_concurrency_limit() -> None:
@@ -181,5 +183,5 @@ def test_prompt_above_tokens_per_minute_is_413() -> None:
     alice = Authenticator(AuthConfig(tenants=(TenantConfig(
         "alice", (hash_key("k"),), TenantLimits(tokens_per_minute=50)),))).tenant("Bearer k")
     with pytest.raises(ApiError) as info:
-        limiter.check_sizes(alice, 51, None)
+        limiter.check_prompt(alice, 51)
     assert info.value.status == 413
