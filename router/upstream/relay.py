@@ -27,6 +27,7 @@ does a whole answer whose choices all finished without its body arriving.
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import time
 from collections.abc import Callable
@@ -137,8 +138,10 @@ class Relay:
     its steps arrives (it must be cheap and idempotent)."""
 
     def __init__(self, client: web.Request, shape: ResponseShape, stream: bool,
-                 include_usage: bool, num_choices: int, num_prompt_tokens: int) -> None:
+                 include_usage: bool, num_choices: int, num_prompt_tokens: int,
+                 write_timeout_s: float) -> None:
         self._client = client
+        self._write_timeout_s = write_timeout_s
         self._shape = shape
         self._stream = stream
         self._include_usage = include_usage
@@ -285,10 +288,24 @@ class Relay:
             answered(exchange)
         if exchange.status == CLIENT_CLOSED or not data:
             return
-        try:
-            await self.response.write(data)
-        except ConnectionResetError:
-            exchange.status = CLIENT_CLOSED
+        await write_to_client(self._client, self.response, data, self._write_timeout_s,
+                              exchange)
+
+
+async def write_to_client(client: web.Request, response: web.StreamResponse, data: bytes,
+                          timeout_s: float, exchange: Exchange) -> None:
+    """Write ``data`` to the client within ``timeout_s``. A client gone, or one that
+    does not read it in time (its connection is then dropped), marks the exchange
+    ``CLIENT_CLOSED``: the caller stops, closing the upstream and its in-flight count."""
+    try:
+        async with asyncio.timeout(timeout_s):
+            await response.write(data)
+    except ConnectionResetError:
+        exchange.status = CLIENT_CLOSED
+    except TimeoutError:
+        exchange.status = CLIENT_CLOSED
+        if client.transport is not None:
+            client.transport.abort()
 
 
 def _nothing() -> None:
