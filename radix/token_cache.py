@@ -21,9 +21,14 @@ text's characters (4 bytes each, UTF-32). A new text walks the tree once; from t
 longest cached text sharing its first ``m`` characters it reuses the ids up to the
 last cut before ``m`` and encodes only the rest. Entries are scoped like the prefix
 index (a tenant sees its own and ``PUBLIC`` ones: tokenizing speed must not tell a
-tenant what another one sent), bounded in characters with LRU eviction, and
-guarded by a lock (the router tokenizes long prompts on worker threads; the
+tenant what another one sent) and guarded by a lock (the router tokenizes long prompts on worker threads; the
 encoding itself runs outside the lock).
+
+The budget (``max_chars``) bounds what is stored, not what was new: one unit is a
+tree key character, a cached token id or a cut table slot (4 bytes each), and each
+entry adds a fixed overhead for its objects. Every entry holds its text's whole id
+list, so a long shared prefix with many short suffixes costs each entry its full
+length. Least recently used leaves are evicted until the total is within budget.
 """
 
 from __future__ import annotations
@@ -64,13 +69,24 @@ class CacheStats:
     num_reused_chars: int
 
 
-@dataclass(frozen=True)
+# Units (4 bytes each) charged per entry for its objects: the tree node, a split head,
+# the entry and its arrays' headers.
+_ENTRY_OVERHEAD_UNITS = 256
+
+
+@dataclass(frozen=True, slots=True)
 class _Entry:
     """A cached text's ids and, per safe cut it was encoded at, the tokens before it."""
 
     cut_chars: array
     cut_tokens: array
-    token_ids: tuple[int, ...]
+    token_ids: array
+
+    @property
+    def num_units(self) -> int:
+        """What this entry counts against the budget (module docstring)."""
+        return len(self.token_ids) + len(self.cut_chars) + len(self.cut_tokens) + (
+            _ENTRY_OVERHEAD_UNITS)
 
 
 def eligible(tokenizer_json: str) -> bool:
@@ -138,6 +154,7 @@ class PrefixTokenCache:
         self._lock = threading.Lock()
         self._num_chars = 0
         self._num_reused_chars = 0
+        self._num_units = 0
         raw = tokenizer.encode("x", add_special_tokens=False)
         full = tokenizer.encode("x", add_special_tokens=True)
         start = next((i for i in range(len(full)) if full[i : i + len(raw)] == raw), None)
@@ -180,6 +197,18 @@ class PrefixTokenCache:
         with self._lock:
             return CacheStats(self._num_chars, self._num_reused_chars)
 
+    def num_stored_units(self) -> int:
+        """Units held now (module docstring); never above ``max_chars`` between calls."""
+        with self._lock:
+            return self._num_units
+
+    def check_invariants(self) -> None:
+        """The tree is consistent, the entry units add up, and the total is in budget."""
+        with self._lock:
+            self._tree.check_invariants()
+            assert _held_units(list(self._tree.iter_nodes())) == self._num_units
+            assert self._num_units <= self._max_chars
+
     def _lookup(self, key: bytes, scope: Scope) -> tuple[int, _Entry | None, int | None]:
         """(characters reused, the entry to reuse, the index of its last usable cut);
         index None with an entry: the whole text is cached."""
@@ -212,14 +241,29 @@ class PrefixTokenCache:
                 cut_chars.append(position)
                 cut_tokens.append(len(ids))
             ids += piece_ids
-        new_entry = _Entry(cut_chars, cut_tokens, tuple(ids))
         with self._lock:
-            inserted = self._tree.insert(key, scope)
-            inserted.nodes[-1].payload = new_entry
-            excess = self._tree.num_tokens() - self._max_chars
-            if excess > 0:
-                self._tree.evict(excess)
+            self._store(key, scope, _Entry(cut_chars, cut_tokens, array("i", ids)))
         return ids
+
+    def _store(self, key: bytes, scope: Scope, entry: _Entry) -> None:
+        """Keep ``entry`` for ``key``, then evict LRU leaves until within budget (the
+        new entry too, if it alone is over). Caller holds the lock."""
+        inserted = self._tree.insert(key, scope)
+        node = inserted.nodes[-1]
+        replaced = node.payload.num_units if node.payload is not None else 0
+        node.payload = entry
+        self._num_units += sum(n.num_tokens for n in inserted.new_nodes) + entry.num_units - (
+            replaced)
+        while self._num_units > self._max_chars:
+            evicted = self._tree.evict(1)
+            if not evicted:
+                break
+            self._num_units -= _held_units(evicted)
+
+
+def _held_units(nodes: Sequence[Any]) -> int:
+    """Units ``nodes`` hold: their key characters and their entries."""
+    return sum(n.num_tokens + (n.payload.num_units if n.payload else 0) for n in nodes)
 
 
 def _entry_below(node: Any, scope: Scope) -> _Entry | None:

@@ -222,13 +222,16 @@ class ProxyConfig(Section, section="proxy"):
     ``first_byte_timeout_s`` for the headers and again for the first event (queueing
     and prefill included),
     ``idle_timeout_s`` between two reads of a stream, ``request_timeout_s`` in all;
-    a timed-out attempt is a failed one (``router.upstream.attempt``)."""
+    a timed-out attempt is a failed one (``router.upstream.attempt``). A write to the
+    client that does not complete within ``client_write_timeout_s`` (a client that
+    stopped reading) ends the request as closed by the client."""
 
     max_attempts: int = setting(3, low=1)
     connect_timeout_s: float = setting(2.0, above=0)
     first_byte_timeout_s: float = setting(60.0, above=0)
     idle_timeout_s: float = setting(30.0, above=0)
     request_timeout_s: float = setting(600.0, above=0)
+    client_write_timeout_s: float = setting(30.0, above=0)
 
     def check(self) -> None:
         """No phase timeout exceeds the total."""

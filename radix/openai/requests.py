@@ -27,7 +27,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from radix.api_errors import bad_request
+from radix.api_errors import ApiError, bad_request
 from radix.openai.fields import Fields, describe, token_id_list
 from radix.openai.sampling import (
     SAMPLING_FIELDS,
@@ -43,6 +43,8 @@ MAX_MESSAGES = 4096
 MAX_NAME_CHARS = 256
 _UPSTREAM_PROMPT_PARAMS = ("token_ids_b64", "token_ids", "prompt")
 INLINE_TOKENIZE_CHARS = 8192  # longer prompt texts are tokenized off the event loop
+INLINE_CHARS_PER_MESSAGE = 64  # what rendering one chat message counts toward that bound
+MAX_PROMPT_TOKEN_IDS = 1 << 20  # a prompt given as token ids, when no tighter bound is set
 _COMMON = ("model", "stream", "stream_options", "user", "max_tokens", *SAMPLING_FIELDS,
            "presence_penalty", "frequency_penalty", "logit_bias", "logprobs", "cache_salt")
 _FIELDS = {
@@ -91,6 +93,12 @@ class OpenAIRequest:
             return sum(len(message["content"]) for message in self.messages)
         return len(self.prompt) if isinstance(self.prompt, str) else 0
 
+    def tokenize_cost(self) -> int:
+        """``num_text_chars`` plus ``INLINE_CHARS_PER_MESSAGE`` per chat message (the
+        template renders each, even an empty one): compared with
+        ``INLINE_TOKENIZE_CHARS`` to decide whether tokenizing may run on the loop."""
+        return self.num_text_chars() + INLINE_CHARS_PER_MESSAGE * len(self.messages or ())
+
     def upstream_body(self, model: str, max_tokens: int | None,
                       prompt_token_ids: list[int], cache_salt: str) -> tuple[str, dict[str, Any]]:
         """Path and body for an OpenAI-compatible backend: always ``/v1/completions``
@@ -107,9 +115,12 @@ class OpenAIRequest:
 
 
 def parse_openai_request(body: dict[str, Any], endpoint: str, bounds: SamplingBounds,
-                         allow_cache_salt: bool = False) -> OpenAIRequest:
+                         allow_cache_salt: bool = False,
+                         max_prompt_token_ids: int | None = None) -> OpenAIRequest:
     """Validate ``body`` for ``endpoint`` (see the module docstring); ApiError 400
-    naming the first bad field."""
+    naming the first bad field, 413 (``prompt_too_long``) for a prompt of token ids
+    longer than ``max_prompt_token_ids`` (default ``MAX_PROMPT_TOKEN_IDS``), checked
+    before any id is converted."""
     fields = Fields(body)
     fields.only(_FIELDS[endpoint])
     if fields.has("cache_salt") and not allow_cache_salt:
@@ -123,7 +134,8 @@ def parse_openai_request(body: dict[str, Any], endpoint: str, bounds: SamplingBo
         prompt, messages = None, _messages(fields.raw("messages"))
         max_tokens_names: tuple[str, ...] = ("max_completion_tokens", "max_tokens")
     else:
-        prompt, messages = _prompt(fields.raw("prompt"), bounds.vocab_size), None
+        max_ids = min(max_prompt_token_ids or MAX_PROMPT_TOKEN_IDS, MAX_PROMPT_TOKEN_IDS)
+        prompt, messages = _prompt(fields.raw("prompt"), bounds.vocab_size, max_ids), None
         max_tokens_names = ("max_tokens",)
     sampling = parse_sampling(fields, bounds, max_tokens_names)
     best_of = fields.integer("best_of", None)
@@ -159,12 +171,16 @@ def _refuse_unsupported(fields: Fields, endpoint: str) -> None:
             raise bad_request(f"{name} is not supported (it must be 0)", name)
 
 
-def _prompt(value: object, vocab_size: int) -> str | tuple[int, ...]:
+def _prompt(value: object, vocab_size: int, max_token_ids: int) -> str | tuple[int, ...]:
     if isinstance(value, list) and len(value) == 1 and isinstance(value[0], (str, list)):
         value = value[0]
     if isinstance(value, str) and value:
         return value
     if isinstance(value, list) and value and type(value[0]) is int:
+        if len(value) > max_token_ids:
+            raise ApiError(413, f"the prompt has {len(value)} token ids; at most "
+                           f"{max_token_ids} are allowed", param="prompt",
+                           code="prompt_too_long")
         return token_id_list(value, "prompt", vocab_size)
     if value is None:
         raise bad_request("prompt is required", "prompt")

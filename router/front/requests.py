@@ -16,16 +16,18 @@ from router.config import TenantLimits
 from router.front.tokenization import Models, ModelTokenizer
 
 
-def parse_request(raw: bytes, endpoint: str, models: Models
+def parse_request(raw: bytes, endpoint: str, models: Models, limits: TenantLimits
                   ) -> tuple[ModelTokenizer, OpenAIRequest]:
-    """The model and the validated request; ApiError 400 (malformed, naming the field)
-    or 404 (unknown model)."""
+    """The model and the validated request; ApiError 400 (malformed, naming the field),
+    404 (unknown model) or 413 (a prompt of more token ids than ``limits`` allow,
+    refused before the ids are converted)."""
     body = decode_json_object(raw)
     name = requested_model(body)
     if name is None:
         raise bad_request("model is required", "model")
     model = models.get(name)
-    return model, parse_openai_request(body, endpoint, model.bounds)
+    return model, parse_openai_request(body, endpoint, model.bounds,
+                                       max_prompt_token_ids=limits.max_prompt_tokens)
 
 
 def check_text_size(model: ModelTokenizer, parsed: OpenAIRequest, limits: TenantLimits) -> None:

@@ -14,7 +14,8 @@ from aiohttp import web
 
 from radix.openai.salt import CacheSalts
 from router.config import RouterConfig
-from router.front.auth import Authenticator, TenantLimiter
+from router.front.auth import Authenticator
+from router.front.limits import TenantLimiter
 from router.front.tokenization import Models
 from router.routing.index import NamespaceDigest, RouterIndex, WorkerId
 from router.routing.policy import Policy, make_policy

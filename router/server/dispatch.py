@@ -2,6 +2,8 @@
 
 ``serve_openai`` is the whole request in one loop of those six steps; each step is a
 small function below it. Every refusal is an ``ApiError`` (OpenAI-shaped 4xx/5xx).
+What can be refused without the token count is refused before tokenizing: the text
+size, the output cap, the concurrency slot and a full tokens-per-minute window.
 """
 
 from __future__ import annotations
@@ -49,16 +51,18 @@ async def serve_openai(request: web.Request, endpoint: str) -> web.StreamRespons
     try:
         tenant = router.auth.tenant(request.headers.get("Authorization"))
         tenant_id = tenant.tenant_id
-        model, parsed = parse_request(await request.read(), endpoint, router.models)
+        model, parsed = parse_request(await request.read(), endpoint, router.models,
+                                      tenant.limits)
         check_text_size(model, parsed, tenant.limits)
-        prompt = await tokenize(model, parsed, tenant_id)
-        max_tokens = router.limiter.check_sizes(tenant, len(prompt.token_ids),
-                                                parsed.sampling.max_tokens,
-                                                parsed.sampling.max_tokens_param)
-        admission = await router.limiter.admit(tenant, len(prompt.token_ids),
-                                               (max_tokens or 0) * parsed.sampling.n)
+        max_tokens = router.limiter.output_cap(tenant, parsed.sampling.max_tokens,
+                                               parsed.sampling.max_tokens_param)
+        admission = await router.limiter.hold(tenant)
         exchange = Exchange(503)
         try:
+            prompt = await tokenize(model, parsed, tenant_id)
+            router.limiter.check_prompt(tenant, len(prompt.token_ids))
+            admission = await router.limiter.reserve(admission, len(prompt.token_ids),
+                                                     (max_tokens or 0) * parsed.sampling.n)
             call = Call(parsed, model.name, prompt, tenant.tenant_id, max_tokens,
                         router.cache_salts.salt(tenant.tenant_id),
                         tenant.limits.max_cached_tokens)
@@ -89,7 +93,7 @@ async def tokenize(model: ModelTokenizer, parsed: OpenAIRequest, tenant_id: str)
     reusing the ids of text the tenant (or a public prefix) already sent. Long texts
     are tokenized on a worker thread (Hugging Face ``tokenizers`` release the GIL), so
     one request never holds the event loop for long."""
-    if parsed.num_text_chars() <= INLINE_TOKENIZE_CHARS:
+    if parsed.tokenize_cost() <= INLINE_TOKENIZE_CHARS:
         return model.prompt(parsed, tenant_id)
     return await asyncio.get_running_loop().run_in_executor(None, model.prompt, parsed,
                                                             tenant_id)  # fmt: skip

@@ -34,9 +34,12 @@ class SharedState(Protocol):
         and returns the seconds until enough old entries expire for it to fit."""
         ...
 
-    async def settle_tokens(self, key: str, reservation_id: str, num_tokens: int) -> None:
-        """Change the amount recorded under ``reservation_id`` to ``num_tokens`` (more or
-        less than reserved), keeping its time; nothing if it already left the window."""
+    async def settle_tokens(self, key: str, reservation_id: str, num_reserved: int,
+                            num_tokens: int) -> None:
+        """Change the amount recorded under ``reservation_id`` (``num_reserved``) to
+        ``num_tokens``, keeping its time. If it already left the window (a request that
+        ran longer than the window), the tokens above ``num_reserved`` are recorded
+        now, in the current window: what was used is always charged."""
         ...
 
     async def tokens_in_window(self, key: str) -> int:
@@ -107,13 +110,18 @@ class InProcessSharedState:
                 return max(entry.recorded_at + self._window_s - now, 0.0)
         return self._window_s
 
-    async def settle_tokens(self, key: str, reservation_id: str, num_tokens: int) -> None:
+    async def settle_tokens(self, key: str, reservation_id: str, num_reserved: int,
+                            num_tokens: int) -> None:
         """See ``SharedState.settle_tokens``."""
-        self._expire(key, self._clock())
+        now = self._clock()
+        window = self._expire(key, now)
         entry = self._reservations.pop(reservation_id, None)
         if entry is not None:
             self._window_sums[key] += num_tokens - entry.num_tokens
             entry.num_tokens = num_tokens
+        elif num_tokens > num_reserved:
+            window.append(_WindowEntry(now, num_tokens - num_reserved, reservation_id))
+            self._window_sums[key] = self._window_sums.get(key, 0) + num_tokens - num_reserved
 
     async def tokens_in_window(self, key: str) -> int:
         """See ``SharedState.tokens_in_window``."""

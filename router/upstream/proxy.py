@@ -62,6 +62,7 @@ from router.upstream.relay import (
     note_usage,
     resumed_generate_body,
     token_usage,
+    write_to_client,
 )
 
 log = logging.getLogger(__name__)
@@ -99,13 +100,14 @@ class Proxy:
 
     def __init__(self, session: aiohttp.ClientSession, config: ProxyConfig) -> None:
         self._upstream = Upstream(session, config)
+        self._write_timeout_s = config.client_write_timeout_s
 
-    @staticmethod
-    def relay(client: web.Request, call: Call) -> Relay:
+    def relay(self, client: web.Request, call: Call) -> Relay:
         """The client side of ``call``, shared by all its attempts."""
         request = call.request
         return Relay(client, ResponseShape(request.endpoint, call.model_name), request.stream,
-                     request.include_usage, request.sampling.n, len(call.prompt.token_ids))
+                     request.include_usage, request.sampling.n, len(call.prompt.token_ids),
+                     self._write_timeout_s)
 
     async def send(self, client: web.Request, call: Call, relay: Relay, worker: WorkerState,
                    exchange: Exchange) -> web.StreamResponse:
@@ -223,8 +225,7 @@ class Proxy:
         finally:
             upstream.close()
 
-    @staticmethod
-    async def _pass_lines(client: web.Request, call: Call, worker: WorkerState,
+    async def _pass_lines(self, client: web.Request, call: Call, worker: WorkerState,
                           out: web.StreamResponse, line: bytes, lines: AsyncIterator[bytes],
                           exchange: Exchange) -> None:
         """Copy an OpenAI completions stream to the client up to its ``[DONE]``, noting
@@ -246,24 +247,22 @@ class Proxy:
                             line = await anext(lines)
                             continue
                 elif line.rstrip() == b"data: [DONE]":
-                    await out.write(DONE_FRAME)
+                    await write_to_client(client, out, DONE_FRAME, self._write_timeout_s,
+                                          exchange)
                     return
-                await out.write(line)
+                await write_to_client(client, out, line, self._write_timeout_s, exchange)
+                if exchange.status == CLIENT_CLOSED:
+                    return
                 line = await anext(lines)
         except StopAsyncIteration:
             exc: BaseException = aiohttp.ClientPayloadError("stream ended before [DONE]")
         except MALFORMED as error:
             exc = error
-        except ConnectionResetError:
-            exchange.status = CLIENT_CLOSED
-            return
         log.warning("request %s: worker %s failed mid-stream: %s: %s", request_id(client),
                     worker.worker_id, type(exc).__name__, exc)
         exchange.status = 502
-        try:
-            await out.write(sse_frame(worker_failed().body()) + DONE_FRAME)
-        except ConnectionResetError:
-            exchange.status = CLIENT_CLOSED
+        await write_to_client(client, out, sse_frame(worker_failed().body()) + DONE_FRAME,
+                              self._write_timeout_s, exchange)
 
 
 def _completion_events(batch: Batch) -> Batch:

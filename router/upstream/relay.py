@@ -9,7 +9,9 @@ chat stream comes as ``/generate``-style events (``index``, ``text``,
 ``finish_reason``; ``usage``; ``error``; ``None`` for ``[DONE]``) that the relay shapes
 into chat chunks with the shared ``ResponseShape``.
 
-The relay keeps the request's ``Progress`` (what each choice has delivered), so that
+The relay keeps the request's ``Progress`` (what each choice has delivered, committed
+per complete SSE event: a step counts once the blank line after its ``data`` line
+has arrived, and only then is its text written to the client), so that
 when a worker fails the next attempt can resume where it stopped: with the prompt
 plus the delivered token ids and ``num_resumed_tokens`` (the worker then counts them
 as completion tokens, sends none of their text again, and starts a whole body with
@@ -25,6 +27,7 @@ does a whole answer whose choices all finished without its body arriving.
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import time
 from collections.abc import Callable
@@ -135,8 +138,10 @@ class Relay:
     its steps arrives (it must be cheap and idempotent)."""
 
     def __init__(self, client: web.Request, shape: ResponseShape, stream: bool,
-                 include_usage: bool, num_choices: int, num_prompt_tokens: int) -> None:
+                 include_usage: bool, num_choices: int, num_prompt_tokens: int,
+                 write_timeout_s: float) -> None:
         self._client = client
+        self._write_timeout_s = write_timeout_s
         self._shape = shape
         self._stream = stream
         self._include_usage = include_usage
@@ -145,6 +150,8 @@ class Relay:
         self.progress = Progress(num_choices)
         self.response: web.StreamResponse | None = None
         self._whole_body: bytes | None = None
+        self._event_step: dict[str, Any] | None = None
+        self._event_out: list[bytes] = []
         self.on_first_token: Callable[[], None] = _nothing
 
     @property
@@ -162,6 +169,7 @@ class Relay:
         """Whether a ``kind`` worker may take over now. Before the first byte any may:
         progress that it cannot continue is dropped and the request starts over."""
         resumable = kind == "radix" and self.progress.resumable
+        self._event_step, self._event_out = None, []
         if not self.started:
             if not resumable:
                 self.progress = Progress(len(self.progress.choices))
@@ -169,21 +177,21 @@ class Relay:
         return resumable
 
     async def write_rendered(self, lines: list[bytes], exchange: Exchange) -> bool:
-        """Relay the complete lines of one network read of a rendered stream; True when
-        the answer is over: ``[DONE]``, an error event (which ends a stream with a 502
+        """Relay the complete lines of one network read of a rendered stream, a step
+        (its ``tokens`` line and its ``data`` line) only once the blank line ending its
+        event has arrived; True when the answer is over: ``[DONE]``, an error event (which ends a stream with a 502
         error event; for a whole answer it raises ``ValueError``, a failed attempt),
         or a client that went away."""
         out: list[bytes] = []
         for line in lines:
-            if line.startswith(TOKENS_PREFIX):
+            if not line.strip():
+                self._commit_event(out, exchange)
+            elif line.startswith(TOKENS_PREFIX):
                 self.on_first_token()
-                step = orjson.loads(line[len(TOKENS_PREFIX):])
-                token_ids = step["token_ids"]
-                self.progress.note(step["index"], token_ids, step["finish_reason"])
-                exchange.num_completion_tokens += len(token_ids)
+                self._event_step = orjson.loads(line[len(TOKENS_PREFIX):])
             elif line.startswith(ANSWER_PREFIX):
                 if self._stream:
-                    out.append(line.rstrip() + b"\n\n")
+                    self._event_out.append(line.rstrip() + b"\n\n")
                 else:
                     self._whole_body = line[len(DATA_PREFIX):].rstrip()
             elif line.startswith(DATA_PREFIX):
@@ -201,6 +209,16 @@ class Relay:
         if out:
             await self._send(b"".join(out), exchange)
         return exchange.status == CLIENT_CLOSED
+
+    def _commit_event(self, out: list[bytes], exchange: Exchange) -> None:
+        """A blank line ended an event: its step counts as delivered and its bytes go
+        out together, so progress never holds a step whose text the client lacks."""
+        step = self._event_step
+        if step is not None:
+            self.progress.note(step["index"], step["token_ids"], step["finish_reason"])
+            exchange.num_completion_tokens += len(step["token_ids"])
+        out += self._event_out
+        self._event_step, self._event_out = None, []
 
     async def write(self, batch: Batch, exchange: Exchange) -> bool:
         """Relay one batch of an ``openai`` worker's chat stream events, shaped into
@@ -270,10 +288,24 @@ class Relay:
             answered(exchange)
         if exchange.status == CLIENT_CLOSED or not data:
             return
-        try:
-            await self.response.write(data)
-        except ConnectionResetError:
-            exchange.status = CLIENT_CLOSED
+        await write_to_client(self._client, self.response, data, self._write_timeout_s,
+                              exchange)
+
+
+async def write_to_client(client: web.Request, response: web.StreamResponse, data: bytes,
+                          timeout_s: float, exchange: Exchange) -> None:
+    """Write ``data`` to the client within ``timeout_s``. A client gone, or one that
+    does not read it in time (its connection is then dropped), marks the exchange
+    ``CLIENT_CLOSED``: the caller stops, closing the upstream and its in-flight count."""
+    try:
+        async with asyncio.timeout(timeout_s):
+            await response.write(data)
+    except ConnectionResetError:
+        exchange.status = CLIENT_CLOSED
+    except TimeoutError:
+        exchange.status = CLIENT_CLOSED
+        if client.transport is not None:
+            client.transport.abort()
 
 
 def _nothing() -> None:

@@ -3,6 +3,8 @@ tokenizer we ship, for texts built to share prefixes and to put seams in bad pla
 
 from __future__ import annotations
 
+import tracemalloc
+
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -118,3 +120,37 @@ def test_tokenizers_that_cuts_would_change_get_the_null_cache():
     assert isinstance(token_cache(lowered, 1000), NullTokenCache)
     assert isinstance(token_cache(TOKENIZERS["gpt2-bpe"], 0), NullTokenCache)
     assert all(eligible(t.tokenizer_json) for t in TOKENIZERS.values())
+
+
+def test_memory_is_bounded_by_the_budget_for_a_long_shared_prefix():
+    """A long prefix plus short unique suffixes: each entry's ids count, not only its
+    new characters, so memory stays proportional to the budget."""
+    tokenizer = TOKENIZERS["gpt2-bpe"]
+    budget = 200_000
+    cache = PrefixTokenCache(tokenizer, max_chars=budget)
+    prefix = " ".join(CORPUS[:300])[:40_000]
+    cache.encode(prefix, Scope("t"))
+    tracemalloc.start()
+    try:
+        base, _ = tracemalloc.get_traced_memory()
+        for i in range(100):
+            cache.encode(f"{prefix} {i:05d}", Scope("t"))
+        grown, _ = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert grown - base < 8 * budget
+    cache.check_invariants()
+
+
+@settings(max_examples=60, deadline=None)
+@given(texts=st.lists(st.tuples(st.integers(0, 300), WORDS), min_size=1, max_size=12),
+       budget=st.integers(1, 3_000))  # fmt: skip
+def test_what_the_cache_holds_never_exceeds_its_budget(texts, budget):
+    tokenizer = TOKENIZERS["gpt2-bpe"]
+    cache = PrefixTokenCache(tokenizer, max_chars=budget, chunk_chars=8)
+    document = " ".join(CORPUS[:10])
+    for keep, tail in texts:
+        text = document[:keep] + tail
+        assert cache.encode(text, Scope("t")) == tokenizer.encode(text)
+        cache.check_invariants()
+        assert cache.num_stored_units() <= budget

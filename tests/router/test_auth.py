@@ -8,7 +8,8 @@ import pytest
 
 from radix.api_errors import ApiError
 from router.config import AuthConfig, TenantConfig, TenantLimits
-from router.front.auth import ANONYMOUS, Authenticator, TenantLimiter, hash_key
+from router.front.auth import ANONYMOUS, Authenticator, hash_key
+from router.front.limits import TenantLimiter
 from router.state.shared_state import InProcessSharedState
 
 LIMITS = TenantLimits(max_prompt_tokens=100, max_output_tokens=20,
@@ -74,16 +75,18 @@ def test_admin_key() -> None:
 def test_sizes() -> None:
     limiter = TenantLimiter(InProcessSharedState())
     alice = Authenticator(AUTH).tenant("Bearer key-a")
-    assert limiter.check_sizes(alice, 100, None) == 20
-    assert limiter.check_sizes(alice, 10, 5) == 5
+    limiter.check_prompt(alice, 100)
+    assert limiter.output_cap(alice, None) == 20
+    assert limiter.output_cap(alice, 5) == 5
     with pytest.raises(ApiError) as info:
-        limiter.check_sizes(alice, 101, None)
+        limiter.check_prompt(alice, 101)
     assert info.value.status == 413 and info.value.param == "prompt"
     with pytest.raises(ApiError) as info:
-        limiter.check_sizes(alice, 10, 21)
+        limiter.output_cap(alice, 21)
     assert info.value.status == 400 and info.value.param == "max_tokens"
     bob = Authenticator(AUTH).tenant("Bearer key-b")
-    assert limiter.check_sizes(bob, 10**6, None) is None
+    limiter.check_prompt(bob, 10**6)
+    assert limiter.output_cap(bob, None) is None
 
 
 def test_concurrency_limit() -> None:
@@ -153,10 +156,32 @@ def test_admission_reserves_max_output_and_settles_to_what_was_sent() -> None:
     run(scenario())
 
 
+def test_output_of_a_request_outliving_the_window_is_charged_to_the_current_one() -> None:
+    async def scenario() -> None:
+        clock = Clock()
+        state = InProcessSharedState(clock=clock)
+        limiter = TenantLimiter(state)
+        carol = Authenticator(AuthConfig(tenants=(TenantConfig(
+            "carol", (hash_key("k"),), TenantLimits(tokens_per_minute=100)),))).tenant("Bearer k")
+        long_one = await limiter.admit(carol, 10, 0)             # no max_tokens: prompt only
+        clock.now += 90.0                                        # it streams for 90 s
+        await limiter.release(long_one, 80)
+        assert await state.tokens_in_window("carol") == 80       # 10 + 80 - 10 reserved
+        with pytest.raises(ApiError) as info:
+            await limiter.admit(carol, 30, 0)
+        assert info.value.status == 429
+        short_one = await limiter.admit(carol, 5, 10)
+        clock.now += 70.0                                        # reservation expired too
+        await limiter.release(short_one, 8)                      # within it: nothing new
+        assert await state.tokens_in_window("carol") == 0
+
+    run(scenario())
+
+
 def test_prompt_above_tokens_per_minute_is_413() -> None:
     limiter = TenantLimiter(InProcessSharedState())
     alice = Authenticator(AuthConfig(tenants=(TenantConfig(
         "alice", (hash_key("k"),), TenantLimits(tokens_per_minute=50)),))).tenant("Bearer k")
     with pytest.raises(ApiError) as info:
-        limiter.check_sizes(alice, 51, None)
+        limiter.check_prompt(alice, 51)
     assert info.value.status == 413

@@ -9,10 +9,14 @@ import dataclasses
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
+from typing import Any
 
+import pytest
 from support.aio import eventually
 
-from router.config import RedisConfig
+from router.config import RedisConfig, TenantLimits
+from router.front.auth import Tenant
+from router.front.limits import TenantLimiter
 from router.launcher import RedisServer
 from router.state.redis_state import RedisLink, RedisSharedState
 
@@ -93,15 +97,17 @@ def test_window_settles_and_expires(redis_server) -> None:
             assert await a.reserve_tokens("alice", "r1", 60, 100) is None
             wait_s = await b.reserve_tokens("alice", "r2", 50, 100)
             assert wait_s is not None and 0 < wait_s <= 0.6
-            await a.settle_tokens("alice", "r1", 20)  # the stream ended early
+            await a.settle_tokens("alice", "r1", 60, 20)  # the stream ended early
             assert await b.tokens_in_window("alice") == 20
             assert await b.reserve_tokens("alice", "r2", 50, 100) is None
-            await b.settle_tokens("alice", "r2", 70)
+            await b.settle_tokens("alice", "r2", 50, 70)
             assert await a.tokens_in_window("alice") == 90
             await asyncio.sleep(0.7)
             assert await a.tokens_in_window("alice") == 0
-            await a.settle_tokens("alice", "r1", 500)  # gone from the window: no effect
+            await a.settle_tokens("alice", "r1", 60, 50)  # gone, and within its reservation
             assert await a.tokens_in_window("alice") == 0
+            await b.settle_tokens("alice", "r2", 50, 500)  # gone: the rest is charged now
+            assert await a.tokens_in_window("alice") == 450
 
     run(main)
 
@@ -124,5 +130,55 @@ def test_outage_falls_back_to_local_shares_and_resyncs(redis_server) -> None:
             # Back: router a's held slot was written back, so the limit is shared again.
             assert await link.client.hgetall("test:slots:r0") == {b"alice": b"1"}
             assert [await b.acquire_slot("alice", 4) for _ in range(4)] == [True] * 3 + [False]
+
+    run(main)
+
+
+class Gated:
+    """A shared state whose ``method`` waits for ``gate`` (after setting ``entered``)."""
+
+    def __init__(self, state: RedisSharedState, method: str) -> None:
+        self._state = state
+        self._method = method
+        self.entered = asyncio.Event()
+        self.gate = asyncio.Event()
+
+    def __getattr__(self, name: str) -> Any:
+        attr = getattr(self._state, name)
+        if name != self._method:
+            return attr
+
+        async def gated(*args: Any) -> Any:
+            self.entered.set()
+            await self.gate.wait()
+            return await attr(*args)
+
+        return gated
+
+
+@pytest.mark.parametrize("method", ["reserve_tokens", "release_slot"])
+def test_a_client_gone_mid_admission_or_mid_release_leaks_no_slot(redis_server, method) -> None:
+    alice = Tenant("alice", TenantLimits(max_concurrent_requests=1, tokens_per_minute=1000))
+
+    async def main() -> None:
+        async with routers(redis_server, 1) as [(link, state)]:
+            gated = Gated(state, method)
+            limiter = TenantLimiter(gated)  # type: ignore[arg-type]
+
+            async def request() -> None:
+                admission = await limiter.admit(alice, 10, 0)
+                await limiter.release(admission, 0)
+
+            async def no_slot_held() -> bool:
+                return await link.client.hgetall("test:slots:r0") == {}
+
+            task = asyncio.create_task(request())
+            await gated.entered.wait()
+            task.cancel()  # the client disconnects
+            with pytest.raises(asyncio.CancelledError):
+                await task
+            gated.gate.set()
+            await eventually(no_slot_held, timeout_s=2.0)
+            await limiter.release(await limiter.admit(alice, 10, 0), 0)
 
     run(main)

@@ -56,7 +56,8 @@ def delta(token_id: int, text: str, index: int = 0, reason: str | None = None) -
 def failing_upstream(how: str, steps: list[Step]) -> web.Application:
     """``/generate`` sends ``steps`` rendered, then fails ``how``: ``close`` (ends the
     body without ``[DONE]``), ``reset`` (drops the connection), ``stall`` (goes
-    silent), ``hang`` (sends nothing at all, not even headers)."""
+    silent), ``hang`` (sends nothing at all, not even headers), ``half_event`` (sends a
+    next step's ``tokens`` line alone, then drops the connection)."""
     async def generate(request: web.Request) -> web.StreamResponse:
         answer = rendered_answer(await request.json())
         if how == "hang":
@@ -67,7 +68,11 @@ def failing_upstream(how: str, steps: list[Step]) -> web.Application:
             await out.write(answer.step(index, [token_id], text, reason))
         if how == "stall":
             await asyncio.sleep(60)
-        if how == "reset":
+        if how == "half_event":
+            tokens_line = answer.step(0, [101 + len(steps)], "never", None).split(b"\n")[0]
+            await out.write(tokens_line + b"\n")
+            await asyncio.sleep(0.1)
+        if how in ("reset", "half_event"):
             assert request.transport is not None
             request.transport.abort()
         return out
@@ -135,6 +140,15 @@ async def test_a_stream_cut_mid_way_resumes_on_the_next_worker(how: str) -> None
     assert chunks[-1]["usage"]["completion_tokens"] == MAX_TOKENS
     assert len({(c["id"], c["created"]) for c in chunks}) == 1, "one answer across workers"
     assert seen[0]["render"]["id"] == chunks[0]["id"]
+
+
+async def test_a_step_cut_between_its_tokens_and_data_lines_is_generated_again() -> None:
+    status, text, seen, _ = await ask("half_event", STREAM)
+    chunks = sse_objects(text)
+    assert status == 200
+    assert "".join(c["choices"][0]["text"] for c in chunks if c["choices"]) == "efghi"
+    assert seen[0]["num_resumed_tokens"] == len(DELIVERED)
+    assert chunks[-1]["usage"]["completion_tokens"] == MAX_TOKENS
 
 
 async def test_a_whole_answer_resumes_the_same_way() -> None:

@@ -312,6 +312,27 @@ async def test_limits_over_http() -> None:
         assert config.auth.tenants[0].limits.tokens_per_minute == 30
 
 
+async def test_a_tenant_at_its_limits_is_refused_before_tokenizing() -> None:
+    async with serving(instant_upstream.create_app()) as up, \
+            running_router(make_config([up], max_concurrent_requests=1, tokens_per_minute=30)
+                           ) as (url, router), aiohttp.ClientSession() as session:
+        model = router.models.get("demo")
+        tokenized = []
+        prompt = model.prompt
+        model.prompt = lambda *args: tokenized.append(args) or prompt(*args)  # type: ignore
+        alice = router.auth.tenant(ALICE["Authorization"])
+        body = {"model": "demo", "prompt": "abc " * 500, "max_tokens": 2}
+        held = await router.limiter.admit(alice, 1, 0)           # the one slot, taken
+        status, error, _ = await call(session, "POST", f"{url}/v1/completions", body, ALICE)
+        assert status == 429 and error["error"]["code"] == "concurrency_limit"
+        await router.limiter.release(held, 29)                   # the minute's tokens, spent
+        status, error, headers = await call(session, "POST", f"{url}/v1/completions", body,
+                                            ALICE)
+        assert status == 429 and error["error"]["code"] == "rate_limit_exceeded"
+        assert int(headers["Retry-After"]) >= 59
+        assert tokenized == []
+
+
 async def test_admin_workers_and_public_prefixes() -> None:
     async with serving(instant_upstream.create_app()) as up, \
             running_router(make_config([])) as (url, router), aiohttp.ClientSession() as session:

@@ -2,13 +2,24 @@
 
 from __future__ import annotations
 
+import asyncio
+import threading
+
 import pytest
 
 from radix.api_errors import ApiError
-from radix.openai.requests import CHAT, COMPLETIONS, OpenAIRequest, parse_openai_request
+from radix.openai.requests import (
+    CHAT,
+    COMPLETIONS,
+    MAX_PROMPT_TOKEN_IDS,
+    OpenAIRequest,
+    parse_openai_request,
+)
+from radix.openai.sampling import SamplingBounds
 from radix.tokenizer import PromptTokenizer
 from router.config import ModelConfig, PublicPrefixSpec, TenantLimits
 from router.front.tokenization import Models, ModelTokenizer, PublicPrefixes
+from router.server.dispatch import tokenize
 
 SYSTEM = ({"role": "system", "content": "You are a helpful assistant."},)
 
@@ -97,3 +108,31 @@ def test_bad_tokenizer_source_names_the_model(tmp_path) -> None:
     with pytest.raises(ValueError, match="models.m: token_ids must hold"):
         Models.from_config({"m": ModelConfig("m", "demo", 16, (PublicPrefixSpec(
             token_ids=(10**6,)),))})
+
+
+def test_a_token_id_prompt_over_its_bound_is_413_before_conversion() -> None:
+    bounds = SamplingBounds(vocab_size=300)
+    body = {"model": "demo", "prompt": [1] * 11}
+    with pytest.raises(ApiError) as info:
+        parse_openai_request(body, COMPLETIONS, bounds, max_prompt_token_ids=10)
+    assert info.value.status == 413 and info.value.code == "prompt_too_long"
+    assert parse_openai_request(body, COMPLETIONS, bounds, max_prompt_token_ids=11).prompt
+    huge = {"model": "demo", "prompt": [1] * (MAX_PROMPT_TOKEN_IDS + 1)}
+    with pytest.raises(ApiError) as info:
+        parse_openai_request(huge, COMPLETIONS, bounds)
+    assert info.value.status == 413
+
+
+def test_many_chat_messages_are_rendered_off_the_event_loop() -> None:
+    messages = [{"role": "user", "content": ""}] * 4096
+    parsed = parse_openai_request({"model": "demo", "messages": messages}, CHAT,
+                                  SamplingBounds(vocab_size=300))
+    threads: list[threading.Thread] = []
+
+    class Recording:
+        def prompt(self, request: OpenAIRequest, tenant_id: str) -> str:
+            threads.append(threading.current_thread())
+            return "ids"
+
+    assert asyncio.run(tokenize(Recording(), parsed, "alice")) == "ids"  # type: ignore[arg-type]
+    assert threads and threads[0] is not threading.main_thread()

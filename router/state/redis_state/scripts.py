@@ -93,11 +93,20 @@ end
 return window
 """
 
-# ARGV: window ms, reservation id, tokens. Changes a reservation still in the window.
+# ARGV: window ms, reservation id, tokens, tokens reserved. Changes a reservation still
+# in the window; for one that left it, records the tokens above what was reserved now.
 SETTLE_TOKENS = _EXPIRE + """
 local held = redis.call('HGET', KEYS[2], ARGV[2])
 if held then
   redis.call('HSET', KEYS[2], ARGV[2], ARGV[3], '_sum', sum + tonumber(ARGV[3]) - tonumber(held))
+  return 0
+end
+local extra = tonumber(ARGV[3]) - tonumber(ARGV[4])
+if extra > 0 then
+  redis.call('ZADD', KEYS[1], now, ARGV[2])
+  redis.call('HSET', KEYS[2], ARGV[2], extra, '_sum', sum + extra)
+  redis.call('PEXPIRE', KEYS[1], window + 1000)
+  redis.call('PEXPIRE', KEYS[2], window + 1000)
 end
 return 0
 """
