@@ -50,9 +50,10 @@ class MetricsConfig(Section, section="metrics"):
 
 @dataclass(frozen=True)
 class AdminConfig(Section, section="admin"):
-    """Rules for ``POST /admin/workers``: the environment variable an added worker's
-    key comes from must start with ``worker_key_env_prefix`` (so an admin request
-    cannot send the deployment secret, or any other variable, to a host it names)."""
+    """Rules for workers added at run time (``POST /admin/workers``, the shared
+    registry): a worker ``x`` may take its key only from ``worker_key_env_prefix``
+    plus ``X`` (``router.worker_keys``), so an admin request cannot send another
+    worker's key, or the deployment secret, to a host it names."""
 
     worker_key_env_prefix: str = setting(WORKER_KEY_ENV_PREFIX, pattern=ENV_NAME)
 

@@ -4,13 +4,14 @@ routing decisions for ``openai`` workers land in the other router's index."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 from typing import Any
 
 import aiohttp
 import pytest
 import redis.asyncio as redis
-from support.aio import eventually, running_router, serving
+from support.aio import eventually, key_recording_upstream, running_router, serving
 
 from bench import instant_upstream
 from radix.keys import to_key
@@ -94,19 +95,33 @@ async def test_openai_routing_decisions_reach_the_other_routers_index(redis_serv
             assert b.index.match(namespace, key, "bob") == {}  # still per tenant
 
 
-async def test_a_shared_worker_must_pass_the_admin_rules(redis_server) -> None:
-    """Whoever writes to Redis cannot make a router send its secret to a host."""
-    config = shared_config(redis_server.url, [])
+async def test_a_shared_worker_must_pass_the_admin_rules(redis_server, monkeypatch) -> None:
+    """Whoever writes to Redis cannot make a router send its secret, or a worker's key
+    (under another id, or under that worker's own id at another URL), to a host."""
+    monkeypatch.setenv("RADIX_WORKER_KEY_W0", "w0-key")
+    seen: list[str] = []
     async with serving(instant_upstream.create_app("x")) as up, \
-            running_router(config, shared=True) as (_, router):
-        client = redis.Redis.from_url(redis_server.url)
-        try:
-            await client.hset("peers-test:workers", mapping={
-                "evil": json.dumps({"id": "evil", "model": "demo", "url": up,
-                                    "api_key_env": "RADIX_ROUTER_SECRET"}),
-                "fine": json.dumps({"id": "fine", "model": "demo", "url": up})})
-            await client.incr("peers-test:workers:version")
-            await eventually(lambda: router.registry.get("fine") is not None, 3.0)
-            assert router.registry.get("evil") is None
-        finally:
-            await client.aclose()
+            serving(key_recording_upstream(seen)) as elsewhere:
+        config = shared_config(redis_server.url, [{"id": "w0", "model": "demo", "url": up,
+                                                   "api_key_env": "RADIX_WORKER_KEY_W0"}])
+        async with running_router(config, shared=True) as (_, router):
+            client = redis.Redis.from_url(redis_server.url)
+
+            def entry(worker_id: str, api_key_env: str) -> str:
+                return json.dumps({"id": worker_id, "model": "demo", "url": elsewhere,
+                                   "api_key_env": api_key_env})
+            try:
+                await client.hset("peers-test:workers", mapping={
+                    "evil": entry("evil", "RADIX_ROUTER_SECRET"),
+                    "thief": entry("thief", "RADIX_WORKER_KEY_W0"),
+                    "w0": entry("w0", "RADIX_WORKER_KEY_W0"),
+                    "fine": json.dumps({"id": "fine", "model": "demo", "url": up})})
+                await client.incr("peers-test:workers:version")
+                await eventually(lambda: router.registry.get("fine") is not None, 3.0)
+                await asyncio.sleep(0.3)  # three poll intervals
+                assert router.registry.get("evil") is None
+                assert router.registry.get("thief") is None
+                assert router.registry.get("w0").url == up
+            finally:
+                await client.aclose()
+    assert "Bearer w0-key" not in seen

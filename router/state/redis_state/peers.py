@@ -36,6 +36,7 @@ from router.state.redis_state.link import RedisLink, RedisUnavailable
 from router.state.redis_state.routed import RoutedStream
 from router.tasks import cancel_and_wait
 from router.upstream.registry import WorkerRegistry, WorkerState
+from router.worker_keys import runtime_key_problem
 
 log = logging.getLogger(__name__)
 
@@ -58,13 +59,16 @@ def prefix_field(model: str, key: bytes) -> str:
 class RedisPeers:
     """``Peers`` on Redis. Owns the link's lifecycle (``start`` starts its heartbeat).
     A shared worker passes the checks of ``POST /admin/workers`` before this router
-    uses it: its key variable must start with ``key_env_prefix``
-    (``admin.worker_key_env_prefix``), so whoever writes to Redis cannot make the
-    router send another of its variables to a host they name."""
+    uses it: it may read only the key variable named for its id
+    (``router.worker_keys``, under ``key_env_prefix``; ``config_workers`` keep
+    theirs), so whoever writes to Redis cannot make the router send another worker's
+    key, or any other of its variables, to a host they name."""
 
-    def __init__(self, link: RedisLink, key_env_prefix: str) -> None:
+    def __init__(self, link: RedisLink, key_env_prefix: str,
+                 config_workers: tuple[WorkerConfig, ...]) -> None:
         self._link = link
         self._key_env_prefix = key_env_prefix
+        self._config_workers = config_workers
         self._add_worker = link.script(scripts.ADD_WORKER)
         self._remove_worker = link.script(scripts.REMOVE_WORKER)
         self._add_prefix = link.script(scripts.ADD_PREFIX)
@@ -216,10 +220,8 @@ class RedisPeers:
                               where)
         if config.worker_id != worker_id or config.url is None:
             raise ValueError(f"{where}: id must be the field name, and url is required")
-        env = config.api_key_env
-        if env is not None and not env.startswith(self._key_env_prefix):
-            raise ValueError(f"{where}.api_key_env: must start with {self._key_env_prefix!r} "
-                             "(admin.worker_key_env_prefix)")
+        if problem := runtime_key_problem(config, self._key_env_prefix, self._config_workers):
+            raise ValueError(f"{where}.{problem}")
         return config
 
     def _refuse(self, worker_id: str, raw: bytes, reason: str) -> None:
