@@ -16,11 +16,12 @@ from pathlib import Path
 from types import MappingProxyType
 
 from radix.config_schema import DIGEST, ENV_NAME, NAME, FieldError, Pattern, Section, setting
+from radix.tree import RESERVED_SCOPES
 from router.routing.index import IndexConfig
 
 DEFAULT_CONFIG = Path(__file__).resolve().parent.parent / "configs" / "local.toml"
 WORKER_KINDS = ("radix", "openai")
-RESERVED_TENANTS = ("public", "anonymous")
+RESERVED_TENANTS: tuple[str, ...] = RESERVED_SCOPES
 WORKER_KEY_ENV_PREFIX = "RADIX_WORKER_KEY_"
 REDIS_KEY_PREFIX = Pattern(re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,63}$"),
                            "a key prefix (letters, digits, '.', '_', ':', '-')")

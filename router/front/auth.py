@@ -15,10 +15,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from radix.api_errors import ApiError
+from radix.tree import ANONYMOUS
 from router.config import AuthConfig, TenantLimits
 from router.state.shared_state import SharedState
 
-ANONYMOUS = "anonymous"
 _KEY_DOMAIN = b"radix-router/api-key/v1"
 _CONCURRENCY_RETRY_AFTER_S = 1
 
