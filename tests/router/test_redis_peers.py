@@ -29,8 +29,10 @@ def anyio_backend() -> str:
     return "asyncio"
 
 
-def shared_config(redis_url: str, workers: list[dict[str, str]]) -> RouterConfig:
+def shared_config(redis_url: str, workers: list[dict[str, str]], **sections: Any
+                  ) -> RouterConfig:
     return parse_config({
+        **sections,
         "models": {"demo": {"tokenizer": "demo"}},
         "workers": workers,
         "registry": {"poll_interval_s": 0.1},
@@ -93,6 +95,39 @@ async def test_openai_routing_decisions_reach_the_other_routers_index(redis_serv
                 lambda: b.index.match(namespace, key, "alice").get("vllm", 0), 3.0)
             assert matched == a.index.match(namespace, key, "alice")["vllm"]
             assert b.index.match(namespace, key, "bob") == {}  # still per tenant
+
+
+async def test_the_routed_stream_holds_only_what_indexes_keep(redis_server) -> None:
+    """Each entry's key is cut to the approximate capacity, and entries older than
+    ``approximate_ttl_s`` are trimmed: the stream is bounded in bytes, not only count."""
+    async with serving(instant_upstream.create_app("x")) as up:
+        config = shared_config(redis_server.url,
+                               [{"id": "vllm", "model": "demo", "url": up, "kind": "openai"}],
+                               index={"approximate_ttl_s": 1.0,
+                                      "approximate_capacity_tokens": 16})
+        client = redis.Redis.from_url(redis_server.url)
+        stream = "peers-test:routed"
+        async with running_router(config, shared=True) as (url, _), \
+                aiohttp.ClientSession() as session:
+            async def route(prompt: str) -> None:
+                status, _ = await post(session, f"{url}/v1/completions",
+                                       {"model": "demo", "prompt": prompt, "max_tokens": 1},
+                                       ALICE)
+                assert status == 200
+
+            try:
+                await route("x" * 10_000)
+                entries = await eventually(lambda: client.xrange(stream), 3.0)
+                assert [len(fields[b"k"]) for _, fields in entries] == [16 * 4]
+                await asyncio.sleep(1.2)
+                await route("y" * 100)
+
+                async def only_the_new_entry() -> bool:
+                    entries = await client.xrange(stream)
+                    return len(entries) == 1 and b"y\0\0\0" in entries[0][1][b"k"]
+                await eventually(only_the_new_entry, 3.0)
+            finally:
+                await client.aclose()
 
 
 async def test_a_shared_worker_must_pass_the_admin_rules(redis_server, monkeypatch) -> None:
