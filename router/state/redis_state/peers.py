@@ -25,8 +25,11 @@ import hashlib
 import json
 import logging
 from collections.abc import Mapping
+from typing import Any
 
+from radix.api_errors import ApiError
 from radix.keys import TOKEN_BYTES, from_key
+from radix.openai.json_body import decode_json_object
 from router.config import WorkerConfig
 from router.config_toml import parse_worker
 from router.front.tokenization import Models
@@ -196,9 +199,9 @@ class RedisPeers:
                 shared[worker_id] = self._parse(worker_id, raw)
             except ValueError as exc:
                 self._refuse(worker_id, raw, str(exc))
-        for worker_id, config in shared.items():
+        for worker_id, (config, fields) in shared.items():
             local = self._registry.get(worker_id)
-            if local is not None and shared_fields(local) == json.loads(entries[worker_id.encode()]):
+            if local is not None and shared_fields(local) == fields:
                 continue
             if local is not None:
                 await self._registry.remove(worker_id)
@@ -214,15 +217,20 @@ class RedisPeers:
                 log.info("worker %s removed by the shared registry (version %d)",
                          worker.worker_id, version)
 
-    def _parse(self, worker_id: str, raw: bytes) -> WorkerConfig:
+    def _parse(self, worker_id: str, raw: bytes) -> tuple[WorkerConfig, dict[str, Any]]:
+        """(config, decoded fields) of a shared entry; ValueError for anything this
+        router cannot use, malformed JSON (too deep, not an object) included."""
         where = f"{self._link.keys.workers}[{worker_id}]"
-        config = parse_worker(json.loads(raw), {name: None for name in self._models.names()},
-                              where)
+        try:
+            fields = decode_json_object(raw)
+        except ApiError as exc:
+            raise ValueError(f"{where}: {exc}") from exc
+        config = parse_worker(fields, {name: None for name in self._models.names()}, where)
         if config.worker_id != worker_id or config.url is None:
             raise ValueError(f"{where}: id must be the field name, and url is required")
         if problem := runtime_key_problem(config, self._key_env_prefix, self._config_workers):
             raise ValueError(f"{where}.{problem}")
-        return config
+        return config, fields
 
     def _refuse(self, worker_id: str, raw: bytes, reason: str) -> None:
         """Log once per (worker, fields) that this router cannot use a shared worker."""

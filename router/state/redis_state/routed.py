@@ -25,6 +25,7 @@ import logging
 import time
 from collections import deque
 
+from radix.keys import TOKEN_BYTES
 from router.routing.index import NamespaceDigest, RouterIndex, WorkerId
 from router.state.redis_state.link import RedisLink, RedisUnavailable
 from router.tasks import cancel_and_wait
@@ -128,10 +129,14 @@ class RoutedStream:
                 await asyncio.sleep(_IDLE_POLL_S)
 
     def _apply(self, fields: dict[bytes, bytes]) -> None:
+        """Note one entry of another router; an entry anyone could have written to
+        Redis (missing fields, bad UTF-8, a key not whole tokens) is skipped."""
         try:
             worker_id = fields[b"w"].decode()
             namespace, scope, key = fields[b"n"].decode(), fields[b"s"].decode(), fields[b"k"]
         except (KeyError, UnicodeDecodeError):
+            key = b"?"
+        if len(key) % TOKEN_BYTES:
             log.warning("skipping a malformed routed-stream entry")
             return
         worker = self._registry.get(worker_id)
