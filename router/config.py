@@ -32,11 +32,17 @@ _REDIS_SCHEMES = ("redis", "rediss", "unix")
 class ListenConfig(Section, section="listen"):
     """Where the router listens; ``port = 0`` picks a free port. On SIGTERM the router
     stops accepting connections and gives the requests in flight up to
-    ``drain_timeout_s`` to finish before it exits."""
+    ``drain_timeout_s`` to finish before it exits. Slow clients
+    (``router.server.slow_clients``): a connection with no complete request head
+    ``keepalive_timeout_s`` after it opened or after its last response is closed; a
+    request body not complete ``body_timeout_s`` after its handler began reading it is
+    a 408."""
 
     host: str = "127.0.0.1"
     port: int = setting(0, low=0, high=65535)
     drain_timeout_s: float = setting(60.0, above=0)
+    keepalive_timeout_s: float = setting(15.0, above=0)
+    body_timeout_s: float = setting(30.0, above=0)
 
 
 @dataclass(frozen=True)

@@ -21,6 +21,7 @@ from radix.openai.json_body import decode_json_object
 from router.config_toml import parse_public_prefix, parse_worker
 from router.server.context import ROUTER, Router
 from router.server.request_ids import request_id
+from router.server.slow_clients import read_body
 from router.worker_keys import runtime_key_problem
 
 audit = logging.getLogger("router.admin")
@@ -48,7 +49,8 @@ async def change_workers(request: web.Request) -> web.Response:
     api_key_env}}`` registers a worker (routed once its probe passes);
     ``{"action": "remove", "id": ...}`` removes one and drops its index entries."""
     router = await _admin(request)
-    body = decode_json_object(await request.read())
+    body = decode_json_object(
+        await read_body(request, router.config.listen.body_timeout_s))
     action = body.get("action")
     if action == "add":
         worker = body.get("worker")
@@ -84,7 +86,8 @@ async def add_public_prefix(request: web.Request) -> web.Response:
     "token_ids"}``. Later requests starting with it share its whole blocks across
     tenants."""
     router = await _admin(request)
-    body = decode_json_object(await request.read())
+    body = decode_json_object(
+        await read_body(request, router.config.listen.body_timeout_s))
     model = router.models.get(body.pop("model", None))
     try:
         spec = parse_public_prefix(body, "prefix")

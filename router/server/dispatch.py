@@ -20,6 +20,7 @@ from router.front.tokenization import ModelTokenizer, Prompt
 from router.routing.load_cost import is_saturated
 from router.routing.policy import RouteRequest, WorkerView
 from router.server.context import ROUTER, Router
+from router.server.slow_clients import read_body
 from router.upstream.attempt import RETRY_AFTER_S, UpstreamUnavailable
 from router.upstream.proxy import Call
 from router.upstream.registry import WorkerState
@@ -46,7 +47,8 @@ async def serve_openai(request: web.Request, endpoint: str) -> web.StreamRespons
     try:
         tenant = router.auth.tenant(request.headers.get("Authorization"))
         tenant_id = tenant.tenant_id
-        model, parsed = parse_request(await request.read(), endpoint, router.models)
+        body = await read_body(request, router.config.listen.body_timeout_s)
+        model, parsed = parse_request(body, endpoint, router.models)
         check_text_size(model, parsed, tenant.limits)
         prompt = await tokenize(model, parsed, tenant_id)
         max_tokens = router.limiter.check_sizes(tenant, len(prompt.token_ids),
