@@ -4,7 +4,9 @@ request's body.
 aiohttp has no header timeout, but its keep-alive timer is one: it starts when a
 connection opens and again when a response ends; bytes of an unfinished request
 head do not move it, and when it fires with no complete head waiting, the
-connection is closed. So ``listen.keepalive_timeout_s`` bounds both an idle
+connection is closed (the timer at connection open is aiohttp's since
+aio-libs/aiohttp#13681; tests/router/test_slow_clients.py fails on a version
+without it). So ``listen.keepalive_timeout_s`` bounds both an idle
 kept-alive connection and the time a client has to send the line and headers of its
 next request (``runner_options``). The body is read only through ``read_body``,
 which gives it ``listen.body_timeout_s`` in all (408 when that runs out), so a
