@@ -30,6 +30,13 @@ from radix.keys import TOKEN_BYTES, common_prefix_tokens
 
 Scope = NewType("Scope", str)
 PUBLIC = Scope("public")
+ANONYMOUS = Scope("anonymous")
+"""The scope of a router's keyless clients (``auth.allow_anonymous``)."""
+DIRECT = Scope("direct")
+"""The scope of a worker's direct callers (its own OpenAI routes, ``/generate``
+without a scope): never a router client's, so cache timing does not cross."""
+RESERVED_SCOPES = (PUBLIC, ANONYMOUS, DIRECT)
+"""Scopes no tenant may take (tenant ids are validated against them)."""
 
 P = TypeVar("P")
 SplitPayload = Callable[[P, int], tuple[P, P]]

@@ -16,11 +16,12 @@ from pathlib import Path
 from types import MappingProxyType
 
 from radix.config_schema import DIGEST, ENV_NAME, NAME, FieldError, Pattern, Section, setting
+from radix.tree import RESERVED_SCOPES
 from router.routing.index import IndexConfig
 
 DEFAULT_CONFIG = Path(__file__).resolve().parent.parent / "configs" / "local.toml"
 WORKER_KINDS = ("radix", "vllm", "openai")
-RESERVED_TENANTS = ("public", "anonymous")
+RESERVED_TENANTS: tuple[str, ...] = RESERVED_SCOPES
 WORKER_KEY_ENV_PREFIX = "RADIX_WORKER_KEY_"
 REDIS_KEY_PREFIX = Pattern(re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,63}$"),
                            "a key prefix (letters, digits, '.', '_', ':', '-')")
@@ -31,11 +32,17 @@ _REDIS_SCHEMES = ("redis", "rediss", "unix")
 class ListenConfig(Section, section="listen"):
     """Where the router listens; ``port = 0`` picks a free port. On SIGTERM the router
     stops accepting connections and gives the requests in flight up to
-    ``drain_timeout_s`` to finish before it exits."""
+    ``drain_timeout_s`` to finish before it exits. Slow clients
+    (``router.server.slow_clients``): a connection with no complete request head
+    ``keepalive_timeout_s`` after it opened or after its last response is closed; a
+    request body not complete ``body_timeout_s`` after its handler began reading it is
+    a 408."""
 
     host: str = "127.0.0.1"
     port: int = setting(0, low=0, high=65535)
     drain_timeout_s: float = setting(60.0, above=0)
+    keepalive_timeout_s: float = setting(15.0, above=0)
+    body_timeout_s: float = setting(30.0, above=0)
 
 
 @dataclass(frozen=True)
@@ -50,9 +57,10 @@ class MetricsConfig(Section, section="metrics"):
 
 @dataclass(frozen=True)
 class AdminConfig(Section, section="admin"):
-    """Rules for ``POST /admin/workers``: the environment variable an added worker's
-    key comes from must start with ``worker_key_env_prefix`` (so an admin request
-    cannot send the deployment secret, or any other variable, to a host it names)."""
+    """Rules for workers added at run time (``POST /admin/workers``, the shared
+    registry): a worker ``x`` may take its key only from ``worker_key_env_prefix``
+    plus ``X`` (``router.worker_keys``), so an admin request cannot send another
+    worker's key, or the deployment secret, to a host it names."""
 
     worker_key_env_prefix: str = setting(WORKER_KEY_ENV_PREFIX, pattern=ENV_NAME)
 

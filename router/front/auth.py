@@ -14,9 +14,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from radix.api_errors import ApiError
+from radix.tree import ANONYMOUS
 from router.config import AuthConfig, TenantLimits
 
-ANONYMOUS = "anonymous"
 _KEY_DOMAIN = b"radix-router/api-key/v1"
 
 

@@ -2,9 +2,9 @@
 
 Every change is logged (logger ``router.admin``) with who made it (the caller's
 address and request id; there is one admin key), what changed, and when (the log
-record's time). A worker added here may take its key only from an environment
-variable under ``admin.worker_key_env_prefix``: otherwise an admin request could
-have the router send any of its variables (the deployment secret) to a host it names.
+record's time). A worker added here may take its key only from the variable named
+for its id (``router.worker_keys``): otherwise an admin request could have the
+router send another worker's key, or the deployment secret, to a host it names.
 With several routers sharing Redis, each change is also published to the others
 (``router.state.peers``).
 """
@@ -21,6 +21,8 @@ from radix.openai.json_body import decode_json_object
 from router.config_toml import parse_public_prefix, parse_worker
 from router.server.context import ROUTER, Router
 from router.server.request_ids import request_id
+from router.server.slow_clients import read_body
+from router.worker_keys import runtime_key_problem
 
 audit = logging.getLogger("router.admin")
 
@@ -47,7 +49,8 @@ async def change_workers(request: web.Request) -> web.Response:
     api_key_env}}`` registers a worker (routed once its probe passes);
     ``{"action": "remove", "id": ...}`` removes one and drops its index entries."""
     router = await _admin(request)
-    body = decode_json_object(await request.read())
+    body = decode_json_object(
+        await read_body(request, router.config.listen.body_timeout_s))
     action = body.get("action")
     if action == "add":
         worker = body.get("worker")
@@ -59,9 +62,8 @@ async def change_workers(request: web.Request) -> web.Response:
                                   prefix)
             if config.url is None:
                 raise ValueError("worker.url: required")
-            if config.api_key_env is not None and not config.api_key_env.startswith(prefix):
-                raise ValueError(f"worker.api_key_env: must start with {prefix!r} "
-                                 "(admin.worker_key_env_prefix)")
+            if problem := runtime_key_problem(config, prefix, router.config.workers):
+                raise ValueError(f"worker.{problem}")
             state = router.registry.add(config)
         except ValueError as exc:
             raise ApiError(400, str(exc), param="worker") from exc
@@ -84,7 +86,8 @@ async def add_public_prefix(request: web.Request) -> web.Response:
     "token_ids"}``. Later requests starting with it share its whole blocks across
     tenants."""
     router = await _admin(request)
-    body = decode_json_object(await request.read())
+    body = decode_json_object(
+        await read_body(request, router.config.listen.body_timeout_s))
     model = router.models.get(body.pop("model", None))
     try:
         spec = parse_public_prefix(body, "prefix")

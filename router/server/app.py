@@ -29,6 +29,7 @@ from router.server.admin import add_admin_routes
 from router.server.context import ROUTER, Router
 from router.server.dispatch import chat_completions, completions
 from router.server.request_ids import add_request_id_header, request_id, request_id_middleware
+from router.server.slow_clients import runner_options
 from router.state.redis_state import shared_backends
 
 MAX_BODY_BYTES = 32 * 2**20
@@ -153,7 +154,8 @@ async def serve(config: RouterConfig, secret: bytes, sock: socket.socket,
                          "(launch is for `radix-router up`)")
     router = Router.build(config, secret, *shared_backends(config))
     runner = web.AppRunner(create_app(router), handler_cancellation=True, access_log=None,
-                           shutdown_timeout=config.listen.drain_timeout_s)
+                           shutdown_timeout=config.listen.drain_timeout_s,
+                           **runner_options(config.listen))
     metrics_runner = web.AppRunner(create_metrics_app(router), access_log=None)
     await runner.setup()
     await metrics_runner.setup()

@@ -24,6 +24,7 @@ from router.routing.load_cost import is_saturated
 from router.routing.policy import RouteRequest, WorkerView
 from router.server.context import ROUTER, Router
 from router.server.request_ids import request_id
+from router.server.slow_clients import read_body
 from router.upstream.attempt import RETRY_AFTER_S, UpstreamUnavailable
 from router.upstream.proxy import Call
 from router.upstream.registry import WorkerState
@@ -51,8 +52,8 @@ async def serve_openai(request: web.Request, endpoint: str) -> web.StreamRespons
     try:
         tenant = router.auth.tenant(request.headers.get("Authorization"))
         tenant_id = tenant.tenant_id
-        model, parsed = parse_request(await request.read(), endpoint, router.models,
-                                      tenant.limits)
+        body = await read_body(request, router.config.listen.body_timeout_s)
+        model, parsed = parse_request(body, endpoint, router.models, tenant.limits)
         check_text_size(model, parsed, tenant.limits)
         max_tokens = router.limiter.output_cap(tenant, parsed.sampling.max_tokens,
                                                parsed.sampling.max_tokens_param)

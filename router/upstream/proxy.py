@@ -22,7 +22,9 @@ request on the worker; the exchange then holds the completion tokens streamed so
 far, which is what the tenant is charged. Timeouts are ``router.upstream.attempt``'s.
 
 Errors sent to clients name no worker address and no exception text: the detail is
-logged under the request id (``router.server.request_ids``).
+logged under the request id (``router.server.request_ids``). An ``openai`` backend's
+4xx is the router's own error with the same status (``router.upstream.masking``), and
+its streamed chunks carry the router's model name, never the backend's.
 """
 
 from __future__ import annotations
@@ -52,6 +54,7 @@ from router.upstream.attempt import (
     unavailable,
     worker_failed,
 )
+from router.upstream.masking import ModelRenamer, refusal
 from router.upstream.registry import WorkerState
 from router.upstream.relay import (
     CLIENT_CLOSED,
@@ -126,6 +129,10 @@ class Proxy:
                         " mid-stream" if relay.started else "", exc)
             raise
         except ApiError as exc:
+            if not relay.started and worker.kind == "openai":
+                log.info("request %s: worker %s refused: HTTP %d: %s", request_id(client),
+                         worker.worker_id, exc.status, exc.message)
+                raise refusal(exc) from None
             if not relay.started:
                 raise
             # A refused resume (a bug on one side): the client has its stream already.
@@ -228,13 +235,16 @@ class Proxy:
     async def _pass_lines(self, client: web.Request, call: Call, worker: WorkerState,
                           out: web.StreamResponse, line: bytes, lines: AsyncIterator[bytes],
                           exchange: Exchange) -> None:
-        """Copy an OpenAI completions stream to the client up to its ``[DONE]``, noting
-        usage (and leaving out a usage-only chunk the client did not ask for). A
+        """Copy an OpenAI completions stream to the client up to its ``[DONE]``, each
+        chunk under the router's model name, noting usage (and leaving out a
+        usage-only chunk the client did not ask for). A
         backend's own error event, or an end without ``[DONE]``, is a failure: the
         client's stream ends with our error event and ``[DONE]``."""
+        rename = ModelRenamer(call.model_name, worker.served_model)
         try:
             while True:
                 if line.startswith(b"data: {"):
+                    line = rename(line)
                     if b'"choices"' in line and b'"usage"' not in line:
                         exchange.num_completion_tokens += 1  # a chunk is about one token
                     else:  # usage, or an error event: the rare lines

@@ -3,10 +3,15 @@ control tokens, and nothing else about the encoding changes."""
 
 from __future__ import annotations
 
+import time
+
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from support.bpe import merging_bpe as trained_bpe
+from tokenizers import AddedToken, Tokenizer, models
 
+from radix.chat_text import ChatContentEncoder
 from radix.tokenizer import DEMO_CHAT_TEMPLATE, DEMO_SPECIAL_TOKENS, PromptTokenizer
 
 # Content passes through a filter, and a special token sits right after a space.
@@ -76,3 +81,23 @@ def test_role_spoofing_is_text() -> None:
 def test_a_completions_text_prompt_keeps_its_special_tokens() -> None:
     demo = PromptTokenizer.demo()
     assert demo.encode("a<|user|>", add_special_tokens=False) == [97, 259]
+
+
+@pytest.mark.xfail(strict=True, reason="issue 27: the special-token regex (radix/chat_text.py) "
+                   "enters the matcher at every '<|' of the content: about 0.7 s of CPU per "
+                   "million characters of '<|r' with Llama 3's special tokens (20 s for a "
+                   "32 MiB body, GIL held); a trie "
+                   "pattern did not help (sre's per-attempt cost); needs a linear scan")
+def test_special_token_search_on_crafted_content_is_fast() -> None:
+    """Content that starts a special token at every third character (``<|r`` repeated)
+    against a tokenizer with Llama 3's special tokens (all ``<|...|>``)."""
+    vocab = {chr(i): i for i in range(32, 127)}
+    tokenizer = Tokenizer(models.WordLevel(vocab, unk_token=" "))
+    specials = ["<|begin_of_text|>", "<|end_of_text|>", "<|start_header_id|>",
+                "<|end_header_id|>", "<|eot_id|>",
+                *(f"<|reserved_special_token_{i}|>" for i in range(250))]
+    tokenizer.add_special_tokens([AddedToken(s, special=True) for s in specials])
+    encoder = ChatContentEncoder(tokenizer, "{{ messages }}")
+    started = time.process_time()
+    encoder.needs_masking([{"role": "user", "content": "<|r" * 1_400_000}])
+    assert time.process_time() - started < 1.0

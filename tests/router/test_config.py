@@ -70,6 +70,8 @@ def test_timeouts_and_drain_are_read() -> None:
                        "kv_events_replay": "ipc:///tmp/r"}]}, "workers[0].kv_events_replay"),
         ({"workers": [{"id": "w0", "model": "demo", "url": "ftp://x"}]}, "workers[0].url"),
         ({"auth": {"tenants": {"public": {"key_digests": []}}}}, "auth.tenants.public"),
+        ({"auth": {"tenants": {"anonymous": {"key_digests": []}}}}, "auth.tenants.anonymous"),
+        ({"auth": {"tenants": {"direct": {"key_digests": []}}}}, "auth.tenants.direct"),
         ({"auth": {"tenants": {"a": {"key_digests": ["abc"]}}}}, "auth.tenants.a.key_digests"),
         ({"auth": {"tenants": {"a": {"key_digests": [], "max_prompt_tokens": 0}}}},
          "auth.tenants.a.max_prompt_tokens"),

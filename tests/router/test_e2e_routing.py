@@ -26,6 +26,7 @@ from router.routing.index import RouterIndex
 pytestmark = pytest.mark.slow
 ALICE, BOB, ADMIN = "key-alice", "key-bob", "key-admin"
 WORKER_KEY, WORKER_KEY_ENV = "e2e-worker-key", "RADIX_WORKER_KEY_E2E"
+ADDED_KEY_ENV = "RADIX_WORKER_KEY_W2"  # an admin-added worker w2 reads only its own variable
 SYSTEM = "You are a careful assistant. Cite the document when you answer. " * 2
 BLOCK_SIZE = 16
 FULL_LENGTH = {"ignore_eos": True}  # the random demo model may emit EOS at any step
@@ -68,7 +69,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory
 
 
 def start_keyed_router(path: Path) -> ManagedProcess:
-    return start_router(path, env={WORKER_KEY_ENV: WORKER_KEY})
+    return start_router(path, env={WORKER_KEY_ENV: WORKER_KEY, ADDED_KEY_ENV: WORKER_KEY})
 
 
 def wait_until_ready(router: ManagedProcess) -> None:
@@ -237,7 +238,7 @@ def test_worker_restart_drops_its_old_entries(cluster) -> None:
     port = worker.url.rsplit(":", 1)[1]
     try:
         admin(router, "/admin/workers", {"action": "add", "worker": {
-            "id": "w2", "url": worker.url, "model": "demo", "api_key_env": WORKER_KEY_ENV}})
+            "id": "w2", "url": worker.url, "model": "demo", "api_key_env": ADDED_KEY_ENV}})
         baseline = worker_snapshot_blocks(worker)
         body = {"token_ids": list(range(1, 200)), "scope": "alice",
                 "sampling": {"max_tokens": 1}}

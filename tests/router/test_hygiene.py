@@ -6,15 +6,17 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from dataclasses import replace
 
 import aiohttp
 import pytest
 from aiohttp import web
-from support.aio import eventually, running_router, serving
+from support.aio import eventually, key_recording_upstream, running_router, serving
 from test_server import ADMIN, ALICE, call, failing_upstream, make_config
 
 from bench import instant_upstream
 from radix.openai.rendered import rendered_answer
+from router.config import WorkerConfig
 
 pytestmark = pytest.mark.anyio
 PROMPT = {"model": "demo", "prompt": "hello"}
@@ -49,8 +51,10 @@ async def test_saturated_workers_are_a_503_with_retry_after() -> None:
         assert error["error"]["code"] == "saturated" and "boom" not in str(error)
 
 
-async def test_admin_added_workers_take_keys_only_from_the_prefix(caplog, monkeypatch) -> None:
+async def test_admin_added_workers_take_keys_only_from_their_own_variable(caplog, monkeypatch
+                                                                          ) -> None:
     monkeypatch.setenv("RADIX_WORKER_KEY_LATE", "late-key")
+    monkeypatch.setenv("RADIX_WORKER_KEY_OTHER", "other-key")
     caplog.set_level(logging.INFO, logger="router.admin")
     async with serving(instant_upstream.create_app()) as up, \
             running_router(make_config([])) as (url, router), aiohttp.ClientSession() as session:
@@ -60,9 +64,12 @@ async def test_admin_added_workers_take_keys_only_from_the_prefix(caplog, monkey
             status, result, _ = await call(session, "POST", f"{url}/admin/workers", body, ADMIN)
             return status, result
 
+        only_own = "may read only 'RADIX_WORKER_KEY_LATE'"
         for worker, message in [
-                ({"api_key_env": "RADIX_ROUTER_SECRET"}, "must start with 'RADIX_WORKER_KEY_'"),
-                ({"api_key_env": "RADIX_WORKER_KEY_UNSET"}, "is not set"),
+                ({"api_key_env": "RADIX_ROUTER_SECRET"}, only_own),
+                ({"api_key_env": "RADIX_WORKER_KEY_OTHER"}, only_own),
+                ({"id": "LATE", "api_key_env": "RADIX_WORKER_KEY_LATE"}, "lower-case"),
+                ({"id": "unset", "api_key_env": "RADIX_WORKER_KEY_UNSET"}, "is not set"),
                 ({"api_key_env": "RADIX WORKER"}, "environment variable name"),
                 ({"url": "ftp://h:1"}, "http:// or https://"),
                 ({"url": "http://:80"}, "with a host"),
@@ -82,6 +89,35 @@ async def test_admin_added_workers_take_keys_only_from_the_prefix(caplog, monkey
     assert len(changes) == 2 and "127.0.0.1" in changes[0] and "late-key" not in str(changes)
     assert "added worker late" in changes[0] and "RADIX_WORKER_KEY_LATE" in changes[0]
     assert "removed worker late" in changes[1]
+
+
+async def test_an_admin_cannot_send_a_config_workers_key_elsewhere(monkeypatch) -> None:
+    """The exfiltration of issue 27: an admin-added worker naming w0's variable (under
+    another id, a case variant of w0's, or w0's own id after removing it) gets 400, and
+    the host it names never sees w0's key."""
+    monkeypatch.setenv("RADIX_WORKER_KEY_W0", "w0-key")
+    seen: list[str] = []
+    async with serving(instant_upstream.create_app()) as up, \
+            serving(key_recording_upstream(seen)) as elsewhere:
+        config = make_config([])
+        config = replace(config, workers=(WorkerConfig(worker_id="w0", model="demo", url=up,
+                                                       api_key_env="RADIX_WORKER_KEY_W0"),))
+        async with running_router(config) as (url, _), aiohttp.ClientSession() as session:
+            async def add(worker_id: str) -> tuple[int, dict]:
+                worker = {"id": worker_id, "model": "demo", "url": elsewhere,
+                          "api_key_env": "RADIX_WORKER_KEY_W0"}
+                status, result, _ = await call(session, "POST", f"{url}/admin/workers",
+                                               {"action": "add", "worker": worker}, ADMIN)
+                return status, result
+
+            assert (await add("x"))[0] == 400
+            assert (await add("W0"))[0] == 400
+            await call(session, "POST", f"{url}/admin/workers", {"action": "remove", "id": "w0"},
+                       ADMIN)
+            status, error = await add("w0")
+            assert status == 400 and "belongs to config worker 'w0'" in error["error"]["message"]
+            await asyncio.sleep(0.5)  # five poll intervals
+    assert "Bearer w0-key" not in seen
 
 
 def stalling_upstream(num_events: int, sent: asyncio.Event) -> web.Application:

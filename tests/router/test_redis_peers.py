@@ -4,13 +4,14 @@ routing decisions for ``openai`` workers land in the other router's index."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 from typing import Any
 
 import aiohttp
 import pytest
 import redis.asyncio as redis
-from support.aio import eventually, running_router, serving
+from support.aio import eventually, key_recording_upstream, running_router, serving
 
 from bench import instant_upstream
 from radix.keys import to_key
@@ -28,8 +29,10 @@ def anyio_backend() -> str:
     return "asyncio"
 
 
-def shared_config(redis_url: str, workers: list[dict[str, str]]) -> RouterConfig:
+def shared_config(redis_url: str, workers: list[dict[str, str]], **sections: Any
+                  ) -> RouterConfig:
     return parse_config({
+        **sections,
         "models": {"demo": {"tokenizer": "demo"}},
         "workers": workers,
         "registry": {"poll_interval_s": 0.1},
@@ -94,19 +97,66 @@ async def test_openai_routing_decisions_reach_the_other_routers_index(redis_serv
             assert b.index.match(namespace, key, "bob") == {}  # still per tenant
 
 
-async def test_a_shared_worker_must_pass_the_admin_rules(redis_server) -> None:
-    """Whoever writes to Redis cannot make a router send its secret to a host."""
-    config = shared_config(redis_server.url, [])
-    async with serving(instant_upstream.create_app("x")) as up, \
-            running_router(config, shared=True) as (_, router):
+async def test_the_routed_stream_holds_only_what_indexes_keep(redis_server) -> None:
+    """Each entry's key is cut to the approximate capacity, and entries older than
+    ``approximate_ttl_s`` are trimmed: the stream is bounded in bytes, not only count."""
+    async with serving(instant_upstream.create_app("x")) as up:
+        config = shared_config(redis_server.url,
+                               [{"id": "vllm", "model": "demo", "url": up, "kind": "openai"}],
+                               index={"approximate_ttl_s": 1.0,
+                                      "approximate_capacity_tokens": 16})
         client = redis.Redis.from_url(redis_server.url)
-        try:
-            await client.hset("peers-test:workers", mapping={
-                "evil": json.dumps({"id": "evil", "model": "demo", "url": up,
-                                    "api_key_env": "RADIX_ROUTER_SECRET"}),
-                "fine": json.dumps({"id": "fine", "model": "demo", "url": up})})
-            await client.incr("peers-test:workers:version")
-            await eventually(lambda: router.registry.get("fine") is not None, 3.0)
-            assert router.registry.get("evil") is None
-        finally:
-            await client.aclose()
+        stream = "peers-test:routed"
+        async with running_router(config, shared=True) as (url, _), \
+                aiohttp.ClientSession() as session:
+            async def route(prompt: str) -> None:
+                status, _ = await post(session, f"{url}/v1/completions",
+                                       {"model": "demo", "prompt": prompt, "max_tokens": 1},
+                                       ALICE)
+                assert status == 200
+
+            try:
+                await route("x" * 10_000)
+                entries = await eventually(lambda: client.xrange(stream), 3.0)
+                assert [len(fields[b"k"]) for _, fields in entries] == [16 * 4]
+                await asyncio.sleep(1.2)
+                await route("y" * 100)
+
+                async def only_the_new_entry() -> bool:
+                    entries = await client.xrange(stream)
+                    return len(entries) == 1 and b"y\0\0\0" in entries[0][1][b"k"]
+                await eventually(only_the_new_entry, 3.0)
+            finally:
+                await client.aclose()
+
+
+async def test_a_shared_worker_must_pass_the_admin_rules(redis_server, monkeypatch) -> None:
+    """Whoever writes to Redis cannot make a router send its secret, or a worker's key
+    (under another id, or under that worker's own id at another URL), to a host."""
+    monkeypatch.setenv("RADIX_WORKER_KEY_W0", "w0-key")
+    seen: list[str] = []
+    async with serving(instant_upstream.create_app("x")) as up, \
+            serving(key_recording_upstream(seen)) as elsewhere:
+        config = shared_config(redis_server.url, [{"id": "w0", "model": "demo", "url": up,
+                                                   "api_key_env": "RADIX_WORKER_KEY_W0"}])
+        async with running_router(config, shared=True) as (_, router):
+            client = redis.Redis.from_url(redis_server.url)
+
+            def entry(worker_id: str, api_key_env: str) -> str:
+                return json.dumps({"id": worker_id, "model": "demo", "url": elsewhere,
+                                   "api_key_env": api_key_env})
+            try:
+                await client.hset("peers-test:workers", mapping={
+                    "evil": entry("evil", "RADIX_ROUTER_SECRET"),
+                    "thief": entry("thief", "RADIX_WORKER_KEY_W0"),
+                    "w0": entry("w0", "RADIX_WORKER_KEY_W0"),
+                    "fine": json.dumps({"id": "fine", "model": "demo", "url": up})})
+                await client.incr("peers-test:workers:version")
+                await eventually(lambda: router.registry.get("fine") is not None, 3.0)
+                await asyncio.sleep(0.3)  # three poll intervals
+                assert router.registry.get("evil") is None
+                assert router.registry.get("thief") is None
+                assert router.registry.get("w0").url == up
+            finally:
+                await client.aclose()
+    assert "Bearer w0-key" not in seen

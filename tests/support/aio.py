@@ -13,6 +13,7 @@ from collections.abc import AsyncIterator
 
 from aiohttp import web
 
+from bench import instant_upstream
 from router.config import RouterConfig
 from router.server.app import bind_socket, create_app
 from router.server.context import Router
@@ -66,3 +67,15 @@ async def eventually(check, timeout_s: float = 10.0, interval_s: float = 0.05,
             raise AssertionError(f"condition not met in {timeout_s}s (last value {value!r}): "
                                  f"{describe()}")
         await asyncio.sleep(interval_s)
+
+
+def key_recording_upstream(seen: list[str]) -> web.Application:
+    """An instant upstream that records every Authorization header it is sent."""
+    @web.middleware
+    async def record(request: web.Request, handler):
+        seen.append(request.headers.get("Authorization", ""))
+        return await handler(request)
+
+    app = web.Application(middlewares=[record])
+    app.add_routes(instant_upstream.status_routes())
+    return app

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from radix.keys import TOKEN_BYTES
+from radix.tree import DIRECT
 from workers.model.sampler import SamplingParams
 
 FinishReason = Literal["stop", "length"]
@@ -51,7 +52,7 @@ class GenerationRequest:
 
     prompt_token_ids: tuple[int, ...]
     params: GenerationParams
-    scope: str = "anonymous"
+    scope: str = DIRECT
     num_public_tokens: int = 0
     num_resumed_tokens: int = 0
     max_cached_tokens: int | None = None

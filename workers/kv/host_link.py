@@ -10,6 +10,7 @@ only.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import NamedTuple
 
 from radix.events import EventBlock, EventType, KVEvent
 from radix.hashing import BlockHash
@@ -20,6 +21,15 @@ from workers.kv.block_pool import BlockPool
 from workers.kv.event_log import KVEventLog
 from workers.kv.host_tier import HostBlock, HostTier
 from workers.kv.ids import BlockId
+
+
+class HostHit(NamedTuple):
+    """A full block of a prompt that the host tier holds: its hash, scope and tokens
+    (key bytes)."""
+
+    block_hash: BlockHash
+    scope: Scope
+    tokens: bytes
 
 
 class HostLink:
@@ -59,34 +69,35 @@ class HostLink:
 
     def find(
         self, parent: BlockHash | None, key: bytes, start: int, scope: Scope, public_ok: bool
-    ) -> list[tuple[BlockHash, Scope]]:
+    ) -> list[HostHit]:
         """The consecutive full blocks of ``key`` from token ``start`` (a block
-        boundary, chained under ``parent``) that the tier holds, as (hash, scope):
-        each hashed under ``scope``, or under PUBLIC while ``public_ok`` and every
-        block found before it is public."""
+        boundary, chained under ``parent``) that the tier holds with the same scope
+        and tokens (``HostTier.holds``): each hashed under ``scope``, or under PUBLIC
+        while ``public_ok`` and every block found before it is public."""
         step = self._chainer.block_size * TOKEN_BYTES
-        found: list[tuple[BlockHash, Scope]] = []
+        found: list[HostHit] = []
         for at in range(start * TOKEN_BYTES + step, len(key) + 1, step):
             block_key = key[at - step : at]
             for block_scope in (scope, PUBLIC) if public_ok else (scope,):
                 block_hash = self._chainer.block_hash(parent, block_scope, block_key)
-                if self.host.contains(block_hash):
+                if self.host.holds(block_hash, block_scope, block_key):
                     break
             else:
                 break
             public_ok = public_ok and block_scope == PUBLIC
-            found.append((block_hash, block_scope))
+            found.append(HostHit(block_hash, block_scope, block_key))
             parent = block_hash
         return found
 
-    def take(self, found: Sequence[tuple[BlockHash, Scope]]) -> tuple[list[BlockId], int]:
+    def take(self, found: Sequence[HostHit]) -> tuple[list[BlockId], int]:
         """Copy ``found`` into freshly allocated device blocks (held once by the
-        caller), stopping at the first block gone or failing authentication (dropped
-        and logged). Returns the blocks and how many of the first are public."""
+        caller), stopping at the first block gone, no longer the same scope and tokens,
+        or failing authentication (dropped and logged). Returns the blocks and how
+        many of the first are public."""
         restored: list[BlockId] = []
         num_public = 0
-        for block_hash, block_scope in found:
-            if not self.host.contains(block_hash):
+        for block_hash, block_scope, block_key in found:
+            if not self.host.holds(block_hash, block_scope, block_key):
                 break
             device_block = self._pool.allocate()
             entry = self.host.take(block_hash, device_block)

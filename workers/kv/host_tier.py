@@ -68,8 +68,10 @@ class HostTier(ABC):
         """False for the null tier (the prefix cache then skips all host work)."""
 
     @abstractmethod
-    def contains(self, block_hash: BlockHash) -> bool:
-        """True when ``block_hash`` is in the pool."""
+    def holds(self, block_hash: BlockHash, scope: str, tokens: bytes) -> bool:
+        """True when ``block_hash`` is in the pool as a block of ``scope`` with exactly
+        ``tokens``: a hash never decides alone (``xxh3_128`` is not collision
+        resistant, and a colliding block would hand one tenant another's K/V)."""
 
     @abstractmethod
     def take(self, block_hash: BlockHash, device_block: BlockId) -> HostBlock | None:
@@ -104,7 +106,7 @@ class NullHostTier(HostTier):
         """Keeps nothing."""
         return []
 
-    def contains(self, block_hash: BlockHash) -> bool:
+    def holds(self, block_hash: BlockHash, scope: str, tokens: bytes) -> bool:
         """Never."""
         return False
 
@@ -157,9 +159,10 @@ class HostMemoryTier(HostTier):
             dropped.append(self._blocks.popitem(last=False))
         return dropped
 
-    def contains(self, block_hash: BlockHash) -> bool:
-        """See ``HostTier.contains``."""
-        return block_hash in self._blocks
+    def holds(self, block_hash: BlockHash, scope: str, tokens: bytes) -> bool:
+        """See ``HostTier.holds``."""
+        block = self._blocks.get(block_hash)
+        return block is not None and block.scope == scope and block.tokens == tokens
 
     def take(self, block_hash: BlockHash, device_block: BlockId) -> HostBlock | None:
         """See ``HostTier.take``."""

@@ -12,10 +12,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from radix.events import KVEvent
-from radix.hashing import BlockHash
 from radix.tree import PUBLIC, Node, Scope
 from workers.kv.block_pool import BlockPool
 from workers.kv.event_log import KVEventLog
+from workers.kv.host_link import HostHit
 from workers.kv.host_tier import HostTier, NullHostTier
 from workers.kv.ids import BlockId
 
@@ -103,13 +103,13 @@ class PrefixCache(ABC):
     @abstractmethod
     def host_blocks_after(
         self, hit: PrefixHit, key: bytes, scope: Scope
-    ) -> list[tuple[BlockHash, Scope]]:
+    ) -> list[HostHit]:
         """The host tier's blocks that continue ``hit`` along ``key`` (empty when none
         reaches past it)."""
 
     @abstractmethod
     def restore_from_host(
-        self, hit: PrefixHit, key: bytes, scope: Scope, found: Sequence[tuple[BlockHash, Scope]]
+        self, hit: PrefixHit, key: bytes, scope: Scope, found: Sequence[HostHit]
     ) -> int:
         """Copy ``found`` back to fresh device blocks (one free block each must be
         there) and cache them; returns how many were restored."""
@@ -178,12 +178,12 @@ class NullPrefixCache(PrefixCache):
 
     def host_blocks_after(
         self, hit: PrefixHit, key: bytes, scope: Scope
-    ) -> list[tuple[BlockHash, Scope]]:
+    ) -> list[HostHit]:
         """No host tier behind a null cache."""
         return []
 
     def restore_from_host(
-        self, hit: PrefixHit, key: bytes, scope: Scope, found: Sequence[tuple[BlockHash, Scope]]
+        self, hit: PrefixHit, key: bytes, scope: Scope, found: Sequence[HostHit]
     ) -> int:
         """Nothing is ever found."""
         return 0

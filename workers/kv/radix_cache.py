@@ -37,13 +37,13 @@ from collections.abc import Iterator, Sequence
 from typing import cast
 
 from radix.events import EventBlock, KVEvent
-from radix.hashing import BlockHash, BlockHasher
+from radix.hashing import BlockHasher
 from radix.keys import TOKEN_BYTES
 from radix.tree import PUBLIC, Node, RadixTree, Scope
 from workers.kv.block_events import ROOT_STATE, BlockChainer, ChainState
 from workers.kv.block_pool import BlockPool
 from workers.kv.event_log import KVEventLog
-from workers.kv.host_link import HostLink
+from workers.kv.host_link import HostHit, HostLink
 from workers.kv.host_tier import HostTier, NullHostTier
 from workers.kv.ids import BlockId
 from workers.kv.prefix_cache import EMPTY_HIT, PrefixCache, PrefixHit
@@ -238,7 +238,7 @@ class RadixPrefixCache(PrefixCache):
 
     def host_blocks_after(
         self, hit: PrefixHit, key: bytes, scope: Scope
-    ) -> list[tuple[BlockHash, Scope]]:
+    ) -> list[HostHit]:
         """The full blocks of ``key`` right after ``hit``'s last whole block that the host
         tier holds, consecutive, as (hash, scope); empty unless they reach past the hit.
         PUBLIC blocks count only while the whole path before them is public."""
@@ -253,7 +253,7 @@ class RadixPrefixCache(PrefixCache):
         return found
 
     def restore_from_host(
-        self, hit: PrefixHit, key: bytes, scope: Scope, found: Sequence[tuple[BlockHash, Scope]]
+        self, hit: PrefixHit, key: bytes, scope: Scope, found: Sequence[HostHit]
     ) -> int:
         """Copy ``found`` (from ``host_blocks_after``, at most as many as free blocks)
         into fresh device blocks and cache them after the hit's whole blocks, like a

@@ -4,7 +4,8 @@ become token ids by ``radix.openai.prompt``, as on the router).
 
 ``model``, when given, must be one of the served model names (404 listing them
 otherwise); absent, it is the first. The worker's direct routes serve trusted callers in scope
-``anonymous``; a ``cache_salt`` moves a request into scope ``salt:<cache_salt>``,
+``direct`` (``radix.tree.DIRECT``: never the scope of a router's clients, keyless
+ones included, so cache timing does not cross between them); a ``cache_salt`` moves a request into scope ``salt:<cache_salt>``,
 so requests with different salts never share prefix-cache blocks (vLLM's rule),
 which is what lets a router put this worker behind it as ``kind = "openai"``. A
 prompt whose text has more characters than the context could hold as tokens is a
@@ -19,10 +20,11 @@ from radix.api_errors import ApiError
 from radix.openai.requests import OpenAIRequest, parse_openai_request, requested_model
 from radix.openai.sampling import SamplingBounds
 from radix.tokenizer import PromptTokenizer
+from radix.tree import DIRECT
 from workers.engine.request import GenerationRequest
 from workers.server.sampling import RequestLimits, generation_request
 
-DIRECT_SCOPE = "anonymous"
+DIRECT_SCOPE = DIRECT
 SALT_SCOPE_PREFIX = "salt:"
 
 

@@ -4,7 +4,7 @@ Body: ``{"request_id"?, "token_ids" | "token_ids_b64", "scope"?, "num_public_tok
 "max_cached_tokens"?, "sampling"?, "stream"?}``: exactly one of ``token_ids`` (a JSON list) and
 ``token_ids_b64`` (base64 of 4 little-endian bytes per id, what routers send: a
 third of the cost of decoding and checking a JSON list). ``scope`` defaults
-to ``anonymous``, ``num_public_tokens`` to 0 (a multiple of the block size, at most
+to ``direct`` (``radix.tree.DIRECT``, as on the direct OpenAI routes), ``num_public_tokens`` to 0 (a multiple of the block size, at most
 the prompt length); ``max_cached_tokens`` (an int >= 0, the scope's prefix-cache
 quota, from the tenant's router config) is absent for no quota; ``sampling`` takes the
 fields of ``radix.openai.sampling``. A missing ``request_id`` is generated.
@@ -31,6 +31,7 @@ from radix.openai.fields import Fields, token_id_list, token_ids_b64
 from radix.openai.rendered import RenderedAnswer, rendered_answer
 from radix.openai.responses import TokenUsage
 from radix.openai.sampling import parse_sampling
+from radix.tree import DIRECT
 from workers.engine.request import GenerationRequest, RequestOutput, Usage
 from workers.engine.stopping import StopChecker
 from workers.server.errors import bad_request
@@ -68,7 +69,7 @@ async def generate(request: web.Request) -> web.StreamResponse:
     fields = await read_fields(request)
     request_id = fields.string("request_id", None, MAX_ID_LEN) or uuid.uuid4().hex
     prompt_param, token_ids, prompt_key = _prompt_ids(fields, limits.vocab_size)
-    scope = fields.string("scope", "anonymous", MAX_ID_LEN) or "anonymous"
+    scope = fields.string("scope", DIRECT, MAX_ID_LEN) or DIRECT
     num_public = fields.integer("num_public_tokens", 0, lo=0, hi=len(token_ids)) or 0
     if num_public % limits.block_size:
         raise bad_request(

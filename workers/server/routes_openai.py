@@ -2,7 +2,7 @@
 ``radix.openai.responses``, the same shapes the router renders) and
 ``GET /v1/models``.
 
-Requests run in scope ``anonymous``, or in their ``cache_salt``'s scope (see
+Requests run in scope ``direct``, or in their ``cache_salt``'s scope (see
 ``openai_schema``), with no public prefix. Fields the peer routers add at their
 neutral values are dropped first (``routes_peers``). Long prompt texts are tokenized on a
 thread, off the event loop. Streams end with a usage chunk when

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 
 from radix.api_errors import bad_request
 from radix.openai.sampling import Sampling, SamplingBounds
+from radix.tree import DIRECT
 from workers.engine.request import GenerationParams, GenerationRequest
 from workers.model.sampler import SamplingParams
 from workers.server.errors import context_too_long
@@ -43,7 +44,7 @@ def generation_request(
     sampling: Sampling,
     limits: RequestLimits,
     prompt_param: str,
-    scope: str = "anonymous",
+    scope: str = DIRECT,
     num_public_tokens: int = 0,
     num_resumed_tokens: int = 0,
     max_cached_tokens: int | None = None,

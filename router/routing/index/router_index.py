@@ -23,6 +23,7 @@ from dataclasses import asdict, dataclass
 
 from radix.config_schema import Section, setting
 from radix.events import KVEvent
+from radix.keys import TOKEN_BYTES
 from radix.tree import Scope
 from router.routing.index.approx import ApproxIndex, Limits
 from router.routing.index.exact import ExactIndex, raise_to
@@ -121,6 +122,11 @@ class RouterIndex:
         if approx is None:
             approx = self._approx[namespace] = ApproxIndex()
         approx.note(worker_id, key, Scope(scope), self._clock(), self._limits(worker_id))
+
+    def kept_key(self, worker_id: WorkerId, key: bytes) -> bytes:
+        """The part of ``key`` that ``note_routed`` keeps for ``worker_id``: its first
+        capacity tokens (the rest would be cut on insert)."""
+        return key[: self._limits(worker_id).capacity_tokens * TOKEN_BYTES]
 
     def _limits(self, worker_id: WorkerId) -> Limits:
         capacity = self._approximate_capacity.get(worker_id)

@@ -24,4 +24,5 @@ def shared_backends(config: RouterConfig) -> tuple[SharedState, Peers]:
     if config.redis.url is None:
         return InProcessSharedState(), NoPeers()
     link = RedisLink(config.redis)
-    return RedisSharedState(link), RedisPeers(link, config.admin.worker_key_env_prefix)
+    return RedisSharedState(link), RedisPeers(link, config.admin.worker_key_env_prefix,
+                                               config.workers)

@@ -25,8 +25,11 @@ import hashlib
 import json
 import logging
 from collections.abc import Mapping
+from typing import Any
 
+from radix.api_errors import ApiError
 from radix.keys import TOKEN_BYTES, from_key
+from radix.openai.json_body import decode_json_object
 from router.config import WorkerConfig
 from router.config_toml import parse_worker
 from router.front.tokenization import Models
@@ -36,6 +39,7 @@ from router.state.redis_state.link import RedisLink, RedisUnavailable
 from router.state.redis_state.routed import RoutedStream
 from router.tasks import cancel_and_wait
 from router.upstream.registry import WorkerRegistry, WorkerState
+from router.worker_keys import runtime_key_problem
 
 log = logging.getLogger(__name__)
 
@@ -58,13 +62,16 @@ def prefix_field(model: str, key: bytes) -> str:
 class RedisPeers:
     """``Peers`` on Redis. Owns the link's lifecycle (``start`` starts its heartbeat).
     A shared worker passes the checks of ``POST /admin/workers`` before this router
-    uses it: its key variable must start with ``key_env_prefix``
-    (``admin.worker_key_env_prefix``), so whoever writes to Redis cannot make the
-    router send another of its variables to a host they name."""
+    uses it: it may read only the key variable named for its id
+    (``router.worker_keys``, under ``key_env_prefix``; ``config_workers`` keep
+    theirs), so whoever writes to Redis cannot make the router send another worker's
+    key, or any other of its variables, to a host they name."""
 
-    def __init__(self, link: RedisLink, key_env_prefix: str) -> None:
+    def __init__(self, link: RedisLink, key_env_prefix: str,
+                 config_workers: tuple[WorkerConfig, ...]) -> None:
         self._link = link
         self._key_env_prefix = key_env_prefix
+        self._config_workers = config_workers
         self._add_worker = link.script(scripts.ADD_WORKER)
         self._remove_worker = link.script(scripts.REMOVE_WORKER)
         self._add_prefix = link.script(scripts.ADD_PREFIX)
@@ -192,9 +199,9 @@ class RedisPeers:
                 shared[worker_id] = self._parse(worker_id, raw)
             except ValueError as exc:
                 self._refuse(worker_id, raw, str(exc))
-        for worker_id, config in shared.items():
+        for worker_id, (config, fields) in shared.items():
             local = self._registry.get(worker_id)
-            if local is not None and shared_fields(local) == json.loads(entries[worker_id.encode()]):
+            if local is not None and shared_fields(local) == fields:
                 continue
             if local is not None:
                 await self._registry.remove(worker_id)
@@ -210,17 +217,20 @@ class RedisPeers:
                 log.info("worker %s removed by the shared registry (version %d)",
                          worker.worker_id, version)
 
-    def _parse(self, worker_id: str, raw: bytes) -> WorkerConfig:
+    def _parse(self, worker_id: str, raw: bytes) -> tuple[WorkerConfig, dict[str, Any]]:
+        """(config, decoded fields) of a shared entry; ValueError for anything this
+        router cannot use, malformed JSON (too deep, not an object) included."""
         where = f"{self._link.keys.workers}[{worker_id}]"
-        config = parse_worker(json.loads(raw), {name: None for name in self._models.names()},
-                              where)
+        try:
+            fields = decode_json_object(raw)
+        except ApiError as exc:
+            raise ValueError(f"{where}: {exc}") from exc
+        config = parse_worker(fields, {name: None for name in self._models.names()}, where)
         if config.worker_id != worker_id or config.url is None:
             raise ValueError(f"{where}: id must be the field name, and url is required")
-        env = config.api_key_env
-        if env is not None and not env.startswith(self._key_env_prefix):
-            raise ValueError(f"{where}.api_key_env: must start with {self._key_env_prefix!r} "
-                             "(admin.worker_key_env_prefix)")
-        return config
+        if problem := runtime_key_problem(config, self._key_env_prefix, self._config_workers):
+            raise ValueError(f"{where}.{problem}")
+        return config, fields
 
     def _refuse(self, worker_id: str, raw: bytes, reason: str) -> None:
         """Log once per (worker, fields) that this router cannot use a shared worker."""

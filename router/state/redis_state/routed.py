@@ -2,12 +2,19 @@
 
 An ``openai`` worker publishes no KV events, so a router knows only what it routed
 there itself. ``RoutedStream`` appends each of this router's decisions for such
-workers to one stream (``XADD ... MAXLEN ~ stream_maxlen``), batched by a publisher
-task so no request waits on Redis, and a follower task reads every entry of the
-other routers into the local index as if this router had routed it. A router that
-joins starts ``approximate_ttl_s`` back in the stream (stream ids are Redis times),
-so it loads what is still alive in the others' indexes. Losing entries (outage,
-full outbox) only costs locality: the outbox is bounded and dropped while down.
+workers to one stream, batched by a publisher task so no request waits on Redis, and
+a follower task reads every entry of the other routers into the local index as if
+this router had routed it. A router that joins starts ``approximate_ttl_s`` back in
+the stream (stream ids are Redis times), so it loads what is still alive in the
+others' indexes. Losing entries (outage, full outbox) only costs locality: the
+outbox is bounded and dropped while down.
+
+The stream is bounded in bytes, not only in entries: each entry's key is cut to
+what the index keeps of it (``RouterIndex.kept_key``: the worker's approximate
+capacity in tokens), every batch trims by count (``MAXLEN ~ stream_maxlen``) and by
+age (``XTRIM MINID``: entries older than ``approximate_ttl_s``, dead in every
+index, go). So it holds at most ``stream_maxlen`` entries of at most
+``approximate_capacity_tokens`` tokens each, all younger than ``approximate_ttl_s``.
 """
 
 from __future__ import annotations
@@ -15,8 +22,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections import deque
 
+from radix.keys import TOKEN_BYTES
 from router.routing.index import NamespaceDigest, RouterIndex, WorkerId
 from router.state.redis_state.link import RedisLink, RedisUnavailable
 from router.tasks import cancel_and_wait
@@ -38,6 +47,7 @@ class RoutedStream:
         self._outbox: deque[tuple[str, str, str, bytes]] = deque(maxlen=_OUTBOX_SIZE)
         self._wake = asyncio.Event()
         self._last_id: str | None = None
+        self._redis_clock_offset_ms = 0
         self._tasks: list[asyncio.Task[None]] = []
         link.on_resync(self._join)
 
@@ -53,15 +63,22 @@ class RoutedStream:
     def note(self, worker: WorkerState, key: bytes, scope: str) -> None:
         """Queue a decision for ``worker`` if it is approximate and Redis is up."""
         if worker.kind == "openai" and worker.namespace is not None and self._link.up:
-            self._outbox.append((worker.namespace, worker.worker_id, scope, key))
+            self._outbox.append((worker.namespace, worker.worker_id, scope,
+                                 self._index.kept_key(worker.worker_id, key)))
             self._wake.set()
 
     async def _join(self) -> None:
-        """Resync hook: the first time, start reading ``approximate_ttl_s`` back."""
+        """Resync hook: learn Redis's clock (stream ids are its times); the first time,
+        start reading ``approximate_ttl_s`` back."""
+        seconds, micros = await self._link.call(lambda client: client.time())
+        now_ms = seconds * 1000 + micros // 1000
+        self._redis_clock_offset_ms = now_ms - int(time.time() * 1000)
         if self._last_id is None:
-            seconds, micros = await self._link.call(lambda client: client.time())
-            now_ms = seconds * 1000 + micros // 1000
-            self._last_id = f"{max(0, now_ms - int(self._index.config.approximate_ttl_s * 1000))}-0"
+            self._last_id = f"{self._oldest_live_ms(now_ms)}-0"
+
+    def _oldest_live_ms(self, redis_now_ms: int) -> int:
+        """The Redis time before which every entry has expired in every index."""
+        return max(0, redis_now_ms - int(self._index.config.approximate_ttl_s * 1000))
 
     async def _publish(self) -> None:
         stream, maxlen = self._link.keys.routed, self._link.config.stream_maxlen
@@ -78,6 +95,9 @@ class RoutedStream:
                         pipe.xadd(stream, {"r": router_id, "n": namespace, "w": worker_id,
                                            "s": scope, "k": key},
                                   maxlen=maxlen, approximate=True)
+                    redis_now_ms = int(time.time() * 1000) + self._redis_clock_offset_ms
+                    pipe.xtrim(stream, minid=f"{self._oldest_live_ms(redis_now_ms)}-0",
+                               approximate=False)
                     await pipe.execute()
 
             with contextlib.suppress(RedisUnavailable):
@@ -109,10 +129,14 @@ class RoutedStream:
                 await asyncio.sleep(_IDLE_POLL_S)
 
     def _apply(self, fields: dict[bytes, bytes]) -> None:
+        """Note one entry of another router; an entry anyone could have written to
+        Redis (missing fields, bad UTF-8, a key not whole tokens) is skipped."""
         try:
             worker_id = fields[b"w"].decode()
             namespace, scope, key = fields[b"n"].decode(), fields[b"s"].decode(), fields[b"k"]
         except (KeyError, UnicodeDecodeError):
+            key = b"?"
+        if len(key) % TOKEN_BYTES:
             log.warning("skipping a malformed routed-stream entry")
             return
         worker = self._registry.get(worker_id)

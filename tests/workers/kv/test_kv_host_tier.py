@@ -7,6 +7,8 @@ from dataclasses import replace
 
 from kv_test_support import EventConsumer, assert_reads, make_manager, write_kv
 
+from radix.keys import to_key
+
 B = 4
 A = [1, 2, 3, 4, 5, 6, 7, 8, 9]  # two full blocks and one token
 FILLER = [[50 + 10 * i + j for j in range(2 * B)] for i in range(3)]
@@ -76,7 +78,7 @@ def test_a_tampered_host_block_is_dropped_counted_and_never_used():
     host._blocks[first] = replace(entries[first], sealed=bytes(flipped))
     assert manager.admit(99, A + [7], "t1") == 0
     assert manager.stats().host.host_auth_failures_total == 1
-    assert not host.contains(first)
+    assert first not in dict(host.entries())
     manager.free(99)
     manager.check_invariants()
 
@@ -118,4 +120,29 @@ def test_swap_out_moves_a_preempted_sequence_to_the_host_tier():
     assert manager.prefix_cache.host.stats().num_host_blocks_used == 3
     assert manager.admit(2, tokens + [1], "t1") == 3 * B
     assert_reads(manager, 2, tokens + [1], 3 * B)
+    manager.check_invariants()
+
+
+def file_under(manager, scope: str, tokens: list[int]) -> None:
+    """Put the first block of A (tenant t1's) in the host tier under the hash of the
+    first block of ``tokens`` in ``scope``, sealed for that hash: what a hash collision
+    (possible with ``xxh3_128``) would hold there."""
+    link, host = manager.prefix_cache._link, manager.prefix_cache.host
+    own = link._chainer.block_hash(None, "t1", to_key(A[:B]))
+    entry = dict(host.entries())[own]
+    data = host._sealer.open("t1", own, entry.sealed)
+    other = link._chainer.block_hash(None, scope, to_key(tokens[:B]))
+    host._blocks[other] = replace(entry, sealed=host._sealer.seal("t1", other, data))
+
+
+def test_a_colliding_hash_never_gives_a_block_of_another_scope_or_other_tokens():
+    manager = evicted_to_host()
+    file_under(manager, "t2", A)
+    assert manager.admit(98, A + [7], "t2") == 0  # same tokens, another tenant
+    manager.free(98)
+    other = [21, 22, 23, 24, 25]
+    file_under(manager, "t1", other)
+    assert manager.admit(99, other, "t1") == 0  # same tenant, other tokens
+    manager.free(99)
+    assert manager.stats().host.host_hit_blocks_total == 0
     manager.check_invariants()

@@ -125,3 +125,21 @@ def test_prompt_over_the_context_length_is_a_413(client, worker):
     assert caught.value.body["code"] == "context_length_exceeded"
     status, body = worker.post_json("/v1/chat/completions", {"messages": []})
     assert status == 400 and body["error"]["param"] == "messages"
+
+
+def test_direct_callers_share_no_cache_with_a_routers_keyless_clients(worker, client):
+    """A router sends its keyless clients' requests in scope ``anonymous``; the
+    worker's direct routes run in scope ``direct``: neither sees the other's blocks
+    (cache timing would tell one what the other asked)."""
+    def generate(token_ids, **scope):
+        status, body = worker.post_json("/generate", {
+            "token_ids": token_ids, **scope, "sampling": {"max_tokens": 1}})
+        assert status == 200, body
+        return body["usage"]["cached_tokens"]
+
+    keyless = [97 + (i * 5) % 26 for i in range(64)]
+    assert generate(keyless, scope="anonymous") == 0
+    direct = client.completions.create(model="demo", prompt=keyless, max_tokens=1)
+    assert direct.usage.prompt_tokens_details.cached_tokens == 0
+    assert generate(keyless, scope="anonymous") == 63  # its own: all but the last token
+    assert generate(keyless) == 63, "no scope: a direct caller, like the OpenAI routes"
