@@ -17,6 +17,7 @@ from bench import (
     e2e,
     e2e_worker_bench,
     engine_overhead,
+    fuzz,
     host_tier_bench,
     index_bench,
     kv_bench,
@@ -51,14 +52,18 @@ BENCHMARKS: dict[str, Callable[[list[str]], dict]] = {
     "vllm": vllm_bench.main,
     "chaos": chaos.main,
 }
+# Not a benchmark: run by name only (`python -m bench fuzz --examples N`).
+ON_REQUEST: dict[str, Callable[[list[str]], dict]] = {"fuzz": fuzz.main}
 
 
 def main() -> None:
     """Run the selected benchmarks in order and save their results."""
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("names", nargs="*", help=f"any of {', '.join(BENCHMARKS)}")
+    parser.add_argument("names", nargs="*",
+                        help=f"any of {', '.join(BENCHMARKS)}, or {', '.join(ON_REQUEST)}")
     args, flags = parser.parse_known_args()
-    unknown = set(args.names) - set(BENCHMARKS)
+    runnable = {**BENCHMARKS, **ON_REQUEST}
+    unknown = set(args.names) - set(runnable)
     if unknown:
         parser.error(f"unknown benchmarks: {', '.join(sorted(unknown))}")
     if flags and len(args.names) != 1:
@@ -66,7 +71,7 @@ def main() -> None:
     results = {"machine": platform.platform(), "started": time.strftime("%Y-%m-%d %H:%M:%S")}
     for name in args.names or BENCHMARKS:
         print(f"\n=== {name} ===", flush=True)
-        results[name] = BENCHMARKS[name](flags)
+        results[name] = runnable[name](flags)
     out = Path(__file__).parent / "results" / "latest.json"
     out.parent.mkdir(exist_ok=True)
     out.write_text(json.dumps(results, indent=2, default=str))

@@ -16,6 +16,7 @@ import asyncio
 import contextlib
 import ctypes
 import gc
+import json
 import logging
 import os
 import signal
@@ -24,6 +25,7 @@ import socket
 from aiohttp import web
 
 from radix.api_errors import ApiError
+from radix.http_api import load_document
 from router.config import RouterConfig
 from router.server.admin import add_admin_routes
 from router.server.context import ROUTER, Router
@@ -82,9 +84,20 @@ async def metrics(request: web.Request) -> web.Response:
     return web.Response(body=body, headers={"Content-Type": "text/plain; version=0.0.4"})
 
 
+def openapi_handler(server: str):
+    """A handler answering ``GET /openapi.json`` with ``server``'s OpenAPI document
+    (``radix.http_api``), read and encoded once, here."""
+    body = json.dumps(load_document(server)).encode()
+
+    async def openapi(request: web.Request) -> web.Response:
+        return web.Response(body=body, content_type="application/json")
+
+    return openapi
+
+
 def create_app(router: Router) -> web.Application:
     """The router app. Its startup registers the configured workers; its cleanup
-    closes the router."""
+    closes the router. ``GET /openapi.json`` (no key needed) describes its routes."""
     app = web.Application(client_max_size=MAX_BODY_BYTES,
                           middlewares=[request_id_middleware, error_middleware])
     app[ROUTER] = router
@@ -105,6 +118,7 @@ def create_app(router: Router) -> web.Application:
         web.post("/v1/chat/completions", chat_completions),
         web.get("/v1/models", models),
         web.get("/health", health),
+        web.get("/openapi.json", openapi_handler("router")),
     ])
     add_admin_routes(app)
     return app

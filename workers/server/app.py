@@ -7,9 +7,10 @@ Middlewares, outermost first:
    is a bug: it is logged with its traceback, counted in
    ``http_unhandled_exceptions_total`` and answered 500 with an error body.
 2. auth: with a worker API key (``workers.server.access``), every route but
-   ``/health`` needs ``Authorization: Bearer <key>`` (compared in constant time);
-   else 401. ``/generate`` and ``/kv/events`` are the router's (it holds the key);
-   the OpenAI routes serve any holder of the key under one scope (trusted callers).
+   ``/health`` and ``/openapi.json`` needs ``Authorization: Bearer <key>`` (compared
+   in constant time); else 401. ``/generate`` and ``/kv/events`` are the router's (it
+   holds the key); the OpenAI routes serve any holder of the key under one scope
+   (trusted callers).
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from workers.server.state import STATE, WorkerState
 
 log = logging.getLogger(__name__)
 MAX_BODY_BYTES = 32 * 2**20
-PUBLIC_PATHS = frozenset({"/health"})
+PUBLIC_PATHS = frozenset({"/health", "/openapi.json"})
 
 
 @web.middleware
@@ -48,7 +49,7 @@ async def error_middleware(request: web.Request, handler: Handler) -> web.Stream
 
 @web.middleware
 async def auth_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
-    """Require the worker key on every route but ``/health`` (when one is configured)."""
+    """Require the worker key on every route but ``PUBLIC_PATHS`` (when one is configured)."""
     key = request.app[STATE].api_key
     if key is not None and request.path not in PUBLIC_PATHS:
         given = request.headers.get("Authorization", "")
@@ -72,5 +73,6 @@ def create_app(state: WorkerState) -> web.Application:
     app.router.add_get("/info", routes_status.info)
     app.router.add_get("/metrics", routes_status.metrics)
     app.router.add_get("/kv/events", routes_kv.kv_events)
+    app.router.add_get("/openapi.json", routes_status.openapi)
     routes_peers.add_routes(app)
     return app

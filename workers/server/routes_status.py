@@ -1,4 +1,4 @@
-"""``GET /health``, ``/ready``, ``/info`` and ``/metrics``.
+"""``GET /health``, ``/ready``, ``/info``, ``/metrics`` and ``/openapi.json``.
 
 ``/ready`` and ``/info`` read the engine's latest published ``EngineStats`` (a
 snapshot swapped in by the engine thread after every step), never the engine.
@@ -6,9 +6,13 @@ snapshot swapped in by the engine thread after every step), never the engine.
 
 from __future__ import annotations
 
+import functools
+import json
+
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
+from radix.http_api import load_document
 from workers.server.state import STATE, WorkerState
 
 
@@ -73,3 +77,14 @@ async def metrics(request: web.Request) -> web.Response:
     """Prometheus text of this process's registry."""
     body = generate_latest(request.app[STATE].worker.registry)
     return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+
+@functools.cache
+def _openapi_body() -> bytes:
+    return json.dumps(load_document("worker")).encode()
+
+
+async def openapi(request: web.Request) -> web.Response:
+    """The worker's OpenAPI document (``radix.http_api``; no key needed: it holds
+    nothing a deployment configures)."""
+    return web.Response(body=_openapi_body(), content_type="application/json")

@@ -19,7 +19,7 @@ from workers.server.sampling import RequestLimits
 @dataclass(frozen=True)
 class WorkerState:
     """Per-process server state (one per app). ``api_key`` is required on every route
-    but ``/health`` (None: no key, loopback only). ``ready`` is set while the last
+    but ``/health`` and ``/openapi.json`` (None: no key, loopback only). ``ready`` is set while the last
     self-test passed and no batched step has failed since; ``unhandled_errors``
     counts exceptions that reached the error middleware (a bug, never a client's
     fault)."""
