@@ -3,15 +3,11 @@ control tokens, and nothing else about the encoding changes."""
 
 from __future__ import annotations
 
-import time
-
-import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from support.bpe import merging_bpe as trained_bpe
-from tokenizers import AddedToken, Tokenizer, models
 
-from radix.chat_text import ChatContentEncoder
+from radix.chat_text import SpecialFinder
 from radix.tokenizer import DEMO_CHAT_TEMPLATE, DEMO_SPECIAL_TOKENS, PromptTokenizer
 
 # Content passes through a filter, and a special token sits right after a space.
@@ -83,21 +79,45 @@ def test_a_completions_text_prompt_keeps_its_special_tokens() -> None:
     assert demo.encode("a<|user|>", add_special_tokens=False) == [97, 259]
 
 
-@pytest.mark.xfail(strict=True, reason="issue 27: the special-token regex (radix/chat_text.py) "
-                   "enters the matcher at every '<|' of the content: about 0.7 s of CPU per "
-                   "million characters of '<|r' with Llama 3's special tokens (20 s for a "
-                   "32 MiB body, GIL held); a trie "
-                   "pattern did not help (sre's per-attempt cost); needs a linear scan")
-def test_special_token_search_on_crafted_content_is_fast() -> None:
-    """Content that starts a special token at every third character (``<|r`` repeated)
-    against a tokenizer with Llama 3's special tokens (all ``<|...|>``)."""
-    vocab = {chr(i): i for i in range(32, 127)}
-    tokenizer = Tokenizer(models.WordLevel(vocab, unk_token=" "))
-    specials = ["<|begin_of_text|>", "<|end_of_text|>", "<|start_header_id|>",
-                "<|end_header_id|>", "<|eot_id|>",
+
+def reference_split(text: str, strings: list[str]) -> tuple[list[str], list[str]]:
+    """Leftmost-longest occurrences by brute force."""
+    pieces, found, start, i = [], [], 0, 0
+    while i < len(text):
+        hits = [s for s in strings if text.startswith(s, i)]
+        if hits:
+            longest = max(hits, key=len)
+            pieces.append(text[start:i])
+            found.append(longest)
+            i = start = i + len(longest)
+        else:
+            i += 1
+    pieces.append(text[start:])
+    return pieces, found
+
+
+FINDER_STRINGS = ["<|a|>", "<|ab|>", "<|", "|>", "é<|", "😀"]
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.one_of(st.sampled_from(FINDER_STRINGS + ["a", "b", "<", "|", ">", "é"]),
+                          st.text(max_size=3)), max_size=20).map("".join))
+def test_the_special_finder_cuts_like_a_leftmost_longest_scan(text):
+    expected = reference_split(text, FINDER_STRINGS)
+    for max_regex_starts in (0, 1_000):  # the automaton, the regular expression
+        finder = SpecialFinder(FINDER_STRINGS, max_regex_starts)
+        assert finder.split(text) == expected
+        assert finder.contains_any(text) == bool(expected[1])
+
+
+def test_crafted_content_without_specials_is_plain_text() -> None:
+    """Content that starts a special token at every third character (``<|r``, about
+    0.7 s of CPU per million characters for the regular expression this replaced)
+    against Llama 3's special tokens: no special found, one pass over the text."""
+    specials = ["<|begin_of_text|>", "<|eot_id|>",
                 *(f"<|reserved_special_token_{i}|>" for i in range(250))]
-    tokenizer.add_special_tokens([AddedToken(s, special=True) for s in specials])
-    encoder = ChatContentEncoder(tokenizer, "{{ messages }}")
-    started = time.process_time()
-    encoder.needs_masking([{"role": "user", "content": "<|r" * 1_400_000}])
-    assert time.process_time() - started < 1.0
+    finder = SpecialFinder(specials)
+    content = "<|r" * 100_000 + "<|eot_id|>"
+    assert not finder.contains_any(content[:-10])
+    pieces, found = finder.split(content)
+    assert found == ["<|eot_id|>"] and pieces == [content[:-10], ""]
