@@ -26,8 +26,11 @@ from router.config import RegistryConfig, WorkerConfig
 from router.front.tokenization import Models
 from router.tasks import cancel_and_wait
 from router.upstream.probes import ProbeResult, WorkerLoad, probe_openai, probe_radix
+from router.upstream.salt_probe import PROBE_TOKENS, salt_isolation_problem
 
 log = logging.getLogger(__name__)
+SALT_PROBE_TIMEOUT_S = 30.0
+SALT_RECHECK_S = 60.0
 
 
 @dataclass
@@ -159,6 +162,7 @@ class WorkerRegistry:
         self._routable: dict[str, list[WorkerState]] = {}
         self._poll_tasks: dict[str, asyncio.Task[None]] = {}
         self._follow_tasks: dict[str, asyncio.Task[None]] = {}
+        self._salt_refusals: dict[str, tuple[float, str]] = {}
 
     def add(self, config: WorkerConfig) -> WorkerState:
         """Register a worker and start polling it; ValueError naming the field if the id
@@ -251,6 +255,9 @@ class WorkerRegistry:
         worker.served_model = result.served_model
         worker.cache_block_size = result.cache_block_size
         if not worker.ready:
+            if worker.kind != "radix" and (problem := await self._salt_problem(worker)):
+                worker.reason = problem
+                return
             worker.namespace = result.namespace
             worker.ready = True
             worker.reason = result.reason
@@ -259,6 +266,27 @@ class WorkerRegistry:
                     self._follow_events(worker))
             self._rebuild_routable()
             log.info("worker %s ready at %s", worker.worker_id, worker.url)
+
+    async def _salt_problem(self, worker: WorkerState) -> str | None:
+        """Why an OpenAI-compatible worker may not be routed to tenants
+        (``router.upstream.salt_probe``), checked as it becomes ready; a refusal is
+        remembered for ``SALT_RECHECK_S`` so a refused backend is not probed every poll."""
+        now = asyncio.get_running_loop().time()
+        refused = self._salt_refusals.get(worker.worker_id)
+        if refused is not None and now - refused[0] < SALT_RECHECK_S:
+            return refused[1]
+        model = self._models.get(worker.model)
+        words = " ".join(f"salt probe {i}" for i in range(PROBE_TOKENS))
+        token_ids = model.tokenizer.encode(words, add_special_tokens=False)[:PROBE_TOKENS]
+        problem = await salt_isolation_problem(self._session, worker.url, worker.headers,
+                                               worker.served_model or worker.model, token_ids,
+                                               SALT_PROBE_TIMEOUT_S)
+        if problem is None:
+            self._salt_refusals.pop(worker.worker_id, None)
+        else:
+            log.warning("worker %s not routed: %s", worker.worker_id, problem)
+            self._salt_refusals[worker.worker_id] = (now, problem)
+        return problem
 
     async def _leave(self, worker: WorkerState, reason: str) -> None:
         worker.ready = False

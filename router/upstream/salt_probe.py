@@ -1,0 +1,59 @@
+"""Does an OpenAI-compatible backend keep two ``cache_salt`` values apart?
+
+The router keeps tenants apart on ``openai`` and ``vllm`` backends only through the
+per-tenant ``cache_salt`` it sends: an engine that ignores the field (SGLang did until
+April 2026) shares its prefix cache between tenants, and cache timing then leaks one
+tenant's prompts to another. Before such a worker is routed to, the router sends one
+prompt twice under a fresh salt and once under another fresh salt, one token of output
+each: the repeat should hit the cache and the other salt must not. A backend that
+reports no ``cached_tokens``, caches nothing or does not answer the probe cannot be
+checked and is allowed (logged): only a hit seen across salts refuses it.
+"""
+
+from __future__ import annotations
+
+import logging
+import secrets
+from collections.abc import Mapping, Sequence
+
+import aiohttp
+
+PROBE_TOKENS = 320  # more than two KV blocks of 128 tokens
+log = logging.getLogger(__name__)
+
+
+async def salt_isolation_problem(session: aiohttp.ClientSession, url: str,
+                                 headers: Mapping[str, str], served_model: str,
+                                 token_ids: Sequence[int], timeout_s: float) -> str | None:
+    """None when the backend keeps salts apart or cannot be checked; else the reason."""
+    salt, other = secrets.token_urlsafe(24), secrets.token_urlsafe(24)
+    try:
+        await _cached_tokens(session, url, headers, served_model, token_ids, salt, timeout_s)
+        repeat = await _cached_tokens(session, url, headers, served_model, token_ids, salt,
+                                      timeout_s)
+        if not repeat:
+            return None
+        crossed = await _cached_tokens(session, url, headers, served_model, token_ids, other,
+                                       timeout_s)
+    except (aiohttp.ClientError, TimeoutError, ValueError, KeyError, TypeError) as exc:
+        log.info("%s: cache_salt not checked (%s: %s)", url, type(exc).__name__, exc)
+        return None
+    if crossed:
+        return (f"ignores cache_salt: a prompt cached under one salt hit {crossed} tokens "
+                "under another, so tenants would share its prefix cache")
+    return None
+
+
+async def _cached_tokens(session: aiohttp.ClientSession, url: str, headers: Mapping[str, str],
+                         model: str, token_ids: Sequence[int], salt: str,
+                         timeout_s: float) -> int | None:
+    body = {"model": model, "prompt": list(token_ids), "max_tokens": 1, "temperature": 0,
+            "cache_salt": salt}
+    async with session.post(f"{url}/v1/completions", json=body, headers=headers,
+                            timeout=aiohttp.ClientTimeout(total=timeout_s)) as resp:
+        if resp.status != 200:
+            raise ValueError(f"HTTP {resp.status}")
+        usage = (await resp.json())["usage"]
+    details = usage.get("prompt_tokens_details") or {}
+    cached = details.get("cached_tokens")
+    return cached if isinstance(cached, int) else None
