@@ -57,6 +57,9 @@ from router.front.auth import hash_key
 
 TENANT_KEY, ADMIN_KEY, WORKER_KEY = "fuzz-tenant-key", "fuzz-admin-key", "fuzz-worker-key"
 MODEL = "demo"
+MODEL_VOCAB_SIZE = 262  # the demo tokenizer's: valid token ids and top_k bounds
+TENANT_MAX_OUTPUT_TOKENS = 8
+TEMPLATE_ROLES = ("system", "user", "assistant")
 WORKER_ID, WORKER_KEY_ENV = "fuzz-target", "RADIX_WORKER_KEY_FUZZ_TARGET"
 CHECKS = [not_a_server_error, status_code_conformance, content_type_conformance,
           response_schema_conformance, response_headers_conformance, negative_data_rejection,
@@ -122,6 +125,36 @@ def fuzz(targets: list[Target], examples: int, timeout_s: float = 10.0,
     return report
 
 
+def _pin_to_model(body: dict) -> None:
+    """Make a schema-valid body valid for the demo model and the tenant too (the schema
+    cannot know a model's vocabulary, template or a tenant's caps): the model's name,
+    token ids within the vocabulary, top_k within it, output within the tenant's cap,
+    no ``best_of``, message roles the demo template renders. Else nearly every valid body is refused before the deep paths
+    (tokenize, route, generate) are reached."""
+    body["model"] = MODEL
+    for name in ("prompt", "stop_token_ids"):
+        if name in body:
+            body[name] = _within_vocab(body[name])
+    if isinstance(body.get("top_k"), int) and body["top_k"] > MODEL_VOCAB_SIZE:
+        body["top_k"] = MODEL_VOCAB_SIZE
+    for name in ("max_tokens", "max_completion_tokens"):
+        if isinstance(body.get(name), int):
+            body[name] = min(body[name], TENANT_MAX_OUTPUT_TOKENS)
+    body.pop("best_of", None)
+    for message in body.get("messages") or ():
+        if isinstance(message, dict) and message.get("role") not in TEMPLATE_ROLES:
+            message["role"] = "user"
+
+
+def _within_vocab(value: object) -> object:
+    """Token ids (in lists, nested too) taken modulo the model's vocabulary."""
+    if isinstance(value, bool) or not isinstance(value, (int, list)):
+        return value
+    if isinstance(value, int):
+        return value % MODEL_VOCAB_SIZE
+    return [_within_vocab(item) for item in value]
+
+
 def _fuzz_operation(report: FuzzReport, session: requests.Session, target: Target, operation,
                     mode: GenerationMode, examples: int, timeout_s: float, max_response_s: float,
                     derandomize: bool) -> None:
@@ -135,7 +168,7 @@ def _fuzz_operation(report: FuzzReport, session: requests.Session, target: Targe
         label = f"{target.name} {operation.method.upper()} {operation.path} ({mode.value})"
         if pin_model and mode is GenerationMode.POSITIVE and isinstance(case.body, dict) \
                 and "model" in case.body:
-            case.body["model"] = MODEL  # else nearly every valid body names an unknown model
+            _pin_to_model(case.body)
         report.num_requests += 1
         started = time.monotonic()
         try:
@@ -204,7 +237,7 @@ def router_config(worker_url: str) -> str:
         "[registry]", "poll_interval_s = 0.2", "probe_timeout_s = 2.0",
         "[auth]", f'admin_key_digest = "{hash_key(ADMIN_KEY)}"',
         "[auth.tenants.fuzz]", f'key_digests = ["{hash_key(TENANT_KEY)}"]',
-        "max_prompt_tokens = 1024", "max_output_tokens = 8",
+        "max_prompt_tokens = 1024", f"max_output_tokens = {TENANT_MAX_OUTPUT_TOKENS}",
         "[[workers]]", f'id = "{WORKER_ID}"', 'model = "demo"', f'url = "{worker_url}"',
         f'api_key_env = "{WORKER_KEY_ENV}"',
     ]) + "\n"
