@@ -167,6 +167,7 @@ class VllmEventFollower:
             await self._fill(self._last_seq + 1)
             if self._last_seq is not None and seq > self._last_seq + 1:
                 self._clear(f"gap before seq {seq} that no replay covers")
+                self._synced = True  # from here on, what comes live is the whole truth
         if self._last_seq is None or seq == self._last_seq + 1:
             self._apply(seq, frames[-1], live=True)
 
