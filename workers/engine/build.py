@@ -159,7 +159,8 @@ def _timed_backend(profile: Profile, config: WorkerConfig) -> _Backend:
     return _Backend(
         tokenizer, profile_digest(profile), rope, vocab_size, profile.max_model_len, spec,
         timed_tensor_spec(config.kv.block_size), profile.kv_cache_bytes,
-        lambda tensors, scales: TimedRunner(profile.cost, vocab_size, letters),
+        lambda tensors, scales: TimedRunner(profile.cost, vocab_size, letters,
+                                            time_scale=config.model.time_scale),
         f"timed profile {profile.name} ({profile.model})")  # fmt: skip
 
 

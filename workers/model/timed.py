@@ -63,13 +63,15 @@ def profile_digest(profile: Profile) -> str:
 class TimedRunner:
     """``ModelRunner``'s interface over a cost model (module docstring).
 
-    ``sleep`` is how a step's cost is waited (``time.sleep``; tests pass a recorder).
+    ``sleep`` is how a step's cost times ``time_scale`` is waited (``time.sleep``;
+    tests pass a recorder).
     ``output_token_ids`` are the tokens outputs are drawn from (never EOS, so a run's
     length is its ``max_tokens``); ``vocab_size`` is the logits' width.
     """
 
     def __init__(self, cost: CostModel, vocab_size: int, output_token_ids: Sequence[int],
-                 seed: int = 0, sleep: Callable[[float], None] = time.sleep) -> None:
+                 seed: int = 0, sleep: Callable[[float], None] = time.sleep,
+                 time_scale: float = 1.0) -> None:
         if not output_token_ids or max(output_token_ids) >= vocab_size:
             raise ValueError("output_token_ids must be non-empty ids below vocab_size")
         self.cost = cost
@@ -77,6 +79,7 @@ class TimedRunner:
         self.output_token_ids = tuple(output_token_ids)
         self._key = seed.to_bytes(8, "little")
         self._sleep = sleep
+        self.time_scale = time_scale
 
     def execute(self, batch: Sequence[StepInput]) -> torch.Tensor:
         """Wait the step's cost, then return float32 logits [len(batch), vocab] whose
@@ -84,7 +87,7 @@ class TimedRunner:
         empty ``token_ids``."""
         if not batch or any(not step.token_ids for step in batch):
             raise ValueError("a step needs at least one entry, each with new tokens")
-        self._sleep(self.cost.step_s(
+        self._sleep(self.time_scale * self.cost.step_s(
             (len(step.token_ids), step.num_computed_tokens + len(step.token_ids)) for step in batch))
         logits = torch.zeros(len(batch), self.vocab_size)
         for row, step in enumerate(batch):
