@@ -56,8 +56,10 @@ def prompt_text(request: TraceRequest) -> str:
     return (np.frombuffer(request.prompt, dtype=np.uint32).astype(np.uint8) + ord("a")).tobytes().decode()
 
 
-def _our_router_config(worker_urls: list[str], policy: str, weights: dict[str, float]) -> str:
-    lines = ["[models.demo]", 'tokenizer = "demo"', "[policy]", f'name = "{policy}"',
+def _our_router_config(worker_urls: list[str], policy: str, weights: dict[str, float],
+                       poll_interval_s: float) -> str:
+    lines = ["[models.demo]", 'tokenizer = "demo"', "[registry]",
+             f"poll_interval_s = {poll_interval_s}", "[policy]", f'name = "{policy}"',
              "[policy.weights]", *(f"{name} = {value}" for name, value in weights.items()),
              "[auth.tenants.bench]", f'key_digests = ["{hash_key(TENANT_KEY)}"]']
     for i, url in enumerate(worker_urls):
@@ -81,14 +83,16 @@ def workers(num_workers: int, kv_cache_bytes: str, *flags: str) -> Iterator[list
 
 
 @contextlib.contextmanager
-def router(setup: str, urls: list[str], log_dir: Path) -> Iterator[tuple[str, str]]:
+def router(setup: str, urls: list[str], log_dir: Path,
+           poll_interval_s: float = 1.0) -> Iterator[tuple[str, str]]:
     """The router's URL and the key a client sends it. ``setup`` is a peer setup's
-    name, or ours: ``ours <policy>`` optionally followed by ``name=value`` weights."""
+    name, or ours: ``ours <policy>`` optionally followed by ``name=value`` weights,
+    polling its workers' load every ``poll_interval_s`` (the peers poll none)."""
     if setup.startswith("ours "):
         _, policy, *items = setup.split()
         weights = {k: float(v) for k, v in (item.split("=") for item in items)}
         path = log_dir / "router.toml"
-        path.write_text(_our_router_config(urls, policy, weights))
+        path.write_text(_our_router_config(urls, policy, weights, poll_interval_s))
         router = start_process(router_args(path), {"RADIX_WORKER_KEY_E2E": WORKER_KEY})
         try:
             deadline = time.monotonic() + READY_TIMEOUT_S

@@ -13,7 +13,8 @@ Load: open loop, the trace's arrivals rescaled to ``load`` x the cluster's capac
 (``capacity_rps``), each request sent at its arrival whatever is in flight; and
 closed loop, ``--clients-per-worker`` x K clients taking requests in trace order.
 Waits run ``--time-scale`` times slower than the profile (so the engines' CPU time
-on this machine stays small beside them); every time reported here is divided back.
+on this machine stays small beside them); every time reported here is divided back,
+and our router polls its workers' load every ``POLL_INTERVAL_S`` profile seconds.
 
 Per run: TTFT p50/p99 (client side, first streamed text), cached fraction (usage
 ``cached_tokens`` / ``prompt_tokens``), requests per worker (each worker's metrics)
@@ -45,6 +46,8 @@ CONFIG = WorkloadConfig(num_docs=60, doc_tokens=(400, 1600), docs_per_request=(1
                         output_tokens=(16, 48), num_turns=(2, 6), tool_result_tokens=(80, 400),
                         vocab_size=26)
 OUR_SETUPS = ("ours cache_aware", "ours round_robin")
+# Our router's load poll, in profile seconds (its default in real time).
+POLL_INTERVAL_S = 1.0
 DECODE_BATCH = 16
 Outcome = tuple[int, int, float | None, int, str | None]
 
@@ -125,7 +128,7 @@ def run_cell(setup: str, started: list, requests: list[TraceRequest], load: str,
              args: argparse.Namespace, log_dir: Path) -> dict[str, object]:
     """One router setup on the started workers, at one load ("closed" or a fraction)."""
     urls = [w.url for w in started]
-    with router(setup, urls, log_dir) as (url, key):
+    with router(setup, urls, log_dir, POLL_INTERVAL_S / args.time_scale) as (url, key):
         before = [requests_served(w) for w in started]
         start = time.perf_counter()
         if load == "closed":

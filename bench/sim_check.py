@@ -20,7 +20,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from bench.e2e import workers
-from bench.e2e_timed import CONFIG, at_load, capacity_rps, run_cell, tagged
+from bench.e2e_timed import CONFIG, POLL_INTERVAL_S, at_load, capacity_rps, run_cell, tagged
 from bench.sim import SIM_POLICIES, Cluster, SimConfig, summarize
 from bench.workloads import TraceRequest, generate
 from radix.cost_model import Profile, get_profile
@@ -29,7 +29,6 @@ from workers.config import EngineConfig
 from workers.kv.plan import plan_kv_cache
 from workers.model.timed import timed_kv_spec
 
-ROUTER_POLL_S = 1.0  # the router's default worker poll interval, wall seconds
 BOS = CONFIG.vocab_size  # any id the workload never draws
 FIGURES = ("ttft_p50_s", "ttft_p99_s", "cached_fraction")
 
@@ -41,7 +40,7 @@ def simulate_trace(requests: list[TraceRequest], arrivals_s: list[float], profil
     config = SimConfig(
         kv_capacity_tokens=plan_kv_cache(timed_kv_spec(profile, 16), profile.kv_cache_bytes).num_tokens,
         cost=profile.cost, max_batched_tokens=args.max_batched_tokens,
-        max_num_seqs=engine.max_num_seqs, poll_interval_s=ROUTER_POLL_S * args.time_scale)
+        max_num_seqs=engine.max_num_seqs, poll_interval_s=POLL_INTERVAL_S)
     bos = to_key([BOS])
     sent = [replace(r, arrival_s=a, tenant="bench", num_public_tokens=0, prompt=bos + r.prompt)
             for r, a in zip(requests, arrivals_s, strict=True)]
