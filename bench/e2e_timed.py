@@ -18,7 +18,8 @@ and our router polls its workers' load every ``POLL_INTERVAL_S`` profile seconds
 
 Per run: TTFT p50/p99 (client side, first streamed text), cached fraction (usage
 ``cached_tokens`` / ``prompt_tokens``), requests per worker (each worker's metrics)
-and max/mean, and goodput: requests per second whose TTFT met ``--slo-s``.
+and max/mean, goodput: requests per second whose TTFT met ``--slo-s``, and the mean CPU
+of a worker over the run (cores, at this time scale).
 """
 
 from __future__ import annotations
@@ -130,6 +131,7 @@ def run_cell(setup: str, started: list, requests: list[TraceRequest], load: str,
     urls = [w.url for w in started]
     with router(setup, urls, log_dir, POLL_INTERVAL_S / args.time_scale) as (url, key):
         before = [requests_served(w) for w in started]
+        cpu_before = [w.cpu_s() for w in started]
         start = time.perf_counter()
         if load == "closed":
             outcomes = asyncio.run(drive(url, key, requests, args.clients_per_worker * len(urls), setup))
@@ -138,7 +140,9 @@ def run_cell(setup: str, started: list, requests: list[TraceRequest], load: str,
             outcomes = asyncio.run(drive_open(url, key, requests, arrivals))
         wall_s = time.perf_counter() - start
         per_worker = [requests_served(w) - b for w, b in zip(started, before, strict=True)]
-    return summarize(outcomes, per_worker, wall_s, args.time_scale, args.slo_s)
+        cpu_s = [w.cpu_s() - b for w, b in zip(started, cpu_before, strict=True)]
+    return {**summarize(outcomes, per_worker, wall_s, args.time_scale, args.slo_s),
+            "worker_cpu_cores": float(np.mean(cpu_s)) / wall_s}
 
 
 def tagged(requests: list[TraceRequest], run: int) -> list[TraceRequest]:
@@ -155,7 +159,7 @@ def _setups(args: argparse.Namespace) -> list[str]:
 def _row(key: str, r: dict) -> str:
     return (f"{key:<44}{r['num_errors']:>5}{r['cached_fraction']:>8.1%}{1e3 * r['ttft_p50_s']:>8.0f}"
             f"{1e3 * r['ttft_p99_s']:>8.0f}{r['goodput_rps']:>9.1f}{r['max_over_mean_load']:>9.2f}"
-            f"{r['wall_s']:>7.0f}")
+            f"{r['wall_s']:>7.0f}{r['worker_cpu_cores']:>7.3f}")
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -180,7 +184,7 @@ def main(argv: list[str] | None = None) -> dict:
     results: dict[str, object] = {"profile": profile.name, "time_scale": args.time_scale,
                                   "slo_s": args.slo_s, "setups": setups, "runs": {}}
     print(f"{'workload/workers/load/router':<44}{'errs':>5}{'cached':>8}{'p50 ms':>8}{'p99 ms':>8}"
-          f"{'goodput':>9}{'max/mean':>9}{'wall s':>7}")
+          f"{'goodput':>9}{'max/mean':>9}{'wall s':>7}{'w cpu':>7}")
     flags = ("--model", f"timed:{profile.name}", "--served-model-name", "demo", "--time-scale",
              str(args.time_scale), "--max-batched-tokens", str(args.max_batched_tokens))
     run = 0

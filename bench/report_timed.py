@@ -29,7 +29,8 @@ def timed_table(results: dict) -> list[str]:
     lines = [f"profile `{results['profile']}`, waits x{results['time_scale']:g} (times below are "
              f"profile seconds), TTFT SLO {results['slo_s']:g} s", "",
              "| workload | workers | load | router | cached | TTFT p50 ms | TTFT p99 ms | "
-             "goodput req/s | max/mean | errors |", "|---|---:|---:|---|---:|---:|---:|---:|---:|---:|"]
+             "goodput req/s | max/mean | errors | CPU per worker |",
+             "|---|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|"]
     for (workload, workers), loads in _cells(results).items():
         for load, runs in loads.items():
             best = min(r["ttft_p99_s"] for r in runs.values())
@@ -37,7 +38,8 @@ def timed_table(results: dict) -> list[str]:
                 p99 = f"{1e3 * r['ttft_p99_s']:.0f}"
                 lines.append(f"| {workload} | {workers} | {load} | {setup} | {r['cached_fraction']:.3f} | "
                              f"{1e3 * r['ttft_p50_s']:.0f} | {f'**{p99}**' if r['ttft_p99_s'] == best else p99} | "
-                             f"{r['goodput_rps']:.1f} | {r['max_over_mean_load']:.2f} | {r['num_errors']} |")
+                             f"{r['goodput_rps']:.1f} | {r['max_over_mean_load']:.2f} | {r['num_errors']} | "
+                             f"{r.get('worker_cpu_cores', float('nan')):.3f} |")
     return lines + ["", *slo_crossings(results)]
 
 
