@@ -234,17 +234,20 @@ class Cluster:
     ``kv_events`` our policies read an exact index fed by the workers' KV events;
     without, and always for the peers' rule, the router's index is approximate: what
     it routed to each worker, kept up to ``approximate_capacity_tokens`` (LRU) with no
-    TTL, as the peers keep it and as our router does for workers without events."""
+    TTL, as the peers keep it and as our router does for workers without events.
+    ``worker_class``: ``SimWorker``, or ``bench.sim_stepped.SteppedSimWorker`` to run
+    the engine's step loop."""
 
     def __init__(self, spec: PolicySpec, num_workers: int, config: SimConfig, seed: int = 0,
-                 kv_events: bool = True, approximate_capacity_tokens: int = 2**24):
+                 kv_events: bool = True, approximate_capacity_tokens: int = 2**24,
+                 worker_class: type[SimWorker] = SimWorker):
         self.now = 0.0
         self.config = config
         self.policy = spec.make(seed)
         self.exact = spec.exact and kv_events
         self.shared_tree = not spec.exact
         self.index = RouterIndex(IndexConfig(approximate_ttl_s=1e12), clock=lambda: self.now)
-        self.workers = [SimWorker(i, self) for i in range(num_workers)]
+        self.workers = [worker_class(i, self) for i in range(num_workers)]
         if not self.exact:
             for w in self.workers:
                 self.index.set_approximate(w.worker_id, approximate_capacity_tokens)

@@ -21,7 +21,8 @@ from pathlib import Path
 
 from bench.e2e import workers
 from bench.e2e_timed import CONFIG, POLL_INTERVAL_S, at_load, capacity_rps, run_cell, tagged
-from bench.sim import SIM_POLICIES, Cluster, SimConfig, summarize
+from bench.sim import SIM_POLICIES, Cluster, SimConfig, SimWorker, summarize
+from bench.sim_stepped import SteppedSimWorker
 from bench.workloads import TraceRequest, generate
 from radix.cost_model import Profile, get_profile
 from radix.keys import to_key
@@ -44,7 +45,8 @@ def simulate_trace(requests: list[TraceRequest], arrivals_s: list[float], profil
     bos = to_key([BOS])
     sent = [replace(r, arrival_s=a, tenant="bench", num_public_tokens=0, prompt=bos + r.prompt)
             for r, a in zip(requests, arrivals_s, strict=True)]
-    cluster = Cluster(SIM_POLICIES["cache_aware"], num_workers, config)
+    cluster = Cluster(SIM_POLICIES["cache_aware"], num_workers, config,
+                      worker_class=SteppedSimWorker if args.stepped else SimWorker)
     cluster.run(iter(sent))
     return summarize(cluster, 0.0)
 
@@ -61,6 +63,8 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--max-batched-tokens", type=int, default=2048)
     parser.add_argument("--slo-s", type=float, default=1.0)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--per-request", dest="stepped", action="store_false",
+                        help="the simulator's per-request engine (SimWorker) instead of its step loop")
     args = parser.parse_args(argv)
     profile = get_profile(args.profile)
     flags = ("--model", f"timed:{profile.name}", "--served-model-name", "demo", "--time-scale",

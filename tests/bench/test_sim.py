@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 from bench.sim import SIM_POLICIES, Cluster, PolicySpec, SimConfig, simulate, summarize
+from bench.sim_stepped import SteppedSimWorker
 from bench.workloads import TraceRequest, WorkloadConfig
 from radix.cost_model import CostModel
 from router.routing.policy import RoundRobinPolicy, WorkerView
@@ -86,3 +87,16 @@ def test_the_policy_sees_the_polled_load_in_its_fields():
     view = policy.seen[3][0]
     assert (view.num_requests_running, view.num_requests_waiting, view.num_waiting_tokens,
             view.kv_cache_usage_ratio, view.num_in_flight_requests) == (1, 2, 200, 0.0, 3)
+
+
+def test_the_stepped_worker_runs_the_engines_step_loop_by_hand():
+    cluster = Cluster(SIM_POLICIES["round_robin"], 1, CONFIG, worker_class=SteppedSimWorker)
+    results = cluster.run(iter(two_requests()))
+    # The first prefills alone (0.1 s) and decodes a step per 10 ms from 0.1 s. The
+    # second arrives at 0.15 s, as a step ends: the next step carries the first's decode
+    # and the second's 36 uncached tokens (0.01 + 0.036 s).
+    assert results.num_cached_tokens == [0, 64]
+    assert results.ttft_s == pytest.approx([0.100, 0.046])
+    # The first's last of 9 decode steps ends at 0.196 + 3 * 0.01; the second's 9
+    # decode steps after its first token end at 0.196 + 0.09.
+    assert results.end_s == pytest.approx(0.286)
