@@ -59,7 +59,7 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--workloads", nargs="+", default=["rag", "chat", "agent", "multitenant"])
     parser.add_argument("--load", type=float, default=0.8)
     parser.add_argument("--requests", type=int, default=300)
-    parser.add_argument("--time-scale", type=float, default=10.0)
+    parser.add_argument("--time-scale", type=float, default=40.0)
     parser.add_argument("--max-batched-tokens", type=int, default=2048)
     parser.add_argument("--slo-s", type=float, default=1.0)
     parser.add_argument("--seed", type=int, default=0)
