@@ -83,6 +83,8 @@ class ModelSettings(Section, section="model"):
 class KVSettings(Section, section="kv"):
     """The paged KV cache: byte budget, block size, KV dtype, prefix cache and event log.
 
+    A timed model (``timed:<profile>``) plans its profile's memory, not ``cache_bytes``.
+
     ``prefix_cache`` False selects the null prefix cache (nothing is ever shared).
     ``cache_dtype`` ``auto`` stores K/V in the model's dtype; ``fp8_e4m3`` and
     ``fp8_e5m2`` store them in one byte with per-layer scales from ``scales_file``
