@@ -35,7 +35,8 @@ import numpy as np
 from openai import AsyncOpenAI
 
 from bench import peers
-from bench.e2e import drive, prompt_text, requests_served, router, workers
+from bench.e2e import WORKER_KEY, drive, prompt_text, requests_served, router, workers
+from bench.procs import http_json
 from bench.workloads import TraceRequest, WorkloadConfig, generate
 from radix.cost_model import Profile, get_profile
 from radix.keys import to_key
@@ -151,6 +152,17 @@ def tagged(requests: list[TraceRequest], run: int) -> list[TraceRequest]:
     return [replace(r, prompt=tag + r.prompt) for r in requests]
 
 
+def warm_up(started: list) -> None:
+    """One short completion on each worker, so no router meets a cold process (its
+    first request pays lazy imports and first-time allocations)."""
+    for worker in started:
+        status, body = http_json("POST", f"{worker.url}/v1/completions",
+                                 {"model": "demo", "prompt": "warm up", "max_tokens": 2},
+                                 {"Authorization": f"Bearer {WORKER_KEY}"})
+        if status != 200:
+            raise RuntimeError(f"warm-up on {worker.url} answered {status}: {body}")
+
+
 def _setups(args: argparse.Namespace) -> list[str]:
     found = peers.available()
     return [s for s in args.routers if s in OUR_SETUPS or found[peers.PEER_SETUPS[s].module]]
@@ -191,6 +203,7 @@ def main(argv: list[str] | None = None) -> dict:
     for num_workers in args.workers:
         with workers(num_workers, "1GiB", *flags) as started, \
                 tempfile.TemporaryDirectory(prefix="e2e-timed-") as tmp:
+            warm_up(started)
             for workload in args.workloads:
                 trace = list(generate(workload, args.requests, 1.0, args.seed, config=CONFIG))
                 rps = capacity_rps(trace, profile) * num_workers

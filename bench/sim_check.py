@@ -20,7 +20,15 @@ from dataclasses import replace
 from pathlib import Path
 
 from bench.e2e import workers
-from bench.e2e_timed import CONFIG, POLL_INTERVAL_S, at_load, capacity_rps, run_cell, tagged
+from bench.e2e_timed import (
+    CONFIG,
+    POLL_INTERVAL_S,
+    at_load,
+    capacity_rps,
+    run_cell,
+    tagged,
+    warm_up,
+)
 from bench.sim import SIM_POLICIES, Cluster, SimConfig, SimWorker, summarize
 from bench.sim_stepped import SteppedSimWorker
 from bench.workloads import TraceRequest, generate
@@ -73,6 +81,7 @@ def main(argv: list[str] | None = None) -> dict:
     print(f"{'workload':<12}" + "".join(f"{f:>30}" for f in FIGURES))
     with workers(args.workers, "1GiB", *flags) as started, \
             tempfile.TemporaryDirectory(prefix="sim-check-") as tmp:
+        warm_up(started)
         for run, workload in enumerate(args.workloads):
             trace = tagged(list(generate(workload, args.requests, 1.0, args.seed, config=CONFIG)),
                            10_000 + run)
