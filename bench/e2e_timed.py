@@ -187,7 +187,7 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--requests", type=int, default=300, help="per run")
     parser.add_argument("--clients-per-worker", type=int, default=4, help="closed loop")
     parser.add_argument("--time-scale", type=float, default=20.0)
-    parser.add_argument("--slo-s", type=float, default=1.0, help="TTFT SLO (profile seconds)")
+    parser.add_argument("--slo-s", type=float, default=0.25, help="TTFT SLO (profile seconds)")
     parser.add_argument("--max-batched-tokens", type=int, default=2048)
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)

@@ -69,7 +69,7 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--requests", type=int, default=300)
     parser.add_argument("--time-scale", type=float, default=40.0)
     parser.add_argument("--max-batched-tokens", type=int, default=2048)
-    parser.add_argument("--slo-s", type=float, default=1.0)
+    parser.add_argument("--slo-s", type=float, default=0.25)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--per-request", dest="stepped", action="store_false",
                         help="the simulator's per-request engine (SimWorker) instead of its step loop")
