@@ -69,13 +69,16 @@ def _our_router_config(worker_urls: list[str], policy: str, weights: dict[str, f
 
 
 @contextlib.contextmanager
-def workers(num_workers: int, kv_cache_bytes: str, *flags: str) -> Iterator[list[ManagedProcess]]:
-    """``num_workers`` keyed workers (demo model unless ``flags`` say otherwise)."""
+def workers(num_workers: int, kv_cache_bytes: str, *flags: str,
+            ready_timeout_s: float = READY_TIMEOUT_S) -> Iterator[list[ManagedProcess]]:
+    """``num_workers`` keyed workers (demo model unless ``flags`` say otherwise), started
+    at once; each has until ``ready_timeout_s`` after the start to be ready."""
     started = [start_worker(*flags, kv_cache_bytes=kv_cache_bytes, wait=False, api_key=WORKER_KEY)
                for _ in range(num_workers)]
     try:
+        deadline = time.monotonic() + ready_timeout_s
         for worker in started:
-            worker.wait_ready(READY_TIMEOUT_S)
+            worker.wait_ready(max(1.0, deadline - time.monotonic()))
         yield started
     finally:
         for worker in started:

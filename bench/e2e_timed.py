@@ -201,7 +201,7 @@ def main(argv: list[str] | None = None) -> dict:
              str(args.time_scale), "--max-batched-tokens", str(args.max_batched_tokens))
     run = 0
     for num_workers in args.workers:
-        with workers(num_workers, "1GiB", *flags) as started, \
+        with workers(num_workers, "1GiB", *flags, ready_timeout_s=60 + 10 * num_workers) as started, \
                 tempfile.TemporaryDirectory(prefix="e2e-timed-") as tmp:
             warm_up(started)
             for workload in args.workloads:

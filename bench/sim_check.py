@@ -79,7 +79,7 @@ def main(argv: list[str] | None = None) -> dict:
              str(args.time_scale), "--max-batched-tokens", str(args.max_batched_tokens))
     results: dict[str, dict] = {}
     print(f"{'workload':<12}" + "".join(f"{f:>30}" for f in FIGURES))
-    with workers(args.workers, "1GiB", *flags) as started, \
+    with workers(args.workers, "1GiB", *flags, ready_timeout_s=60 + 10 * args.workers) as started, \
             tempfile.TemporaryDirectory(prefix="sim-check-") as tmp:
         warm_up(started)
         for run, workload in enumerate(args.workloads):
