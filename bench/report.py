@@ -57,10 +57,10 @@ FULL = Plan(workers=(8, 32, 256), workloads=("rag", "chat", "agent", "multitenan
             cache_sizes=(25_000, 50_000, 100_000, 200_000, 400_000),
             e2e_args=("--workers", "4", "--requests", "300", "--clients", "16"),
             timed_args=(("--workers", "8", "16", "--workloads", "rag", "chat", "agent", "multitenant",
-                         "--loads", "0.8", "--requests", "120"),
+                         "--loads", "0.8", "--requests", "80"),
                         ("--workers", "16", "--workloads", "rag", "--loads", "0.5", "0.95", "closed",
-                         "--requests", "120")),
-            sim_check_args=("--workers", "8", "--requests", "200"),
+                         "--requests", "80")),
+            sim_check_args=("--workers", "8", "--workloads", "rag", "chat", "--requests", "150"),
             reference_args=("--requests", "5000", "--clients", "64"), radix_requests=20_000,
             chaos_duration_s=1800.0)
 QUICK = Plan(workers=(8,), workloads=("rag", "chat"), requests_per_worker=60,
