@@ -15,7 +15,9 @@ Per setup: TTFT p50/p99 (first streamed text), output tokens/s, the cached fract
 requests per worker (each worker's own ``request_prompt_tokens`` count from its
 ``/metrics``) and their max/mean. All processes share this machine's cores.
 
-Run: ``python -m bench e2e [--workers K] [--requests N] [--clients C]``.
+Run: ``python -m bench e2e [--workers K] [--requests N] [--clients C]``;
+``python -m bench e2e --backend timed ...`` runs ``bench.e2e_timed`` (timed workers at
+cluster scale, open and closed loop).
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ import argparse
 import asyncio
 import contextlib
 import re
+import sys
 import tempfile
 import time
 from collections.abc import Iterator
@@ -53,8 +56,10 @@ def prompt_text(request: TraceRequest) -> str:
     return (np.frombuffer(request.prompt, dtype=np.uint32).astype(np.uint8) + ord("a")).tobytes().decode()
 
 
-def _our_router_config(worker_urls: list[str], weights: dict[str, float]) -> str:
-    lines = ["[models.demo]", 'tokenizer = "demo"', "[policy]", 'name = "cache_aware"',
+def _our_router_config(worker_urls: list[str], policy: str, weights: dict[str, float],
+                       poll_interval_s: float) -> str:
+    lines = ["[models.demo]", 'tokenizer = "demo"', "[registry]",
+             f"poll_interval_s = {poll_interval_s}", "[policy]", f'name = "{policy}"',
              "[policy.weights]", *(f"{name} = {value}" for name, value in weights.items()),
              "[auth.tenants.bench]", f'key_digests = ["{hash_key(TENANT_KEY)}"]']
     for i, url in enumerate(worker_urls):
@@ -64,12 +69,16 @@ def _our_router_config(worker_urls: list[str], weights: dict[str, float]) -> str
 
 
 @contextlib.contextmanager
-def _workers(num_workers: int, kv_cache_bytes: str) -> Iterator[list[ManagedProcess]]:
-    started = [start_worker(kv_cache_bytes=kv_cache_bytes, wait=False, api_key=WORKER_KEY)
+def workers(num_workers: int, kv_cache_bytes: str, *flags: str,
+            ready_timeout_s: float = READY_TIMEOUT_S) -> Iterator[list[ManagedProcess]]:
+    """``num_workers`` keyed workers (demo model unless ``flags`` say otherwise), started
+    at once; each has until ``ready_timeout_s`` after the start to be ready."""
+    started = [start_worker(*flags, kv_cache_bytes=kv_cache_bytes, wait=False, api_key=WORKER_KEY)
                for _ in range(num_workers)]
     try:
+        deadline = time.monotonic() + ready_timeout_s
         for worker in started:
-            worker.wait_ready(READY_TIMEOUT_S)
+            worker.wait_ready(max(1.0, deadline - time.monotonic()))
         yield started
     finally:
         for worker in started:
@@ -77,13 +86,16 @@ def _workers(num_workers: int, kv_cache_bytes: str) -> Iterator[list[ManagedProc
 
 
 @contextlib.contextmanager
-def _router(setup: str, urls: list[str], log_dir: Path) -> Iterator[tuple[str, str]]:
+def router(setup: str, urls: list[str], log_dir: Path,
+           poll_interval_s: float = 1.0) -> Iterator[tuple[str, str]]:
     """The router's URL and the key a client sends it. ``setup`` is a peer setup's
-    name, or ours: ``OURS`` optionally followed by ``name=value`` weights."""
-    if setup.startswith(OURS):
-        weights = dict(item.split("=") for item in setup[len(OURS):].split())
+    name, or ours: ``ours <policy>`` optionally followed by ``name=value`` weights,
+    polling its workers' load every ``poll_interval_s`` (the peers poll none)."""
+    if setup.startswith("ours "):
+        _, policy, *items = setup.split()
+        weights = {k: float(v) for k, v in (item.split("=") for item in items)}
         path = log_dir / "router.toml"
-        path.write_text(_our_router_config(urls, {k: float(v) for k, v in weights.items()}))
+        path.write_text(_our_router_config(urls, policy, weights, poll_interval_s))
         router = start_process(router_args(path), {"RADIX_WORKER_KEY_E2E": WORKER_KEY})
         try:
             deadline = time.monotonic() + READY_TIMEOUT_S
@@ -103,7 +115,7 @@ def _router(setup: str, urls: list[str], log_dir: Path) -> Iterator[tuple[str, s
         peer.stop()
 
 
-async def _drive(url: str, key: str, requests: list[TraceRequest], num_clients: int,
+async def drive(url: str, key: str, requests: list[TraceRequest], num_clients: int,
                  label: str) -> list[tuple[int, int, float | None, int, str | None]]:
     """(prompt tokens, cached tokens, TTFT, output tokens, error) per request."""
     client = AsyncOpenAI(base_url=f"{url}/v1", api_key=key, max_retries=0)
@@ -141,7 +153,7 @@ async def _drive(url: str, key: str, requests: list[TraceRequest], num_clients: 
     return outcomes
 
 
-def _requests_served(worker: ManagedProcess) -> int:
+def requests_served(worker: ManagedProcess) -> int:
     status, text = http_json("GET", f"{worker.url}/metrics",
                              headers={"Authorization": f"Bearer {WORKER_KEY}"})
     if status != 200:
@@ -152,15 +164,15 @@ def _requests_served(worker: ManagedProcess) -> int:
 
 def run_setup(setup: str, requests: list[TraceRequest], args: argparse.Namespace) -> dict[str, object]:
     """One router setup on fresh workers: drive the trace and summarize."""
-    with _workers(args.workers, args.kv_cache_bytes) as workers, \
+    with workers(args.workers, args.kv_cache_bytes) as started, \
             tempfile.TemporaryDirectory(prefix="e2e-") as tmp:
-        urls = [w.url for w in workers]
-        with _router(setup, urls, Path(tmp)) as (url, key):
-            before = [_requests_served(w) for w in workers]
+        urls = [w.url for w in started]
+        with router(setup, urls, Path(tmp)) as (url, key):
+            before = [requests_served(w) for w in started]
             start = time.perf_counter()
-            outcomes = asyncio.run(_drive(url, key, requests, args.clients, setup))
+            outcomes = asyncio.run(drive(url, key, requests, args.clients, setup))
             wall_s = time.perf_counter() - start
-            per_worker = [_requests_served(w) - b for w, b in zip(workers, before, strict=True)]
+            per_worker = [requests_served(w) - b for w, b in zip(started, before, strict=True)]
     ok = [o for o in outcomes if o[4] is None]
     ttft = np.array([o[2] for o in ok if o[2] is not None]) if ok else np.array([np.nan])
     mean = max(float(np.mean(per_worker)), 1e-9)
@@ -179,8 +191,15 @@ def run_setup(setup: str, requests: list[TraceRequest], args: argparse.Namespace
 
 
 def main(argv: list[str] | None = None) -> dict:
-    """Ours and every installed peer setup on the same trace; prints a table."""
+    """Ours and every installed peer setup on the same trace; prints a table. With
+    ``--backend timed``, the cluster-scale run of ``bench.e2e_timed`` instead."""
+    argv = sys.argv[1:] if argv is None else argv
+    if "timed" in argv and "--backend" in argv:
+        from bench import e2e_timed  # it builds on this module
+
+        return e2e_timed.main(argv)
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--backend", default="demo", choices=["demo", "timed"])
     parser.add_argument("--workers", type=int, default=4)
     parser.add_argument("--workload", default="chat")
     parser.add_argument("--requests", type=int, default=200)

@@ -4,7 +4,9 @@ Runs, in one process and one sitting so every ratio compares runs of the same
 machine state: the simulator (``bench.sim``) for every policy on every workload at
 each worker count, its scaling with workers and requests, the cached fraction
 against the KV capacity; the end-to-end run (``bench.e2e``) of our router and the
-installed peer routers in front of the same workers; and the radix core
+installed peer routers in front of the same workers; the same at cluster scale on timed
+workers (``bench.e2e_timed``: 8 and 16 workers, four workloads at 80% load, rag swept
+over loads and closed loop) and the simulator checked against it (``bench.sim_check``); and the radix core
 (``bench.radix_bench``); and the chaos soak (``bench.chaos``, 30 minutes; one
 minute with ``--quick``). Writes ``results.json``, ``summary.md`` (the tables, with
 the command that made them) and PNG plots (matplotlib; without it the plots are
@@ -24,7 +26,7 @@ import time
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from bench import chaos, e2e, radix_bench, reference
+from bench import chaos, e2e, e2e_timed, radix_bench, reference, sim_check
 from bench.report_write import write_plots, write_summary
 from bench.sim import RATES, SIM_POLICIES, TABLE_HEADER, SimConfig, simulate, table_row
 
@@ -42,6 +44,8 @@ class Plan:
     scaling_requests: tuple[int, ...]
     cache_sizes: tuple[int, ...]
     e2e_args: tuple[str, ...]
+    timed_args: tuple[tuple[str, ...], ...]
+    sim_check_args: tuple[str, ...]
     reference_args: tuple[str, ...]
     radix_requests: int
     chaos_duration_s: float
@@ -52,12 +56,20 @@ FULL = Plan(workers=(8, 32, 256), workloads=("rag", "chat", "agent", "multitenan
             scaling_workers=(8, 32, 128, 256), scaling_requests=(2000, 4000, 8000),
             cache_sizes=(25_000, 50_000, 100_000, 200_000, 400_000),
             e2e_args=("--workers", "4", "--requests", "300", "--clients", "16"),
+            timed_args=(("--workers", "8", "16", "--workloads", "rag", "chat", "agent", "multitenant",
+                         "--loads", "0.8", "--requests", "80"),
+                        ("--workers", "16", "--workloads", "rag", "--loads", "0.5", "0.95", "closed",
+                         "--requests", "80")),
+            sim_check_args=("--workers", "8", "--workloads", "rag", "chat", "--requests", "150"),
             reference_args=("--requests", "5000", "--clients", "64"), radix_requests=20_000,
             chaos_duration_s=1800.0)
 QUICK = Plan(workers=(8,), workloads=("rag", "chat"), requests_per_worker=60,
              min_requests=500, max_requests=500, scaling_workers=(4, 8, 16),
              scaling_requests=(250, 500), cache_sizes=(50_000, 200_000),
              e2e_args=("--workers", "2", "--requests", "24", "--clients", "4"),
+             timed_args=(("--workers", "8", "--workloads", "rag", "--loads", "0.5", "0.8",
+                          "--requests", "60", "--routers", "ours cache_aware", "sglang cache_aware default"),),
+             sim_check_args=("--workers", "8", "--workloads", "rag", "--requests", "100"),
              reference_args=("--requests", "500", "--clients", "16"), radix_requests=2000,
             chaos_duration_s=60.0)
 CACHE_POLICIES = ("cache_aware", "threshold_default", "threshold_tuned", "consistent_hash", "round_robin")
@@ -115,6 +127,16 @@ def run_cache_sizes(plan: Plan) -> dict[str, list]:
     return results
 
 
+def run_timed(plan: Plan) -> dict:
+    """Every timed e2e invocation of ``plan``, their runs in one result."""
+    merged: dict = {"runs": {}}
+    for args in plan.timed_args:
+        result = e2e_timed.main(list(args))
+        merged.update({k: v for k, v in result.items() if k != "runs"})
+        merged["runs"].update(result["runs"])
+    return merged
+
+
 def main(argv: list[str] | None = None) -> Path:
     """Run the plan and write the report; returns its directory."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
@@ -134,6 +156,10 @@ def main(argv: list[str] | None = None) -> Path:
     report["cache_sizes"] = run_cache_sizes(plan)
     print("=== end to end ===", flush=True)
     report["e2e"] = e2e.main(list(plan.e2e_args))
+    print("=== end to end, timed workers ===", flush=True)
+    report["e2e_timed"] = run_timed(plan)
+    print("=== simulator against the timed cluster ===", flush=True)
+    report["sim_check"] = sim_check.main(list(plan.sim_check_args))
     print("=== reference harness ===", flush=True)
     report["reference"] = reference.main(list(plan.reference_args))
     print("=== radix core ===", flush=True)

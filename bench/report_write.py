@@ -6,6 +6,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from bench.report_timed import save_figure, timed_plots, timed_table
+
 PEER_POLICIES = ("threshold_default", "threshold_tuned")
 
 
@@ -93,6 +95,16 @@ def chaos_table(report: dict) -> list[str]:
                        f"{chaos['redis_slots_held'] or 0}; healthy: {chaos['healthy_at_end']}."]
 
 
+def sim_check_table(results: dict) -> list[str]:
+    """Per workload: TTFT p50/p99 and cached fraction, timed cluster and simulator."""
+    lines = ["| workload | figure | timed | simulator | sim / timed |", "|---|---|---:|---:|---:|"]
+    for workload, both in results.items():
+        for figure in ("ttft_p50_s", "ttft_p99_s", "cached_fraction"):
+            timed, sim = both["timed"][figure], both["sim"][figure]
+            lines.append(f"| {workload} | {figure} | {timed:.3f} | {sim:.3f} | {sim / max(timed, 1e-9):.2f} |")
+    return lines
+
+
 def write_summary(report: dict, plots: list[str] | None, out: Path) -> None:
     """``summary.md``: command, machine, every table, the plots."""
     scaling = report["scaling"]
@@ -112,6 +124,10 @@ def write_summary(report: dict, plots: list[str] | None, out: Path) -> None:
              *(f"| {policy} | " + " | ".join(f"{row['cached_fraction']:.3f}" for row in rows) + " |"
                for policy, rows in report["cache_sizes"].items()), "",
              "## End to end, same workers", "", *e2e_table(report), "",
+             "## End to end at cluster scale (timed workers, `bench.e2e_timed`)", "",
+             *timed_table(report["e2e_timed"]), "",
+             "## Simulator against the timed cluster (`bench.sim_check`)", "",
+             *sim_check_table(report["sim_check"]), "",
              "## Reference harness (stand-in workers, `bench.reference`)", "", *reference_table(report), "",
              "## Radix core", "", f"SGLang RadixCache: {report['sglang_radix']}.", "",
              "## Chaos soak (`bench.chaos`)", "", *chaos_table(report), ""]
@@ -143,7 +159,7 @@ def write_plots(report: dict, out: Path) -> list[str] | None:
             ax.tick_params(axis="x", labelrotation=90, labelsize=6)
     axes[0][0].set_ylabel("TTFT p99 (ms)")
     axes[1][0].set_ylabel("cached fraction")
-    names.append(_save(fig, out, "sim_ttft_cached.png"))
+    names.append(save_figure(fig, out, "sim_ttft_cached.png"))
     num_cols = min(4, len(groups))
     num_rows = -(-len(groups) // num_cols)
     fig, axes = plt.subplots(num_rows, num_cols, figsize=(3.2 * num_cols, 2.8 * num_rows),
@@ -155,7 +171,7 @@ def write_plots(report: dict, out: Path) -> list[str] | None:
         ax.set_title(f"{workload}, {workers} workers: cached fraction", fontsize=8)
         ax.set_xlabel("twentieth of the run (by arrival)", fontsize=7)
     axes[0][-1].legend(fontsize=5)
-    names.append(_save(fig, out, "sim_hit_rate_over_time.png"))
+    names.append(save_figure(fig, out, "sim_hit_rate_over_time.png"))
     e2e = {k: v for k, v in report["e2e"].items() if isinstance(v, dict)}
     fig, axes = plt.subplots(1, 3, figsize=(13, 3.5))
     labels = list(e2e)
@@ -170,14 +186,14 @@ def write_plots(report: dict, out: Path) -> list[str] | None:
     axes[2].set_ylabel("requests per worker")
     for ax in axes:
         ax.tick_params(axis="x", labelrotation=60, labelsize=7)
-    names.append(_save(fig, out, "e2e_ttft_cached_load.png"))
+    names.append(save_figure(fig, out, "e2e_ttft_cached_load.png"))
     fig, axes = plt.subplots(1, 2, figsize=(9, 3.5))
     for ax, rows, field in ((axes[0], report["scaling"]["by_workers"], "num_workers"),
                             (axes[1], report["scaling"]["by_requests"], "num_requests")):
         ax.plot([r[field] for r in rows], [r["wall_s"] for r in rows], marker="o")
         ax.set_xlabel(field.replace("num_", ""))
         ax.set_ylabel("simulator wall s")
-    names.append(_save(fig, out, "sim_scaling.png"))
+    names.append(save_figure(fig, out, "sim_scaling.png"))
     fig, ax = plt.subplots(figsize=(5, 3.5))
     for policy, rows in report["cache_sizes"].items():
         ax.plot([r["kv_capacity_tokens"] for r in rows], [r["cached_fraction"] for r in rows],
@@ -186,12 +202,5 @@ def write_plots(report: dict, out: Path) -> list[str] | None:
     ax.set_xlabel("KV capacity per worker (tokens)")
     ax.set_ylabel("cached fraction")
     ax.legend(fontsize=7)
-    names.append(_save(fig, out, "cache_size.png"))
-    return names
-
-
-def _save(fig, out: Path, name: str) -> str:
-    fig.tight_layout()
-    fig.savefig(out / name, dpi=110)
-    fig.clear()
-    return name
+    names.append(save_figure(fig, out, "cache_size.png"))
+    return names + timed_plots(report["e2e_timed"], out, plt)

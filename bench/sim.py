@@ -1,11 +1,14 @@
 """Cluster simulator: policies on the same workload, with our real index and policy code.
 
 N simulated workers, each a ``SimCache`` (our ``RadixTree`` with LRU eviction under a KV capacity in tokens, speaking the KV event
-protocol) and a continuous-batching engine reduced to its timing: prefill one request
-at a time in arrival order at ``prefill_s_per_token`` per uncached token (slowed by
-``prefill_interference`` per running decode), at most ``max_num_seqs`` requests
-decoding, a decode step of ``decode_step_s`` plus ``decode_step_s_per_running`` per
-running request. The router side is the real ``RouterIndex`` and the real policies,
+protocol) and a continuous-batching engine reduced to its timing under the same cost
+model the timed workers wait by (``radix.cost_model``, a named profile): prefill one
+request at a time in arrival order, in chunks of ``max_batched_tokens`` uncached
+tokens, each chunk's step also carrying a decode step of the running requests; at
+most ``max_num_seqs`` requests decoding; a request's first token at the end of its
+prefill, its other tokens one decode step each, the step's cost fixed when its decode
+starts (the batch then, each running request's context counted as its prompt plus
+half its output). The router side is the real ``RouterIndex`` and the real policies,
 seeing load as a real router does: each worker's load polled every ``poll_interval_s``
 plus the router's own in-flight counts, updated at decision time; our policies read an
 exact index fed by the workers' KV events, the peers' rule (``bench.peer_rule``) an
@@ -35,6 +38,7 @@ import numpy as np
 from bench.peer_rule import DEFAULT_THRESHOLDS, TUNED_THRESHOLDS, ThresholdPolicy
 from bench.sim_cache import SimCache
 from bench.workloads import TraceRequest, WorkloadConfig, generate
+from radix.cost_model import PROFILES, CostModel
 from radix.events import KVEvent
 from radix.keys import TOKEN_BYTES
 from radix.tree import PUBLIC, RadixTree, Scope
@@ -59,13 +63,12 @@ RATES = {"rag": 3.0, "chat": 2.0, "agent": 0.4, "rag_chat": 2.5, "multitenant": 
 
 @dataclass(frozen=True)
 class SimConfig:
-    """A worker's timing and capacity, and the router's poll interval."""
+    """A worker's step costs (``cost``: a profile's, ``llama3-8b-h100`` by default),
+    KV capacity and batching limits, and the router's poll interval."""
 
     kv_capacity_tokens: int = 200_000
-    prefill_s_per_token: float = 50e-6
-    prefill_interference: float = 0.005
-    decode_step_s: float = 0.010
-    decode_step_s_per_running: float = 0.0002
+    cost: CostModel = PROFILES["llama3-8b-h100"].cost
+    max_batched_tokens: int = 2048
     max_num_seqs: int = 64
     poll_interval_s: float = 1.0
     block_size: int = 16
@@ -146,6 +149,7 @@ class SimWorker:
         self.num_waiting_tokens = 0
         self.prefilling = False
         self.num_decoding = 0
+        self.num_decode_context_tokens = 0
         self.num_requests = 0
         self.busy_s = 0.0
 
@@ -170,27 +174,42 @@ class SimWorker:
         if self.prefilling or not self.queue or self.num_decoding >= self.config.max_num_seqs:
             return
         job = self.queue.popleft()
-        uncached = job.request.num_prompt_tokens - job.num_cached_tokens
-        self.num_waiting_tokens -= uncached
+        self.num_waiting_tokens -= job.request.num_prompt_tokens - job.num_cached_tokens
         self.prefilling = True
-        prefill_s = uncached * self.config.prefill_s_per_token * (
-            1 + self.config.prefill_interference * self.num_decoding)
+        prefill_s = self._prefill_s(job.num_cached_tokens, job.request.num_prompt_tokens)
         self.busy_s += prefill_s
         self.cluster.at(self.cluster.now + prefill_s, lambda: self._prefilled(job))
+
+    def _prefill_s(self, num_cached: int, num_prompt: int) -> float:
+        """The steps computing prompt tokens ``num_cached..num_prompt``: chunks of
+        ``max_batched_tokens``, each step with the running decodes beside it (a chunk
+        of one token is one more decode, as ``CostModel.step_s`` counts it)."""
+        cost, total_s, done = self.config.cost, 0.0, num_cached
+        batch, context = self.num_decoding, self.num_decode_context_tokens
+        while done < num_prompt:
+            n = min(self.config.max_batched_tokens, num_prompt - done)
+            done += n
+            total_s += (cost.decode_step_s(batch + 1, context + done) if n == 1 else
+                        cost.prefill_chunk_s(n, done) + cost.decode_step_s(batch, context))
+        return total_s
 
     def _prefilled(self, job: Job) -> None:
         request = job.request
         self.prefilling = False
         self.cluster.deliver(self, self.cache.insert(request.prompt, request.tenant, request.num_public_tokens))
         self.cluster.first_token(job)
-        step_s = self.config.decode_step_s + self.config.decode_step_s_per_running * self.num_decoding
+        context = request.num_prompt_tokens + request.num_output_tokens // 2
         self.num_decoding += 1
-        self.cluster.at(self.cluster.now + request.num_output_tokens * step_s, lambda: self._finish(job))
+        self.num_decode_context_tokens += context
+        step_s = self.config.cost.decode_step_s(self.num_decoding, self.num_decode_context_tokens)
+        decode_s = (request.num_output_tokens - 1) * step_s
+        self.cluster.at(self.cluster.now + decode_s, lambda: self._finish(job, context))
         self._start_prefill()
 
-    def _finish(self, job: Job) -> None:
+    def _finish(self, job: Job, context: int) -> None:
         request = job.request
         self.num_decoding -= 1
+        self.num_decode_context_tokens -= context
         self.cluster.deliver(self, self.cache.insert(request.prompt + request.output, request.tenant,
                                                      request.num_public_tokens))
         self.cluster.finish(job)
@@ -215,17 +234,20 @@ class Cluster:
     ``kv_events`` our policies read an exact index fed by the workers' KV events;
     without, and always for the peers' rule, the router's index is approximate: what
     it routed to each worker, kept up to ``approximate_capacity_tokens`` (LRU) with no
-    TTL, as the peers keep it and as our router does for workers without events."""
+    TTL, as the peers keep it and as our router does for workers without events.
+    ``worker_class``: ``SimWorker``, or ``bench.sim_stepped.SteppedSimWorker`` to run
+    the engine's step loop."""
 
     def __init__(self, spec: PolicySpec, num_workers: int, config: SimConfig, seed: int = 0,
-                 kv_events: bool = True, approximate_capacity_tokens: int = 2**24):
+                 kv_events: bool = True, approximate_capacity_tokens: int = 2**24,
+                 worker_class: type[SimWorker] = SimWorker):
         self.now = 0.0
         self.config = config
         self.policy = spec.make(seed)
         self.exact = spec.exact and kv_events
         self.shared_tree = not spec.exact
         self.index = RouterIndex(IndexConfig(approximate_ttl_s=1e12), clock=lambda: self.now)
-        self.workers = [SimWorker(i, self) for i in range(num_workers)]
+        self.workers = [worker_class(i, self) for i in range(num_workers)]
         if not self.exact:
             for w in self.workers:
                 self.index.set_approximate(w.worker_id, approximate_capacity_tokens)

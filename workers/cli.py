@@ -30,6 +30,7 @@ _FLAG_FIELDS = {
     "device": ("model", "device"),
     "max_model_len": ("model", "max_model_len"),
     "num_threads": ("model", "num_threads"),
+    "time_scale": ("model", "time_scale"),
     "host": ("server", "host"),
     "port": ("server", "port"),
     "worker_id": ("server", "worker_id"),
@@ -60,6 +61,8 @@ def _parser() -> argparse.ArgumentParser:
     add("--device", choices=DEVICES)
     add("--max-model-len", type=int, help="cap on prompt + output tokens")
     add("--num-threads", type=int, help="torch CPU threads (default: torch's choice)")
+    add("--time-scale", type=float,
+        help="timed models only: every wait this many times longer (default 1)")
     add("--host", help="address to listen on (default 127.0.0.1)")
     add("--port", type=int, help="port to listen on; 0 picks a free one")
     add("--worker-id", help="id in KV events and /ready (default HOST:PORT)")

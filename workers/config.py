@@ -59,7 +59,11 @@ class ModelSettings(Section, section="model"):
     ``name`` exactly as given, as vLLM does. ``max_model_len`` None means the model's
     own maximum. ``num_threads`` sets torch's
     CPU thread count for the process (None: torch's default); one thread avoids
-    oversubscription when several workers share a small machine.
+    oversubscription when several workers share a small machine. ``time_scale``
+    multiplies every wait of a timed model (``timed:<profile>``): a cluster of many
+    timed workers on a few cores runs that many times slower than the GPUs it models,
+    so the engine's own CPU time stays small beside the waits (benchmarks divide what
+    they measure by it).
     """
 
     name: str = "demo"
@@ -67,6 +71,7 @@ class ModelSettings(Section, section="model"):
     device: str = setting("cpu", choices=DEVICES)
     max_model_len: int | None = setting(None, low=1)
     num_threads: int | None = setting(None, low=1)
+    time_scale: float = setting(1.0, above=0)
 
     @property
     def served_names(self) -> tuple[str, ...]:
@@ -77,6 +82,8 @@ class ModelSettings(Section, section="model"):
 @dataclass(frozen=True)
 class KVSettings(Section, section="kv"):
     """The paged KV cache: byte budget, block size, KV dtype, prefix cache and event log.
+
+    A timed model (``timed:<profile>``) plans its profile's memory, not ``cache_bytes``.
 
     ``prefix_cache`` False selects the null prefix cache (nothing is ever shared).
     ``cache_dtype`` ``auto`` stores K/V in the model's dtype; ``fp8_e4m3`` and

@@ -6,11 +6,14 @@ import numpy as np
 import pytest
 
 from bench.sim import SIM_POLICIES, Cluster, PolicySpec, SimConfig, simulate, summarize
+from bench.sim_stepped import SteppedSimWorker
 from bench.workloads import TraceRequest, WorkloadConfig
+from radix.cost_model import CostModel
 from router.routing.policy import RoundRobinPolicy, WorkerView
 
-CONFIG = SimConfig(kv_capacity_tokens=1_000_000, prefill_s_per_token=0.001, prefill_interference=0.0,
-                   decode_step_s=0.01, decode_step_s_per_running=0.0, max_num_seqs=4)
+# 1 ms per prompt token, 10 ms per decode step, nothing else.
+CONFIG = SimConfig(kv_capacity_tokens=1_000_000, cost=CostModel(a=0.0, b=0.001, c=0.0, d=0.01, e=0.0, f=0.0),
+                   max_batched_tokens=10**6, max_num_seqs=4)
 
 
 def tokens(start: int, n: int) -> bytes:
@@ -25,8 +28,9 @@ def two_requests() -> list[TraceRequest]:
 
 
 @pytest.mark.parametrize(("policy", "workers", "cached", "ttft"), [
-    # cache_aware: w0 costs 36 uncached + 16 (one running request) + KV pressure < 100 on w1.
-    ("cache_aware", [2, 0], [0, 64], [0.100, 0.036]),
+    # cache_aware: w0 costs 36 uncached + 16 (one running request) + KV pressure < 100 on w1;
+    # its prefill step also carries the first request's decode (10 ms).
+    ("cache_aware", [2, 0], [0, 64], [0.100, 0.046]),
     ("round_robin", [1, 1], [0, 0], [0.100, 0.100]),
 ])
 def test_two_requests_by_hand(policy, workers, cached, ttft):
@@ -35,8 +39,9 @@ def test_two_requests_by_hand(policy, workers, cached, ttft):
     assert [w.num_requests for w in cluster.workers] == workers
     assert results.num_cached_tokens == cached
     assert results.ttft_s == pytest.approx(ttft)
-    # Ends: first at 0.1 + 10 * 0.01; second at its first token + 0.1.
-    assert results.end_s == pytest.approx(0.15 + ttft[1] + 0.1)
+    # Ends: first at 0.1 + 9 * 0.01 (its first token came with the prefill); second at
+    # its first token + 0.09.
+    assert results.end_s == pytest.approx(0.15 + ttft[1] + 0.09)
     summary = summarize(cluster, wall_s=0.0)
     assert summary["cached_fraction"] == pytest.approx(sum(cached) / 200)
     assert summary["max_over_mean_load"] == pytest.approx(max(workers) / 1.0)
@@ -46,8 +51,8 @@ def test_batch_limit_holds_prefill_until_a_decode_ends():
     one = SimConfig(**{**CONFIG.__dict__, "max_num_seqs": 1})
     cluster = Cluster(SIM_POLICIES["round_robin"], 1, one)
     results = cluster.run(iter(two_requests()))
-    # The second request waits for the first to end at 0.2 s, then prefills 36 tokens.
-    assert results.ttft_s == pytest.approx([0.100, 0.2 + 0.036 - 0.15])
+    # The second request waits for the first to end at 0.19 s, then prefills 36 tokens.
+    assert results.ttft_s == pytest.approx([0.100, 0.19 + 0.036 - 0.15])
 
 
 def test_every_policy_runs_a_small_workload_to_completion():
@@ -82,3 +87,16 @@ def test_the_policy_sees_the_polled_load_in_its_fields():
     view = policy.seen[3][0]
     assert (view.num_requests_running, view.num_requests_waiting, view.num_waiting_tokens,
             view.kv_cache_usage_ratio, view.num_in_flight_requests) == (1, 2, 200, 0.0, 3)
+
+
+def test_the_stepped_worker_runs_the_engines_step_loop_by_hand():
+    cluster = Cluster(SIM_POLICIES["round_robin"], 1, CONFIG, worker_class=SteppedSimWorker)
+    results = cluster.run(iter(two_requests()))
+    # The first prefills alone (0.1 s) and decodes a step per 10 ms from 0.1 s. The
+    # second arrives at 0.15 s, as a step ends: the next step carries the first's decode
+    # and the second's 36 uncached tokens (0.01 + 0.036 s).
+    assert results.num_cached_tokens == [0, 64]
+    assert results.ttft_s == pytest.approx([0.100, 0.046])
+    # The first's last of 9 decode steps ends at 0.196 + 3 * 0.01; the second's 9
+    # decode steps after its first token end at 0.196 + 0.09.
+    assert results.end_s == pytest.approx(0.286)

@@ -1,7 +1,8 @@
 """Assemble a worker's engine from its configuration: model, KV plan, namespace.
 
 Order: load the checkpoint (``demo`` is written once, then loaded like any other; a
-packaged model's GGUF is found in its installed distribution),
+packaged model's GGUF is found in its installed distribution) or take a timed
+profile (``workers.model.timed``: the profile's KV shape and budget, no weights),
 plan the KV cache from the byte budget, derive the cache namespace and its digest
 under the deployment secret, build the KV manager (radix or null prefix cache),
 the model runner, the engine and its thread bridge, and the metrics registry.
@@ -10,11 +11,13 @@ the model runner, the engine and its thread bridge, and the metrics registry.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 import torch
 from prometheus_client import CollectorRegistry
 
+from radix.cost_model import Profile
 from radix.model_source import DEMO_MODEL, resolve_model_path
 from radix.namespace import CacheNamespace
 from radix.tokenizer import PromptTokenizer
@@ -27,10 +30,18 @@ from workers.kv.build import build_kv_cache_manager
 from workers.kv.plan import KVCachePlan, describe, plan_kv_cache
 from workers.kv.scales import KVScales, load_scales
 from workers.kv.spec import KVCacheSpec
+from workers.kv.tensors import KVCacheTensors
 from workers.model.config import ModelConfig
-from workers.model.demo import ensure_demo_checkpoint
-from workers.model.loader import LoadedModel, load_model
+from workers.model.demo import demo_config, ensure_demo_checkpoint
+from workers.model.loader import load_model
 from workers.model.runner import ModelRunner
+from workers.model.timed import (
+    TimedRunner,
+    profile_digest,
+    timed_kv_spec,
+    timed_profile,
+    timed_tensor_spec,
+)
 
 log = logging.getLogger(__name__)
 
@@ -105,38 +116,86 @@ class BuiltWorker:
     prefix_cache: bool
 
 
+@dataclass(frozen=True)
+class _Backend:
+    """What the engine needs from a model, whether a checkpoint or a timed profile:
+    identity (tokenizer, digest, RoPE), KV layout and budget, and the runner factory."""
+
+    tokenizer: PromptTokenizer
+    weights_digest: str
+    rope: dict[str, object]
+    vocab_size: int
+    max_positions: int
+    spec: KVCacheSpec
+    tensor_spec: KVCacheSpec
+    kv_cache_bytes: int
+    make_runner: Callable[[KVCacheTensors, KVScales], ModelRunner | TimedRunner]
+    source: str
+
+
+def _checkpoint_backend(config: WorkerConfig, device: torch.device) -> _Backend:
+    name = config.model.name
+    path = ensure_demo_checkpoint() if name == DEMO_MODEL else resolve_model_path(name)
+    loaded = load_model(path, device)
+    spec = kv_spec(loaded.config, config.kv.block_size, config.kv.cache_dtype)
+    return _Backend(
+        loaded.tokenizer, loaded.weights_digest, loaded.config.rope_fingerprint(),
+        loaded.config.vocab_size, loaded.config.max_position_embeddings, spec, spec,
+        config.kv.cache_bytes,
+        lambda tensors, scales: ModelRunner(loaded.model, tensors.key_caches,
+                                            tensors.value_caches, spec.block_size, scales),
+        str(path))  # fmt: skip
+
+
+def _timed_backend(profile: Profile, config: WorkerConfig) -> _Backend:
+    """The profile's shape and KV budget (``kv.cache_bytes`` is the profile's memory
+    left for KV, not the flag), the demo tokenizer, outputs over its letters."""
+    tokenizer = PromptTokenizer.demo()
+    letters = tokenizer.encode("abcdefghijklmnopqrstuvwxyz", add_special_tokens=False)
+    vocab_size = demo_config()["vocab_size"]
+    rope = {"rope_theta": profile.rope_theta, "rope_scaling": None,
+            "max_position_embeddings": profile.max_model_len}
+    spec = timed_kv_spec(profile, config.kv.block_size)
+    return _Backend(
+        tokenizer, profile_digest(profile), rope, vocab_size, profile.max_model_len, spec,
+        timed_tensor_spec(config.kv.block_size), profile.kv_cache_bytes,
+        lambda tensors, scales: TimedRunner(profile.cost, vocab_size, letters,
+                                            time_scale=config.model.time_scale),
+        f"timed profile {profile.name} ({profile.model})")  # fmt: skip
+
+
 def build_worker(config: WorkerConfig, worker_id: str, secret: bytes) -> BuiltWorker:
-    """Load the model and build the engine; raises ValueError on a bad model or plan."""
+    """Load the model (or the timed profile) and build the engine; raises ValueError on
+    a bad model or plan."""
     device = _device(config.model.device)
     if config.model.num_threads is not None:
         torch.set_num_threads(config.model.num_threads)
-    name = config.model.name
-    path = ensure_demo_checkpoint() if name == DEMO_MODEL else resolve_model_path(name)
+    profile = timed_profile(config.model.name)
+    backend = (_checkpoint_backend(config, device) if profile is None
+               else _timed_backend(profile, config))  # fmt: skip
     served_names = config.model.served_names
-    loaded = load_model(path, device)
-    spec = kv_spec(loaded.config, config.kv.block_size, config.kv.cache_dtype)
-    plan = plan_kv_cache(spec, config.kv.cache_bytes)
-    scales = kv_scales(spec, config.kv.scales_file, loaded.weights_digest)
-    namespace = cache_namespace(served_names[0], loaded, spec, scales)
+    spec = backend.spec
+    plan = plan_kv_cache(spec, backend.kv_cache_bytes)
+    scales = kv_scales(spec, config.kv.scales_file, backend.weights_digest)
+    namespace = cache_namespace(served_names[0], backend.weights_digest, backend.tokenizer,
+                                backend.rope, spec, scales)
     digest = namespace.digest(secret)
     num_host_blocks = config.kv.host_cache_bytes // spec.kv_bytes_per_block
     if config.kv.host_cache_bytes and not num_host_blocks:
         raise ValueError(f"kv.host_cache_bytes={config.kv.host_cache_bytes} holds no block of "
                          f"{spec.kv_bytes_per_block} bytes")  # fmt: skip
     manager = build_kv_cache_manager(
-        spec, plan.num_blocks, namespace_digest=digest, worker_id=worker_id, device=device,
-        prefix_caching=config.kv.prefix_cache, hash_algorithm=config.kv.hash_algorithm,
-        max_events=config.kv.event_log_size, num_host_blocks=num_host_blocks, secret=secret,
+        backend.tensor_spec, plan.num_blocks, namespace_digest=digest, worker_id=worker_id,
+        device=device, prefix_caching=config.kv.prefix_cache,
+        hash_algorithm=config.kv.hash_algorithm, max_events=config.kv.event_log_size,
+        num_host_blocks=num_host_blocks, secret=secret,
     )  # fmt: skip
-    model_limit = loaded.config.max_position_embeddings
+    model_limit = backend.max_positions
     max_model_len = min(config.model.max_model_len or model_limit, model_limit, plan.num_tokens)
     registry = CollectorRegistry()
-    tensors = manager.tensors
-    runner = ModelRunner(
-        loaded.model, tensors.key_caches, tensors.value_caches, spec.block_size, scales
-    )
+    runner = backend.make_runner(manager.tensors, scales)
     engine = Engine(
-        manager, runner, loaded.tokenizer, config.engine, max_model_len, EngineMetrics(registry)
+        manager, runner, backend.tokenizer, config.engine, max_model_len, EngineMetrics(registry)
     )
     max_in_flight = config.engine.max_num_seqs + config.engine.max_waiting_requests
     async_engine = AsyncEngine(engine, KVEventFeed(manager), max_in_flight)
@@ -145,37 +204,44 @@ def build_worker(config: WorkerConfig, worker_id: str, secret: bytes) -> BuiltWo
         worker_id=worker_id,
         epoch=manager.event_log.epoch,
         served_model_names=served_names,
-        model_source=name,
+        model_source=config.model.name,
         namespace=namespace,
         namespace_digest=digest.hex(),
         max_model_len=max_model_len,
-        vocab_size=loaded.config.vocab_size,
+        vocab_size=backend.vocab_size,
         kv_plan=plan,
         kv_scales=scales,
     )
-    log.info("model %s from %s on %s (max_model_len %d)", ", ".join(served_names), path, device,
-             max_model_len)  # fmt: skip
-    log.info("KV plan:\n%s", describe(plan, None))
-    log.info("KV cache dtype %s, scales: %s", spec.dtype, scales.describe())
-    log.info("host KV tier: %s", f"{num_host_blocks} blocks (AES-256-GCM)" if num_host_blocks
-             else "off")  # fmt: skip
-    log.info("namespace fingerprint %s (prefix cache %s)", digest.hex(),
-             "on" if config.kv.prefix_cache else "off")  # fmt: skip
+    _log_plan(identity, backend.source, device, config, num_host_blocks)
     return BuiltWorker(
-        identity, async_engine, loaded.tokenizer, registry, config.engine, config.kv.prefix_cache
+        identity, async_engine, backend.tokenizer, registry, config.engine, config.kv.prefix_cache
     )
 
 
+def _log_plan(identity: WorkerIdentity, source: str, device: torch.device,
+              config: WorkerConfig, num_host_blocks: int) -> None:
+    log.info("model %s from %s on %s (max_model_len %d)", ", ".join(identity.served_model_names),
+             source, device, identity.max_model_len)  # fmt: skip
+    log.info("KV plan:\n%s", describe(identity.kv_plan, None))
+    log.info("KV cache dtype %s, scales: %s", identity.kv_plan.spec.dtype,
+             identity.kv_scales.describe())  # fmt: skip
+    log.info("host KV tier: %s", f"{num_host_blocks} blocks (AES-256-GCM)" if num_host_blocks
+             else "off")  # fmt: skip
+    log.info("namespace fingerprint %s (prefix cache %s)", identity.namespace_digest,
+             "on" if config.kv.prefix_cache else "off")  # fmt: skip
+
+
 def cache_namespace(
-    served_name: str, loaded: LoadedModel, spec: KVCacheSpec, scales: KVScales
-) -> CacheNamespace:
+    served_name: str, weights_digest: str, tokenizer: PromptTokenizer,
+    rope: Mapping[str, object], spec: KVCacheSpec, scales: KVScales,
+) -> CacheNamespace:  # fmt: skip
     """What makes this worker's KV blocks mean what they mean (no adapter yet): the
     KV dtype and, for FP8, the scale file's digest are part of it."""
     return CacheNamespace(
         model_id=served_name,
-        weights_digest=loaded.weights_digest,
-        tokenizer_digest=loaded.tokenizer.digest,
-        rope=CacheNamespace.canonical_rope(loaded.config.rope_fingerprint()),
+        weights_digest=weights_digest,
+        tokenizer_digest=tokenizer.digest,
+        rope=CacheNamespace.canonical_rope(rope),
         kv_dtype=spec.dtype,
         block_size=spec.block_size,
         kv_scales_digest=scales.digest,

@@ -4,11 +4,14 @@ runs requests to completion checking the KV invariants after every step."""
 from __future__ import annotations
 
 import functools
+import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
 from prometheus_client import CollectorRegistry
 
+from radix.cost_model import CostModel
 from workers.config import EngineConfig
 from workers.engine.build import kv_spec
 from workers.engine.engine import Engine
@@ -19,6 +22,7 @@ from workers.model.demo import ensure_demo_checkpoint
 from workers.model.loader import LoadedModel, load_model
 from workers.model.runner import ModelRunner
 from workers.model.sampler import SamplingParams
+from workers.model.timed import TimedRunner, timed_tensor_spec
 
 BLOCK_SIZE = 16
 
@@ -42,18 +46,26 @@ def make_engine(
     registry: CollectorRegistry | None = None,
     num_host_blocks: int = 0,
     preemption_mode: str = "recompute",
+    timed: CostModel | None = None,
+    sleep: Callable[[float], None] | None = None,
 ) -> Engine:
     """An engine over a fresh KV cache of ``num_blocks`` blocks (and a host tier of
-    ``num_host_blocks``); its histograms go to ``registry`` (a fresh one by default)."""
+    ``num_host_blocks``); its histograms go to ``registry`` (a fresh one by default).
+    With ``timed``, the timed backend's runner over that cost model replaces the demo
+    model's forward pass; it waits through ``sleep`` (a recorder in tests)."""
     loaded = demo_model()
-    spec = kv_spec(loaded.config, BLOCK_SIZE)
+    spec = kv_spec(loaded.config, BLOCK_SIZE) if timed is None else timed_tensor_spec(BLOCK_SIZE)
     manager = build_kv_cache_manager(
         spec, num_blocks, namespace_digest=b"engine-test", worker_id="engine-test",
         prefix_caching=prefix_caching, num_host_blocks=num_host_blocks, secret=b"engine-test",
     )  # fmt: skip
-    runner = ModelRunner(
-        loaded.model, manager.tensors.key_caches, manager.tensors.value_caches, BLOCK_SIZE
-    )
+    runner: ModelRunner | TimedRunner
+    if timed is None:
+        runner = ModelRunner(
+            loaded.model, manager.tensors.key_caches, manager.tensors.value_caches, BLOCK_SIZE
+        )
+    else:
+        runner = TimedRunner(timed, loaded.config.vocab_size, range(97, 123), sleep=sleep or time.sleep)
     config = EngineConfig(max_batched_tokens=max_batched_tokens, max_num_seqs=max_num_seqs,
                           preemption_mode=preemption_mode)  # fmt: skip
     return Engine(

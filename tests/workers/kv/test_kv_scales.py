@@ -74,11 +74,12 @@ def test_an_fp8_namespace_never_equals_one_without(demo, record, tmp_path):
     calibrated = kv_scales(fp8, write(tmp_path, record), demo.weights_digest)
     unit = kv_scales(fp8, None, demo.weights_digest)
     assert unit == KVScales.unit(4)
+    ids = (demo.weights_digest, demo.tokenizer, demo.config.rope_fingerprint())
     namespaces = [
-        cache_namespace("demo", demo, auto, KVScales.unit(4)),
-        cache_namespace("demo", demo, fp8, unit),
-        cache_namespace("demo", demo, fp8, calibrated),
-        cache_namespace("demo", demo, e5m2, kv_scales(e5m2, write(tmp_path, record),
+        cache_namespace("demo", *ids, auto, KVScales.unit(4)),
+        cache_namespace("demo", *ids, fp8, unit),
+        cache_namespace("demo", *ids, fp8, calibrated),
+        cache_namespace("demo", *ids, e5m2, kv_scales(e5m2, write(tmp_path, record),
                                                       demo.weights_digest)),
     ]  # fmt: skip
     assert namespaces[2].kv_scales_digest == record["sha256"]

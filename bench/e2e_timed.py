@@ -1,0 +1,222 @@
+"""End to end at cluster scale: timed workers behind our router and the peers.
+
+``python -m bench e2e --backend timed --workers 8 16 [--workloads rag chat ...]``.
+K timed workers (``--model timed:<profile>``: the real engine, KV cache, events and
+HTTP; the forward pass a wait from ``radix.cost_model``) are started once per size
+and every router setup runs in front of the same processes: ours (``cache_aware``,
+exact KV events), ours with ``round_robin``, and, when ``bench/.peers`` has them,
+sglang-router (default and tuned thresholds) and vllm-router (cache_aware,
+consistent_hash). Every run prefixes its prompts with a run tag, so no run finds
+another's blocks in a cache (earlier runs' blocks stay until LRU evicts them).
+
+Load: open loop, the trace's arrivals rescaled to ``load`` x the cluster's capacity
+(``capacity_rps``), each request sent at its arrival whatever is in flight; and
+closed loop, ``--clients-per-worker`` x K clients taking requests in trace order.
+Waits run ``--time-scale`` times slower than the profile (so the engines' CPU time
+on this machine stays small beside them); every time reported here is divided back,
+and our router polls its workers' load every ``POLL_INTERVAL_S`` profile seconds.
+
+Per run: TTFT p50/p99 (client side, first streamed text), cached fraction (usage
+``cached_tokens`` / ``prompt_tokens``), requests per worker (each worker's metrics)
+and max/mean, goodput: requests per second whose TTFT met ``--slo-s``, and the mean CPU
+of a worker over the run (cores, at this time scale).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import tempfile
+import time
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+from openai import AsyncOpenAI
+
+from bench import peers
+from bench.e2e import WORKER_KEY, drive, prompt_text, requests_served, router, workers
+from bench.procs import http_json
+from bench.workloads import TraceRequest, WorkloadConfig, generate
+from radix.cost_model import Profile, get_profile
+from radix.keys import to_key
+from radix.tree import PUBLIC, RadixTree
+
+# GPU-sized prompts within an 8k context, letters for tokens (the peers route text).
+CONFIG = WorkloadConfig(num_docs=60, doc_tokens=(400, 1600), docs_per_request=(1, 3),
+                        system_tokens=(200, 400), message_tokens=(40, 160),
+                        output_tokens=(16, 48), num_turns=(2, 6), tool_result_tokens=(80, 400),
+                        vocab_size=26)
+OUR_SETUPS = ("ours cache_aware", "ours round_robin")
+# Our router's load poll, in profile seconds (its default in real time).
+POLL_INTERVAL_S = 1.0
+DECODE_BATCH = 16
+Outcome = tuple[int, int, float | None, int, str | None]
+
+
+def capacity_rps(requests: list[TraceRequest], profile: Profile) -> float:
+    """Requests per second one worker sustains on this trace: the inverse of the mean
+    service time, a request's prefill of what a single worker that had seen the whole
+    trace before would not hold, plus its output tokens at a share of a decode step of
+    ``DECODE_BATCH`` sequences."""
+    tree: RadixTree[None] = RadixTree()
+    service_s = []
+    for r in requests:
+        cached = min(tree.match(r.prompt, PUBLIC).num_matched_tokens, r.num_prompt_tokens - 1)
+        tree.insert(r.prompt + r.output, PUBLIC)
+        context = r.num_prompt_tokens + r.num_output_tokens // 2
+        step_s = profile.cost.decode_step_s(DECODE_BATCH, DECODE_BATCH * context)
+        service_s.append(profile.cost.prefill_chunk_s(r.num_prompt_tokens - cached, r.num_prompt_tokens)
+                         + r.num_output_tokens * step_s / DECODE_BATCH)
+    return 1.0 / float(np.mean(service_s))
+
+
+def at_load(requests: list[TraceRequest], rps: float) -> list[float]:
+    """Arrival times (profile seconds) of the trace rescaled to ``rps`` on average."""
+    arrivals = np.array([r.arrival_s for r in requests]) - requests[0].arrival_s
+    return (arrivals * (len(requests) / max(arrivals[-1], 1e-9)) / rps).tolist()
+
+
+async def drive_open(url: str, key: str, requests: list[TraceRequest],
+                     arrivals_s: list[float]) -> list[Outcome]:
+    """Send each request at its arrival (wall seconds from now), all concurrently."""
+    client = AsyncOpenAI(base_url=f"{url}/v1", api_key=key, max_retries=0, timeout=600)
+    start = time.perf_counter()
+
+    async def one(request: TraceRequest, arrival_s: float) -> Outcome:
+        await asyncio.sleep(max(0.0, start + arrival_s - time.perf_counter()))
+        sent, ttft, usage = time.perf_counter(), None, None
+        try:
+            stream = await client.completions.create(
+                model="demo", prompt=prompt_text(request), max_tokens=request.num_output_tokens,
+                stream=True, stream_options={"include_usage": True}, extra_body={"ignore_eos": True})
+            async for chunk in stream:
+                if chunk.choices and ttft is None:
+                    ttft = time.perf_counter() - sent
+                usage = chunk.usage or usage
+        except Exception as exc:  # counted and reported; the run goes on
+            return request.num_prompt_tokens, 0, ttft, 0, f"{type(exc).__name__}: {exc}"
+        if usage is None or usage.prompt_tokens_details is None:
+            return request.num_prompt_tokens, 0, ttft, 0, "stream ended without usage"
+        return (usage.prompt_tokens, usage.prompt_tokens_details.cached_tokens or 0, ttft,
+                usage.completion_tokens, None)
+
+    try:
+        return await asyncio.gather(*(one(r, a) for r, a in zip(requests, arrivals_s, strict=True)))
+    finally:
+        await client.close()
+
+
+def summarize(outcomes: list[Outcome], per_worker: list[int], wall_s: float, scale: float,
+              slo_s: float) -> dict[str, object]:
+    """One run's figures, in profile seconds."""
+    ok = [o for o in outcomes if o[4] is None and o[2] is not None]
+    ttft = np.array([o[2] / scale for o in ok]) if ok else np.array([np.nan])
+    return {
+        "num_requests": len(outcomes),
+        "num_errors": len(outcomes) - len(ok),
+        "first_error": next((o[4] for o in outcomes if o[4]), None),
+        "cached_fraction": sum(o[1] for o in ok) / max(sum(o[0] for o in ok), 1),
+        "ttft_p50_s": float(np.percentile(ttft, 50)),
+        "ttft_p99_s": float(np.percentile(ttft, 99)),
+        "goodput_rps": float((ttft <= slo_s).sum()) / (wall_s / scale),
+        "requests_per_worker": per_worker,
+        "max_over_mean_load": max(per_worker) / max(float(np.mean(per_worker)), 1e-9),
+        "wall_s": wall_s,
+    }
+
+
+def run_cell(setup: str, started: list, requests: list[TraceRequest], load: str, rps: float,
+             args: argparse.Namespace, log_dir: Path) -> dict[str, object]:
+    """One router setup on the started workers, at one load ("closed" or a fraction)."""
+    urls = [w.url for w in started]
+    with router(setup, urls, log_dir, POLL_INTERVAL_S / args.time_scale) as (url, key):
+        before = [requests_served(w) for w in started]
+        cpu_before = [w.cpu_s() for w in started]
+        start = time.perf_counter()
+        if load == "closed":
+            outcomes = asyncio.run(drive(url, key, requests, args.clients_per_worker * len(urls), setup))
+        else:
+            arrivals = [a * args.time_scale for a in at_load(requests, float(load) * rps)]
+            outcomes = asyncio.run(drive_open(url, key, requests, arrivals))
+        wall_s = time.perf_counter() - start
+        per_worker = [requests_served(w) - b for w, b in zip(started, before, strict=True)]
+        cpu_s = [w.cpu_s() - b for w, b in zip(started, cpu_before, strict=True)]
+    return {**summarize(outcomes, per_worker, wall_s, args.time_scale, args.slo_s),
+            "worker_cpu_cores": float(np.mean(cpu_s)) / wall_s}
+
+
+def tagged(requests: list[TraceRequest], run: int) -> list[TraceRequest]:
+    """``requests`` with run ``run``'s tag (four letters) before every prompt."""
+    tag = to_key([run // 26**i % 26 for i in range(4)])
+    return [replace(r, prompt=tag + r.prompt) for r in requests]
+
+
+def warm_up(started: list) -> None:
+    """One short completion on each worker, so no router meets a cold process (its
+    first request pays lazy imports and first-time allocations)."""
+    for worker in started:
+        status, body = http_json("POST", f"{worker.url}/v1/completions",
+                                 {"model": "demo", "prompt": "warm up", "max_tokens": 2},
+                                 {"Authorization": f"Bearer {WORKER_KEY}"})
+        if status != 200:
+            raise RuntimeError(f"warm-up on {worker.url} answered {status}: {body}")
+
+
+def _setups(args: argparse.Namespace) -> list[str]:
+    found = peers.available()
+    return [s for s in args.routers if s in OUR_SETUPS or found[peers.PEER_SETUPS[s].module]]
+
+
+def _row(key: str, r: dict) -> str:
+    return (f"{key:<44}{r['num_errors']:>5}{r['cached_fraction']:>8.1%}{1e3 * r['ttft_p50_s']:>8.0f}"
+            f"{1e3 * r['ttft_p99_s']:>8.0f}{r['goodput_rps']:>9.1f}{r['max_over_mean_load']:>9.2f}"
+            f"{r['wall_s']:>7.0f}{r['worker_cpu_cores']:>7.3f}")
+
+
+def main(argv: list[str] | None = None) -> dict:
+    """Every router setup at every load on every workload and size; prints a table and
+    returns the numbers by ``workload/workers/load/router``."""
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--backend", default="timed", choices=["timed"])
+    parser.add_argument("--profile", default="llama3-8b-h100")
+    parser.add_argument("--workers", type=int, nargs="+", default=[8, 16])
+    parser.add_argument("--workloads", nargs="+", default=["rag", "chat", "agent", "multitenant"])
+    parser.add_argument("--loads", nargs="+", default=["0.5", "0.8", "0.95", "closed"])
+    parser.add_argument("--routers", nargs="+", default=[*OUR_SETUPS, *peers.PEER_SETUPS])
+    parser.add_argument("--requests", type=int, default=300, help="per run")
+    parser.add_argument("--clients-per-worker", type=int, default=4, help="closed loop")
+    parser.add_argument("--time-scale", type=float, default=20.0)
+    parser.add_argument("--slo-s", type=float, default=0.25, help="TTFT SLO (profile seconds)")
+    parser.add_argument("--max-batched-tokens", type=int, default=2048)
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args(argv)
+    profile = get_profile(args.profile)
+    setups = _setups(args)
+    results: dict[str, object] = {"profile": profile.name, "time_scale": args.time_scale,
+                                  "slo_s": args.slo_s, "setups": setups, "runs": {}}
+    print(f"{'workload/workers/load/router':<44}{'errs':>5}{'cached':>8}{'p50 ms':>8}{'p99 ms':>8}"
+          f"{'goodput':>9}{'max/mean':>9}{'wall s':>7}{'w cpu':>7}")
+    flags = ("--model", f"timed:{profile.name}", "--served-model-name", "demo", "--time-scale",
+             str(args.time_scale), "--max-batched-tokens", str(args.max_batched_tokens))
+    run = 0
+    for num_workers in args.workers:
+        with workers(num_workers, "1GiB", *flags, ready_timeout_s=60 + 10 * num_workers) as started, \
+                tempfile.TemporaryDirectory(prefix="e2e-timed-") as tmp:
+            warm_up(started)
+            for workload in args.workloads:
+                trace = list(generate(workload, args.requests, 1.0, args.seed, config=CONFIG))
+                rps = capacity_rps(trace, profile) * num_workers
+                results[f"{workload}/{num_workers}/capacity_rps"] = rps
+                for load in args.loads:
+                    for setup in setups:
+                        run += 1
+                        key = f"{workload}/{num_workers}/{load}/{setup}"
+                        r = results["runs"][key] = run_cell(  # type: ignore[index]
+                            setup, started, tagged(trace, run), load, rps, args, Path(tmp))
+                        print(_row(key, r), flush=True)
+    return results
+
+
+if __name__ == "__main__":
+    main()
