@@ -28,8 +28,9 @@ from radix.api_errors import ApiError
 from radix.http_api import load_document
 from router.config import RouterConfig
 from router.server.admin import add_admin_routes
+from router.server.client import AiohttpClient, error_answer
 from router.server.context import ROUTER, Router
-from router.server.dispatch import chat_completions, completions
+from router.server.dispatch import ENDPOINTS, serve_openai
 from router.server.request_ids import add_request_id_header, request_id, request_id_middleware
 from router.server.slow_clients import runner_options
 from router.state.redis_state import shared_backends
@@ -53,11 +54,22 @@ async def error_middleware(request: web.Request, handler) -> web.StreamResponse:
             raise
         error = ApiError(exc.status, exc.reason)
         return web.json_response(error.body(), status=exc.status)
-    except Exception:
-        rid = request_id(request)
-        log.exception("request %s: unhandled error on %s %s", rid, request.method, request.path)
-        error = ApiError(500, f"internal router error (request id {rid})")
-        return web.json_response(error.body(), status=500)
+    except Exception as exc:
+        error = error_answer(exc, request_id(request), f"{request.method} {request.path}")
+        return web.json_response(error.body(), status=error.status)
+
+
+def openai_handler(endpoint: str):
+    """The aiohttp handler of an OpenAI route: the pipeline of ``router.server.dispatch``
+    on an ``AiohttpClient``."""
+
+    async def handler(request: web.Request) -> web.StreamResponse:
+        client = AiohttpClient(request)
+        await serve_openai(request.app[ROUTER], client, endpoint)
+        assert client.response is not None
+        return client.response
+
+    return handler
 
 
 async def health(request: web.Request) -> web.Response:
@@ -114,8 +126,7 @@ def create_app(router: Router) -> web.Application:
     app.on_startup.append(start_workers)
     app.on_cleanup.append(close)
     app.add_routes([
-        web.post("/v1/completions", completions),
-        web.post("/v1/chat/completions", chat_completions),
+        *(web.post(path, openai_handler(endpoint)) for path, endpoint in ENDPOINTS.items()),
         web.get("/v1/models", models),
         web.get("/health", health),
         web.get("/openapi.json", openapi_handler("router")),
