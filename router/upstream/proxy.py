@@ -35,7 +35,6 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
-import aiohttp
 import orjson
 
 from radix.api_errors import ApiError
@@ -54,6 +53,7 @@ from router.upstream.attempt import (
     worker_failed,
 )
 from router.upstream.masking import ModelRenamer, refusal
+from router.upstream.pool import UpstreamError, UpstreamPool, UpstreamResponse
 from router.upstream.registry import WorkerState
 from router.upstream.relay import (
     CLIENT_CLOSED,
@@ -97,10 +97,10 @@ def generate_body(call: Call, render: RenderSpec) -> dict[str, Any]:
 
 
 class Proxy:
-    """Sends attempts over one shared keep-alive ``aiohttp.ClientSession``."""
+    """Sends attempts over the keep-alive connections of an ``UpstreamPool``."""
 
-    def __init__(self, session: aiohttp.ClientSession, config: ProxyConfig) -> None:
-        self._upstream = Upstream(session, config)
+    def __init__(self, pool: UpstreamPool, config: ProxyConfig) -> None:
+        self._upstream = Upstream(pool, config)
         self._write_timeout_s = config.client_write_timeout_s
 
     def relay(self, client: Client, call: Call) -> Relay:
@@ -160,7 +160,7 @@ class Proxy:
                                  write)
 
     @staticmethod
-    async def _relay_stream(worker: WorkerState, upstream: aiohttp.ClientResponse,
+    async def _relay_stream(worker: WorkerState, upstream: UpstreamResponse,
                             exchange: Exchange, batches: AsyncIterator[Any],
                             write: Callable[[Any, Exchange], Awaitable[bool]]) -> None:
         """Write each batch of ``upstream`` through the relay until the answer is over;
@@ -259,7 +259,7 @@ class Proxy:
                     return
                 line = await anext(lines)
         except StopAsyncIteration:
-            exc: BaseException = aiohttp.ClientPayloadError("stream ended before [DONE]")
+            exc: BaseException = UpstreamError("stream ended before [DONE]")
         except MALFORMED as error:
             exc = error
         log.warning("request %s: worker %s failed mid-stream: %s: %s", client.request_id,
