@@ -1,22 +1,23 @@
 """Where a router process spends its CPU, by request stage, measured live.
 
 ``python -m bench.stage_profile OUT.json ARGS...`` runs ``router.cli.main(ARGS)`` (the
-real router, unchanged) with a sampling thread beside it: every millisecond the
-thread reads the main thread's CPU clock and charges the CPU used since the last
-sample to the stage of the main thread's current Python stack. The stage is that of
-the innermost frame that names one (``STAGES``: a module, or a module's function); a
-stack that names none is the HTTP server and event loop (``http+loop``); the CPU of other threads is ``OFF_LOOP``. The totals
-(CPU seconds by stage) are rewritten to OUT.json every 200 ms, so a caller takes the
-difference over a run. No code in the router knows it is measured; the sampler's own
-CPU is on its own thread and not charged to any stage.
+real router, unchanged) under a CPU-time profiling timer: every millisecond of the
+process's CPU (``ITIMER_PROF``) the ``SIGPROF`` handler charges one tick to the
+stage of the main thread's current Python stack. The stage is that of the innermost
+frame that names one (``STAGES``: a module, or a module's function); a stack that
+names none is the HTTP server and event loop (``http+loop``). The totals (CPU seconds
+by stage) are rewritten to OUT.json every 200 ms, so a caller takes the difference
+over a run. No code in the router knows it is measured. Long prompts tokenized on
+the executor's threads (``router.server.dispatch.tokenize``) are charged to whatever
+the main thread runs meanwhile: the scenarios here tokenize on the loop.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import signal
 import sys
-import threading
 import time
 from pathlib import Path
 
@@ -47,9 +48,6 @@ STAGES: dict[tuple[str, str | None], str] = {
     ("prometheus_client/", None): "metrics",
     ("logging/__init__.py", None): "access log",
 }
-# CPU of threads other than the main one and the sampler: the executor that
-# tokenizes long prompts off the event loop (``router.server.dispatch.tokenize``).
-OFF_LOOP = "tokenize (threads)"
 INTERVAL_S = 0.001
 WRITE_EVERY_S = 0.2
 
@@ -66,27 +64,32 @@ def stage_of(frame) -> str:
     return "http+loop"
 
 
-def sample(main_id: int, out: Path) -> None:
-    """Charge the main thread's CPU to stages until the process exits."""
-    clock = time.pthread_getcpuclockid(main_id)
-    totals: dict[str, float] = {}
-    last_cpu = time.clock_gettime(clock)
-    last_others = time.process_time() - last_cpu - time.thread_time()
-    last_write = time.monotonic()
-    while True:
-        time.sleep(INTERVAL_S)
-        frame = sys._current_frames().get(main_id)
-        cpu = time.clock_gettime(clock)
-        others = time.process_time() - cpu - time.thread_time()
+class Sampler:
+    """Counts SIGPROF ticks (one per ``INTERVAL_S`` of the process's CPU) by the stage
+    of the main thread's stack when the tick's handler runs: Python runs signal
+    handlers on the main thread between bytecodes, so a tick that fell inside a C
+    call (a tokenizer's encode, a socket write) is charged to the frame that made
+    it, with no bias towards code that releases the GIL."""
+
+    def __init__(self, out: Path) -> None:
+        self._out = out
+        self._ticks: dict[str, int] = {}
+        self._last_write = time.monotonic()
+
+    def start(self) -> None:
+        """Install the handler and start the CPU-time timer."""
+        signal.signal(signal.SIGPROF, self._tick)
+        signal.setitimer(signal.ITIMER_PROF, INTERVAL_S, INTERVAL_S)
+
+    def _tick(self, signum: int, frame) -> None:
         stage = stage_of(frame) if frame is not None else "http+loop"
-        totals[stage] = totals.get(stage, 0.0) + cpu - last_cpu
-        totals[OFF_LOOP] = totals.get(OFF_LOOP, 0.0) + others - last_others
-        last_cpu, last_others = cpu, others
-        if time.monotonic() - last_write > WRITE_EVERY_S:
-            tmp = out.with_suffix(".tmp")
-            tmp.write_text(json.dumps(totals))
-            os.replace(tmp, out)
-            last_write = time.monotonic()
+        self._ticks[stage] = self._ticks.get(stage, 0) + 1
+        now = time.monotonic()
+        if now - self._last_write > WRITE_EVERY_S:
+            self._last_write = now
+            tmp = self._out.with_suffix(".tmp")
+            tmp.write_text(json.dumps({s: n * INTERVAL_S for s, n in self._ticks.items()}))
+            os.replace(tmp, self._out)
 
 
 def read_totals(path: Path) -> dict[str, float]:
@@ -102,8 +105,7 @@ def main() -> int:
     out = Path(sys.argv[1])
     from router.cli import main as router_main
 
-    threading.Thread(target=sample, args=(threading.main_thread().ident, out),
-                     daemon=True).start()
+    Sampler(out).start()
     return router_main(sys.argv[2:])
 
 

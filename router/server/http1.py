@@ -191,8 +191,9 @@ class Http1Connection(asyncio.Protocol):
         message.method = parser.get_method()
         message.version = parser.get_http_version()
         message.keep_alive = parser.should_keep_alive()
-        headers = message.headers = {n.decode("latin-1").lower(): v.decode("latin-1")
-                                     for n, v in message.raw_headers}
+        headers = message.headers
+        for name, value in message.raw_headers:  # the first of repeated names, as aiohttp
+            headers.setdefault(name.decode("latin-1").lower(), value.decode("latin-1"))
         if "content-length" in headers and "transfer-encoding" in headers:
             raise ApiError(400, "both Content-Length and Transfer-Encoding")
         length = headers.get("content-length", "0")
