@@ -15,6 +15,7 @@ server as an OpenAI-shaped error; any other exception as a 500 quoting the reque
 from __future__ import annotations
 
 import abc
+import asyncio
 import logging
 from collections.abc import Mapping
 
@@ -53,9 +54,10 @@ class Client(abc.ABC):
         """Send the head of a 200 SSE stream (``SSE_HEADERS``)."""
 
     @abc.abstractmethod
-    async def write(self, data: bytes) -> None:
+    async def write(self, data: bytes, timeout_s: float) -> None:
         """Send ``data`` on the started stream; waits while the client does not read
-        (backpressure). ConnectionResetError when the client has gone away."""
+        (backpressure), at most ``timeout_s`` (then TimeoutError).
+        ConnectionResetError when the client has gone away."""
 
     @abc.abstractmethod
     def respond(self, status: int, body: bytes, headers: Mapping[str, str]) -> None:
@@ -101,9 +103,10 @@ class AiohttpClient(Client):
         self.response = web.StreamResponse(headers=SSE_HEADERS)
         await self.response.prepare(self._request)
 
-    async def write(self, data: bytes) -> None:
+    async def write(self, data: bytes, timeout_s: float) -> None:
         assert self.response is not None
-        await self.response.write(data)
+        async with asyncio.timeout(timeout_s):
+            await self.response.write(data)
 
     def respond(self, status: int, body: bytes, headers: Mapping[str, str]) -> None:
         self.response = web.Response(status=status, body=body, headers=headers)

@@ -235,6 +235,11 @@ class Http1Connection(asyncio.Protocol):
         if not self.lost and self._transport is not None:
             self._transport.write(data)
 
+    @property
+    def write_paused(self) -> bool:
+        """The client's buffer is over its high-water mark."""
+        return self._write_ready is not None
+
     async def drain(self) -> None:
         """Wait until the client's buffer is under its high-water mark."""
         if self._write_ready is not None:

@@ -57,8 +57,9 @@ class Http1Client(Client):
 
     async def read_body(self, timeout_s: float) -> bytes:
         message = self._message
-        if not message.body.done():
-            self._connection.send_continue(message)
+        if message.body.done():  # the common case: no timer, no waiting
+            return message.body.result()
+        self._connection.send_continue(message)
         try:
             async with asyncio.timeout(timeout_s):
                 return await asyncio.shield(message.body)
@@ -83,14 +84,16 @@ class Http1Client(Client):
         self._started = self._answered = True
         self._connection.send(head(200, headers, self.request_id, close))
 
-    async def write(self, data: bytes) -> None:
+    async def write(self, data: bytes, timeout_s: float) -> None:
         connection = self._connection
         if connection.lost:
             raise ConnectionResetError("the client went away")
         if self._chunked:
             data = b"%x\r\n%b\r\n" % (len(data), data)
         connection.send(data)
-        await connection.drain()
+        if connection.write_paused:  # only then a timer: most writes never wait
+            async with asyncio.timeout(timeout_s):
+                await connection.drain()
 
     def end_stream(self) -> None:
         """The last chunk of a started stream."""

@@ -27,7 +27,6 @@ does a whole answer whose choices all finished without its body arriving.
 
 from __future__ import annotations
 
-import asyncio
 import base64
 import time
 from collections.abc import Callable
@@ -293,8 +292,7 @@ async def write_to_client(client: Client, data: bytes, timeout_s: float,
     does not read it in time (its connection is then dropped), marks the exchange
     ``CLIENT_CLOSED``: the caller stops, closing the upstream and its in-flight count."""
     try:
-        async with asyncio.timeout(timeout_s):
-            await client.write(data)
+        await client.write(data, timeout_s)
     except ConnectionResetError:
         exchange.status = CLIENT_CLOSED
     except TimeoutError:
