@@ -78,7 +78,7 @@ class Message:
         self.method = b""
         self.version = "1.1"
         self.raw_headers: list[tuple[bytes, bytes]] = []
-        self.headers: dict[str, str] = {}
+        self.headers: dict[bytes, bytes] = {}
         self.head_bytes = 0
         self.chunks: list[bytes] = []
         self.size = 0
@@ -172,13 +172,15 @@ class Http1Connection(asyncio.Protocol):
         self._message = Message(self._loop)
 
     def on_url(self, url: bytes) -> None:
-        message = self._current()
+        message = self._message
+        assert message is not None
         message.url += url
         if len(message.url) > MAX_URL_BYTES:
             raise ApiError(414, f"request URL longer than {MAX_URL_BYTES} bytes")
 
     def on_header(self, name: bytes, value: bytes) -> None:
-        message = self._current()
+        message = self._message
+        assert message is not None
         message.raw_headers.append((name, value))
         message.head_bytes += len(name) + len(value) + 4
         if message.head_bytes > MAX_HEAD_BYTES or len(message.raw_headers) > MAX_HEADERS:
@@ -193,10 +195,10 @@ class Http1Connection(asyncio.Protocol):
         message.keep_alive = parser.should_keep_alive()
         headers = message.headers
         for name, value in message.raw_headers:  # the first of repeated names, as aiohttp
-            headers.setdefault(name.decode("latin-1").lower(), value.decode("latin-1"))
-        if "content-length" in headers and "transfer-encoding" in headers:
+            headers.setdefault(name.lower(), value)
+        if b"content-length" in headers and b"transfer-encoding" in headers:
             raise ApiError(400, "both Content-Length and Transfer-Encoding")
-        length = headers.get("content-length", "0")
+        length = headers.get(b"content-length", b"0")
         if not length.isdigit():
             raise ApiError(400, "bad Content-Length")
         if int(length) > self._settings.max_body_bytes:
@@ -211,7 +213,8 @@ class Http1Connection(asyncio.Protocol):
         self._next()
 
     def on_body(self, body: bytes) -> None:
-        message = self._current()
+        message = self._message
+        assert message is not None
         message.chunks.append(body)
         message.size += len(body)
         if message.size > self._settings.max_body_bytes:
@@ -247,7 +250,7 @@ class Http1Connection(asyncio.Protocol):
 
     def send_continue(self, message: Message) -> None:
         """``100 Continue`` for a request that expects it, once."""
-        if message.headers.get("expect", "").lower() == "100-continue" and not (
+        if message.headers.get(b"expect", b"").lower() == b"100-continue" and not (
                 message.continue_sent or message.body.done()):
             message.continue_sent = True
             self.send(CONTINUE)

@@ -10,7 +10,7 @@ its high-water mark (``Http1Connection.drain``).
 from __future__ import annotations
 
 import asyncio
-import uuid
+import os
 from collections.abc import Mapping
 from http import HTTPStatus
 from typing import TYPE_CHECKING
@@ -46,14 +46,15 @@ class Http1Client(Client):
     def __init__(self, connection: Http1Connection, message: Message) -> None:
         self._connection = connection
         self._message = message
-        given = message.headers.get("x-request-id", "")
-        self.request_id = given if VALID_ID.match(given) else uuid.uuid4().hex
+        given = message.headers.get(b"x-request-id", b"").decode("latin-1")
+        self.request_id = given if VALID_ID.match(given) else os.urandom(16).hex()
         self._started = False
         self._answered = False
         self._chunked = message.version != "1.0"
 
     def header(self, name: str) -> str | None:
-        return self._message.headers.get(name.lower())
+        value = self._message.headers.get(name.lower().encode("latin-1"))
+        return None if value is None else value.decode("latin-1")
 
     async def read_body(self, timeout_s: float) -> bytes:
         message = self._message
