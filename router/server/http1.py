@@ -11,13 +11,10 @@ the parsed ones (``Content-Length`` framing, no ``Transfer-Encoding``, no
 ``Expect``), so aiohttp never sees bytes it could frame differently from us, until
 no parsed byte is left over: the socket is then aiohttp's own.
 
-Guarantees:
+Guarantees (the parsing limits are ``router.server.http1_requests``'):
 
-- Limits: a URL over ``MAX_URL_BYTES`` is a 414, a head over ``MAX_HEAD_BYTES`` or
-  ``MAX_HEADERS`` a 431, a body over ``max_body_bytes`` a 413 (at once when its
-  ``Content-Length`` says so), a malformed request a 400 (``Content-Length`` with
-  ``Transfer-Encoding``, a bad chunk size, a bad ``Content-Length``): the answer says
-  ``Connection: close`` and nothing after it on the connection is read.
+- A request refused by a limit or as malformed is answered in its turn with
+  ``Connection: close``, and nothing after it on the connection is read.
 - Time: a connection with no complete request head ``keepalive_timeout_s`` after it
   opened or after its last answer is closed; a body not complete
   ``body_timeout_s`` after the pipeline began reading it is a 408 (then closed).
@@ -38,16 +35,13 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import cast
 
-import httptools
 import orjson
 
 from radix.api_errors import ApiError
 from router.server.client import JSON_HEADERS, error_answer
 from router.server.http1_client import CONTINUE, Http1Client, head
+from router.server.http1_requests import Message, RequestParser
 
-MAX_URL_BYTES = 8 * 1024
-MAX_HEAD_BYTES = 64 * 1024
-MAX_HEADERS = 100
 MAX_REQUESTS_PER_CONNECTION = 10_000
 MAX_QUEUED_REQUESTS = 8
 WRITE_HIGH_WATER_BYTES = 64 * 1024
@@ -69,43 +63,15 @@ class Http1Settings:
     connections: set[Http1Connection] = field(default_factory=set)
 
 
-class Message:
-    """One parsed request; ``body`` resolves once it is complete (or fails with the
-    ApiError that stopped parsing)."""
-
-    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
-        self.url = b""
-        self.method = b""
-        self.version = "1.1"
-        self.raw_headers: list[tuple[bytes, bytes]] = []
-        self.headers: dict[bytes, bytes] = {}
-        self.head_bytes = 0
-        self.chunks: list[bytes] = []
-        self.size = 0
-        self.body: asyncio.Future[bytes] = loop.create_future()
-        self.keep_alive = True
-        self.endpoint: str | None = None
-        self.error: ApiError | None = None
-        self.continue_sent = False
-
-    def raw(self, body: bytes) -> bytes:
-        """The request re-written for aiohttp, framed by ``Content-Length``."""
-        lines = [self.method + b" " + self.url + b" HTTP/" + self.version.encode()]
-        lines += [n + b": " + v for n, v in self.raw_headers
-                  if n.lower() not in (b"content-length", b"transfer-encoding", b"expect")]
-        lines.append(b"Content-Length: %d" % len(body))
-        return b"\r\n".join(lines) + b"\r\n\r\n" + body
-
-
 class Http1Connection(asyncio.Protocol):
     """One client connection; see the module docstring."""
 
     def __init__(self, settings: Http1Settings) -> None:
         self._settings = settings
         self._loop = asyncio.get_running_loop()
-        self._parser = httptools.HttpRequestParser(self)
+        self._requests = RequestParser(self._loop, settings.max_body_bytes, settings.endpoints,
+                                       self._queued, self._completed)
         self._queue: deque[Message] = deque()
-        self._message: Message | None = None
         self._task: asyncio.Task[None] | None = None
         self._transport: asyncio.Transport | None = None
         self._aiohttp: asyncio.Protocol | None = None
@@ -113,11 +79,9 @@ class Http1Connection(asyncio.Protocol):
         self._write_ready: asyncio.Future[None] | None = None
         self._num_requests = 0
         self._closing = False
-        self._parse_failed = False
         self._reading_paused = False
         self.lost = False
 
-    # -- transport events --------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self._transport = cast(asyncio.Transport, transport)  # uvloop's is not a subclass
         self._transport.set_write_buffer_limits(WRITE_HIGH_WATER_BYTES)
@@ -125,17 +89,9 @@ class Http1Connection(asyncio.Protocol):
         self._arm_idle_timer()
 
     def data_received(self, data: bytes) -> None:
-        if self._parse_failed:
-            return
-        try:
-            self._parser.feed_data(data)
-        except httptools.HttpParserUpgrade:
-            self._fail(ApiError(400, "protocol upgrades are not supported"))
-        except httptools.HttpParserCallbackError as exc:
-            cause = exc.__context__
-            self._fail(cause if isinstance(cause, ApiError) else ApiError(400, "bad request"))
-        except httptools.HttpParserError as exc:
-            self._fail(ApiError(400, f"malformed request: {exc}"))
+        error = self._requests.feed(data)
+        if error is not None:
+            self._fail(error)
         else:
             self._switch_if_clean()
 
@@ -167,44 +123,8 @@ class Http1Connection(asyncio.Protocol):
         if self._aiohttp is not None:
             self._aiohttp.resume_writing()
 
-    # -- parser callbacks (httptools) ---------------------------------------------------
-    def on_message_begin(self) -> None:
-        self._message = Message(self._loop)
-
-    def on_url(self, url: bytes) -> None:
-        message = self._message
-        assert message is not None
-        message.url += url
-        if len(message.url) > MAX_URL_BYTES:
-            raise ApiError(414, f"request URL longer than {MAX_URL_BYTES} bytes")
-
-    def on_header(self, name: bytes, value: bytes) -> None:
-        message = self._message
-        assert message is not None
-        message.raw_headers.append((name, value))
-        message.head_bytes += len(name) + len(value) + 4
-        if message.head_bytes > MAX_HEAD_BYTES or len(message.raw_headers) > MAX_HEADERS:
-            raise ApiError(431, f"request head over {MAX_HEAD_BYTES} bytes or "
-                           f"{MAX_HEADERS} headers")
-
-    def on_headers_complete(self) -> None:
-        message = self._current()
-        parser = self._parser
-        message.method = parser.get_method()
-        message.version = parser.get_http_version()
-        message.keep_alive = parser.should_keep_alive()
-        headers = message.headers
-        for name, value in message.raw_headers:  # the first of repeated names, as aiohttp
-            headers.setdefault(name.lower(), value)
-        if b"content-length" in headers and b"transfer-encoding" in headers:
-            raise ApiError(400, "both Content-Length and Transfer-Encoding")
-        length = headers.get(b"content-length", b"0")
-        if not length.isdigit():
-            raise ApiError(400, "bad Content-Length")
-        if int(length) > self._settings.max_body_bytes:
-            raise ApiError(413, f"request body over {self._settings.max_body_bytes} bytes")
-        if message.method == b"POST":
-            message.endpoint = self._settings.endpoints.get(message.url.split(b"?", 1)[0])
+    def _queued(self, message: Message) -> None:
+        """A request's head is complete: it waits its turn."""
         self._cancel_idle_timer()
         self._queue.append(message)
         if len(self._queue) > MAX_QUEUED_REQUESTS and self._transport is not None:
@@ -212,27 +132,10 @@ class Http1Connection(asyncio.Protocol):
             self._reading_paused = True
         self._next()
 
-    def on_body(self, body: bytes) -> None:
-        message = self._message
-        assert message is not None
-        message.chunks.append(body)
-        message.size += len(body)
-        if message.size > self._settings.max_body_bytes:
-            raise ApiError(413, f"request body over {self._settings.max_body_bytes} bytes")
-
-    def on_message_complete(self) -> None:
-        message = self._current()
-        message.body.set_result(b"".join(message.chunks))
-        message.chunks = []
-        self._message = None
+    def _completed(self) -> None:
         if self._aiohttp is not None:
             self._forward_ready()
 
-    def _current(self) -> Message:
-        assert self._message is not None
-        return self._message
-
-    # -- answering ----------------------------------------------------------------------
     def send(self, data: bytes) -> None:
         """Write ``data`` to the client (nothing once it has gone)."""
         if not self.lost and self._transport is not None:
@@ -259,7 +162,7 @@ class Http1Connection(asyncio.Protocol):
         """Whether the connection closes after answering ``message``."""
         return (self._closing or not message.keep_alive or not message.body.done()
                 or message.body.exception() is not None
-                or (self._parse_failed and self._queue[-1] is message)
+                or (self._requests.stopped and self._queue[-1] is message)
                 or self._num_requests + 1 >= MAX_REQUESTS_PER_CONNECTION)
 
     def close_after_answer(self) -> None:
@@ -333,8 +236,7 @@ class Http1Connection(asyncio.Protocol):
     def _fail(self, error: ApiError) -> None:
         """Stop parsing: the request being parsed (or a placeholder) is answered with
         ``error`` in its turn, and the connection closes after it."""
-        self._parse_failed = True
-        message = self._message
+        message = self._requests.current
         if message is not None and message in self._queue:
             message.body.set_exception(error)
             message.body.exception()  # retrieved: the pipeline may not be reading it
@@ -356,7 +258,8 @@ class Http1Connection(asyncio.Protocol):
 
     def _switch_if_clean(self) -> None:
         """Once aiohttp has every byte parsed so far, let it read the socket itself."""
-        if self._aiohttp is None or self._queue or self._message is not None or self.lost:
+        if self._aiohttp is None or self._queue or self._requests.current is not None \
+                or self.lost:
             return
         assert self._transport is not None
         self._settings.connections.discard(self)
@@ -385,10 +288,10 @@ class Http1Connection(asyncio.Protocol):
         if transport is None or transport.is_closing():
             return
         message = self._queue[0] if self._queue else None
-        if not (self._parse_failed or (message is not None and not message.body.done())):
+        if not (self._requests.stopped or (message is not None and not message.body.done())):
             transport.close()
             return
-        self._parse_failed = True
+        self._requests.stopped = True
         with contextlib.suppress(OSError, RuntimeError):
             transport.write_eof()
         transport.resume_reading()
