@@ -96,8 +96,9 @@ class Http1Connection(asyncio.Protocol):
             self._switch_if_clean()
 
     def eof_received(self) -> bool:
-        self._closing = True
-        return self._task is not None or bool(self._queue)
+        """A client that ends its side has gone (as aiohttp takes it): the transport
+        closes, which cancels a request in progress."""
+        return False
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.lost = True
