@@ -78,6 +78,7 @@ class Http1Connection(asyncio.Protocol):
         self._idle_timer: asyncio.TimerHandle | None = None
         self._write_ready: asyncio.Future[None] | None = None
         self._num_requests = 0
+        self._num_forwarded = 0
         self._closing = False
         self._reading_paused = False
         self.lost = False
@@ -215,6 +216,8 @@ class Http1Connection(asyncio.Protocol):
         assert message.endpoint is not None
         try:
             await self._settings.serve(client, message.endpoint)
+            if not client.answered:
+                raise RuntimeError("the pipeline returned without an answer")
         except Exception as exc:
             if client.answered:
                 log.error("request %s: failed after its answer began", client.request_id,
@@ -247,6 +250,8 @@ class Http1Connection(asyncio.Protocol):
             self._queue.append(message)
         if self._transport is not None:
             self._transport.pause_reading()
+        if self._aiohttp is not None:
+            self._forward_ready()
         self._next()
 
     def _handoff(self) -> None:
@@ -269,10 +274,16 @@ class Http1Connection(asyncio.Protocol):
     def _forward_ready(self) -> None:
         assert self._aiohttp is not None
         while self._queue and self._queue[0].body.done():
-            message = self._queue.popleft()
-            if message.error is not None or message.body.exception() is not None:
+            message = self._queue[0]
+            error = message.error or message.body.exception()
+            if error is not None:  # answered by us only while aiohttp is answering nothing
+                if self._num_forwarded == 0 and isinstance(error, ApiError):
+                    message.error = error
+                    self._answer_error(message)
                 self._close()
                 return
+            self._queue.popleft()
+            self._num_forwarded += 1
             self._aiohttp.data_received(message.raw(message.body.result()))
         if self._queue:
             self.send_continue(self._queue[0])

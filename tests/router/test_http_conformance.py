@@ -129,6 +129,13 @@ def test_oversize_and_malformed_requests_are_refused_and_closed(router, request_
     assert http_json("GET", f"{router.url}/health")[0] == 200
 
 
+def test_an_oversize_body_for_an_aiohttp_route_is_refused_too(router) -> None:
+    head = (b"POST /admin/workers HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n"
+            b"%x\r\n" % (33 * 2**20))
+    answer = exchange(router, head + b"x" * (33 * 2**20))
+    assert statuses(answer) == [413] and not answer.endswith(b"<quiet>"), answer[:300]
+
+
 def test_a_smuggled_request_is_never_answered(router) -> None:
     hidden = b"GET /v1/models HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer " + KEY.encode()
     smuggle = (b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 6\r\n"
