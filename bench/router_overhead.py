@@ -25,19 +25,18 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
-import random
 import sys
 import tempfile
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import aiohttp
-
 from bench import peers
+from bench.overhead_load import PROMPT_BYTES, drive, prompts
 from bench.procs import ManagedProcess, process_cpu_s, start_process, start_router
+from bench.router_stages import NUM_CLIENTS as NUM_CLIENTS_STAGES
+from bench.router_stages import stage_breakdown, stage_table
 from radix.model_source import DEMO_MODEL, load_tokenizer
 from radix.openai.prompt import encode_messages
 from router.front.auth import hash_key
@@ -45,9 +44,7 @@ from router.front.auth import hash_key
 KEY = "bench-key"
 UPSTREAM_ARGS = [sys.executable, "-m", "bench.instant_upstream"]
 NUM_UPSTREAMS = 4
-PROMPT_BYTES = 2048
 MAX_TOKENS = 16
-CHAT_TURNS = 10
 # name, concurrent clients, streaming, prompt sent as token ids (no router tokenization),
 # prompts: unique, "repeat" (a repeated document + question) or "chat" (10-turn
 # conversations sent to /v1/chat/completions, each turn the previous one's history)
@@ -63,20 +60,6 @@ SCENARIOS = (
 PEER_SETUPS = ("sglang cache_aware default", "vllm cache_aware")
 
 
-@dataclass
-class Run:
-    """Latencies (s) of one scenario, wall time, and the longest gap inside a stream."""
-
-    latencies_s: list[float]
-    wall_s: float
-    max_gap_s: float
-
-    def percentile_ms(self, q: float) -> float:
-        """The ``q`` quantile of the latencies, in milliseconds."""
-        ordered = sorted(self.latencies_s)
-        return 1000 * ordered[min(len(ordered) - 1, int(q * len(ordered)))]
-
-
 def _config(urls: list[str], tokenizer: str) -> str:
     lines = ["[models.demo]", f'tokenizer = "{tokenizer}"', "[auth.tenants.bench]",
              f'key_digests = ["{hash_key(KEY)}"]', "[registry]", "poll_interval_s = 1.0"]
@@ -85,73 +68,8 @@ def _config(urls: list[str], tokenizer: str) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _prompts(n: int, workload: str) -> list[str] | list[list[dict[str, str]]]:
-    """``n`` unique 2 KB prompts; or (``repeat``) one of 16 2 KB documents each followed
-    by a unique question; or (``chat``) the turns of ``n / 10`` conversations, in
-    turn order across conversations, each turn's messages the previous turn's plus
-    its reply (about 300 bytes) and a new user message (about 150)."""
-    rng = random.Random(0)
-    words = [f"w{rng.randrange(10**6)}" for _ in range(4096)]
-
-    def text(num_bytes: int) -> str:
-        return " ".join(rng.choices(words, k=num_bytes // 7))[:num_bytes]
-
-    if workload == "unique":
-        return [text(PROMPT_BYTES) for _ in range(n)]
-    if workload == "repeat":
-        documents = [text(PROMPT_BYTES) for _ in range(16)]
-        return [f"{rng.choice(documents)}\nQuestion {i}: {text(60)}?" for i in range(n)]
-    histories = [[{"role": "system", "content": f"You are assistant {c}. {text(200)}"}]
-                 for c in range(max(n // CHAT_TURNS, 1))]
-    turns: list[list[dict[str, str]]] = []
-    while len(turns) < n:
-        for history in histories[: n - len(turns)]:
-            if len(history) > 1:
-                history.append({"role": "assistant", "content": text(300)})
-            history.append({"role": "user", "content": text(150)})
-            turns.append(list(history))
-    return turns
-
-
-async def _one(session: aiohttp.ClientSession, url: str, body: dict[str, Any],
-               headers: dict[str, str], stream: bool) -> tuple[float, float]:
-    """Latency to the end of the response, and the longest gap between stream lines."""
-    started = time.perf_counter()
-    max_gap = 0.0
-    async with session.post(url, json=body, headers=headers) as resp:
-        if resp.status != 200:
-            raise RuntimeError(f"HTTP {resp.status}: {await resp.text()}")
-        if stream:
-            last = time.perf_counter()
-            async for _ in resp.content:
-                now = time.perf_counter()
-                max_gap, last = max(max_gap, now - last), now
-        else:
-            await resp.read()
-    return time.perf_counter() - started, max_gap
-
-
-async def _drive(url: str, bodies: list[dict[str, Any]], headers: dict[str, str],
-                 num_clients: int, stream: bool) -> Run:
-    latencies: list[float] = []
-    gaps: list[float] = [0.0]
-    queue = list(reversed(bodies))
-    connector = aiohttp.TCPConnector(limit=0)
-    async with aiohttp.ClientSession(connector=connector) as session:
-        async def client() -> None:
-            while queue:
-                latency, gap = await _one(session, url, queue.pop(), headers, stream)
-                latencies.append(latency)
-                gaps.append(gap)
-
-        started = time.perf_counter()
-        await asyncio.gather(*(client() for _ in range(num_clients)))
-        wall = time.perf_counter() - started
-    return Run(latencies, wall, max(gaps))
-
-
 async def _bench(num_requests: int, processes: int, with_peers: bool, tokenizer: str
-                 ) -> dict[str, Any]:
+                 ) -> tuple[dict[str, Any], dict[str, dict[str, float]]]:
     upstreams = [await asyncio.to_thread(start_process, [*UPSTREAM_ARGS, "--tokenizer", tokenizer])
                  for _ in range(NUM_UPSTREAMS)]
     results: dict[str, Any] = {}
@@ -167,6 +85,8 @@ async def _bench(num_requests: int, processes: int, with_peers: bool, tokenizer:
                                                    num_requests, tokenizer, token_ids=True)
             finally:
                 router.stop()
+            stages = await stage_breakdown(config, num_requests, {"Authorization": f"Bearer {KEY}"},
+                                           Path(tmp) / "stages.json")
             installed = peers.available()
             for name in PEER_SETUPS if with_peers else ():
                 setup = peers.PEER_SETUPS[name]
@@ -184,7 +104,7 @@ async def _bench(num_requests: int, processes: int, with_peers: bool, tokenizer:
     finally:
         for process in upstreams:
             process.stop()
-    return results
+    return results, stages
 
 
 async def _scenarios(url: str, cpu_s: Callable[[], float], upstreams: list[ManagedProcess],
@@ -206,7 +126,7 @@ async def _scenarios(url: str, cpu_s: Callable[[], float], upstreams: list[Manag
         if as_ids and not token_ids:
             continue
         n = num_requests if num_clients > 1 else max(num_requests // 4, 50)
-        picked = _prompts(n, workload)
+        picked = prompts(n, workload)
         chat = workload == "chat"
         encode_started = time.perf_counter()
         ids = [encode_messages(tokenizer, p) if chat else tokenizer.encode(p) for p in picked]
@@ -218,12 +138,12 @@ async def _scenarios(url: str, cpu_s: Callable[[], float], upstreams: list[Manag
         path = "/v1/chat/completions" if chat else "/v1/completions"
         direct = [{"token_ids": i, "scope": "bench", "stream": stream,
                    "sampling": {"max_tokens": MAX_TOKENS}} for i in ids]
-        await _drive(f"{url}{path}", via_router[:20], auth, 4, stream)
+        await drive(f"{url}{path}", via_router[:20], auth, 4, stream)
         cpu_before, upstreams_before = cpu_s(), upstreams_cpu_s()
-        routed = await _drive(f"{url}{path}", via_router, auth, num_clients, stream)
+        routed = await drive(f"{url}{path}", via_router, auth, num_clients, stream)
         cpu_after, upstreams_after = cpu_s(), upstreams_cpu_s()
         router_us = 1e6 * (cpu_after - cpu_before) / n
-        baseline = await _drive(f"{direct_url}/generate", direct, {}, num_clients, stream)
+        baseline = await drive(f"{direct_url}/generate", direct, {}, num_clients, stream)
         results[name] = {
             "requests": n,
             "router_rps": n / routed.wall_s,
@@ -275,12 +195,15 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                              "SmolLM2-135M-Instruct, a GGUF file)")
     args = parser.parse_args(argv)
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")  # as the router runs it
-    results = asyncio.run(_bench(args.requests, args.processes, not args.without_peers,
+    results, stages = asyncio.run(_bench(args.requests, args.processes, not args.without_peers,
                                  args.tokenizer))
     print(f"router overhead: {NUM_UPSTREAMS} instant stand-in upstreams, {PROMPT_BYTES} B "
           f"prompts, {MAX_TOKENS} output tokens, {args.processes} router process(es), "
           f"tokenizer {args.tokenizer}")
     print(_table(results))
+    print(f"our router's CPU us per request by stage, {NUM_CLIENTS_STAGES} clients "
+          "(bench.stage_profile):")
+    print(stage_table(stages))
     print("CPU us/req: router processes' CPU (user+sys; sys = kernel, mostly loopback TCP) "
           "per request; +p50/+p99: router minus direct latency (direct = the upstream's "
           "/generate with the same token ids); _ids: prompts sent as token ids, so no "
@@ -288,7 +211,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
           "10-turn conversations as chat; encode us: one full encode of one prompt by "
           "this tokenizer; cluster us: router + upstreams CPU per request. sglang-router routes on text and does not tokenize; "
           "vllm-router asks an upstream to tokenize.")
-    return {"processes": args.processes, "tokenizer": args.tokenizer, **results}
+    return {"processes": args.processes, "tokenizer": args.tokenizer, "stages": stages,
+            **results}
 
 
 if __name__ == "__main__":

@@ -113,7 +113,7 @@ def _run_router(args: argparse.Namespace) -> int:
     # prompt's chunks at a time on a busy machine, where waiting on those threads
     # costs more than it saves (docs/router.md, "Performance"). Set before first use.
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    from router.server.app import serve_processes
+    from router.server.serve import serve_processes
 
     logging.basicConfig(level=args.log_level.upper(),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")

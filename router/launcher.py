@@ -25,7 +25,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
-from router.server.app import die_with_parent
+from router.server.serve import die_with_parent
 
 READY_PREFIX = "READY "
 METRICS_PREFIX = "METRICS "

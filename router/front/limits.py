@@ -95,7 +95,11 @@ class TenantLimiter:
     async def hold(self, tenant: Tenant) -> Admission:
         """Take a concurrency slot and one token of the minute window, or raise 429.
         If the caller is cancelled meanwhile, the hold still completes and is given
-        back at once."""
+        back at once. A tenant without concurrency or token limits holds nothing (and
+        spends no task on it)."""
+        limits = tenant.limits
+        if limits.max_concurrent_requests is None and limits.tokens_per_minute is None:
+            return Admission(tenant, False)
         task = asyncio.ensure_future(self._hold(tenant))
         try:
             return await asyncio.shield(task)
@@ -157,6 +161,8 @@ class TenantLimiter:
         """End the request: free its slot and settle its reservation to the prompt plus
         ``num_completion_tokens`` (what the client received). Runs to its end even if
         the caller is cancelled meanwhile."""
+        if not admission.holds_slot and admission.hold_id is None:
+            return  # it held nothing (``_release`` would do nothing)
         await asyncio.shield(self._in_background(self._release(admission,
                                                                num_completion_tokens)))
 

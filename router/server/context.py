@@ -23,6 +23,7 @@ from router.server.metrics import RouterMetrics
 from router.state.peers import NoPeers, Peers
 from router.state.shared_state import SharedState
 from router.upstream.kv_events import KVEventFollower
+from router.upstream.pool import UpstreamPool
 from router.upstream.proxy import Proxy
 from router.upstream.registry import WorkerRegistry, WorkerState
 from router.upstream.vllm.attach import VllmAttacher
@@ -42,6 +43,7 @@ class Router:
     session: aiohttp.ClientSession
     registry: WorkerRegistry
     proxy: Proxy
+    pool: UpstreamPool
     metrics: RouterMetrics
     cache_salts: CacheSalts
     peers: Peers
@@ -77,15 +79,17 @@ class Router:
         registry = WorkerRegistry(config.registry, models, secret, session, index, follow)
         peers = peers or NoPeers()
         metrics.shared_state_up.set_function(lambda: float(peers.up))
+        pool = UpstreamPool(config.proxy.connect_timeout_s, config.proxy.request_timeout_s)
         return cls(config, models, auth, TenantLimiter(state), index, policy, session, registry,
-                   Proxy(session, config.proxy), metrics, salts, peers, vllm)
+                   Proxy(pool, config.proxy), pool, metrics, salts, peers, vllm)
 
     async def close(self) -> None:
         """Leave the peers, stop polling and following every worker, then close the
-        client session."""
+        request path's idle connections and the client session."""
         await self.peers.close()
         await self.registry.close()
         self.vllm.close()
+        self.pool.close()
         await self.session.close()
 
 

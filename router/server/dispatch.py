@@ -12,8 +12,6 @@ import asyncio
 import logging
 import time
 
-from aiohttp import web
-
 from radix.api_errors import ApiError
 from radix.keys import TOKEN_BYTES
 from radix.openai.requests import CHAT, COMPLETIONS, INLINE_TOKENIZE_CHARS, OpenAIRequest
@@ -22,9 +20,8 @@ from router.front.requests import check_text_size, parse_request
 from router.front.tokenization import ModelTokenizer, Prompt
 from router.routing.load_cost import is_saturated
 from router.routing.policy import RouteRequest, WorkerView
-from router.server.context import ROUTER, Router
-from router.server.request_ids import request_id
-from router.server.slow_clients import read_body
+from router.server.client import Client
+from router.server.context import Router
 from router.upstream.attempt import RETRY_AFTER_S, UpstreamUnavailable
 from router.upstream.proxy import Call
 from router.upstream.registry import WorkerState
@@ -34,25 +31,18 @@ NO_WORKER = "none"
 access_log = logging.getLogger("router.access")
 
 
-async def completions(request: web.Request) -> web.StreamResponse:
-    """``POST /v1/completions``."""
-    return await serve_openai(request, COMPLETIONS)
+ENDPOINTS = {"/v1/completions": COMPLETIONS, "/v1/chat/completions": CHAT}
 
 
-async def chat_completions(request: web.Request) -> web.StreamResponse:
-    """``POST /v1/chat/completions``."""
-    return await serve_openai(request, CHAT)
-
-
-async def serve_openai(request: web.Request, endpoint: str) -> web.StreamResponse:
-    """Serve one OpenAI request; counts every outcome in ``router_requests_total``."""
-    router = request.app[ROUTER]
+async def serve_openai(router: Router, client: Client, endpoint: str) -> None:
+    """Serve one OpenAI request (``endpoint``: ``ENDPOINTS``' values) to ``client``;
+    counts every outcome in ``router_requests_total``."""
     started = time.monotonic()
     tenant_id, worker_id, code = "unknown", NO_WORKER, 500
     try:
-        tenant = router.auth.tenant(request.headers.get("Authorization"))
+        tenant = router.auth.tenant(client.header("Authorization"))
         tenant_id = tenant.tenant_id
-        body = await read_body(request, router.config.listen.body_timeout_s)
+        body = await client.read_body(router.config.listen.body_timeout_s)
         model, parsed = parse_request(body, endpoint, router.models, tenant.limits)
         check_text_size(model, parsed, tenant.limits)
         max_tokens = router.limiter.output_cap(tenant, parsed.sampling.max_tokens,
@@ -72,13 +62,12 @@ async def serve_openai(request: web.Request, endpoint: str) -> web.StreamRespons
             matched = match(router, workers, prompt, tenant)
             ranked = choose(router, workers, matched, prompt, tenant)
             router.metrics.decision_seconds.observe(time.monotonic() - decision_started)
-            worker, response = await forward(router, request, call, ranked, matched, exchange)
+            worker = await forward(router, client, call, ranked, matched, exchange)
             worker_id = worker.worker_id
-            learn(router, request, worker, prompt, matched, exchange, started)
+            learn(router, client, worker, prompt, matched, exchange, started)
         finally:
             await router.limiter.release(admission, exchange.num_completion_tokens)
         code = exchange.status
-        return response
     except ApiError as exc:
         code = exc.status
         raise
@@ -150,9 +139,8 @@ def choose(router: Router, workers: list[WorkerState], matched: dict[str, int],
     return [by_id[i] for i in decision.ranked[: router.config.proxy.max_attempts]]
 
 
-async def forward(router: Router, request: web.Request, call: Call, ranked: list[WorkerState],
-                  matched: dict[str, int], exchange: Exchange
-                  ) -> tuple[WorkerState, web.StreamResponse]:
+async def forward(router: Router, client: Client, call: Call, ranked: list[WorkerState],
+                  matched: dict[str, int], exchange: Exchange) -> WorkerState:
     """Try the ranked workers in turn until the client is answered, filling in
     ``exchange`` (even when the client goes away mid-stream). A worker that fails
     before the client's first byte is replaced by the next; one that fails after it
@@ -163,7 +151,7 @@ async def forward(router: Router, request: web.Request, call: Call, ranked: list
     its match) until the first token comes back: a request that hits the cache adds
     little queued work, so locality is not punished, and a request that is decoding
     no longer counts as prefill waiting."""
-    relay = router.proxy.relay(request, call)
+    relay = router.proxy.relay(client, call)
     failure: UpstreamUnavailable | None = None
     for worker in ranked:
         if not relay.prepare_attempt(worker.kind):
@@ -177,7 +165,8 @@ async def forward(router: Router, request: web.Request, call: Call, ranked: list
         router.index.note_routed(worker.namespace, worker.worker_id, key, call.scope)
         router.peers.routed(worker, key, call.scope)
         try:
-            return worker, await router.proxy.send(request, call, relay, worker, exchange)
+            await router.proxy.send(client, call, relay, worker, exchange)
+            return worker
         except UpstreamUnavailable as exc:
             failure = exc
             if exc.worker_down:
@@ -186,17 +175,15 @@ async def forward(router: Router, request: web.Request, call: Call, ranked: list
             in_flight.end()
         if relay.can_finish:
             await relay.finish(exchange)
-            assert relay.response is not None
-            return worker, relay.response
+            return worker
     if relay.started:
         await relay.fail(exchange)
-        assert relay.response is not None
-        return worker, relay.response
+        return worker
     assert failure is not None
     raise failure.error
 
 
-def learn(router: Router, request: web.Request, worker: WorkerState, prompt: Prompt,
+def learn(router: Router, client: Client, worker: WorkerState, prompt: Prompt,
           matched: dict[str, int], exchange: Exchange, started: float) -> None:
     """Record what the request taught: the index's prediction for the chosen worker
     against what it reported as cached (also one access-log line at INFO), and the
@@ -206,7 +193,7 @@ def learn(router: Router, request: web.Request, worker: WorkerState, prompt: Pro
     worker.stats.record(len(prompt.token_ids), num_matched, exchange.num_cached_tokens)
     if access_log.isEnabledFor(logging.INFO):
         access_log.info("request %s worker=%s status=%d prompt_tokens=%d predicted_cached=%d "
-                        "cached=%s", request_id(request), worker.worker_id, exchange.status,
+                        "cached=%s", client.request_id, worker.worker_id, exchange.status,
                         len(prompt.token_ids), num_matched, exchange.num_cached_tokens)
     now = time.monotonic()
     router.metrics.request_seconds.observe(now - started)

@@ -10,7 +10,9 @@ without it). So ``listen.keepalive_timeout_s`` bounds both an idle
 kept-alive connection and the time a client has to send the line and headers of its
 next request (``runner_options``). The body is read only through ``read_body``,
 which gives it ``listen.body_timeout_s`` in all (408 when that runs out), so a
-client that trickles a body holds a handler that long at most.
+client that trickles a body holds a handler that long at most. This is the
+aiohttp side (connections handed to it); the OpenAI routes' own server
+(``router.server.http1``) applies the same two settings itself.
 """
 
 from __future__ import annotations

@@ -20,19 +20,19 @@ import asyncio
 from collections.abc import AsyncIterator
 from typing import Any
 
-import aiohttp
 import orjson
 
 from radix.api_errors import ApiError
 from radix.openai.requests import OpenAIRequest
 from router.config import ProxyConfig
+from router.upstream.pool import UpstreamConnectError, UpstreamError, UpstreamPool, UpstreamResponse
 from router.upstream.registry import WorkerState
 
 RETRY_AFTER_S = "1"
 _RETRIABLE_STATUS = frozenset({401, 403, 404, 408, 429})
 _MAX_SSE_LINE_BYTES = 1 << 20
 # A broken connection, a timeout, or an answer that is not what the route promises.
-MALFORMED = (aiohttp.ClientError, TimeoutError, ValueError, KeyError, TypeError)
+MALFORMED = (UpstreamError, TimeoutError, ValueError, KeyError, TypeError)
 Batch = list[dict[str, Any] | None]
 
 
@@ -56,31 +56,28 @@ def worker_failed(code: str = "upstream_error") -> ApiError:
 def unavailable(worker: WorkerState, exc: BaseException) -> UpstreamUnavailable:
     """``exc`` (a broken connection, a timeout, a malformed answer) as a failed attempt."""
     reason = f"{worker.worker_id}: {type(exc).__name__}: {exc}"
-    return UpstreamUnavailable(reason, isinstance(exc, aiohttp.ClientConnectorError),
-                               worker_failed())
+    return UpstreamUnavailable(reason, isinstance(exc, UpstreamConnectError), worker_failed())
 
 
 class Upstream:
-    """Opens attempts over one shared keep-alive ``aiohttp.ClientSession``."""
+    """Opens attempts over the keep-alive connections of an ``UpstreamPool``."""
 
-    def __init__(self, session: aiohttp.ClientSession, config: ProxyConfig) -> None:
-        self._session = session
+    def __init__(self, pool: UpstreamPool, config: ProxyConfig) -> None:
+        self._pool = pool
         self._config = config
-        self._timeout = aiohttp.ClientTimeout(total=config.request_timeout_s,
-                                              sock_connect=config.connect_timeout_s)
 
     async def post(self, worker: WorkerState, path: str, payload: dict[str, Any],
-                   request: OpenAIRequest) -> aiohttp.ClientResponse:
+                   request: OpenAIRequest) -> UpstreamResponse:
         """``POST worker.url + path``; the 200 response (the caller closes it), else
         ``UpstreamUnavailable`` (retriable status, failure, first-byte timeout) or
         ``ApiError`` (a client error the worker found, passed through)."""
         data = orjson.dumps(payload)
         try:
             async with asyncio.timeout(self._config.first_byte_timeout_s):
-                response = await self._session.post(
-                    worker.url + path, data=data, timeout=self._timeout,
-                    headers={**worker.headers, "Content-Type": "application/json"})
-        except (aiohttp.ClientError, TimeoutError) as exc:
+                response = await self._pool.post(
+                    worker.url, path, {**worker.headers, "Content-Type": "application/json"},
+                    data)
+        except (UpstreamError, TimeoutError) as exc:
             raise unavailable(worker, exc) from exc
         if response.status != 200:
             try:
@@ -89,32 +86,31 @@ class Upstream:
                 response.close()
         return response
 
-    async def lines(self, response: aiohttp.ClientResponse) -> AsyncIterator[bytes]:
+    async def lines(self, response: UpstreamResponse) -> AsyncIterator[bytes]:
         """The response body line by line (``b"\\n"`` kept), the first within the
         first-byte timeout and each later one within the idle timeout."""
         timeout_s = self._config.first_byte_timeout_s
         while True:
             async with asyncio.timeout(timeout_s):
-                line = await response.content.readline()
+                line = await response.readline()
             if not line:
                 return
             yield line
             timeout_s = self._config.idle_timeout_s
 
-    async def line_batches(self, response: aiohttp.ClientResponse
-                           ) -> AsyncIterator[list[bytes]]:
+    async def line_batches(self, response: UpstreamResponse) -> AsyncIterator[list[bytes]]:
         """The complete lines of a stream (without their ``\\n``), batched by network
         read (lines that arrived together go to the client in one write). The first
         read must come within the first-byte timeout, every later one within the idle
         timeout (comments and heartbeats count); a stream that ends before its caller
-        stops reading raises ``ClientPayloadError``."""
+        stops reading raises ``UpstreamError``."""
         pending = b""
         timeout_s = self._config.first_byte_timeout_s
         while True:
             async with asyncio.timeout(timeout_s):
-                chunk = await response.content.readany()
+                chunk = await response.readany()
             if not chunk:
-                raise aiohttp.ClientPayloadError("stream ended before [DONE]")
+                raise UpstreamError("stream ended before [DONE]")
             *lines, pending = (pending + chunk).split(b"\n")
             if len(pending) > _MAX_SSE_LINE_BYTES:
                 raise ValueError(f"SSE line longer than {_MAX_SSE_LINE_BYTES} bytes")
@@ -122,7 +118,7 @@ class Upstream:
                 yield lines
                 timeout_s = self._config.idle_timeout_s
 
-    async def sse_batches(self, response: aiohttp.ClientResponse) -> AsyncIterator[Batch]:
+    async def sse_batches(self, response: UpstreamResponse) -> AsyncIterator[Batch]:
         """The JSON objects of an SSE stream's ``data:`` lines, batched by network read
         as ``line_batches``. ``None`` stands for ``[DONE]`` and ends the last batch."""
         async for lines in self.line_batches(response):
@@ -140,7 +136,7 @@ class Upstream:
                 yield batch
 
 
-async def _status_error(worker: WorkerState, upstream: aiohttp.ClientResponse,
+async def _status_error(worker: WorkerState, upstream: UpstreamResponse,
                         request: OpenAIRequest) -> Exception:
     """The error for a non-200 answer: client errors pass through as the worker wrote
     them, the field named as the client sent it; overload, server errors and worker
@@ -149,7 +145,7 @@ async def _status_error(worker: WorkerState, upstream: aiohttp.ClientResponse,
     try:
         body = orjson.loads(await upstream.read())
         message = str(body["error"]["message"])
-    except (aiohttp.ClientError, TimeoutError, ValueError, KeyError, TypeError):
+    except MALFORMED:
         body, message = None, f"HTTP {upstream.status}"
     status = upstream.status
     details = body.get("error") if isinstance(body, dict) else None

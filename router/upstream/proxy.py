@@ -35,9 +35,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
-import aiohttp
 import orjson
-from aiohttp import web
 
 from radix.api_errors import ApiError
 from radix.openai.rendered import RenderSpec
@@ -45,7 +43,7 @@ from radix.openai.requests import COMPLETIONS, OpenAIRequest
 from radix.openai.responses import DONE_FRAME, ChoiceText, ResponseShape, sse_frame
 from router.config import ProxyConfig
 from router.front.tokenization import Prompt
-from router.server.request_ids import request_id
+from router.server.client import Client
 from router.upstream.attempt import (
     MALFORMED,
     Batch,
@@ -55,10 +53,10 @@ from router.upstream.attempt import (
     worker_failed,
 )
 from router.upstream.masking import ModelRenamer, refusal
+from router.upstream.pool import UpstreamError, UpstreamPool, UpstreamResponse
 from router.upstream.registry import WorkerState
 from router.upstream.relay import (
     CLIENT_CLOSED,
-    SSE_HEADERS,
     Exchange,
     Relay,
     answered,
@@ -99,58 +97,58 @@ def generate_body(call: Call, render: RenderSpec) -> dict[str, Any]:
 
 
 class Proxy:
-    """Sends attempts over one shared keep-alive ``aiohttp.ClientSession``."""
+    """Sends attempts over the keep-alive connections of an ``UpstreamPool``."""
 
-    def __init__(self, session: aiohttp.ClientSession, config: ProxyConfig) -> None:
-        self._upstream = Upstream(session, config)
+    def __init__(self, pool: UpstreamPool, config: ProxyConfig) -> None:
+        self._upstream = Upstream(pool, config)
         self._write_timeout_s = config.client_write_timeout_s
 
-    def relay(self, client: web.Request, call: Call) -> Relay:
+    def relay(self, client: Client, call: Call) -> Relay:
         """The client side of ``call``, shared by all its attempts."""
         request = call.request
         return Relay(client, ResponseShape(request.endpoint, call.model_name), request.stream,
                      request.include_usage, request.sampling.n, len(call.prompt.token_ids),
                      self._write_timeout_s)
 
-    async def send(self, client: web.Request, call: Call, relay: Relay, worker: WorkerState,
-                   exchange: Exchange) -> web.StreamResponse:
+    async def send(self, client: Client, call: Call, relay: Relay, worker: WorkerState,
+                   exchange: Exchange) -> None:
         """Run ``call`` on ``worker`` (from where ``relay`` stands); see the module
         docstring for the contract."""
         try:
             if worker.kind == "radix":
-                return await self._relay_generate(call, relay, worker, exchange)
-            if call.request.endpoint == COMPLETIONS:
-                return await self._pass_openai(client, call, worker, exchange)
-            if call.request.stream:
-                return await self._relay_openai_chat(call, relay, worker, exchange)
-            return await self._whole_openai_chat(call, worker, exchange)
+                await self._relay_generate(call, relay, worker, exchange)
+            elif call.request.endpoint == COMPLETIONS:
+                await self._pass_openai(client, call, worker, exchange)
+            elif call.request.stream:
+                await self._relay_openai_chat(call, relay, worker, exchange)
+            else:
+                await self._whole_openai_chat(client, call, worker, exchange)
         except UpstreamUnavailable as exc:
-            log.warning("request %s: worker unavailable%s: %s", request_id(client),
+            log.warning("request %s: worker unavailable%s: %s", client.request_id,
                         " mid-stream" if relay.started else "", exc)
             raise
         except ApiError as exc:
             if not relay.started and worker.kind == "openai":
-                log.info("request %s: worker %s refused: HTTP %d: %s", request_id(client),
+                log.info("request %s: worker %s refused: HTTP %d: %s", client.request_id,
                          worker.worker_id, exc.status, exc.message)
                 raise refusal(exc) from None
             if not relay.started:
                 raise
             # A refused resume (a bug on one side): the client has its stream already.
-            log.error("request %s: worker %s refused a resume: %s", request_id(client),
+            log.error("request %s: worker %s refused a resume: %s", client.request_id,
                       worker.worker_id, exc)
             raise UpstreamUnavailable(str(exc), False, worker_failed()) from exc
 
     async def _relay_generate(self, call: Call, relay: Relay, worker: WorkerState,
-                              exchange: Exchange) -> web.StreamResponse:
+                              exchange: Exchange) -> None:
         body = resumed_generate_body(generate_body(call, relay.render), call.prompt.key,
                                      relay.progress)
         upstream = await self._upstream.post(worker, "/generate", body, call.request)
-        return await self._relay_stream(relay, worker, upstream, exchange,
-                                        self._upstream.line_batches(upstream),
-                                        relay.write_rendered)
+        await self._relay_stream(worker, upstream, exchange,
+                                 self._upstream.line_batches(upstream), relay.write_rendered)
 
     async def _relay_openai_chat(self, call: Call, relay: Relay, worker: WorkerState,
-                                 exchange: Exchange) -> web.StreamResponse:
+                                 exchange: Exchange) -> None:
         path, body = self._openai_body(call, worker)
         upstream = await self._upstream.post(worker, path, body, call.request)
 
@@ -158,14 +156,13 @@ class Proxy:
             events = _completion_events(batch)
             return bool(events) and await relay.write(events, exchange)
 
-        return await self._relay_stream(relay, worker, upstream, exchange,
-                                        self._upstream.sse_batches(upstream), write)
+        await self._relay_stream(worker, upstream, exchange, self._upstream.sse_batches(upstream),
+                                 write)
 
     @staticmethod
-    async def _relay_stream(relay: Relay, worker: WorkerState, upstream: aiohttp.ClientResponse,
+    async def _relay_stream(worker: WorkerState, upstream: UpstreamResponse,
                             exchange: Exchange, batches: AsyncIterator[Any],
-                            write: Callable[[Any, Exchange], Awaitable[bool]]
-                            ) -> web.StreamResponse:
+                            write: Callable[[Any, Exchange], Awaitable[bool]]) -> None:
         """Write each batch of ``upstream`` through the relay until the answer is over;
         a broken or malformed stream is a failed attempt."""
         try:
@@ -173,8 +170,7 @@ class Proxy:
                 if await write(batch, exchange):
                     if exchange.status == 502:
                         log.warning("worker %s sent an error event", worker.worker_id)
-                    assert relay.response is not None
-                    return relay.response
+                    return
         except MALFORMED as exc:
             raise unavailable(worker, exc) from exc
         finally:
@@ -186,8 +182,8 @@ class Proxy:
         return call.request.upstream_body(worker.served_model, call.max_tokens,
                                           call.prompt.token_ids, call.cache_salt)
 
-    async def _whole_openai_chat(self, call: Call, worker: WorkerState,
-                                 exchange: Exchange) -> web.StreamResponse:
+    async def _whole_openai_chat(self, client: Client, call: Call, worker: WorkerState,
+                                 exchange: Exchange) -> None:
         path, body = self._openai_body(call, worker)
         upstream = await self._upstream.post(worker, path, body, call.request)
         try:
@@ -202,10 +198,10 @@ class Proxy:
             upstream.close()
         answered(exchange)
         note_usage(exchange, shaped["usage"])
-        return web.json_response(shaped)
+        client.respond_json(200, shaped)
 
-    async def _pass_openai(self, client: web.Request, call: Call, worker: WorkerState,
-                           exchange: Exchange) -> web.StreamResponse:
+    async def _pass_openai(self, client: Client, call: Call, worker: WorkerState,
+                           exchange: Exchange) -> None:
         path, body = self._openai_body(call, worker)
         upstream = await self._upstream.post(worker, path, body, call.request)
         try:
@@ -217,23 +213,22 @@ class Proxy:
                 result["model"] = call.model_name
                 answered(exchange)
                 note_usage(exchange, result.get("usage"))
-                return web.json_response(result)
+                client.respond_json(200, result)
+                return
             lines = self._upstream.lines(upstream)
             try:
                 first = await anext(lines)
             except (StopAsyncIteration, *MALFORMED) as exc:
                 raise unavailable(worker, EOFError("empty stream") if isinstance(
                     exc, StopAsyncIteration) else exc) from exc
-            out = web.StreamResponse(headers=SSE_HEADERS)
-            await out.prepare(client)
+            await client.start_stream()
             answered(exchange)
-            await self._pass_lines(client, call, worker, out, first, lines, exchange)
-            return out
+            await self._pass_lines(client, call, worker, first, lines, exchange)
         finally:
             upstream.close()
 
-    async def _pass_lines(self, client: web.Request, call: Call, worker: WorkerState,
-                          out: web.StreamResponse, line: bytes, lines: AsyncIterator[bytes],
+    async def _pass_lines(self, client: Client, call: Call, worker: WorkerState,
+                          line: bytes, lines: AsyncIterator[bytes],
                           exchange: Exchange) -> None:
         """Copy an OpenAI completions stream to the client up to its ``[DONE]``, each
         chunk under the router's model name, noting usage (and leaving out a
@@ -257,21 +252,20 @@ class Proxy:
                             line = await anext(lines)
                             continue
                 elif line.rstrip() == b"data: [DONE]":
-                    await write_to_client(client, out, DONE_FRAME, self._write_timeout_s,
-                                          exchange)
+                    await write_to_client(client, DONE_FRAME, self._write_timeout_s, exchange)
                     return
-                await write_to_client(client, out, line, self._write_timeout_s, exchange)
+                await write_to_client(client, line, self._write_timeout_s, exchange)
                 if exchange.status == CLIENT_CLOSED:
                     return
                 line = await anext(lines)
         except StopAsyncIteration:
-            exc: BaseException = aiohttp.ClientPayloadError("stream ended before [DONE]")
+            exc: BaseException = UpstreamError("stream ended before [DONE]")
         except MALFORMED as error:
             exc = error
-        log.warning("request %s: worker %s failed mid-stream: %s: %s", request_id(client),
+        log.warning("request %s: worker %s failed mid-stream: %s: %s", client.request_id,
                     worker.worker_id, type(exc).__name__, exc)
         exchange.status = 502
-        await write_to_client(client, out, sse_frame(worker_failed().body()) + DONE_FRAME,
+        await write_to_client(client, sse_frame(worker_failed().body()) + DONE_FRAME,
                               self._write_timeout_s, exchange)
 
 

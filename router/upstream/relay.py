@@ -27,7 +27,6 @@ does a whole answer whose choices all finished without its body arriving.
 
 from __future__ import annotations
 
-import asyncio
 import base64
 import time
 from collections.abc import Callable
@@ -35,7 +34,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import orjson
-from aiohttp import web
 
 from radix.keys import to_key
 from radix.openai.rendered import (
@@ -47,11 +45,10 @@ from radix.openai.rendered import (
     parse_usage,
 )
 from radix.openai.responses import DONE_FRAME, ResponseShape, TokenUsage, sse_frame
+from router.server.client import JSON_HEADERS, Client
 from router.upstream.attempt import Batch, worker_failed
 
 CLIENT_CLOSED = 499  # the client went away (nginx's convention)
-SSE_HEADERS = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
-JSON_HEADERS = {"Content-Type": "application/json"}
 _DONE_LINE = b"data: [DONE]"
 
 
@@ -137,7 +134,7 @@ class Relay:
     must start over); the current attempt's ``on_first_token`` is called as each of
     its steps arrives (it must be cheap and idempotent)."""
 
-    def __init__(self, client: web.Request, shape: ResponseShape, stream: bool,
+    def __init__(self, client: Client, shape: ResponseShape, stream: bool,
                  include_usage: bool, num_choices: int, num_prompt_tokens: int,
                  write_timeout_s: float) -> None:
         self._client = client
@@ -148,7 +145,6 @@ class Relay:
         self._num_prompt_tokens = num_prompt_tokens
         self.render = RenderSpec.of(shape, stream, include_usage)
         self.progress = Progress(num_choices)
-        self.response: web.StreamResponse | None = None
         self._whole_body: bytes | None = None
         self._event_step: dict[str, Any] | None = None
         self._event_out: list[bytes] = []
@@ -157,7 +153,7 @@ class Relay:
     @property
     def started(self) -> bool:
         """The client has received bytes: the answer can only go on or end."""
-        return self.response is not None and self.response.prepared
+        return self._client.started
 
     @property
     def can_finish(self) -> bool:
@@ -277,35 +273,31 @@ class Relay:
             return True
         if self._whole_body is None:
             raise ValueError("the stream ended without its body")
-        self.response = web.Response(body=self._whole_body, headers=JSON_HEADERS)
+        self._client.respond(200, self._whole_body, JSON_HEADERS)
         answered(exchange)
         return True
 
     async def _send(self, data: bytes, exchange: Exchange) -> None:
-        if self.response is None:
-            self.response = web.StreamResponse(headers=SSE_HEADERS)
-            await self.response.prepare(self._client)
+        if not self._client.started:
+            await self._client.start_stream()
             answered(exchange)
         if exchange.status == CLIENT_CLOSED or not data:
             return
-        await write_to_client(self._client, self.response, data, self._write_timeout_s,
-                              exchange)
+        await write_to_client(self._client, data, self._write_timeout_s, exchange)
 
 
-async def write_to_client(client: web.Request, response: web.StreamResponse, data: bytes,
-                          timeout_s: float, exchange: Exchange) -> None:
+async def write_to_client(client: Client, data: bytes, timeout_s: float,
+                          exchange: Exchange) -> None:
     """Write ``data`` to the client within ``timeout_s``. A client gone, or one that
     does not read it in time (its connection is then dropped), marks the exchange
     ``CLIENT_CLOSED``: the caller stops, closing the upstream and its in-flight count."""
     try:
-        async with asyncio.timeout(timeout_s):
-            await response.write(data)
+        await client.write(data, timeout_s)
     except ConnectionResetError:
         exchange.status = CLIENT_CLOSED
     except TimeoutError:
         exchange.status = CLIENT_CLOSED
-        if client.transport is not None:
-            client.transport.abort()
+        client.abort()
 
 
 def _nothing() -> None:

@@ -236,7 +236,7 @@ async def test_unreachable_worker_leaves_routing_and_index() -> None:
                                       {"model": "demo", "prompt": "hello"}, ALICE)
             assert status == 200
             worker = router.registry.get("u0")
-            assert not worker.ready and "ClientConnectorError" in worker.reason
+            assert not worker.ready and "UpstreamConnectError" in worker.reason
             assert "u0" not in router.index.stats().num_approx_tokens
             status, workers, _ = await call(session, "GET", f"{url}/admin/workers", None, ADMIN)
             assert [w["ready"] for w in workers["workers"]] == [False, True]

@@ -2,7 +2,8 @@
 
 ``serving(app)`` runs any ``web.Application`` on a free loopback port the way the
 router runs (``handler_cancellation`` on) and yields its base URL. ``running_router``
-builds a real ``Router`` from a config and serves it. Plain module, no pytest.
+builds a real ``Router`` from a config and serves it as the router process does
+(``router.server.serve.Listener``: the lean HTTP/1.1 server, aiohttp behind it). Plain module, no pytest.
 """
 
 from __future__ import annotations
@@ -15,8 +16,9 @@ from aiohttp import web
 
 from bench import instant_upstream
 from router.config import RouterConfig
-from router.server.app import bind_socket, create_app
+from router.server.app import bind_socket
 from router.server.context import Router
+from router.server.serve import Listener
 from router.state.redis_state import shared_backends
 from router.state.shared_state import InProcessSharedState
 
@@ -46,10 +48,14 @@ async def running_router(config: RouterConfig, wait_ready_s: float = 10.0,
     peers are ``config.redis``'s (``shared_backends``), else in process."""
     state, peers = shared_backends(config) if shared else (InProcessSharedState(), None)
     router = Router.build(config, TEST_SECRET, state, peers)
-    async with serving(create_app(router)) as url:
+    sock = bind_socket("127.0.0.1", 0)
+    listener = await Listener.start(router, sock)
+    try:
         await eventually(lambda: all(w.ready for w in router.registry.workers()), wait_ready_s,
                          describe=lambda: {w.worker_id: w.reason for w in router.registry.workers()})
-        yield url, router
+        yield f"http://127.0.0.1:{sock.getsockname()[1]}", router
+    finally:
+        await listener.close()
 
 
 async def eventually(check, timeout_s: float = 10.0, interval_s: float = 0.05,

@@ -1,0 +1,114 @@
+"""``Client`` over one request of the lean HTTP/1.1 server (``router.server.http1``).
+
+Answers are framed here: a whole answer with ``Content-Length``, a stream with
+``Transfer-Encoding: chunked`` (HTTP/1.0: no framing, the connection closes after
+it). Every answer carries ``X-Request-Id``, and ``Connection: close`` when the
+connection closes after it. ``write`` waits while the client's socket buffer is over
+its high-water mark (``Http1Connection.drain``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from collections.abc import Mapping
+from http import HTTPStatus
+from typing import TYPE_CHECKING
+
+from radix.api_errors import ApiError
+from router.server.client import SSE_HEADERS, Client
+from router.server.request_ids import HEADER, VALID_ID
+
+if TYPE_CHECKING:
+    from router.server.http1 import Http1Connection, Message
+
+CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
+_END_CHUNKS = b"0\r\n\r\n"
+
+
+def head(status: int, headers: Mapping[str, str], request_id: str, close: bool) -> bytes:
+    """A response's status line and headers, blank line included."""
+    try:
+        reason = HTTPStatus(status).phrase
+    except ValueError:
+        reason = "Unknown"
+    lines = [f"HTTP/1.1 {status} {reason}", f"{HEADER}: {request_id}"]
+    lines += [f"{name}: {value}" for name, value in headers.items()
+              if name.lower() != "connection"]
+    if close:
+        lines.append("Connection: close")
+    return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")
+
+
+class Http1Client(Client):
+    """One request (``message``) of ``connection``; see ``Client`` for the contract."""
+
+    def __init__(self, connection: Http1Connection, message: Message) -> None:
+        self._connection = connection
+        self._message = message
+        given = message.headers.get(b"x-request-id", b"").decode("latin-1")
+        self.request_id = given if VALID_ID.match(given) else os.urandom(16).hex()
+        self._started = False
+        self._answered = False
+        self._chunked = message.version != "1.0"
+
+    def header(self, name: str) -> str | None:
+        value = self._message.headers.get(name.lower().encode("latin-1"))
+        return None if value is None else value.decode("latin-1")
+
+    async def read_body(self, timeout_s: float) -> bytes:
+        message = self._message
+        if message.body.done():  # the common case: no timer, no waiting
+            return message.body.result()
+        self._connection.send_continue(message)
+        try:
+            async with asyncio.timeout(timeout_s):
+                return await asyncio.shield(message.body)
+        except TimeoutError:
+            raise ApiError(408, f"request body not received within {timeout_s:g} s",
+                           code="request_timeout", headers={"Connection": "close"}) from None
+
+    @property
+    def started(self) -> bool:
+        return self._started
+
+    @property
+    def answered(self) -> bool:
+        """An answer (whole or a stream's head) has been sent."""
+        return self._answered
+
+    async def start_stream(self) -> None:
+        headers = dict(SSE_HEADERS)
+        close = self._connection.closes_after(self._message) or not self._chunked
+        if self._chunked:
+            headers["Transfer-Encoding"] = "chunked"
+        self._started = self._answered = True
+        self._connection.send(head(200, headers, self.request_id, close))
+
+    async def write(self, data: bytes, timeout_s: float) -> None:
+        connection = self._connection
+        if connection.lost:
+            raise ConnectionResetError("the client went away")
+        if self._chunked:
+            data = b"%x\r\n%b\r\n" % (len(data), data)
+        connection.send(data)
+        if connection.write_paused:  # only then a timer: most writes never wait
+            async with asyncio.timeout(timeout_s):
+                await connection.drain()
+
+    def end_stream(self) -> None:
+        """The last chunk of a started stream."""
+        if self._chunked and not self._connection.lost:
+            self._connection.send(_END_CHUNKS)
+
+    def respond(self, status: int, body: bytes, headers: Mapping[str, str]) -> None:
+        close = (self._connection.closes_after(self._message)
+                 or headers.get("Connection", "").lower() == "close")
+        self._answered = True
+        self._connection.send(head(status, {**headers, "Content-Length": str(len(body))},
+                                   self.request_id, close) + body)
+        if close:
+            self._connection.close_after_answer()
+
+    def abort(self) -> None:
+        self._connection.abort()
