@@ -389,6 +389,7 @@ async def test_openai_kind_worker_gets_token_ids_and_passes_through() -> None:
     async with serving(recording_upstream(seen)) as up, \
             running_router(make_config([up], kind="openai")) as (url, router), \
             aiohttp.ClientSession() as session:
+        del seen[:]  # the cache_salt probe at registration (test_salt_probe.py)
         body = {"model": "demo", "prompt": "hello", "max_tokens": 2, "user": "u"}
         status, result, _ = await call(session, "POST", f"{url}/v1/completions", body, ALICE)
         assert status == 200 and result["model"] == "demo" and result["choices"][0]["text"] == "aa"
