@@ -100,16 +100,17 @@ async def wait_healthy(session: aiohttp.ClientSession, deployment: Deployment,
     return True
 
 
-async def _restarted(up: UpProcess, name: str, since: int) -> None:
+async def _signal_until_restarted(up: UpProcess, name: str, sig: signal.Signals) -> dict:
+    """Send ``sig`` to child ``name``; return once the supervisor restarted it."""
+    since = len(up.lines)
+    up.signal_child(name, sig)
     await asyncio.to_thread(up.wait_line, rf"^\[{name}\] restarted", 240.0, since)
+    return {}
 
 
 async def kill_worker(deployment: Deployment, hold_s: float) -> dict:
     """SIGKILL w0; ends when the supervisor has it serving again."""
-    since = len(deployment.up.lines)
-    deployment.up.signal_child("w0", signal.SIGKILL)
-    await _restarted(deployment.up, "w0", since)
-    return {}
+    return await _signal_until_restarted(deployment.up, "w0", signal.SIGKILL)
 
 
 async def hang_worker(deployment: Deployment, hold_s: float) -> dict:
@@ -124,18 +125,12 @@ async def hang_worker(deployment: Deployment, hold_s: float) -> dict:
 
 async def kill_redis(deployment: Deployment, hold_s: float) -> dict:
     """SIGKILL redis-server; ends when the supervisor has a fresh one on its port."""
-    since = len(deployment.up.lines)
-    deployment.up.signal_child("redis", signal.SIGKILL)
-    await _restarted(deployment.up, "redis", since)
-    return {}
+    return await _signal_until_restarted(deployment.up, "redis", signal.SIGKILL)
 
 
 async def restart_router(deployment: Deployment, hold_s: float) -> dict:
     """SIGTERM router1 (it drains and exits); ends when the supervisor restarted it."""
-    since = len(deployment.up.lines)
-    deployment.up.signal_child("router1", signal.SIGTERM)
-    await _restarted(deployment.up, "router1", since)
-    return {}
+    return await _signal_until_restarted(deployment.up, "router1", signal.SIGTERM)
 
 
 async def drop_connections(deployment: Deployment, hold_s: float) -> dict:

@@ -115,6 +115,27 @@ def router(setup: str, urls: list[str], log_dir: Path,
         peer.stop()
 
 
+async def stream_completion(client: AsyncOpenAI, request: TraceRequest
+                            ) -> tuple[int, int, float | None, int, str | None]:
+    """Stream one trace request: (prompt tokens, cached tokens, TTFT from now, output
+    tokens, error). A failure is returned, never raised: the run goes on."""
+    start, ttft, usage = time.perf_counter(), None, None
+    try:
+        stream = await client.completions.create(
+            model="demo", prompt=prompt_text(request), max_tokens=request.num_output_tokens,
+            stream=True, stream_options={"include_usage": True}, extra_body={"ignore_eos": True})
+        async for chunk in stream:
+            if chunk.choices and ttft is None:
+                ttft = time.perf_counter() - start
+            usage = chunk.usage or usage
+    except Exception as exc:  # counted and reported; the run goes on
+        return request.num_prompt_tokens, 0, ttft, 0, f"{type(exc).__name__}: {exc}"
+    if usage is None or usage.prompt_tokens_details is None:
+        return request.num_prompt_tokens, 0, ttft, 0, "stream ended without usage"
+    return (usage.prompt_tokens, usage.prompt_tokens_details.cached_tokens or 0, ttft,
+            usage.completion_tokens, None)
+
+
 async def drive(url: str, key: str, requests: list[TraceRequest], num_clients: int,
                  label: str) -> list[tuple[int, int, float | None, int, str | None]]:
     """(prompt tokens, cached tokens, TTFT, output tokens, error) per request."""
@@ -123,26 +144,9 @@ async def drive(url: str, key: str, requests: list[TraceRequest], num_clients: i
     outcomes: list[tuple[int, int, float | None, int, str | None]] = []
     bar = tqdm(total=len(requests), desc=label, leave=False)
 
-    async def one(request: TraceRequest) -> tuple[int, int, float | None, int, str | None]:
-        start, ttft, usage = time.perf_counter(), None, None
-        try:
-            stream = await client.completions.create(
-                model="demo", prompt=prompt_text(request), max_tokens=request.num_output_tokens,
-                stream=True, stream_options={"include_usage": True}, extra_body={"ignore_eos": True})
-            async for chunk in stream:
-                if chunk.choices and ttft is None:
-                    ttft = time.perf_counter() - start
-                usage = chunk.usage or usage
-        except Exception as exc:  # counted and reported; the run goes on
-            return request.num_prompt_tokens, 0, ttft, 0, f"{type(exc).__name__}: {exc}"
-        if usage is None or usage.prompt_tokens_details is None:
-            return request.num_prompt_tokens, 0, ttft, 0, "stream ended without usage"
-        return (usage.prompt_tokens, usage.prompt_tokens_details.cached_tokens or 0, ttft,
-                usage.completion_tokens, None)
-
     async def loop() -> None:
         for request in pending:
-            outcomes.append(await one(request))
+            outcomes.append(await stream_completion(client, request))
             bar.update()
 
     try:

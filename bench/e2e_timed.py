@@ -35,7 +35,7 @@ import numpy as np
 from openai import AsyncOpenAI
 
 from bench import peers
-from bench.e2e import WORKER_KEY, drive, prompt_text, requests_served, router, workers
+from bench.e2e import WORKER_KEY, drive, requests_served, router, stream_completion, workers
 from bench.procs import http_json
 from bench.workloads import TraceRequest, WorkloadConfig, generate
 from radix.cost_model import Profile, get_profile
@@ -85,21 +85,7 @@ async def drive_open(url: str, key: str, requests: list[TraceRequest],
 
     async def one(request: TraceRequest, arrival_s: float) -> Outcome:
         await asyncio.sleep(max(0.0, start + arrival_s - time.perf_counter()))
-        sent, ttft, usage = time.perf_counter(), None, None
-        try:
-            stream = await client.completions.create(
-                model="demo", prompt=prompt_text(request), max_tokens=request.num_output_tokens,
-                stream=True, stream_options={"include_usage": True}, extra_body={"ignore_eos": True})
-            async for chunk in stream:
-                if chunk.choices and ttft is None:
-                    ttft = time.perf_counter() - sent
-                usage = chunk.usage or usage
-        except Exception as exc:  # counted and reported; the run goes on
-            return request.num_prompt_tokens, 0, ttft, 0, f"{type(exc).__name__}: {exc}"
-        if usage is None or usage.prompt_tokens_details is None:
-            return request.num_prompt_tokens, 0, ttft, 0, "stream ended without usage"
-        return (usage.prompt_tokens, usage.prompt_tokens_details.cached_tokens or 0, ttft,
-                usage.completion_tokens, None)
+        return await stream_completion(client, request)
 
     try:
         return await asyncio.gather(*(one(r, a) for r, a in zip(requests, arrivals_s, strict=True)))
