@@ -118,8 +118,13 @@ class VllmTranslator:
             return None
         return self._event(seq, "stored", namespace, scope, tuple(blocks), medium)
 
+    def _parent(self, medium: Medium, parent: str) -> _Entry | None:
+        """A parent block: in the same tier, or on the device (host blocks continue
+        device chains)."""
+        return self._entries.get((medium, parent)) or self._entries.get(("device", parent))
+
     def _link(self, medium: Medium, parent: str, child: str) -> None:
-        entry = self._entries.get((medium, parent)) or self._entries.get(("device", parent))
+        entry = self._parent(medium, parent)
         if entry is not None:
             if entry.children is None:
                 entry.children = []
@@ -128,8 +133,7 @@ class VllmTranslator:
     def _place(self, event: BlocksStored, medium: Medium) -> tuple[str, str] | None:
         """(namespace, scope) of a stored chain: its parent's, or from its salt."""
         if event.parent is not None:
-            parent = (self._entries.get((medium, event.parent))
-                      or self._entries.get(("device", event.parent)))
+            parent = self._parent(medium, event.parent)
             return None if parent is None else (parent.namespace, parent.scope)
         for key in event.salt_keys:
             scope = self._scope_of_salt(key)
