@@ -10,12 +10,12 @@ The restart test runs last: it kills and restarts one server.
 
 from __future__ import annotations
 
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+from test_e2e_routing import wait_for
 
 from bench.procs import ManagedProcess, http_json, start_router
 from bench.vllm_servers import SERVED_MODEL, SMOLLM2_DIR, VllmServer
@@ -54,14 +54,6 @@ def admin(router: ManagedProcess, path: str) -> Any:
 
 def workers(router: ManagedProcess) -> dict[str, dict[str, Any]]:
     return {w["id"]: w for w in admin(router, "/admin/workers")["workers"]}
-
-
-def wait_for(check, timeout_s: float = 30.0, describe=lambda: None) -> Any:
-    deadline = time.monotonic() + timeout_s
-    while not (value := check()):
-        assert time.monotonic() < deadline, f"condition not met: {describe()}"
-        time.sleep(0.1)
-    return value
 
 
 def complete(router: ManagedProcess, prompt: str, key: str = ALICE) -> dict[str, Any]:
@@ -123,7 +115,7 @@ def test_the_index_predicts_what_vllm_reuses_and_routes_to_the_holder(fleet_rout
     first = complete(router, DOCUMENT + " Question one?")
     holder, grown = served_by(router, before)
     assert grown["num_matched_tokens"] == 0 and first["usage"]["prompt_tokens"] > 3 * BLOCK
-    wait_for(lambda: index_blocks(router).get(holder, 0) >= 3, describe=lambda: index_blocks(router))
+    wait_for(lambda: index_blocks(router).get(holder, 0) >= 3, 30, lambda: index_blocks(router))
     for question in ("Question two?", "Question three, longer than the others?"):
         before = workers(router)
         answer = complete(router, f"{DOCUMENT} {question}")
