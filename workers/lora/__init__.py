@@ -1,0 +1,1 @@
+"""LoRA adapters: PEFT loading, slots of preallocated weights, and the grouped delta."""
