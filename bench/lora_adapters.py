@@ -16,7 +16,13 @@ from pathlib import Path
 import torch
 from safetensors.torch import save_file
 
-from workers.lora.peft_files import CONFIG_FILE, TARGET_MODULES, WEIGHTS_FILE, BaseShapes, weight_key
+from workers.lora.peft_files import (
+    CONFIG_FILE,
+    TARGET_MODULES,
+    WEIGHTS_FILE,
+    BaseShapes,
+    weight_key,
+)
 
 
 def adapter_config(rank: int, alpha: float, target_modules: Sequence[str] = TARGET_MODULES,
