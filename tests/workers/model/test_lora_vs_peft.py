@@ -138,9 +138,12 @@ def test_the_same_prompt_under_another_adapter_or_the_base_model_hits_nothing(ch
               for i, adapter in enumerate(["alpha", "beta", None, "alpha", "beta", None])]
     assert cached[:3] == [0, 0, 0]
     assert cached[3:] == [49, 49, 49]
-    namespaces = {event.namespace for event in engine.manager.event_log.since(0, engine.manager.event_log.epoch)
-                  if event.type == "stored"}  # fmt: skip
-    assert len(namespaces) == 3
+    log = engine.manager.event_log
+    stored = {event.namespace for event in log.since(0, log.epoch) if event.type == "stored"}
+    assert len(stored) == 3
+    _, snapshot = engine.manager.snapshot()
+    assert [event.type for event in snapshot].count("cleared") == 1
+    assert {event.namespace for event in snapshot if event.type == "stored"} == stored
 
 
 def test_a_batch_mixing_two_adapters_and_the_base_model_is_exact(checkpoint, reference):
