@@ -51,6 +51,11 @@ def write_config_adapters(root: Path, count: int, rank: int = 16,
     return adapters
 
 
+def lora_module_flags(adapters: Sequence[tuple[str, Path]]) -> list[str]:
+    """Worker flags that register ``adapters`` (``(name, path)`` pairs) at start."""
+    return ["--enable-lora", "--lora-modules", *(f"{name}={path}" for name, path in adapters)]
+
+
 def model_shapes(model_dir: Path) -> BaseShapes:
     """The projection shapes of the Llama checkpoint in ``model_dir`` (its config.json)."""
     config = json.loads((model_dir / "config.json").read_text())

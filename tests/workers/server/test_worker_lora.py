@@ -11,7 +11,7 @@ import json
 import pytest
 from support.aio import serving
 
-from bench.lora_adapters import adapter_config, write_config_adapters
+from bench.lora_adapters import adapter_config, lora_module_flags, write_config_adapters
 from bench.procs import http_json, start_worker
 from workers.config import LoraSettings, ModelSettings, WorkerConfig
 from workers.engine.build import build_worker
@@ -31,8 +31,8 @@ def adapters(tmp_path_factory):
 @pytest.fixture(scope="module")
 def worker(adapters):
     process = start_worker(
-        "--model", PROFILE, "--time-scale", "0.01", "--enable-lora", "--max-loras", "1",
-        "--lora-modules", f"lora-0={adapters['lora-0']}",
+        "--model", PROFILE, "--time-scale", "0.01", "--max-loras", "1",
+        *lora_module_flags([("lora-0", adapters["lora-0"])]),
         json.dumps({"name": "lora-1", "path": str(adapters["lora-1"]), "base_model_name": "x"}),
         "--allow-runtime-lora-updates", api_key=KEY)  # fmt: skip
     yield process
