@@ -168,6 +168,7 @@ def lora_delta_triton(
     _check_arguments(x, segments, lora_a, lora_b, scales)
     for name, size in (("block_m", block_m or 16), ("block_n", block_n), ("block_k", block_k)):
         _check(size >= 16 and size & (size - 1) == 0, f"{name} must be a power of two >= 16")
+    _check(num_splits is None or num_splits >= 1, "num_splits must be >= 1")
     num_tokens, in_features = x.shape
     num_segments = segments.num_segments
     out = x.new_zeros(num_tokens, lora_b.shape[1])
@@ -182,7 +183,6 @@ def lora_delta_triton(
     if num_splits is None:
         wanted = triton.cdiv(_TARGET_SHRINK_PROGRAMS, row_tiles * triton.cdiv(max_rank, block_r))
         num_splits = min(wanted, k_tiles, _MAX_SPLITS)
-    _check(num_splits >= 1, "num_splits must be >= 1")
     k_per_split = triton.cdiv(k_tiles, num_splits) * block_k
     num_splits = triton.cdiv(in_features, k_per_split)
     partials = x.new_empty((num_splits, num_tokens, max_rank), dtype=torch.float32)
