@@ -14,6 +14,7 @@ worst case); a ``--lora-prefill-tokens`` prefill cut into one run per adapter.
 from __future__ import annotations
 
 import argparse
+from functools import partial
 from typing import Any
 
 import torch
@@ -92,9 +93,11 @@ def timings(args: argparse.Namespace, dtype: torch.dtype) -> list[dict[str, Any]
     rows = []
     for name, batch in _batches(args, dtype).items():
         times = {
-            "triton_ms": median_ms(lambda b=batch: lora_delta_triton(*b.args()), args.iters),
-            "reference_ms": median_ms(lambda b=batch: lora_delta_reference(*b.args()), args.iters),
-            "base_matmul_ms": median_ms(lambda b=batch: b.x @ b.base_weight.T, args.iters),
+            "triton_ms": median_ms(partial(lora_delta_triton, *batch.args()), args.iters),
+            "reference_ms": median_ms(partial(lora_delta_reference, *batch.args()), args.iters),
+            "base_matmul_ms": median_ms(
+                partial(torch.mm, batch.x, batch.base_weight.T), args.iters
+            ),
         }
         rows.append({"batch": name, "rows": batch.x.shape[0],
                      "runs": batch.segments.num_segments, **times,

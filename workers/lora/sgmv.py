@@ -18,8 +18,8 @@ Row tiles are numbered across runs without a device sync: run ``i`` has
 ``ceil(len_i / BLOCK_M)`` tiles, so the total is at most ``ceil(num_tokens / BLOCK_M)
 + num_segments``; each program finds its run from the running sum of tile counts
 and programs past the last tile return at once. A tile never spans two runs, so a
-tile reads one slot's weights. Rank is padded to ``max_rank`` and masked to a
-power of two of at least 16 for ``tl.dot``; padded rank rows are zero in the slot
+tile reads one slot's weights. Rank is padded to ``max_rank`` and masked up to
+``tl.dot``'s smallest power-of-two tile; padded rank rows are zero in the slot
 buffers, so they add nothing. Products accumulate in fp32; fp32 inputs use
 ``input_precision="ieee"`` (no silent TF32). The shrunk rows are rounded to the
 input dtype before the expand's ``tl.dot``, as the reference rounds ``x·Aᵀ``.
@@ -35,6 +35,7 @@ Runs on CUDA, and on CPU tensors under ``TRITON_INTERPRET=1`` (tests).
 from __future__ import annotations
 
 import os
+from typing import NamedTuple
 
 import torch
 import triton
@@ -44,14 +45,17 @@ from workers.lora.segments import LoraSegments
 
 _DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 _TARGET_SHRINK_PROGRAMS = 264  # two waves of a 132-SM GPU
-_MAX_SPLITS = 16
+_MAX_SPLITS = 16  # the expand re-reads every split's partial
+_MIN_TILE = 16  # tl.dot's smallest dimension
+_MAX_RANK_TILE = 64
+_LONG_RUN_ROWS = 64  # runs this long on average get tiles of this many rows
 
 
 @triton.jit
 def _row_tile(starts_ptr, ends_ptr, slots_ptr, num_segments,
               SEGMENTS_P: tl.constexpr, BLOCK_M: tl.constexpr):  # fmt: skip
     """This program's run (``num_segments`` past the last tile), its slot, the
-    tile's first row, and the run's end row."""
+    tile's rows and which of them lie inside the run."""
     segment_ids = tl.arange(0, SEGMENTS_P)
     listed = segment_ids < num_segments
     run_starts = tl.load(starts_ptr + segment_ids, mask=listed, other=0)
@@ -65,24 +69,23 @@ def _row_tile(starts_ptr, ends_ptr, slots_ptr, num_segments,
     row_start = tl.sum(tl.where(mine, run_starts, 0), 0) + (tile_id - first_tile) * BLOCK_M
     run_end = tl.sum(tl.where(mine, run_ends, 0), 0)
     slot = tl.load(slots_ptr + segment, mask=segment < num_segments, other=0)
-    return segment, slot.to(tl.int64), row_start.to(tl.int64), run_end
+    rows = row_start.to(tl.int64) + tl.arange(0, BLOCK_M)
+    return segment, slot.to(tl.int64), rows, rows < run_end
 
 
 @triton.jit
 def _shrink_kernel(
-    x_ptr, a_ptr, partial_ptr, starts_ptr, ends_ptr, slots_ptr, num_segments, num_tokens,
+    x_ptr, a_ptr, partial_ptr, starts_ptr, ends_ptr, slots_ptr, num_segments,
     stride_xt, stride_as, stride_ar, stride_ps, stride_pt,
     IN_FEATURES: tl.constexpr, MAX_RANK: tl.constexpr, K_PER_SPLIT: tl.constexpr,
     SEGMENTS_P: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_R: tl.constexpr,
     BLOCK_K: tl.constexpr, PRECISION: tl.constexpr, DOT_FP32: tl.constexpr,
 ):  # fmt: skip
-    segment, slot, row_start, run_end = _row_tile(
+    segment, slot, rows, row_ok = _row_tile(
         starts_ptr, ends_ptr, slots_ptr, num_segments, SEGMENTS_P, BLOCK_M
     )
     if segment >= num_segments:
         return
-    rows = row_start + tl.arange(0, BLOCK_M)
-    row_ok = rows < run_end
     ranks = tl.program_id(1) * BLOCK_R + tl.arange(0, BLOCK_R)
     rank_ok = ranks < MAX_RANK
     split = tl.program_id(2)
@@ -113,13 +116,11 @@ def _expand_kernel(
     SEGMENTS_P: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_R: tl.constexpr,
     BLOCK_N: tl.constexpr, PRECISION: tl.constexpr, DOT_FP32: tl.constexpr,
 ):  # fmt: skip
-    segment, slot, row_start, run_end = _row_tile(
+    segment, slot, rows, row_ok = _row_tile(
         starts_ptr, ends_ptr, slots_ptr, num_segments, SEGMENTS_P, BLOCK_M
     )
     if segment >= num_segments:
         return
-    rows = row_start + tl.arange(0, BLOCK_M)
-    row_ok = rows < run_end
     cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     col_ok = cols < OUT_FEATURES
     b_cols = b_ptr + slot * stride_bs + cols.to(tl.int64) * stride_bo
@@ -161,13 +162,16 @@ def lora_delta_triton(
 
     The caller guarantees that runs lie inside ``x`` and slots inside the slot
     buffers (checking values would need a device sync). ``block_m`` rows per tile
-    (default 16 for decode-like batches, 64 when runs average 64 rows or more);
+    (default: small tiles for decode-like batches, large ones when runs are long);
     ``num_splits`` splits of ``in_features`` in the shrink (default: enough programs
-    for about two waves, judged from shapes only, so no device sync is needed).
+    to fill the GPU, judged from shapes only, so no device sync is needed). Tile
+    sizes are powers of two, at least ``tl.dot``'s minimum.
     """
     _check_arguments(x, segments, lora_a, lora_b, scales)
-    for name, size in (("block_m", block_m or 16), ("block_n", block_n), ("block_k", block_k)):
-        _check(size >= 16 and size & (size - 1) == 0, f"{name} must be a power of two >= 16")
+    tiles = {"block_m": block_m or _MIN_TILE, "block_n": block_n, "block_k": block_k}
+    for name, size in tiles.items():
+        _check(size >= _MIN_TILE and size & (size - 1) == 0,
+               f"{name} must be a power of two >= {_MIN_TILE}")  # fmt: skip
     _check(num_splits is None or num_splits >= 1, "num_splits must be >= 1")
     num_tokens, in_features = x.shape
     num_segments = segments.num_segments
@@ -175,33 +179,54 @@ def lora_delta_triton(
     if num_tokens == 0 or num_segments == 0:
         return out
     max_rank = lora_a.shape[1]
-    if block_m is None:
-        block_m = 64 if num_tokens >= 64 * num_segments else 16
-    block_r = min(64, max(16, triton.next_power_of_2(max_rank)))
-    row_tiles = triton.cdiv(num_tokens, block_m) + num_segments
-    k_tiles = triton.cdiv(in_features, block_k)
-    if num_splits is None:
-        wanted = triton.cdiv(_TARGET_SHRINK_PROGRAMS, row_tiles * triton.cdiv(max_rank, block_r))
-        num_splits = min(wanted, k_tiles, _MAX_SPLITS)
-    k_per_split = triton.cdiv(k_tiles, num_splits) * block_k
-    num_splits = triton.cdiv(in_features, k_per_split)
-    partials = x.new_empty((num_splits, num_tokens, max_rank), dtype=torch.float32)
+    t = _tiling(num_tokens, num_segments, in_features, max_rank, block_m, block_k, num_splits)
+    partials = x.new_empty((t.num_splits, num_tokens, max_rank), dtype=torch.float32)
     run_args = (segments.starts, segments.ends, segments.slots, num_segments)
     dot_fp32 = x.dtype == torch.bfloat16 and os.environ.get("TRITON_INTERPRET") == "1"
     common = dict(MAX_RANK=max_rank, SEGMENTS_P=triton.next_power_of_2(num_segments),
-                  BLOCK_M=block_m, BLOCK_R=block_r, DOT_FP32=dot_fp32,
+                  BLOCK_M=t.block_m, BLOCK_R=t.block_r, DOT_FP32=dot_fp32,
                   PRECISION="ieee" if x.dtype == torch.float32 or dot_fp32 else "tf32")  # fmt: skip
-    _shrink_kernel[(row_tiles, triton.cdiv(max_rank, block_r), num_splits)](
-        x, lora_a, partials, *run_args, num_tokens,
+    _shrink_kernel[(t.row_tiles, t.rank_tiles, t.num_splits)](
+        x, lora_a, partials, *run_args,
         x.stride(0), lora_a.stride(0), lora_a.stride(1), partials.stride(0), partials.stride(1),
-        IN_FEATURES=in_features, K_PER_SPLIT=k_per_split, BLOCK_K=block_k, **common,
+        IN_FEATURES=in_features, K_PER_SPLIT=t.k_per_split, BLOCK_K=block_k, **common,
     )  # fmt: skip
-    _expand_kernel[(row_tiles, triton.cdiv(out.shape[1], block_n))](
+    _expand_kernel[(t.row_tiles, triton.cdiv(out.shape[1], block_n))](
         partials, lora_b, scales, out, *run_args,
         partials.stride(0), partials.stride(1), lora_b.stride(0), lora_b.stride(1), out.stride(0),
-        OUT_FEATURES=out.shape[1], NUM_SPLITS=num_splits, BLOCK_N=block_n, **common,
+        OUT_FEATURES=out.shape[1], NUM_SPLITS=t.num_splits, BLOCK_N=block_n, **common,
     )  # fmt: skip
     return out
+
+
+class _Tiling(NamedTuple):
+    """Tile sizes and grid extents of one call."""
+
+    block_m: int
+    block_r: int
+    row_tiles: int
+    rank_tiles: int
+    num_splits: int
+    k_per_split: int
+
+
+def _tiling(num_tokens: int, num_segments: int, in_features: int, max_rank: int,
+            block_m: int | None, block_k: int, num_splits: int | None) -> _Tiling:  # fmt: skip
+    """Tile sizes and grid extents from shapes alone (no device sync). Splits cover
+    whole ``block_k`` tiles, so fewer may remain than were asked for."""
+    if block_m is None:
+        long_runs = num_tokens >= _LONG_RUN_ROWS * num_segments
+        block_m = _LONG_RUN_ROWS if long_runs else _MIN_TILE
+    block_r = min(_MAX_RANK_TILE, max(_MIN_TILE, triton.next_power_of_2(max_rank)))
+    row_tiles = triton.cdiv(num_tokens, block_m) + num_segments
+    rank_tiles = triton.cdiv(max_rank, block_r)
+    k_tiles = triton.cdiv(in_features, block_k)
+    if num_splits is None:
+        wanted = triton.cdiv(_TARGET_SHRINK_PROGRAMS, row_tiles * rank_tiles)
+        num_splits = min(wanted, k_tiles, _MAX_SPLITS)
+    k_per_split = triton.cdiv(k_tiles, num_splits) * block_k
+    num_splits = triton.cdiv(in_features, k_per_split)
+    return _Tiling(block_m, block_r, row_tiles, rank_tiles, num_splits, k_per_split)
 
 
 def _check_arguments(
