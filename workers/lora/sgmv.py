@@ -176,14 +176,14 @@ def lora_delta_triton(
     num_tokens, in_features = x.shape
     num_segments = segments.num_segments
     out = x.new_zeros(num_tokens, lora_b.shape[1])
-    if num_tokens == 0 or num_segments == 0:
+    if out.numel() == 0 or num_segments == 0 or in_features == 0:
         return out
     max_rank = lora_a.shape[1]
     t = _tiling(num_tokens, num_segments, in_features, max_rank, block_m, block_k, num_splits)
     partials = x.new_empty((t.num_splits, num_tokens, max_rank), dtype=torch.float32)
     run_args = (segments.starts, segments.ends, segments.slots, num_segments)
     dot_fp32 = x.dtype == torch.bfloat16 and os.environ.get("TRITON_INTERPRET") == "1"
-    common = dict(MAX_RANK=max_rank, SEGMENTS_P=triton.next_power_of_2(num_segments),
+    common = dict(MAX_RANK=max_rank, SEGMENTS_P=max(_MIN_TILE, triton.next_power_of_2(num_segments)),
                   BLOCK_M=t.block_m, BLOCK_R=t.block_r, DOT_FP32=dot_fp32,
                   PRECISION="ieee" if x.dtype == torch.float32 or dot_fp32 else "tf32")  # fmt: skip
     _shrink_kernel[(t.row_tiles, t.rank_tiles, t.num_splits)](

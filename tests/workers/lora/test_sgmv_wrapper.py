@@ -1,4 +1,5 @@
-"""lora_delta_triton refuses bad arguments before launch, naming the argument."""
+"""lora_delta_triton before launch: it refuses bad arguments, naming the argument, and
+answers the problems that need no launch (nothing to multiply) with zeros."""
 
 from __future__ import annotations
 
@@ -8,6 +9,8 @@ from dataclasses import replace
 import pytest
 import torch
 from lora_cases import LoraProblem, make_problem
+
+from workers.lora.reference import lora_delta_reference
 
 pytest.importorskip("triton")
 
@@ -62,3 +65,18 @@ def test_bad_tilings_are_refused(option, message):
 
     with pytest.raises(ValueError, match=f"lora_delta_triton: {message}"):
         lora_delta_triton(*problem(), **option)
+
+
+@pytest.mark.parametrize(
+    ("row_counts", "row_slots", "in_features", "out_features"),
+    [([], [], 8, 8), ([3, 2], [None, None], 8, 8), ([3, 2], [0, 1], 0, 8), ([3, 2], [0, 1], 8, 0)],
+)
+def test_nothing_to_multiply_gives_zeros_without_a_launch(
+    row_counts, row_slots, in_features, out_features
+):
+    from workers.lora.sgmv import lora_delta_triton
+
+    p = make_problem(row_counts, row_slots, [2, 2], 2, in_features, out_features)
+    got = lora_delta_triton(*p)  # CPU tensors outside the interpreter: a launch would fail
+    assert torch.equal(got, lora_delta_reference(*p))
+    assert got.shape == (sum(row_counts), out_features)
