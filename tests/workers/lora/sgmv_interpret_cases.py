@@ -14,13 +14,13 @@ import sys
 from pathlib import Path
 
 assert os.environ.get("TRITON_INTERPRET") == "1", "run with TRITON_INTERPRET=1"
-sys.path[:0] = [str(Path(__file__).resolve().parents[3]), str(Path(__file__).resolve().parent)]
+sys.path[:0] = [str(Path(__file__).resolve().parents[3])]
 
 import torch  # noqa: E402
 from hypothesis import example, given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
-from lora_cases import error_in_ulps, make_problem  # noqa: E402
 
+from tests.workers.lora.lora_cases import error_in_ulps, make_problem  # noqa: E402
 from workers.lora.sgmv import lora_delta_triton  # noqa: E402
 
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 import torch
-from lora_cases import error_in_ulps, make_problem
 
+from tests.workers.lora.lora_cases import error_in_ulps, make_problem
 from workers.lora.delta import lora_delta
 
 pytestmark = [

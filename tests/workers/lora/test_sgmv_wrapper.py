@@ -8,8 +8,8 @@ from dataclasses import replace
 
 import pytest
 import torch
-from lora_cases import LoraProblem, make_problem
 
+from tests.workers.lora.lora_cases import LoraProblem, make_problem
 from workers.lora.reference import lora_delta_reference
 
 pytest.importorskip("triton")
