@@ -1,13 +1,15 @@
 """Paged-attention kernels on a CUDA GPU: correctness, then speed against torch SDPA.
 
-One run (well under 3 minutes on an H200) does three things:
+One run (well under 3 minutes on an H200) does four things:
 
 1. checks the Triton kernels against the torch reference on ragged batches with
    scrambled block tables, in the chosen dtype (fails loudly past tolerance);
 2. times paged decode at several batch sizes against SDPA over K/V that is already
    gathered into contiguous tensors (torch's best case: no paging cost) and against
    the reference (gather + SDPA), and reports achieved K/V read bandwidth;
-3. times paged prefill of new tokens over a cached prefix, and the K/V store.
+3. times paged prefill of new tokens over a cached prefix, and the K/V store;
+4. checks a demo worker sized by ``--gpu-memory-utilization`` stays within it
+   (``bench.gpu_sizing``; CUDA only).
 
 ``--kv-dtype fp8_e4m3`` (or ``fp8_e5m2``) runs all three with an FP8 cache: K/V
 quantized with a per-layer scale, queries and outputs in ``--dtype``; the SDPA
@@ -33,6 +35,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from bench import gpu_sizing
 from workers.attention import reference
 from workers.attention.metadata import AttentionMetadata
 
@@ -60,6 +63,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--store-tokens", type=int, default=8192)
     parser.add_argument("--iters", type=int, default=20)
     parser.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
+    parser.add_argument("--gpu-memory-utilization", type=float, default=0.5,
+                        help="fraction for the KV sizing check (bench.gpu_sizing)")
     parser.add_argument("--json", type=Path, default=None, help="also write results here")
     args = parser.parse_args(argv)
     args.decode_batches = [int(b) for b in args.decode_batches.split(",") if b]
@@ -90,6 +95,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "prefill": _time_prefill(triton_kernels, args, dtype),
         "store_kv": _time_store(triton_kernels, args, dtype),
     }
+    if args.device == "cuda":
+        results["kv_sizing"] = gpu_sizing.check_sizing(args.gpu_memory_utilization)
     _print(results)
     if args.json:
         args.json.write_text(json.dumps(results, indent=2))
@@ -293,6 +300,8 @@ def _print(results: dict[str, Any]) -> None:
     s = results["store_kv"]
     print(f"store_kv {s['tokens']} tokens: triton {s['triton_ms']:.3f} ms ({s['triton_GBps']} GB/s), "
           f"torch index_put {s['torch_index_put_ms']:.3f} ms")  # fmt: skip
+    if "kv_sizing" in results:
+        print(gpu_sizing.describe(results["kv_sizing"]))
 
 
 if __name__ == "__main__":
