@@ -240,7 +240,9 @@ def _log_plan(identity: WorkerIdentity, source: str, device: torch.device,
     log.info("KV plan:\n%s", describe(identity.kv_plan, None))
     log.info("KV cache dtype %s, scales: %s", identity.kv_plan.spec.dtype,
              identity.kv_scales.describe())  # fmt: skip
-    log.info("host KV tier: %s", f"{num_host_blocks} blocks (AES-256-GCM)" if num_host_blocks
+    ttl = config.kv.host_ttl_s
+    log.info("host KV tier: %s", f"{num_host_blocks} blocks (AES-256-GCM, TTL "
+             f"{'none' if ttl is None else f'{ttl:g} s'}, core dumps off)" if num_host_blocks
              else "off")  # fmt: skip
     log.info("namespace fingerprint %s (prefix cache %s)", identity.namespace_digest,
              "on" if config.kv.prefix_cache else "off")  # fmt: skip
