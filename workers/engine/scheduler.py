@@ -16,7 +16,8 @@ Policy, in order, under a budget of ``max_batched_tokens`` tokens per step:
    A sequence that is itself the newest preempts itself.
 3. If nothing was preempted this step, waiting sequences are admitted in FIFO
    order while the KV manager can reserve their blocks after the prefix match
-   (it evicts cached leaves first) and ``max_num_seqs`` allows. The first one that
+   (it evicts cached leaves first) and still leave its watermark of blocks for the
+   running sequences to grow into, and ``max_num_seqs`` allows. The first one that
    does not fit stops admission (no overtaking: large requests do not starve).
 
 Liveness: a waiting sequence waits only behind running ones, which finish or are
