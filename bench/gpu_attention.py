@@ -9,7 +9,9 @@ One run (well under 3 minutes on an H200) does four things:
    the reference (gather + SDPA), and reports achieved K/V read bandwidth;
 3. times paged prefill of new tokens over a cached prefix, and the K/V store;
 4. checks the grouped LoRA delta against its reference, then times it beside the
-   base projection it is added to (``bench.gpu_lora``, options ``--lora-*``).
+   base projection it is added to (``bench.gpu_lora``, options ``--lora-*``);
+5. checks a demo worker sized by ``--gpu-memory-utilization`` stays within it
+   (``bench.gpu_sizing``; CUDA only).
 
 ``--kv-dtype fp8_e4m3`` (or ``fp8_e5m2``) runs all three with an FP8 cache: K/V
 quantized with a per-layer scale, queries and outputs in ``--dtype``; the SDPA
@@ -32,7 +34,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from bench import gpu_lora
+from bench import gpu_lora, gpu_sizing
 from bench.gpu_timing import max_error, median_ms
 from workers.attention import reference
 from workers.attention.metadata import AttentionMetadata
@@ -61,6 +63,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--store-tokens", type=int, default=8192)
     parser.add_argument("--iters", type=int, default=20)
     parser.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
+    parser.add_argument("--gpu-memory-utilization", type=float, default=0.5,
+                        help="fraction for the KV sizing check (bench.gpu_sizing)")
     parser.add_argument("--json", type=Path, default=None, help="also write results here")
     gpu_lora.add_arguments(parser)
     args = parser.parse_args(argv)
@@ -98,6 +102,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "store_kv": _time_store(triton_kernels, args, dtype),
         "lora": gpu_lora.timings(args, dtype),
     }
+    if args.device == "cuda":
+        results["kv_sizing"] = gpu_sizing.check_sizing(args.gpu_memory_utilization)
     _print(results)
     if args.json:
         args.json.write_text(json.dumps(results, indent=2))
@@ -275,6 +281,8 @@ def _print(results: dict[str, Any]) -> None:
     print(f"store_kv {s['tokens']} tokens: triton {s['triton_ms']:.3f} ms ({s['triton_GBps']} GB/s), "
           f"torch index_put {s['torch_index_put_ms']:.3f} ms")  # fmt: skip
     gpu_lora.print_results(results)
+    if "kv_sizing" in results:
+        print(gpu_sizing.describe(results["kv_sizing"]))
 
 
 if __name__ == "__main__":

@@ -37,6 +37,9 @@ _FLAG_FIELDS = {
     "self_test_delay_s": ("server", "self_test_delay_s"),
     "drain_timeout_s": ("server", "drain_timeout_s"),
     "kv_cache_bytes": ("kv", "cache_bytes"),
+    "gpu_memory_utilization": ("kv", "gpu_memory_utilization"),
+    "kv_watermark": ("kv", "watermark"),
+    "host_ttl_s": ("kv", "host_ttl_s"),
     "block_size": ("kv", "block_size"),
     "prefix_cache": ("kv", "prefix_cache"),
     "kv_cache_dtype": ("kv", "cache_dtype"),
@@ -69,7 +72,17 @@ def _parser() -> argparse.ArgumentParser:
     add("--self-test-delay-s", type=float, help="hold /ready at 503 this long before the self-test")
     add("--drain-timeout-s", type=float,
         help="on SIGTERM, how long requests in flight may take to finish (default 30)")
-    add("--kv-cache-bytes", type=parse_bytes, help="KV cache budget, e.g. 64MiB or 2GiB")
+    add("--kv-cache-bytes", type=parse_bytes,
+        help="KV cache budget, e.g. 64MiB or 2GiB (default: 256MiB on the CPU; on CUDA, "
+             "--gpu-memory-utilization)")
+    add("--gpu-memory-utilization", type=float, metavar="F",
+        help="CUDA without --kv-cache-bytes: KV gets F x total GPU memory - weights - peak "
+             "activation of one max-batched-tokens forward (default 0.9)")
+    add("--kv-watermark", type=float, metavar="FRACTION",
+        help="share of KV blocks admission leaves free for running sequences to grow "
+             "(default 0.01)")
+    add("--host-ttl-s", type=float,
+        help="drop host-tier KV entries this many seconds after they arrive (default: never)")
     add("--block-size", type=int, help="tokens per KV block (default 16)")
     add("--kv-cache-dtype", choices=KV_CACHE_DTYPES,
         help="KV cache dtype (auto: the model's dtype)")

@@ -56,7 +56,7 @@ async def serve_openai(router: Router, client: Client, endpoint: str) -> None:
                                                      (max_tokens or 0) * parsed.sampling.n)
             call = Call(parsed, model.name, prompt, tenant.tenant_id, max_tokens,
                         router.cache_salts.salt(tenant.tenant_id),
-                        tenant.limits.max_cached_tokens)
+                        tenant.limits.max_cached_tokens, client.request_id)
             decision_started = time.monotonic()
             workers = router.registry.routable(model.name)
             matched = match(router, workers, prompt, tenant)

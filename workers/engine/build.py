@@ -13,6 +13,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from importlib.metadata import version
 
 import torch
 from prometheus_client import CollectorRegistry
@@ -21,16 +22,19 @@ from radix.cost_model import Profile
 from radix.model_source import DEMO_MODEL, resolve_model_path
 from radix.namespace import CacheNamespace
 from radix.tokenizer import PromptTokenizer
+from workers.attention.backend import backend_name
 from workers.config import EngineConfig, WorkerConfig
 from workers.engine.async_engine import AsyncEngine
 from workers.engine.engine import Engine
 from workers.engine.kv_feed import KVEventFeed
+from workers.engine.kv_sizing import KVBudget, kv_budget
 from workers.engine.metrics import EngineMetrics, register_stats
 from workers.kv.build import build_kv_cache_manager
+from workers.kv.core_dumps import disable_core_dumps
 from workers.kv.plan import KVCachePlan, describe, plan_kv_cache
 from workers.kv.scales import KVScales, load_scales
 from workers.kv.spec import KVCacheSpec
-from workers.kv.tensors import KVCacheTensors
+from workers.kv.tensors import KV_LAYOUT_VERSION, KVCacheTensors
 from workers.model.config import ModelConfig
 from workers.model.demo import demo_config, ensure_demo_checkpoint
 from workers.model.loader import load_model
@@ -54,7 +58,8 @@ class WorkerIdentity:
     limit, the configured cap and the KV capacity, whichever is smallest.
     ``served_model_names`` are the names requests may use; responses carry the first
     (``model``). ``model_source`` is the model argument as given (``demo``, a packaged
-    name or a path).
+    name or a path). ``engine_version`` is the installed package's version and
+    ``attention_backend`` the kernels that write and read the KV blocks.
     """
 
     worker_id: str
@@ -67,6 +72,8 @@ class WorkerIdentity:
     vocab_size: int
     kv_plan: KVCachePlan
     kv_scales: KVScales
+    engine_version: str
+    attention_backend: str
 
     @property
     def model(self) -> str:
@@ -88,6 +95,8 @@ class WorkerIdentity:
             "kv_scales": self.kv_scales.describe(),
             "num_total_blocks": self.kv_plan.num_blocks,
             "max_model_len": self.max_model_len,
+            "engine_version": self.engine_version,
+            "attention_backend": self.attention_backend,
         }
 
     def kv_plan_dict(self) -> dict[str, object]:
@@ -101,6 +110,7 @@ class WorkerIdentity:
             "num_tokens": plan.num_tokens,
             "block_size": plan.spec.block_size,
             "kv_dtype": plan.spec.dtype,
+            "sizing_rule": plan.sizing_rule,
         }
 
 
@@ -128,7 +138,7 @@ class _Backend:
     max_positions: int
     spec: KVCacheSpec
     tensor_spec: KVCacheSpec
-    kv_cache_bytes: int
+    kv_budget: KVBudget
     make_runner: Callable[[KVCacheTensors, KVScales], ModelRunner | TimedRunner]
     source: str
 
@@ -141,7 +151,7 @@ def _checkpoint_backend(config: WorkerConfig, device: torch.device) -> _Backend:
     return _Backend(
         loaded.tokenizer, loaded.weights_digest, loaded.config.rope_fingerprint(),
         loaded.config.vocab_size, loaded.config.max_position_embeddings, spec, spec,
-        config.kv.cache_bytes,
+        kv_budget(config, device, loaded.model, spec, loaded.config.max_position_embeddings),
         lambda tensors, scales: ModelRunner(loaded.model, tensors.key_caches,
                                             tensors.value_caches, spec.block_size, scales),
         str(path))  # fmt: skip
@@ -158,7 +168,7 @@ def _timed_backend(profile: Profile, config: WorkerConfig) -> _Backend:
     spec = timed_kv_spec(profile, config.kv.block_size)
     return _Backend(
         tokenizer, profile_digest(profile), rope, vocab_size, profile.max_model_len, spec,
-        timed_tensor_spec(config.kv.block_size), profile.kv_cache_bytes,
+        timed_tensor_spec(config.kv.block_size), KVBudget(profile.kv_cache_bytes, "timed profile"),
         lambda tensors, scales: TimedRunner(profile.cost, vocab_size, letters,
                                             time_scale=config.model.time_scale),
         f"timed profile {profile.name} ({profile.model})")  # fmt: skip
@@ -175,7 +185,7 @@ def build_worker(config: WorkerConfig, worker_id: str, secret: bytes) -> BuiltWo
                else _timed_backend(profile, config))  # fmt: skip
     served_names = config.model.served_names
     spec = backend.spec
-    plan = plan_kv_cache(spec, backend.kv_cache_bytes)
+    plan = plan_kv_cache(spec, backend.kv_budget.num_bytes, sizing_rule=backend.kv_budget.rule)
     scales = kv_scales(spec, config.kv.scales_file, backend.weights_digest)
     namespace = cache_namespace(served_names[0], backend.weights_digest, backend.tokenizer,
                                 backend.rope, spec, scales)
@@ -188,8 +198,11 @@ def build_worker(config: WorkerConfig, worker_id: str, secret: bytes) -> BuiltWo
         backend.tensor_spec, plan.num_blocks, namespace_digest=digest, worker_id=worker_id,
         device=device, prefix_caching=config.kv.prefix_cache,
         hash_algorithm=config.kv.hash_algorithm, max_events=config.kv.event_log_size,
-        num_host_blocks=num_host_blocks, secret=secret,
+        num_host_blocks=num_host_blocks, secret=secret, watermark=config.kv.watermark,
+        host_ttl_s=config.kv.host_ttl_s,
     )  # fmt: skip
+    if num_host_blocks and not disable_core_dumps():
+        log.warning("host KV tier on, but the process could not be marked not dumpable")
     model_limit = backend.max_positions
     max_model_len = min(config.model.max_model_len or model_limit, model_limit, plan.num_tokens)
     registry = CollectorRegistry()
@@ -211,6 +224,8 @@ def build_worker(config: WorkerConfig, worker_id: str, secret: bytes) -> BuiltWo
         vocab_size=backend.vocab_size,
         kv_plan=plan,
         kv_scales=scales,
+        engine_version=version("radix-router"),
+        attention_backend=backend_name(device),
     )
     _log_plan(identity, backend.source, device, config, num_host_blocks)
     return BuiltWorker(
@@ -225,7 +240,9 @@ def _log_plan(identity: WorkerIdentity, source: str, device: torch.device,
     log.info("KV plan:\n%s", describe(identity.kv_plan, None))
     log.info("KV cache dtype %s, scales: %s", identity.kv_plan.spec.dtype,
              identity.kv_scales.describe())  # fmt: skip
-    log.info("host KV tier: %s", f"{num_host_blocks} blocks (AES-256-GCM)" if num_host_blocks
+    ttl = config.kv.host_ttl_s
+    log.info("host KV tier: %s", f"{num_host_blocks} blocks (AES-256-GCM, TTL "
+             f"{'none' if ttl is None else f'{ttl:g} s'}, core dumps off)" if num_host_blocks
              else "off")  # fmt: skip
     log.info("namespace fingerprint %s (prefix cache %s)", identity.namespace_digest,
              "on" if config.kv.prefix_cache else "off")  # fmt: skip
@@ -245,6 +262,7 @@ def cache_namespace(
         kv_dtype=spec.dtype,
         block_size=spec.block_size,
         kv_scales_digest=scales.digest,
+        kv_layout_version=KV_LAYOUT_VERSION,
     )
 
 

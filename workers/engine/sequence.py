@@ -32,6 +32,10 @@ class RequestState:
 
     Before the prompt is prefilled a request has one sequence; an ``n > 1`` request
     forks it into ``n`` once the prefill is done (the children share its blocks).
+    For its trace line: ``num_host_cached_tokens`` of its first admission's cached
+    tokens came back from the host tier, its admissions evicted
+    ``num_admission_evicted_blocks`` cached blocks, and its sequences were preempted
+    ``num_preemptions`` times.
     """
 
     def __init__(self, request_id: int, request: GenerationRequest, arrival_time: float) -> None:
@@ -41,6 +45,9 @@ class RequestState:
         self.num_cached_tokens: int | None = None
         self.sequences: list[Sequence] = []
         self.is_forked = request.params.n == 1
+        self.num_host_cached_tokens = 0
+        self.num_admission_evicted_blocks = 0
+        self.num_preemptions = 0
 
     @property
     def num_prompt_tokens(self) -> int:

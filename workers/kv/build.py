@@ -29,12 +29,19 @@ def build_kv_cache_manager(
     max_event_tokens: int = 1 << 20,
     num_host_blocks: int = 0,
     secret: bytes = b"",
+    watermark: float = 0.0,
+    host_ttl_s: float | None = None,
 ) -> KVCacheManager:
     """A manager over ``num_blocks`` preallocated blocks on ``device`` (see
     ``plan_kv_cache`` for the count), with the radix prefix cache or, when
     ``prefix_caching`` is False, the null one. ``num_host_blocks`` > 0 adds a host
     tier of that many blocks sealed under keys derived from ``secret`` (it needs the
-    radix prefix cache). A new event log epoch starts here."""
+    radix prefix cache); its entries expire ``host_ttl_s`` after they arrive (None:
+    never). ``watermark`` is the fraction of the blocks admission keeps
+    obtainable for running sequences to grow into (``KVCacheManager``, whole blocks,
+    rounded down). A new event log epoch starts here."""
+    if not 0 <= watermark < 1:
+        raise ValueError(f"watermark must be in [0, 1), got {watermark}")
     pool = BlockPool(num_blocks, spec.block_size)
     log = KVEventLog(worker_id, namespace_digest, max_events, max_event_tokens)
     tensors = KVCacheTensors(spec, num_blocks, device)
@@ -43,11 +50,11 @@ def build_kv_cache_manager(
         host: HostTier = NullHostTier()
         if num_host_blocks:
             sealer = BlockSealer(secret, namespace_digest)
-            host = HostMemoryTier(num_host_blocks, tensors, sealer)
+            host = HostMemoryTier(num_host_blocks, tensors, sealer, host_ttl_s)
         hasher = BlockHasher(namespace_digest, hash_algorithm)
         cache = RadixPrefixCache(pool, hasher, log, host)
     elif num_host_blocks:
         raise ValueError("a host tier needs the prefix cache")
     else:
         cache = NullPrefixCache(pool, log)
-    return KVCacheManager(pool, tensors, cache)
+    return KVCacheManager(pool, tensors, cache, int(watermark * num_blocks))

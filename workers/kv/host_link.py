@@ -3,7 +3,7 @@
 The prefix cache decides what moves (which blocks an evicted leaf holds, which
 blocks of a prompt continue a device hit); this link does the moving and logs it:
 ``stored``/``host`` for blocks demoted, ``removed``/``host`` for blocks the tier
-dropped, gave back to the device, or refused (failed authentication). Engine thread
+dropped, expired, gave back to the device, or refused (failed authentication). Engine thread
 only.
 """
 
@@ -61,6 +61,14 @@ class HostLink:
                 dropped.append((gone.scope, _event_block(gone_hash, gone)))
         self._emit("stored", [(scope, block) for block, _ in blocks])
         self._emit("removed", dropped)
+
+    def expire(self, now: float) -> int:
+        """Drop the tier's entries expired at ``now`` and log them ``removed``, as for
+        an eviction; returns how many."""
+        expired = self.host.expire(now)
+        self._emit("removed", [(entry.scope, _event_block(block_hash, entry))
+                               for block_hash, entry in expired])
+        return len(expired)
 
     def forget(self, scope: str, blocks: Sequence[EventBlock]) -> None:
         """The device caches ``blocks`` again: drop any host copy of them."""

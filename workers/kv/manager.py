@@ -26,6 +26,12 @@ that does not fit with its prefix hit retries with less of it (whole blocks, the
 with nothing else live, none), so a prompt that fits an empty pool is always
 admitted when nothing else runs.
 
+Decode headroom. While other sequences are live, an admission must leave
+``num_watermark_blocks`` blocks obtainable (free or cached) after its own reservation,
+so the running sequences can grow by that many blocks before anyone is preempted
+(vLLM's ``watermark``). With nothing else live there is nobody to protect and the
+watermark does not apply, so the liveness rule above holds unchanged.
+
 Host tier. Before an admission's match, the host blocks that continue the device
 hit along the prompt are copied back into fresh device blocks (evicting for room
 while the hit is locked) and cached, so the hit that follows counts them as cached
@@ -36,6 +42,7 @@ cached, released, and its own leaves evicted at once to the host tier.
 from __future__ import annotations
 
 import math
+import time
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -85,9 +92,14 @@ class _SeqState:
 class KVCacheManager:
     """Paged KV memory for the engine (see the module docstring for the rules)."""
 
-    def __init__(self, pool: BlockPool, tensors: KVCacheTensors, prefix_cache: PrefixCache):
+    def __init__(self, pool: BlockPool, tensors: KVCacheTensors, prefix_cache: PrefixCache,
+                 num_watermark_blocks: int = 0):
         if pool.num_total_blocks != tensors.num_blocks or pool.block_size != tensors.block_size:
             raise ValueError("pool and tensors disagree on num_blocks or block_size")
+        if not 0 <= num_watermark_blocks < pool.num_total_blocks:
+            raise ValueError(f"num_watermark_blocks must be in [0, {pool.num_total_blocks}), "
+                             f"got {num_watermark_blocks}")
+        self.num_watermark_blocks = num_watermark_blocks
         self.pool = pool
         self.tensors = tensors
         self.prefix_cache = prefix_cache
@@ -96,6 +108,7 @@ class KVCacheManager:
         self._num_query_tokens = 0
         self._num_hit_tokens = 0
         self._num_cow_copies = 0
+        self.num_host_restored_blocks_total = 0
 
     # ---- sequences -----------------------------------------------------------------
 
@@ -150,7 +163,8 @@ class KVCacheManager:
         self.pool.incref(table)
         self.pool.incref(extra)
         seq = _SeqState(table, hit.num_cached_tokens, scope, 0, hit.node, extra)
-        if not self._make_room(self._num_blocks_needed(seq, num_tokens)):
+        num_needed = self._num_blocks_needed(seq, num_tokens)
+        if not (self._leaves_headroom(num_needed) and self._make_room(num_needed)):
             self.pool.decref(table)
             self.pool.decref(extra)
             self.prefix_cache.unlock(hit.node)
@@ -160,8 +174,9 @@ class KVCacheManager:
 
     def _restore_from_host(self, hit: PrefixHit, key: bytes, scope: Scope) -> PrefixHit:
         """``hit`` extended by the host blocks that continue it, as far as room can be
-        made for them (see the module docstring)."""
+        made for them (see the module docstring); expired host entries go first."""
         cache = self.prefix_cache
+        cache.expire_host(time.time())
         found = cache.host_blocks_after(hit, key, scope)
         if not found:
             return hit
@@ -169,7 +184,13 @@ class KVCacheManager:
         self._make_room(len(found))
         num_restored = cache.restore_from_host(hit, key, scope, found[: self.pool.num_free_blocks])
         cache.unlock(hit.node)
+        self.num_host_restored_blocks_total += num_restored
         return cache.match(key, scope) if num_restored else hit
+
+    def expire_host(self, now: float) -> int:
+        """Drop the host tier's entries expired at ``now`` (wall-clock seconds; admissions
+        do this too); returns how many."""
+        return self.prefix_cache.expire_host(now)
 
     def swap_out(self, seq_id: SeqId, token_ids: Sequence[int] | bytes) -> int:
         """Preempt ``seq_id`` by swapping: cache its first ``num_computed_tokens`` of
@@ -314,6 +335,13 @@ class KVCacheManager:
         first, stop = start // self.block_size, math.ceil(end / self.block_size)
         num_copies = sum(not self.pool.is_writable(b) for b in table[first:stop])
         return num_copies + max(0, stop - max(first, len(table)))
+
+    def _leaves_headroom(self, num_blocks: int) -> bool:
+        """Whether taking ``num_blocks`` more leaves the watermark obtainable for the
+        live sequences (always, with none live)."""
+        pool = self.pool
+        num_left = pool.num_free_blocks + pool.num_cached_blocks - num_blocks
+        return not self._seqs or num_left >= self.num_watermark_blocks
 
     def _make_room(self, num_blocks: int) -> bool:
         """Evict cached leaves until ``num_blocks`` are free; False if they cannot be."""

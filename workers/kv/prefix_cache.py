@@ -114,6 +114,11 @@ class PrefixCache(ABC):
         """Copy ``found`` back to fresh device blocks (one free block each must be
         there) and cache them; returns how many were restored."""
 
+    def expire_host(self, now: float) -> int:
+        """Drop the host tier's entries expired at ``now`` (wall-clock seconds), logged
+        ``removed``; returns how many (none without a host tier)."""
+        return 0
+
     @abstractmethod
     def snapshot(self) -> tuple[int, list[KVEvent]]:
         """``(head_seq, events)``: a ``cleared`` event then ``stored`` events describing

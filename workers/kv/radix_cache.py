@@ -252,6 +252,10 @@ class RadixPrefixCache(PrefixCache):
             return []
         return found
 
+    def expire_host(self, now: float) -> int:
+        """See ``PrefixCache.expire_host``."""
+        return self._link.expire(now)
+
     def restore_from_host(
         self, hit: PrefixHit, key: bytes, scope: Scope, found: Sequence[HostHit]
     ) -> int:

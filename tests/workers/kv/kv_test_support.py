@@ -28,10 +28,12 @@ SCOPES = (PUBLIC, "t1", "t2")
 
 
 def make_manager(
-    num_blocks: int, block_size: int, prefix_caching: bool = True, num_host_blocks: int = 0
+    num_blocks: int, block_size: int, prefix_caching: bool = True, num_host_blocks: int = 0,
+    watermark: float = 0.0, host_ttl_s: float | None = None,
 ) -> KVCacheManager:
     """A CPU manager with small float32 tensors (values below 2**24 stay exact), with a
-    host tier of ``num_host_blocks`` when > 0."""
+    host tier of ``num_host_blocks`` when > 0 (entries kept ``host_ttl_s``) and
+    admission's ``watermark``."""
     spec = KVCacheSpec(NUM_LAYERS, 1, HEAD_DIM, "float32", block_size)
     return build_kv_cache_manager(
         spec,
@@ -41,6 +43,8 @@ def make_manager(
         prefix_caching=prefix_caching,
         num_host_blocks=num_host_blocks,
         secret=b"kv-test-secret",
+        watermark=watermark,
+        host_ttl_s=host_ttl_s,
     )
 
 
