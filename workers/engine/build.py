@@ -13,6 +13,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 from prometheus_client import CollectorRegistry
@@ -180,15 +181,14 @@ def build_worker(config: WorkerConfig, worker_id: str, secret: bytes) -> BuiltWo
     namespace = cache_namespace(served_names[0], backend.weights_digest, backend.tokenizer,
                                 backend.rope, spec, scales)
     digest = namespace.digest(secret)
-    num_host_blocks = config.kv.host_cache_bytes // spec.kv_bytes_per_block
-    if config.kv.host_cache_bytes and not num_host_blocks:
-        raise ValueError(f"kv.host_cache_bytes={config.kv.host_cache_bytes} holds no block of "
-                         f"{spec.kv_bytes_per_block} bytes")  # fmt: skip
+    num_host_blocks = _tier_blocks("host_cache_bytes", config.kv.host_cache_bytes, spec)
+    num_disk_blocks = _tier_blocks("disk_cache_bytes", config.kv.disk_cache_bytes, spec)
     manager = build_kv_cache_manager(
         backend.tensor_spec, plan.num_blocks, namespace_digest=digest, worker_id=worker_id,
         device=device, prefix_caching=config.kv.prefix_cache,
         hash_algorithm=config.kv.hash_algorithm, max_events=config.kv.event_log_size,
-        num_host_blocks=num_host_blocks, secret=secret,
+        num_host_blocks=num_host_blocks, secret=secret, num_disk_blocks=num_disk_blocks,
+        disk_dir=None if config.kv.disk_cache_dir is None else Path(config.kv.disk_cache_dir),
     )  # fmt: skip
     model_limit = backend.max_positions
     max_model_len = min(config.model.max_model_len or model_limit, model_limit, plan.num_tokens)
@@ -213,9 +213,23 @@ def build_worker(config: WorkerConfig, worker_id: str, secret: bytes) -> BuiltWo
         kv_scales=scales,
     )
     _log_plan(identity, backend.source, device, config, num_host_blocks)
+    if num_disk_blocks:
+        log.info("disk KV tier: %d blocks in %s (AES-256-GCM), %d taken back from a previous "
+                 "run", num_disk_blocks, config.kv.disk_cache_dir,
+                 manager.stats().disk.num_disk_blocks_used)  # fmt: skip
     return BuiltWorker(
         identity, async_engine, backend.tokenizer, registry, config.engine, config.kv.prefix_cache
     )
+
+
+def _tier_blocks(field: str, num_bytes: int, spec: KVCacheSpec) -> int:
+    """Whole blocks in a tier of ``num_bytes``; ValueError when a non-zero size holds
+    none."""
+    num_blocks = num_bytes // spec.kv_bytes_per_block
+    if num_bytes and not num_blocks:
+        raise ValueError(f"kv.{field}={num_bytes} holds no block of "
+                         f"{spec.kv_bytes_per_block} bytes")  # fmt: skip
+    return num_blocks
 
 
 def _log_plan(identity: WorkerIdentity, source: str, device: torch.device,

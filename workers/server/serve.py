@@ -10,6 +10,8 @@ after a failed batched step until the self-test passes again. SIGTERM or SIGINT 
 it: ``/ready`` turns 503 and new requests get 503 with Retry-After at once (routers
 stop sending on the first 503), requests in flight get ``drain_timeout_s`` to
 finish, then the server closes and the engine thread finishes its step and exits.
+With a disk tier, the whole cache (device and host tiers) is first spilled to disk,
+so the next start with the same directory and secret comes back warm.
 """
 
 from __future__ import annotations
@@ -77,6 +79,9 @@ async def serve(config: WorkerConfig, secret: bytes, api_key: str | None,
                  server_config.drain_timeout_s)
         if not await worker.engine.wait_idle(server_config.drain_timeout_s):
             log.warning("drain timed out; cancelling %d requests", worker.engine.num_in_flight)
+        if not worker.engine.failed:
+            num_spilled = await worker.engine.call(lambda engine: engine.manager.spill_to_disk())
+            log.info("%d device KV blocks spilled to disk", num_spilled)
         log.info("shutting down")
     finally:
         if keeper is not None:
