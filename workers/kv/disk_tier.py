@@ -103,6 +103,7 @@ class DiskTier(ABC):
     def stats(self) -> DiskTierStats:
         """Current gauges and counters."""
 
+    @abstractmethod
     def close(self) -> None:
         """Release the directory (a later tier may open it); the files stay."""
 
@@ -138,6 +139,9 @@ class NullDiskTier(DiskTier):
     def stats(self) -> DiskTierStats:
         """All zero."""
         return DiskTierStats(0, 0, 0, 0, 0, 0)
+
+    def close(self) -> None:
+        """Nothing to release."""
 
 
 class FileDiskTier(DiskTier):

@@ -14,8 +14,8 @@ from dataclasses import dataclass
 from radix.events import KVEvent
 from radix.tree import PUBLIC, Node, Scope
 from workers.kv.block_pool import BlockPool
-from workers.kv.event_log import KVEventLog
 from workers.kv.disk_tier import DiskTier, NullDiskTier
+from workers.kv.event_log import KVEventLog
 from workers.kv.host_link import HostHit
 from workers.kv.host_tier import HostTier, NullHostTier
 from workers.kv.ids import BlockId

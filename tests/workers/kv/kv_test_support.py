@@ -103,6 +103,20 @@ def assert_reads(manager: KVCacheManager, seq_id: int, tokens: Sequence[int], en
         assert torch.equal(read_kv(manager, seq_id, 0, end), expected_kv(tokens, 0, end)), seq_id
 
 
+def serve(manager: KVCacheManager, seq_id: int, tokens: list[int], scope: str = "t1") -> int:
+    """Admit ``tokens``, check what the hit reads, write the fake model's K/V for the
+    rest, cache, finish and check the invariants; returns the cached tokens."""
+    num_cached = manager.admit(seq_id, tokens, scope)
+    assert num_cached is not None
+    assert_reads(manager, seq_id, tokens, num_cached)
+    assert manager.append_slots(seq_id, len(tokens) - num_cached)
+    write_kv(manager, seq_id, tokens, num_cached, len(tokens))
+    manager.commit(seq_id, tokens)
+    manager.free(seq_id)
+    manager.check_invariants()
+    return num_cached
+
+
 # ---- KV events -------------------------------------------------------------------------
 
 BlockPath = tuple[tuple[str, ...], tuple[int, ...]]  # (scope of every block, tokens)

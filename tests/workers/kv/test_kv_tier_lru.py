@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 from kv_test_support import NAMESPACE_DIGEST, EventConsumer
 
 from radix.events import EventBlock
-from radix.hashing import BlockHash, BlockHasher
+from radix.hashing import BlockHasher
 from radix.keys import to_key
 from workers.kv.block_events import BlockChainer
 from workers.kv.block_pool import BlockPool
