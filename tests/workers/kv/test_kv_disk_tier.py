@@ -9,6 +9,8 @@ from pathlib import Path
 import pytest
 from kv_test_support import EventConsumer, assert_reads, make_manager, serve
 
+from workers.cli import _parser, config_from_args
+from workers.config import WorkerConfig
 from workers.kv.disk_files import SUFFIX
 
 B = 4
@@ -142,3 +144,14 @@ def test_a_full_disk_tier_drops_its_oldest_blocks_and_their_files(tmp_path):
 def test_a_disk_tier_needs_a_host_tier(tmp_path):
     with pytest.raises(ValueError, match="host tier"):
         make_manager(6, B, disk_dir=tmp_path, num_disk_blocks=4)
+
+
+def test_the_disk_flags_and_their_config_checks(tmp_path):
+    flags = ["--host-cache-bytes", "1MiB", "--disk-cache-dir", str(tmp_path),
+             "--disk-cache-bytes", "2GiB"]  # fmt: skip
+    kv = config_from_args(_parser().parse_args(flags)).kv
+    assert (kv.disk_cache_dir, kv.disk_cache_bytes) == (str(tmp_path), 2 * 2**30)
+    with pytest.raises(ValueError, match="kv.disk_cache_bytes: must be 0 without a host tier"):
+        WorkerConfig().with_overrides({"kv": {"disk_cache_dir": "d", "disk_cache_bytes": 1}})
+    with pytest.raises(ValueError, match="kv.disk_cache_dir: .* go together"):
+        WorkerConfig().with_overrides({"kv": {"host_cache_bytes": 1, "disk_cache_bytes": 1}})
