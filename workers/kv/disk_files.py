@@ -16,11 +16,13 @@ associated data.
 A file is written to a temporary name in the same directory, flushed with
 ``fsync``, renamed over its final name and the directory ``fsync``ed: a crash leaves
 the old file or the new one, never a torn one; a leftover temporary file is deleted
-by the next scan.
+by the next scan. A ``lock`` file, ``flock``ed by the tier that owns the directory,
+keeps a second worker out.
 """
 
 from __future__ import annotations
 
+import fcntl
 import os
 import struct
 from pathlib import Path
@@ -32,6 +34,7 @@ from workers.kv.host_crypto import BlockSealer
 MAGIC = b"radix-kv-disk v1\n"
 SUFFIX = ".kv"
 TEMP_SUFFIX = ".tmp"
+LOCK_NAME = "lock"
 
 
 class DiskRecord(NamedTuple):
@@ -100,17 +103,22 @@ def _field(data: bytes, at: int, length_format: str) -> tuple[bytes, int]:
 
 def write_atomic(directory: Path, name: str, data: bytes) -> None:
     """Write ``data`` as ``directory/name``: a temporary file, ``fsync``, rename,
-    ``fsync`` of the directory (see the module docstring)."""
+    ``fsync`` of the directory (see the module docstring). On OSError the temporary
+    file is gone and ``directory/name`` is as it was."""
     temp = directory / (name + TEMP_SUFFIX)
-    fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     try:
-        view = memoryview(data)
-        while view:
-            view = view[os.write(fd, view) :]
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    os.replace(temp, directory / name)
+        fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        try:
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view) :]
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(temp, directory / name)
+    except OSError:
+        temp.unlink(missing_ok=True)
+        raise
     sync_directory(directory)
 
 
@@ -121,3 +129,17 @@ def sync_directory(directory: Path) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+def lock_directory(directory: Path) -> int:
+    """An exclusive lock on ``directory``'s lock file, held by the returned descriptor
+    until it is closed (or the process ends); ValueError when another holder (in any
+    process) has it."""
+    fd = os.open(directory / LOCK_NAME, os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        raise ValueError(f"the disk cache directory {directory} is in use by another "
+                         f"worker") from None
+    return fd

@@ -19,7 +19,6 @@ host link reports what ``put`` and ``take`` did. Engine thread only.
 
 from __future__ import annotations
 
-import fcntl
 import logging
 import os
 from abc import ABC, abstractmethod
@@ -36,6 +35,7 @@ from workers.kv.disk_files import (
     decode,
     encode,
     file_name,
+    lock_directory,
     sync_directory,
     write_atomic,
 )
@@ -45,7 +45,6 @@ from workers.kv.ids import BlockId
 from workers.kv.tensors import KVCacheTensors
 
 log = logging.getLogger(__name__)
-LOCK_NAME = "lock"
 
 
 class DiskEntry(NamedTuple):
@@ -154,7 +153,7 @@ class FileDiskTier(DiskTier):
         self.num_blocks = num_blocks
         self.directory = Path(root) / namespace_digest.hex()
         self.directory.mkdir(parents=True, exist_ok=True, mode=0o700)
-        self._lock_fd: int | None = _lock(self.directory / LOCK_NAME)
+        self._lock_fd: int | None = lock_directory(self.directory)
         self._tensors = tensors
         self._sealer = sealer
         self._entries: OrderedDict[BlockHash, DiskEntry] = OrderedDict()
@@ -216,6 +215,7 @@ class FileDiskTier(DiskTier):
             write_atomic(self.directory, file_name(block_hash), data)
         except OSError as exc:
             log.warning("disk tier: cannot write block %s: %s", block_hash.hex(), exc)
+            self._unlink(block_hash)
             return [(block_hash, entry)]
         self._next_arrival += 1
         self._bytes_written += len(data)
@@ -286,15 +286,3 @@ class FileDiskTier(DiskTier):
             os.close(self._lock_fd)
             self._lock_fd = None
 
-
-def _lock(path: Path) -> int:
-    """An exclusive lock on ``path`` held by the returned descriptor; ValueError when
-    another tier (in any process) holds it."""
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        os.close(fd)
-        raise ValueError(f"the disk cache directory {path.parent} is in use by another "
-                         f"worker") from None
-    return fd
