@@ -45,6 +45,8 @@ _FLAG_FIELDS = {
     "kv_cache_dtype": ("kv", "cache_dtype"),
     "kv_scales": ("kv", "scales_file"),
     "host_cache_bytes": ("kv", "host_cache_bytes"),
+    "disk_cache_dir": ("kv", "disk_cache_dir"),
+    "disk_cache_bytes": ("kv", "disk_cache_bytes"),
     "preemption_mode": ("engine", "preemption_mode"),
     "max_batched_tokens": ("engine", "max_batched_tokens"),
     "max_num_seqs": ("engine", "max_num_seqs"),
@@ -90,6 +92,10 @@ def _parser() -> argparse.ArgumentParser:
         help="per-layer FP8 K/V scales from python -m workers.kv.calibrate (default: 1.0)")
     add("--host-cache-bytes", type=parse_bytes,
         help="host-memory KV tier, e.g. 4GiB (default 0: off; evicted blocks are dropped)")
+    add("--disk-cache-dir", metavar="DIR",
+        help="directory of the disk KV tier below the host tier (kept across restarts)")
+    add("--disk-cache-bytes", type=parse_bytes,
+        help="disk KV tier size, e.g. 64GiB (default 0: off; needs --disk-cache-dir)")
     add("--preemption-mode", choices=PREEMPTION_MODES,
         help="preempted sequences: recompute later, swap to the host tier, or by length")
     add("--no-prefix-cache", dest="prefix_cache", action="store_const", const=False,

@@ -99,6 +99,9 @@ class KVSettings(Section, section="kv"):
     ``host_cache_bytes`` > 0 adds the host-memory tier of that size (whole blocks;
     needs the prefix cache): evicted blocks move there, sealed, instead of vanishing;
     ``host_ttl_s`` (None: none) drops host entries that long after they arrived.
+    ``disk_cache_bytes`` > 0 adds a disk tier of that size under ``disk_cache_dir``
+    below the host tier (it needs one): what the host tier drops is written there,
+    and a restarted worker with the same directory and secret takes it back.
     """
 
     cache_bytes: int | None = setting(None, low=1)
@@ -109,17 +112,25 @@ class KVSettings(Section, section="kv"):
     scales_file: str | None = None
     host_cache_bytes: int = setting(0, low=0)
     host_ttl_s: float | None = setting(None, above=0)
+    disk_cache_dir: str | None = None
+    disk_cache_bytes: int = setting(0, low=0)
     prefix_cache: bool = True
     hash_algorithm: str = setting("blake2b", choices=HASH_ALGORITHMS)
     event_log_size: int = setting(65536, low=1)
 
     def check(self) -> None:
-        """The host tier needs the prefix cache, a host TTL a host tier, a scales file an
-        FP8 dtype."""
+        """The host tier needs the prefix cache, a host TTL a host tier, the disk tier a
+        directory and the host tier; a scales file needs an FP8 dtype."""
         if self.host_cache_bytes and not self.prefix_cache:
             raise FieldError("host_cache_bytes", "must be 0 without the prefix cache")
         if self.host_ttl_s is not None and not self.host_cache_bytes:
             raise FieldError("host_ttl_s", "must be unset without a host tier")
+        if self.disk_cache_bytes and not self.host_cache_bytes:
+            raise FieldError("disk_cache_bytes", "must be 0 without a host tier "
+                             "(kv.host_cache_bytes)")
+        if bool(self.disk_cache_bytes) != bool(self.disk_cache_dir):
+            raise FieldError("disk_cache_dir", "kv.disk_cache_dir and kv.disk_cache_bytes "
+                             "go together")
         if self.scales_file is not None and self.cache_dtype == "auto":
             raise FieldError("scales_file", "must be unset unless kv.cache_dtype is an FP8 dtype")
 

@@ -14,6 +14,7 @@ import logging
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from importlib.metadata import version
+from pathlib import Path
 
 import torch
 from prometheus_client import CollectorRegistry
@@ -190,16 +191,15 @@ def build_worker(config: WorkerConfig, worker_id: str, secret: bytes) -> BuiltWo
     namespace = cache_namespace(served_names[0], backend.weights_digest, backend.tokenizer,
                                 backend.rope, spec, scales)
     digest = namespace.digest(secret)
-    num_host_blocks = config.kv.host_cache_bytes // spec.kv_bytes_per_block
-    if config.kv.host_cache_bytes and not num_host_blocks:
-        raise ValueError(f"kv.host_cache_bytes={config.kv.host_cache_bytes} holds no block of "
-                         f"{spec.kv_bytes_per_block} bytes")  # fmt: skip
+    num_host_blocks = _tier_blocks("host_cache_bytes", config.kv.host_cache_bytes, spec)
+    num_disk_blocks = _tier_blocks("disk_cache_bytes", config.kv.disk_cache_bytes, spec)
     manager = build_kv_cache_manager(
         backend.tensor_spec, plan.num_blocks, namespace_digest=digest, worker_id=worker_id,
         device=device, prefix_caching=config.kv.prefix_cache,
         hash_algorithm=config.kv.hash_algorithm, max_events=config.kv.event_log_size,
         num_host_blocks=num_host_blocks, secret=secret, watermark=config.kv.watermark,
-        host_ttl_s=config.kv.host_ttl_s,
+        host_ttl_s=config.kv.host_ttl_s, num_disk_blocks=num_disk_blocks,
+        disk_dir=None if config.kv.disk_cache_dir is None else Path(config.kv.disk_cache_dir),
     )  # fmt: skip
     if num_host_blocks and not disable_core_dumps():
         log.warning("host KV tier on, but the process could not be marked not dumpable")
@@ -228,9 +228,23 @@ def build_worker(config: WorkerConfig, worker_id: str, secret: bytes) -> BuiltWo
         attention_backend=backend_name(device),
     )
     _log_plan(identity, backend.source, device, config, num_host_blocks)
+    if num_disk_blocks:
+        log.info("disk KV tier: %d blocks in %s (AES-256-GCM), %d taken back from a previous "
+                 "run", num_disk_blocks, config.kv.disk_cache_dir,
+                 manager.stats().disk.num_disk_blocks_used)  # fmt: skip
     return BuiltWorker(
         identity, async_engine, backend.tokenizer, registry, config.engine, config.kv.prefix_cache
     )
+
+
+def _tier_blocks(field: str, num_bytes: int, spec: KVCacheSpec) -> int:
+    """Whole blocks in a tier of ``num_bytes``; ValueError when a non-zero size holds
+    none."""
+    num_blocks = num_bytes // spec.kv_bytes_per_block
+    if num_bytes and not num_blocks:
+        raise ValueError(f"kv.{field}={num_bytes} holds no block of "
+                         f"{spec.kv_bytes_per_block} bytes")  # fmt: skip
+    return num_blocks
 
 
 def _log_plan(identity: WorkerIdentity, source: str, device: torch.device,

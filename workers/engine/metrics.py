@@ -61,6 +61,12 @@ class EngineStats:
     kv_host_auth_failures_total: int
     kv_host_blocks_to_host_total: int
     kv_host_expired_blocks_total: int
+    kv_disk_blocks_total: int
+    kv_disk_blocks_used: int
+    kv_disk_hit_blocks_total: int
+    kv_disk_bytes_written_total: int
+    kv_disk_bytes_read_total: int
+    kv_disk_auth_failures_total: int
 
     @property
     def kv_cache_usage_ratio(self) -> float:
@@ -111,6 +117,12 @@ class EngineStats:
             kv_host_auth_failures_total=kv.host.host_auth_failures_total,
             kv_host_blocks_to_host_total=kv.host.host_blocks_to_host_total,
             kv_host_expired_blocks_total=kv.host.host_expired_blocks_total,
+            kv_disk_blocks_total=kv.disk.num_disk_blocks_total,
+            kv_disk_blocks_used=kv.disk.num_disk_blocks_used,
+            kv_disk_hit_blocks_total=kv.disk.disk_hit_blocks_total,
+            kv_disk_bytes_written_total=kv.disk.disk_bytes_written_total,
+            kv_disk_bytes_read_total=kv.disk.disk_bytes_read_total,
+            kv_disk_auth_failures_total=kv.disk.disk_auth_failures_total,
         )
 
     def load(self) -> dict[str, float]:
@@ -161,6 +173,8 @@ _GAUGES = {
     " sequences (internal fragmentation; a shared block counts once per sequence).",
     "kv_host_blocks_total": "KV blocks the host-memory tier holds at most (0: no tier).",
     "kv_host_blocks_used": "KV blocks in the host-memory tier.",
+    "kv_disk_blocks_total": "KV blocks the disk tier holds at most (0: no tier).",
+    "kv_disk_blocks_used": "KV blocks in the disk tier.",
 }
 _COUNTERS = {
     "prefix_cache_queries_tokens_total": "Prompt tokens looked up in the prefix cache.",
@@ -175,6 +189,11 @@ _COUNTERS = {
     "kv_host_auth_failures_total": "Host-tier blocks that failed authentication (dropped).",
     "kv_host_blocks_to_host_total": "KV blocks copied from the device to the host tier.",
     "kv_host_expired_blocks_total": "Host-tier blocks dropped because their TTL ran out.",
+    "kv_disk_hit_blocks_total": "KV blocks read back from the disk tier on a prefix hit.",
+    "kv_disk_bytes_written_total": "Bytes of block files written to the disk tier.",
+    "kv_disk_bytes_read_total": "Bytes of block files read from the disk tier (scan and hits).",
+    "kv_disk_auth_failures_total": "Disk-tier block files that could not be read or failed"
+    " authentication (torn, tampered, another secret; dropped).",
     "engine_stalls_total": "Requests that could not be admitted with nothing running (a bug).",
     "prompt_tokens_total": "Prompt tokens of requests whose prefill completed (cached or not).",
     "generation_tokens_total": "Output tokens generated (all choices, aborted requests too).",

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import torch
 
 from radix.hashing import BlockHasher
 from workers.kv.block_pool import BlockPool
+from workers.kv.disk_tier import DiskTier, FileDiskTier
 from workers.kv.event_log import KVEventLog
 from workers.kv.host_crypto import BlockSealer
 from workers.kv.host_tier import HostMemoryTier, HostTier, NullHostTier
@@ -31,15 +34,20 @@ def build_kv_cache_manager(
     secret: bytes = b"",
     watermark: float = 0.0,
     host_ttl_s: float | None = None,
+    disk_dir: Path | None = None,
+    num_disk_blocks: int = 0,
 ) -> KVCacheManager:
     """A manager over ``num_blocks`` preallocated blocks on ``device`` (see
     ``plan_kv_cache`` for the count), with the radix prefix cache or, when
     ``prefix_caching`` is False, the null one. ``num_host_blocks`` > 0 adds a host
     tier of that many blocks sealed under keys derived from ``secret`` (it needs the
     radix prefix cache); its entries expire ``host_ttl_s`` after they arrive (None:
-    never). ``watermark`` is the fraction of the blocks admission keeps
-    obtainable for running sequences to grow into (``KVCacheManager``, whole blocks,
-    rounded down). A new event log epoch starts here."""
+    never). ``num_disk_blocks`` > 0 adds a disk tier of that many blocks under
+    ``disk_dir`` below it (it needs the host tier), taking back the blocks a previous
+    run left there that open under the same secret and namespace. ``watermark`` is the
+    fraction of the blocks admission keeps obtainable for running sequences to grow
+    into (``KVCacheManager``, whole blocks, rounded down). A new event log epoch
+    starts here, and announces the blocks taken back from disk."""
     if not 0 <= watermark < 1:
         raise ValueError(f"watermark must be in [0, 1), got {watermark}")
     pool = BlockPool(num_blocks, spec.block_size)
@@ -48,13 +56,20 @@ def build_kv_cache_manager(
     cache: PrefixCache
     if prefix_caching:
         host: HostTier = NullHostTier()
+        disk: DiskTier | None = None
         if num_host_blocks:
             sealer = BlockSealer(secret, namespace_digest)
             host = HostMemoryTier(num_host_blocks, tensors, sealer, host_ttl_s)
+            if num_disk_blocks:
+                if disk_dir is None:
+                    raise ValueError("a disk tier needs a directory")
+                disk = FileDiskTier(disk_dir, num_disk_blocks, tensors, sealer, namespace_digest)
+        elif num_disk_blocks:
+            raise ValueError("a disk tier needs a host tier")
         hasher = BlockHasher(namespace_digest, hash_algorithm)
-        cache = RadixPrefixCache(pool, hasher, log, host)
-    elif num_host_blocks:
-        raise ValueError("a host tier needs the prefix cache")
+        cache = RadixPrefixCache(pool, hasher, log, host, disk)
+    elif num_host_blocks or num_disk_blocks:
+        raise ValueError("host and disk tiers need the prefix cache")
     else:
         cache = NullPrefixCache(pool, log)
     return KVCacheManager(pool, tensors, cache, int(watermark * num_blocks))

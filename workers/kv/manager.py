@@ -36,7 +36,9 @@ Host tier. Before an admission's match, the host blocks that continue the device
 hit along the prompt are copied back into fresh device blocks (evicting for room
 while the hit is locked) and cached, so the hit that follows counts them as cached
 tokens. ``swap_out`` is preemption by swapping: the sequence's computed tokens are
-cached, released, and its own leaves evicted at once to the host tier.
+cached, released, and its own leaves evicted at once to the host tier. Disk-tier
+blocks come back the same way; ``spill_to_disk`` moves the whole cache down to disk
+before the worker stops.
 """
 
 from __future__ import annotations
@@ -51,6 +53,7 @@ from radix.events import KVEvent
 from radix.keys import TOKEN_BYTES, to_key
 from radix.tree import PUBLIC, Node, Scope
 from workers.kv.block_pool import BlockPool
+from workers.kv.disk_tier import DiskTierStats
 from workers.kv.event_log import KVEventLog
 from workers.kv.host_tier import HostTierStats
 from workers.kv.ids import BlockId, SeqId
@@ -73,6 +76,7 @@ class KVCacheStats:
     num_evicted_blocks_total: int
     num_cow_copies_total: int
     host: HostTierStats
+    disk: DiskTierStats
 
 
 @dataclass(slots=True)
@@ -202,6 +206,11 @@ class KVCacheManager:
         self.commit(seq_id, key)
         self.free(seq_id)
         return self.prefix_cache.evict_path(key, seq.scope)
+
+    def spill_to_disk(self) -> int:
+        """Move every cached block no sequence holds, and every host-tier block, to the
+        disk tier (see ``PrefixCache.spill_to_disk``); returns the device blocks freed."""
+        return self.prefix_cache.spill_to_disk()
 
     def _smaller_hit(self, num_hit_tokens: int) -> int | None:
         """The prefix hit to try after one of ``num_hit_tokens`` did not fit, or None:
@@ -424,6 +433,7 @@ class KVCacheManager:
             num_evicted_blocks_total=self.prefix_cache.num_evicted_blocks_total,
             num_cow_copies_total=self._num_cow_copies,
             host=self.prefix_cache.host.stats(),
+            disk=self.prefix_cache.disk.stats(),
         )
 
     def check_invariants(self) -> None:

@@ -13,6 +13,8 @@ finish, then the server closes and the engine thread finishes its step and exits
 With a host-tier TTL, ``expire_host_entries`` drops expired entries every quarter of
 it (at most a minute apart), so an idle worker does not keep them: admissions alone
 would only drop them at the next request.
+With a disk tier, the whole cache (device and host tiers) is first spilled to disk,
+so the next start with the same directory and secret comes back warm.
 """
 
 from __future__ import annotations
@@ -85,6 +87,9 @@ async def serve(config: WorkerConfig, secret: bytes, api_key: str | None,
                  server_config.drain_timeout_s)
         if not await worker.engine.wait_idle(server_config.drain_timeout_s):
             log.warning("drain timed out; cancelling %d requests", worker.engine.num_in_flight)
+        if not worker.engine.failed:
+            num_spilled = await worker.engine.call(lambda engine: engine.manager.spill_to_disk())
+            log.info("%d device KV blocks spilled to disk", num_spilled)
         log.info("shutting down")
     finally:
         for task in (keeper, expirer):

@@ -6,26 +6,13 @@ from __future__ import annotations
 import time
 from dataclasses import replace
 
-from kv_test_support import EventConsumer, assert_reads, make_manager, write_kv
+from kv_test_support import EventConsumer, assert_reads, make_manager, serve, write_kv
 
 from radix.keys import to_key
 
 B = 4
 A = [1, 2, 3, 4, 5, 6, 7, 8, 9]  # two full blocks and one token
 FILLER = [[50 + 10 * i + j for j in range(2 * B)] for i in range(3)]
-
-
-def serve(manager, seq_id: int, tokens: list[int], scope: str = "t1") -> int:
-    """Admit, write the fake model's K/V, cache, finish; returns the cached tokens."""
-    num_cached = manager.admit(seq_id, tokens, scope)
-    assert num_cached is not None
-    assert_reads(manager, seq_id, tokens, num_cached)
-    assert manager.append_slots(seq_id, len(tokens) - num_cached)
-    write_kv(manager, seq_id, tokens, num_cached, len(tokens))
-    manager.commit(seq_id, tokens)
-    manager.free(seq_id)
-    manager.check_invariants()
-    return num_cached
 
 
 def evicted_to_host(num_host_blocks: int = 16):
