@@ -17,6 +17,7 @@ from types import MappingProxyType
 
 from radix.config_schema import DIGEST, ENV_NAME, NAME, FieldError, Pattern, Section, setting
 from radix.tree import RESERVED_SCOPES
+from router.canary.config import CanaryConfig, PoolConfig
 from router.routing.index import IndexConfig
 
 DEFAULT_CONFIG = Path(__file__).resolve().parent.parent / "configs" / "local.toml"
@@ -88,14 +89,30 @@ class PublicPrefixSpec(Section):
 class ModelConfig(Section):
     """A served model: its tokenizer (``"demo"``, a packaged model name, a GGUF file or
     a local Hugging Face directory: ``radix.model_source``), KV block size, public
-    prefixes registered at start, and the character budget of its token cache
-    (``radix.token_cache``; 0 turns it off)."""
+    prefixes registered at start, the character budget of its token cache
+    (``radix.token_cache``; 0 turns it off), and its canary pools with their guards
+    (``router.canary.config``; no pools: every worker takes any request)."""
 
     name: str = setting(pattern=NAME)
     tokenizer: str
     block_size: int = setting(16, low=1)
     public_prefixes: tuple[PublicPrefixSpec, ...] = ()
     token_cache_chars: int = setting(4_000_000, low=0)
+    pools: Mapping[str, PoolConfig] = setting(default_factory=lambda: MappingProxyType({}))
+    canary: CanaryConfig = CanaryConfig()
+
+    def check(self) -> None:
+        """With pools: a baseline among them, a valid name for each, some weight."""
+        if not self.pools:
+            return
+        for pool in self.pools:
+            if not NAME.regex.match(pool):
+                raise FieldError("pools", f"{pool!r} is not {NAME.what}")
+        if self.canary.baseline not in self.pools:
+            raise FieldError("canary", f"no pool {self.canary.baseline!r} "
+                                       f"(pools: {', '.join(self.pools)})", ".baseline")
+        if not sum(p.weight for p in self.pools.values()):
+            raise FieldError("pools", "at least one pool needs a weight above 0")
 
 
 @dataclass(frozen=True)

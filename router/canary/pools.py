@@ -1,0 +1,130 @@
+"""A model's pools: which pool a conversation goes to, and the weights behind it.
+
+Each conversation is sticky to one pool, so its cache is never split between two
+KV formats: a keyed BLAKE2b hash of (tenant, the prompt's first KV block) is a point
+in [0, 1), and the pools, in config order, cover [0, 1) in slices as wide as their
+weights. A conversation's later turns start with the same block, so they land on
+the same pool while the weights stay; raising the last pool's weight (put the
+candidate last) moves only conversations from the other pools to it, never away.
+The key keeps the split unpredictable to clients.
+
+A pool is ``tripped`` when a guard set its weight to 0 (``trip``); ``set_weights``
+(the admin API) sets weights and clears the trip of every pool it gives a weight
+above 0. The baseline pool is never tripped: it is where the others' traffic goes.
+"""
+
+from __future__ import annotations
+
+import bisect
+import hashlib
+import itertools
+from collections.abc import Mapping, Sequence
+from typing import NamedTuple, Protocol, TypeVar
+
+from radix.keys import TOKEN_BYTES
+from router.canary.config import PoolConfig
+
+_HASH_BYTES = 8
+_HASH_SCALE = float(2 ** (8 * _HASH_BYTES))
+
+
+class HasWorkerId(Protocol):
+    """Anything with a worker id (the registry's ``WorkerState``)."""
+
+    @property
+    def worker_id(self) -> str:
+        """The router-side worker id."""
+
+
+W = TypeVar("W", bound=HasWorkerId)
+
+
+class Trip(NamedTuple):
+    """Why a guard took a pool's traffic away: the guard (``reason``: ``error_rate``,
+    ``ttft_p99`` or ``probe``) and what it saw (``detail``)."""
+
+    reason: str
+    detail: str
+
+
+class ModelPools:
+    """The pools of one model. Not thread-safe; lives on the router's event loop."""
+
+    def __init__(self, model: str, pools: Mapping[str, PoolConfig], baseline: str,
+                 block_size: int, secret: bytes) -> None:
+        self.model = model
+        self.baseline = baseline
+        self.names = tuple(pools)
+        self.trips: dict[str, Trip] = {}
+        self._pool_of = {w: name for name, pool in pools.items() for w in pool.workers}
+        self._prefix_bytes = block_size * TOKEN_BYTES
+        self._key = hashlib.blake2b(secret, person=b"radix-canary").digest()
+        self._weights: dict[str, float] = {}
+        self._bounds: list[float] = []
+        self._last_weighted = baseline
+        self._apply({name: pool.weight for name, pool in pools.items()})
+
+    @property
+    def weights(self) -> Mapping[str, float]:
+        """Each pool's weight now (0 while tripped)."""
+        return dict(self._weights)
+
+    def pool_of(self, worker_id: str) -> str:
+        """The pool of ``worker_id``; a worker no pool names (added at run time) is the
+        baseline's."""
+        return self._pool_of.get(worker_id, self.baseline)
+
+    def pick(self, tenant_id: str, prompt_key: bytes) -> str:
+        """The pool of the conversation of ``tenant_id`` whose prompt (``radix.keys``
+        encoding) is ``prompt_key``, by its first block (see the module docstring)."""
+        digest = hashlib.blake2b(tenant_id.encode() + b"\0" + prompt_key[: self._prefix_bytes],
+                                 key=self._key, digest_size=_HASH_BYTES).digest()
+        point = int.from_bytes(digest, "little") / _HASH_SCALE * self._bounds[-1]
+        index = bisect.bisect_right(self._bounds, point)
+        return self.names[index] if index < len(self.names) else self._last_weighted
+
+    def split(self, workers: Sequence[W], tenant_id: str, prompt_key: bytes
+              ) -> tuple[str, list[W], list[W]]:
+        """(pool, its workers among ``workers``, the baseline's workers to fall back
+        on). A pool with none of ``workers`` gives way to the baseline, so a pool that
+        lost its workers fails no request; the fallback list is empty on the
+        baseline."""
+        pool = self.pick(tenant_id, prompt_key)
+        chosen = [w for w in workers if self.pool_of(w.worker_id) == pool]
+        if pool == self.baseline:
+            return pool, chosen, []
+        baseline = [w for w in workers if self.pool_of(w.worker_id) == self.baseline]
+        if not chosen:
+            return self.baseline, baseline, []
+        return pool, chosen, baseline
+
+    def trip(self, pool: str, trip: Trip) -> bool:
+        """Take ``pool``'s traffic away (weight 0) because of ``trip``; False (nothing
+        changed) for the baseline or a pool already at 0."""
+        if pool == self.baseline or not self._weights.get(pool):
+            return False
+        self.trips[pool] = trip
+        self._apply({**self._weights, pool: 0.0})
+        return True
+
+    def set_weights(self, weights: Mapping[str, float]) -> None:
+        """Set the weights of the pools named (the others keep theirs); a pool given a
+        weight above 0 is no longer tripped. ValueError naming the pool for an unknown
+        pool, a weight that is not a number >= 0, or no weight left above 0."""
+        for pool, weight in weights.items():
+            if pool not in self._weights:
+                raise ValueError(f"weights.{pool}: no such pool (pools: {', '.join(self.names)})")
+            if type(weight) not in (int, float) or not 0 <= weight < float("inf"):
+                raise ValueError(f"weights.{pool}: must be a number >= 0")
+        merged = {**self._weights, **{p: float(w) for p, w in weights.items()}}
+        if not sum(merged.values()):
+            raise ValueError("weights: at least one pool needs a weight above 0")
+        for pool, weight in weights.items():
+            if weight:
+                self.trips.pop(pool, None)
+        self._apply(merged)
+
+    def _apply(self, weights: dict[str, float]) -> None:
+        self._weights = weights
+        self._bounds = list(itertools.accumulate(weights[name] for name in self.names))
+        self._last_weighted = next(n for n in reversed(self.names) if weights[n])
