@@ -102,17 +102,11 @@ class ModelConfig(Section):
     canary: CanaryConfig = CanaryConfig()
 
     def check(self) -> None:
-        """With pools: a baseline among them, a valid name for each, some weight."""
-        if not self.pools:
-            return
-        for pool in self.pools:
-            if not NAME.regex.match(pool):
-                raise FieldError("pools", f"{pool!r} is not {NAME.what}")
-        if self.canary.baseline not in self.pools:
+        """With pools: the baseline is one of them (``router.config_toml`` checks their
+        names, weights and workers)."""
+        if self.pools and self.canary.baseline not in self.pools:
             raise FieldError("canary", f"no pool {self.canary.baseline!r} "
                                        f"(pools: {', '.join(self.pools)})", ".baseline")
-        if not sum(p.weight for p in self.pools.values()):
-            raise FieldError("pools", "at least one pool needs a weight above 0")
 
 
 @dataclass(frozen=True)

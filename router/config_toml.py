@@ -17,8 +17,8 @@ from typing import Any
 
 import tomllib
 
-from radix.config_schema import named_tables, read_section, table_array
-from router.canary.config import PoolConfig
+from radix.config_schema import NAME, named_tables, read_section, table_array
+from router.canary.config import MAX_POOLS, PoolConfig
 from router.config import (
     DEFAULT_CONFIG,
     WORKER_KEY_ENV_PREFIX,
@@ -74,8 +74,15 @@ def _model(name: str, table: Any, where: str) -> ModelConfig:
     """One ``[models.NAME]`` table with its table of named ``pools``."""
     if not isinstance(table, Mapping):
         raise ValueError(f"{where}: must be a table")
-    pools = {pool: read_section(PoolConfig, pool_table, pool_where)
-             for pool, pool_table, pool_where in named_tables(table, "pools", where)}
+    pools = {}
+    for pool, pool_table, pool_where in named_tables(table, "pools", where):
+        if not NAME.regex.match(pool):
+            raise ValueError(f"{pool_where}: {pool!r} is not {NAME.what}")
+        pools[pool] = read_section(PoolConfig, pool_table, pool_where)
+    if len(pools) > MAX_POOLS:
+        raise ValueError(f"{where}.pools: at most {MAX_POOLS} pools")
+    if pools and not sum(p.weight for p in pools.values()):
+        raise ValueError(f"{where}.pools: at least one pool needs a weight above 0")
     rest = {k: v for k, v in table.items() if k != "pools"}
     return read_section(ModelConfig, rest, where, name=name, pools=pools)
 

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 
 from radix.config_schema import NAME, FieldError, Section, setting
 
+MAX_POOLS = 8
 DEFAULT_PROBE_PROMPTS = (
     "The capital of France is",
     "Write a Python function that returns the sum of a list of integers.",

@@ -1,12 +1,13 @@
 """A model's pools: which pool a conversation goes to, and the weights behind it.
 
 Each conversation is sticky to one pool, so its cache is never split between two
-KV formats: a keyed BLAKE2b hash of (tenant, the prompt's first KV block) is a point
-in [0, 1), and the pools, in config order, cover [0, 1) in slices as wide as their
-weights. A conversation's later turns start with the same block, so they land on
-the same pool while the weights stay; raising the last pool's weight (put the
-candidate last) moves only conversations from the other pools to it, never away.
-The key keeps the split unpredictable to clients.
+KV formats. The pool is chosen by weighted rendezvous hashing of (tenant, the
+prompt's first KV block): one keyed BLAKE2b digest gives each pool a uniform draw
+``u`` in (0, 1), and the pool with the least ``-ln(u) / weight`` wins. So each pool
+gets its weight's share of conversations; a conversation's later turns start with
+the same block and stay while the weights do; raising one pool's weight moves
+conversations only to it, lowering it only away from it, and a pool at weight 0
+gets none. The key keeps the split unpredictable to clients.
 
 A pool is ``tripped`` when a guard set its weight to 0 (``trip``); ``set_weights``
 (the admin API) sets weights and clears the trip of every pool it gives a weight
@@ -15,17 +16,17 @@ above 0. The baseline pool is never tripped: it is where the others' traffic goe
 
 from __future__ import annotations
 
-import bisect
 import hashlib
-import itertools
+import math
 from collections.abc import Mapping, Sequence
 from typing import NamedTuple, Protocol, TypeVar
 
 from radix.keys import TOKEN_BYTES
-from router.canary.config import PoolConfig
+from router.canary.config import MAX_POOLS, PoolConfig
 
-_HASH_BYTES = 8
-_HASH_SCALE = float(2 ** (8 * _HASH_BYTES))
+_DRAW_BYTES = 8
+_DRAW_SCALE = float(2 ** (8 * _DRAW_BYTES) + 1)
+assert _DRAW_BYTES * MAX_POOLS <= hashlib.blake2b.MAX_DIGEST_SIZE  # one digest, every draw
 
 
 class HasWorkerId(Protocol):
@@ -60,8 +61,7 @@ class ModelPools:
         self._prefix_bytes = block_size * TOKEN_BYTES
         self._key = hashlib.blake2b(secret, person=b"radix-canary").digest()
         self._weights: dict[str, float] = {}
-        self._bounds: list[float] = []
-        self._last_weighted = baseline
+        self._weighted: list[tuple[int, str, float]] = []
         self._apply({name: pool.weight for name, pool in pools.items()})
 
     @property
@@ -78,10 +78,15 @@ class ModelPools:
         """The pool of the conversation of ``tenant_id`` whose prompt (``radix.keys``
         encoding) is ``prompt_key``, by its first block (see the module docstring)."""
         digest = hashlib.blake2b(tenant_id.encode() + b"\0" + prompt_key[: self._prefix_bytes],
-                                 key=self._key, digest_size=_HASH_BYTES).digest()
-        point = int.from_bytes(digest, "little") / _HASH_SCALE * self._bounds[-1]
-        index = bisect.bisect_right(self._bounds, point)
-        return self.names[index] if index < len(self.names) else self._last_weighted
+                                 key=self._key, digest_size=_DRAW_BYTES * len(self.names)
+                                 ).digest()
+        best, best_score = self.baseline, math.inf
+        for i, name, weight in self._weighted:
+            draw = int.from_bytes(digest[i * _DRAW_BYTES:(i + 1) * _DRAW_BYTES], "little")
+            score = -math.log((draw + 1) / _DRAW_SCALE) / weight
+            if score < best_score:
+                best, best_score = name, score
+        return best
 
     def split(self, workers: Sequence[W], tenant_id: str, prompt_key: bytes
               ) -> tuple[str, list[W], list[W]]:
@@ -126,5 +131,5 @@ class ModelPools:
 
     def _apply(self, weights: dict[str, float]) -> None:
         self._weights = weights
-        self._bounds = list(itertools.accumulate(weights[name] for name in self.names))
-        self._last_weighted = next(n for n in reversed(self.names) if weights[n])
+        self._weighted = [(i, name, weights[name]) for i, name in enumerate(self.names)
+                          if weights[name]]

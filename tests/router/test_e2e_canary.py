@@ -30,6 +30,7 @@ from test_e2e_routing import (
 )
 
 from bench.procs import ManagedProcess, http_json, start_router, start_worker
+from router.launcher import stop_all
 
 pytestmark = pytest.mark.slow
 POOLS = {"baseline": ("w0", ()), "fp8": ("w1", ("--kv-cache-dtype", "fp8_e5m2")),
@@ -67,10 +68,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory
         wait_until_ready(router)
         yield router, workers
     finally:
-        if router is not None:
-            router.stop()
-        for worker in workers.values():
-            worker.stop()
+        stop_all([*filter(None, [router]), *workers.values()])  # together: each takes seconds
 
 
 class ClientStream:
@@ -92,7 +90,7 @@ class ClientStream:
         while not self._stopped.is_set():
             i = next(self._numbers)
             try:
-                answer = complete(self._router, f"Conversation {i}: what is item {i}?", key,
+                answer = complete(self._router, f"{i}: what is item {i}? A new conversation.", key,
                                   max_tokens=MAX_TOKENS)
                 assert answer.usage.completion_tokens == MAX_TOKENS, answer
                 self.num_done += 1
@@ -141,7 +139,7 @@ def test_a_diverging_pool_is_drained_and_an_agreeing_one_kept(cluster) -> None:
     # New conversations go by the remaining weights: none to the drained pool.
     before = served(router)
     for i in range(12):
-        complete(router, f"After the fallback, conversation {i}", max_tokens=2)
+        complete(router, f"{i}: after the fallback, a new conversation", max_tokens=2)
     after = served(router)
     assert after["w1"] == before["w1"] and sum(after.values()) == sum(before.values()) + 12
     assert after["w2"] > before["w2"]
