@@ -168,14 +168,15 @@ class Canary:
 
     async def _probe(self, model: _ModelCanary, workers: list[WorkerState],
                      session: aiohttp.ClientSession) -> None:
-        """Probe each pool with traffic against the baseline on one radix worker each."""
+        """Probe every pool no guard tripped (weight 0 too: a check before traffic)
+        against the baseline, on one radix worker of each."""
         first: dict[str, WorkerState] = {}
         for worker in workers:
             if worker.kind == "radix":
                 first.setdefault(model.pools.pool_of(worker.worker_id), worker)
         baseline = first.get(model.pools.baseline)
-        pools = [p for p, w in model.pools.weights.items()
-                 if w and p != model.pools.baseline and p in first]
+        pools = [p for p in model.pools.names
+                 if p != model.pools.baseline and p not in model.pools.trips and p in first]
         if baseline is None or not pools:
             return
         try:
