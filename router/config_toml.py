@@ -79,6 +79,8 @@ def _model(name: str, table: Any, where: str) -> ModelConfig:
         if not NAME.regex.match(pool):
             raise ValueError(f"{pool_where}: {pool!r} is not {NAME.what}")
         pools[pool] = read_section(PoolConfig, pool_table, pool_where)
+    if "canary" in table and not pools:
+        raise ValueError(f"{where}.canary: give pools too (a canary guards pools)")
     if len(pools) > MAX_POOLS:
         raise ValueError(f"{where}.pools: at most {MAX_POOLS} pools")
     if pools and not sum(p.weight for p in pools.values()):

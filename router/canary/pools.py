@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import hashlib
 import math
+import struct
 from collections.abc import Mapping, Sequence
 from typing import NamedTuple, Protocol, TypeVar
 
@@ -59,9 +60,12 @@ class ModelPools:
         self.trips: dict[str, Trip] = {}
         self._pool_of = {w: name for name, pool in pools.items() for w in pool.workers}
         self._prefix_bytes = block_size * TOKEN_BYTES
-        self._key = hashlib.blake2b(secret, person=b"radix-canary").digest()
+        key = hashlib.blake2b(secret, person=b"radix-canary").digest()
+        self._hasher = hashlib.blake2b(key=key, digest_size=_DRAW_BYTES * len(self.names))
+        self._unpack = struct.Struct(f"<{len(self.names)}Q").unpack
         self._weights: dict[str, float] = {}
         self._weighted: list[tuple[int, str, float]] = []
+        self._split_cache: tuple[object, dict[str, list]] = (None, {})
         self._apply({name: pool.weight for name, pool in pools.items()})
 
     @property
@@ -77,13 +81,14 @@ class ModelPools:
     def pick(self, tenant_id: str, prompt_key: bytes) -> str:
         """The pool of the conversation of ``tenant_id`` whose prompt (``radix.keys``
         encoding) is ``prompt_key``, by its first block (see the module docstring)."""
-        digest = hashlib.blake2b(tenant_id.encode() + b"\0" + prompt_key[: self._prefix_bytes],
-                                 key=self._key, digest_size=_DRAW_BYTES * len(self.names)
-                                 ).digest()
+        hasher = self._hasher.copy()  # cheaper than keying a new one
+        hasher.update(tenant_id.encode())
+        hasher.update(b"\0")
+        hasher.update(prompt_key[: self._prefix_bytes])
+        draws = self._unpack(hasher.digest())
         best, best_score = self.baseline, math.inf
-        for i, name, weight in self._weighted:
-            draw = int.from_bytes(digest[i * _DRAW_BYTES:(i + 1) * _DRAW_BYTES], "little")
-            score = -math.log((draw + 1) / _DRAW_SCALE) / weight
+        for i, name, inverse_weight in self._weighted:
+            score = -math.log((draws[i] + 1) / _DRAW_SCALE) * inverse_weight
             if score < best_score:
                 best, best_score = name, score
         return best
@@ -91,17 +96,26 @@ class ModelPools:
     def split(self, workers: Sequence[W], tenant_id: str, prompt_key: bytes
               ) -> tuple[str, list[W], list[W]]:
         """(pool, its workers among ``workers``, the baseline's workers to fall back
-        on). A pool with none of ``workers`` gives way to the baseline, so a pool that
-        lost its workers fails no request; the fallback list is empty on the
-        baseline."""
+        on; do not mutate the lists). A pool with none of ``workers`` gives way to
+        the baseline, so a pool that lost its workers fails no request; the fallback
+        list is empty on the baseline."""
         pool = self.pick(tenant_id, prompt_key)
-        chosen = [w for w in workers if self.pool_of(w.worker_id) == pool]
-        if pool == self.baseline:
-            return pool, chosen, []
-        baseline = [w for w in workers if self.pool_of(w.worker_id) == self.baseline]
-        if not chosen:
+        by_pool = self._by_pool(workers)
+        chosen, baseline = by_pool.get(pool, []), by_pool.get(self.baseline, [])
+        if pool == self.baseline or not chosen:
             return self.baseline, baseline, []
         return pool, chosen, baseline
+
+    def _by_pool(self, workers: Sequence[W]) -> dict[str, list[W]]:
+        """``workers`` by pool, kept while the caller passes the same list (the
+        registry builds a new one whenever readiness changes)."""
+        cached_for, by_pool = self._split_cache
+        if cached_for is not workers:
+            by_pool = {}
+            for worker in workers:
+                by_pool.setdefault(self.pool_of(worker.worker_id), []).append(worker)
+            self._split_cache = (workers, by_pool)
+        return by_pool  # type: ignore[return-value]
 
     def trip(self, pool: str, trip: Trip) -> bool:
         """Take ``pool``'s traffic away (weight 0) because of ``trip``; False (nothing
@@ -131,5 +145,5 @@ class ModelPools:
 
     def _apply(self, weights: dict[str, float]) -> None:
         self._weights = weights
-        self._weighted = [(i, name, weights[name]) for i, name in enumerate(self.names)
+        self._weighted = [(i, name, 1 / weights[name]) for i, name in enumerate(self.names)
                           if weights[name]]

@@ -239,6 +239,7 @@ def test_canary_pools_are_read_in_order_with_their_guards() -> None:
      "models.demo.pools: at most 8 pools"),
     (pooled(POOLS, {"probe_prompts": ["a"], "probe_max_diverged": 1}),
      "models.demo.canary.probe_max_diverged: must be below the number of probe_prompts"),
+    (pooled({}, {"window_s": 5}), "models.demo.canary: give pools too"),
     (pooled(POOLS, {"max_error_rate": 1.5}), "models.demo.canary.max_error_rate: must be at most"),
     (pooled(POOLS, {"probe_interval_s": 0}), "models.demo.canary.probe_interval_s: must be "
                                              "positive"),
