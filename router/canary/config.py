@@ -3,8 +3,9 @@ guards (``[models.M.canary]``).
 
 A model with pools sends each conversation to one pool, picked by weight
 (``router.canary.pools``); the ``baseline`` pool is where a tripped pool's traffic
-goes. The guards judge every other pool over the last ``window_s`` seconds once it
-has ``min_requests`` requests there: a 5xx share above ``max_error_rate`` or a TTFT
+goes. The guards judge every other pool over the last ``window_s`` seconds (its
+latest ``router.canary.guards.MAX_OUTCOMES`` requests at most) once it has
+``min_requests`` requests there: a 5xx share above ``max_error_rate`` or a TTFT
 p99 above ``max_ttft_p99_s`` (None turns a guard off) trips it, and so does a probe
 (every ``probe_interval_s``: each of ``probe_prompts`` run greedily for
 ``probe_max_tokens`` tokens on one worker of each pool) in which more than

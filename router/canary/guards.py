@@ -1,9 +1,11 @@
 """A pool's recent requests and the guards that judge them.
 
 ``GuardWindow`` keeps the outcome of each request a pool finished in the last
-``window_s`` seconds (whether it was a 5xx, and its time to first byte if it got
-one); ``judge`` says whether a pool's window trips a guard. Recording is O(1) on the
-request path; percentiles are computed only when the guard loop asks.
+``window_s`` seconds, at most the latest ``MAX_OUTCOMES`` of them (whether it was a
+5xx, and its time to first byte if it got one); ``judge`` says whether a pool's
+window trips a guard. Recording is O(1) on the request path; the p99 is computed
+only when the guard loop asks, over a bounded number of outcomes, so a pool with
+all the traffic does not hold the event loop for long.
 """
 
 from __future__ import annotations
@@ -36,15 +38,18 @@ class WindowSummary:
                 "error_rate": self.error_rate, "ttft_p99_s": self.ttft_p99_s}
 
 
+MAX_OUTCOMES = 4096
+
+
 class GuardWindow:
     """Outcomes of one pool's requests over a sliding window of ``window_s`` seconds
-    (monotonic time, given by the caller)."""
+    (monotonic time, given by the caller), the latest ``max_outcomes`` at most."""
 
     __slots__ = ("_window_s", "_outcomes")
 
-    def __init__(self, window_s: float) -> None:
+    def __init__(self, window_s: float, max_outcomes: int = MAX_OUTCOMES) -> None:
         self._window_s = window_s
-        self._outcomes: deque[tuple[float, bool, float | None]] = deque()
+        self._outcomes: deque[tuple[float, bool, float | None]] = deque(maxlen=max_outcomes)
 
     def record(self, now: float, is_error: bool, ttft_s: float | None) -> None:
         """Add one finished request."""

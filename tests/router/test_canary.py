@@ -121,6 +121,13 @@ def test_window_forgets_old_outcomes_and_takes_the_nearest_rank_p99() -> None:
     assert window.summary(26.0).num_requests == 0
 
 
+def test_window_keeps_the_latest_outcomes_only() -> None:
+    window = GuardWindow(window_s=60, max_outcomes=10)
+    for i in range(25):
+        window.record(float(i), i < 20, float(i))
+    assert window.summary(25.0) == WindowSummary(10, 5, 24.0)
+
+
 def test_judge_needs_enough_requests_then_trips_on_errors_before_ttft() -> None:
     config = CanaryConfig(min_requests=10, max_error_rate=0.1, max_ttft_p99_s=2.0)
     assert judge(WindowSummary(9, 9, 9.0), config) is None
