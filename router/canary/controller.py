@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import NamedTuple
 
@@ -109,7 +110,7 @@ class Canary:
     def to_dict(self) -> dict[str, object]:
         """JSON view for ``GET /admin/canary``: per model the baseline and, per pool,
         its weight, workers, trip (or None) and current window."""
-        now = asyncio.get_running_loop().time()
+        now = time.monotonic()
         return {name: {
             "baseline": model.pools.baseline,
             "pools": {pool: {"weight": weight, "workers": list(model.workers[pool]),
@@ -152,7 +153,7 @@ class Canary:
         while True:
             await asyncio.sleep(model.config.check_interval_s)
             try:
-                self._check_windows(model, loop.time())
+                self._check_windows(model, time.monotonic())
                 if loop.time() >= next_probe:
                     await self._probe(model, routable(model.pools.model), session)
                     next_probe = loop.time() + model.config.probe_interval_s

@@ -43,7 +43,8 @@ MAX_OUTCOMES = 4096
 
 class GuardWindow:
     """Outcomes of one pool's requests over a sliding window of ``window_s`` seconds
-    (monotonic time, given by the caller), the latest ``max_outcomes`` at most."""
+    (``time.monotonic()``, given by the caller), the latest ``max_outcomes`` at
+    most."""
 
     __slots__ = ("_window_s", "_outcomes")
 
