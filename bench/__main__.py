@@ -13,6 +13,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from bench import (
+    canary_bench,
     chaos,
     e2e,
     e2e_worker_bench,
@@ -55,6 +56,7 @@ BENCHMARKS: dict[str, Callable[[list[str]], dict]] = {
     "reference": reference.main,
     "vllm": vllm_bench.main,
     "chaos": chaos.main,
+    "canary": canary_bench.main,
 }
 # Not a benchmark: run by name only (`python -m bench fuzz --examples N`).
 ON_REQUEST: dict[str, Callable[[list[str]], dict]] = {"fuzz": fuzz.main}
