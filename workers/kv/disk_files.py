@@ -5,6 +5,7 @@ Layout of ``<hash hex>.kv``::
     MAGIC | u16 len | scope | u16 len | block hash | u32 len | sealed meta | sealed K/V
 
 ``sealed meta`` is the block's arrival number (its place in the LRU order), its
+expiry (wall-clock seconds, 0 for none: the host tier's TTL, carried down), its
 parent hash and its tokens (key bytes); ``sealed K/V`` is the host tier's sealed
 block, written as it is. Both are ``BlockSealer`` seals (AES-256-GCM, a key per
 scope from the deployment secret, namespace digest, scope and hash as associated
@@ -31,19 +32,22 @@ from typing import NamedTuple
 from radix.hashing import BlockHash
 from workers.kv.host_crypto import BlockSealer
 
-MAGIC = b"radix-kv-disk v1\n"
+MAGIC = b"radix-kv-disk v2\n"
 SUFFIX = ".kv"
 TEMP_SUFFIX = ".tmp"
 LOCK_NAME = "lock"
+_META = struct.Struct(">QdH")  # arrival, expires_at (0: never), parent length
 
 
 class DiskRecord(NamedTuple):
-    """One block as stored: its name, owner, place in the LRU order, chain parent,
-    tokens (key bytes) and its sealed K/V (opened only when it is read back)."""
+    """One block as stored: its name, owner, place in the LRU order, expiry (None:
+    never), chain parent, tokens (key bytes) and its sealed K/V (opened only when it
+    is read back)."""
 
     block_hash: BlockHash
     scope: str
     arrival: int
+    expires_at: float | None
     parent: BlockHash | None
     tokens: bytes
     sealed_kv: bytes
@@ -57,7 +61,7 @@ def file_name(block_hash: BlockHash) -> str:
 def encode(record: DiskRecord, sealer: BlockSealer) -> bytes:
     """The file contents of ``record`` (its meta sealed, its K/V as given)."""
     parent = record.parent or b""
-    meta = struct.pack(">QH", record.arrival, len(parent)) + parent + record.tokens
+    meta = _META.pack(record.arrival, record.expires_at or 0.0, len(parent)) + parent + record.tokens
     sealed_meta = sealer.seal(record.scope, record.block_hash, meta)
     scope = record.scope.encode()
     return b"".join((
@@ -81,14 +85,14 @@ def decode(data: bytes, sealer: BlockSealer) -> DiskRecord | None:
     except (struct.error, ValueError):
         return None
     meta = sealer.open(scope, block_hash, sealed_meta)
-    if meta is None or len(meta) < 10:
+    if meta is None or len(meta) < _META.size:
         return None
-    arrival, parent_len = struct.unpack_from(">QH", meta)
-    parent = meta[10 : 10 + parent_len]
-    tokens = meta[10 + parent_len :]
+    arrival, expires_at, parent_len = _META.unpack_from(meta)
+    parent = meta[_META.size : _META.size + parent_len]
+    tokens = meta[_META.size + parent_len :]
     return DiskRecord(
-        BlockHash(block_hash), scope, arrival, BlockHash(parent) if parent else None, tokens,
-        data[at:],
+        BlockHash(block_hash), scope, arrival, expires_at or None,
+        BlockHash(parent) if parent else None, tokens, data[at:],
     )  # fmt: skip
 
 

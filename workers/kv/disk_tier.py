@@ -20,7 +20,9 @@ host link reports what ``put`` and ``take`` did. Engine thread only.
 from __future__ import annotations
 
 import logging
+import math
 import os
+import time
 from abc import ABC, abstractmethod
 from collections import OrderedDict
 from dataclasses import dataclass
@@ -48,11 +50,13 @@ log = logging.getLogger(__name__)
 
 
 class DiskEntry(NamedTuple):
-    """What the tier keeps in memory per block: owner, chain parent, tokens (key bytes)."""
+    """What the tier keeps in memory per block: owner, chain parent, tokens (key bytes),
+    and when it expires (wall-clock seconds; None: never)."""
 
     scope: str
     parent: BlockHash | None
     tokens: bytes
+    expires_at: float | None = None
 
 
 @dataclass(frozen=True)
@@ -95,6 +99,10 @@ class DiskTier(ABC):
         """Remove ``block_hash`` without reading it (the device holds it again)."""
 
     @abstractmethod
+    def expire(self, now: float) -> list[tuple[BlockHash, DiskEntry]]:
+        """Remove and return the entries expired at ``now`` (wall-clock seconds)."""
+
+    @abstractmethod
     def entries(self) -> list[tuple[BlockHash, DiskEntry]]:
         """Every block kept, oldest first (snapshots)."""
 
@@ -117,7 +125,7 @@ class NullDiskTier(DiskTier):
 
     def put(self, block_hash: BlockHash, block: HostBlock) -> list[tuple[BlockHash, DiskEntry]]:
         """Keeps nothing: returns ``block`` as dropped."""
-        return [(block_hash, DiskEntry(block.scope, block.parent, block.tokens))]
+        return [(block_hash, DiskEntry(block.scope, block.parent, block.tokens, block.expires_at))]
 
     def holds(self, block_hash: BlockHash, scope: str, tokens: bytes) -> bool:
         """Never."""
@@ -130,6 +138,10 @@ class NullDiskTier(DiskTier):
     def discard(self, block_hash: BlockHash) -> DiskEntry | None:
         """Nothing to discard."""
         return None
+
+    def expire(self, now: float) -> list[tuple[BlockHash, DiskEntry]]:
+        """Nothing expires."""
+        return []
 
     def entries(self) -> list[tuple[BlockHash, DiskEntry]]:
         """None."""
@@ -158,6 +170,7 @@ class FileDiskTier(DiskTier):
         self._sealer = sealer
         self._entries: OrderedDict[BlockHash, DiskEntry] = OrderedDict()
         self._next_arrival = 0
+        self._next_expiry = math.inf
         self._num_hits = self._bytes_written = self._bytes_read = self._num_failures = 0
         self._scan()
 
@@ -182,8 +195,12 @@ class FileDiskTier(DiskTier):
                 else:
                     records.append(record)
         for record in sorted(records, key=lambda r: r.arrival):
-            self._entries[record.block_hash] = DiskEntry(record.scope, record.parent, record.tokens)
+            self._entries[record.block_hash] = DiskEntry(
+                record.scope, record.parent, record.tokens, record.expires_at)
             self._next_arrival = record.arrival + 1
+            self._next_expiry = min(self._next_expiry, record.expires_at or math.inf)
+        for block_hash, _ in self.expire(time.time()):
+            log.info("disk tier: block %s expired while the worker was down", block_hash.hex())
         for block_hash, _ in self._drop_over_budget():
             log.info("disk tier over its budget after the scan: dropped %s", block_hash.hex())
         if records or self._num_failures:
@@ -206,9 +223,9 @@ class FileDiskTier(DiskTier):
     def put(self, block_hash: BlockHash, block: HostBlock) -> list[tuple[BlockHash, DiskEntry]]:
         """See ``DiskTier.put``; a hash already present is rewritten as the newest. A
         block that cannot be written (disk full) is logged and dropped at once."""
-        entry = DiskEntry(block.scope, block.parent, block.tokens)
-        record = DiskRecord(block_hash, block.scope, self._next_arrival, block.parent,
-                            block.tokens, block.sealed)  # fmt: skip
+        entry = DiskEntry(block.scope, block.parent, block.tokens, block.expires_at)
+        record = DiskRecord(block_hash, block.scope, self._next_arrival, block.expires_at,
+                            block.parent, block.tokens, block.sealed)  # fmt: skip
         data = encode(record, self._sealer)
         self._entries.pop(block_hash, None)
         try:
@@ -220,6 +237,7 @@ class FileDiskTier(DiskTier):
         self._next_arrival += 1
         self._bytes_written += len(data)
         self._entries[block_hash] = entry
+        self._next_expiry = min(self._next_expiry, entry.expires_at or math.inf)
         return self._drop_over_budget()
 
     def _drop_over_budget(self) -> list[tuple[BlockHash, DiskEntry]]:
@@ -244,7 +262,9 @@ class FileDiskTier(DiskTier):
         path = self.directory / file_name(block_hash)
         record = self._read(path)
         data = None
-        if record is not None and DiskEntry(record.scope, record.parent, record.tokens) == entry:
+        if record is not None and DiskEntry(
+            record.scope, record.parent, record.tokens, record.expires_at
+        ) == entry:  # fmt: skip
             data = self._sealer.open(entry.scope, block_hash, record.sealed_kv)
         self._unlink(block_hash)
         if data is None:
@@ -260,6 +280,21 @@ class FileDiskTier(DiskTier):
         if entry is not None:
             self._unlink(block_hash)
         return entry
+
+    def expire(self, now: float) -> list[tuple[BlockHash, DiskEntry]]:
+        """See ``DiskTier.expire``. Entries arrive in the host tier's drop order, not in
+        expiry order, so a pass visits them all, but only once the earliest expiry
+        has come."""
+        if now < self._next_expiry:
+            return []
+        expired = [(h, e) for h, e in self._entries.items()
+                   if e.expires_at is not None and e.expires_at <= now]  # fmt: skip
+        for block_hash, _ in expired:
+            del self._entries[block_hash]
+            self._unlink(block_hash)
+        self._next_expiry = min((e.expires_at for e in self._entries.values()
+                                 if e.expires_at is not None), default=math.inf)  # fmt: skip
+        return expired
 
     def _unlink(self, block_hash: BlockHash) -> None:
         (self.directory / file_name(block_hash)).unlink(missing_ok=True)

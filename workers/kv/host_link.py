@@ -90,11 +90,14 @@ class HostLink:
         self._emit("removed", _scoped(gone_from_disk), "disk")
 
     def expire(self, now: float) -> int:
-        """Drop the tier's entries expired at ``now`` and log them ``removed``, as for
-        an eviction; returns how many."""
-        expired = self.host.expire(now)
-        self._emit("removed", _scoped(expired), "host")
-        return len(expired)
+        """Drop the host and disk entries expired at ``now`` and log them ``removed``,
+        as for an eviction (an expired host entry never moves on to disk); returns
+        how many."""
+        expired_host = self.host.expire(now)
+        expired_disk = self.disk.expire(now)
+        self._emit("removed", _scoped(expired_host), "host")
+        self._emit("removed", _scoped(expired_disk), "disk")
+        return len(expired_host) + len(expired_disk)
 
     def forget(self, scope: str, blocks: Sequence[EventBlock]) -> None:
         """The device caches ``blocks`` again: drop any host or disk copy of them."""

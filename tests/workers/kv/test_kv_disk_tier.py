@@ -4,6 +4,7 @@ or tampered file is dropped and counted, never used."""
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import pytest
@@ -18,11 +19,11 @@ A = [1, 2, 3, 4, 5, 6, 7, 8, 9]  # two full blocks and one token
 FILLER = [[50 + 10 * i + j for j in range(2 * B)] for i in range(6)]
 
 
-def pushed_to_disk(disk_dir: Path, num_disk_blocks: int = 16):
+def pushed_to_disk(disk_dir: Path, num_disk_blocks: int = 16, host_ttl_s: float | None = None):
     """A 6-block pool and a 2-block host tier where A was cached, then pushed by six
     fillers through the host tier down to disk."""
     manager = make_manager(6, B, num_host_blocks=2, disk_dir=disk_dir,
-                           num_disk_blocks=num_disk_blocks)  # fmt: skip
+                           num_disk_blocks=num_disk_blocks, host_ttl_s=host_ttl_s)  # fmt: skip
     assert serve(manager, 1, A) == 0
     for i, filler in enumerate(FILLER):
         serve(manager, 10 + i, filler)
@@ -86,6 +87,38 @@ def test_a_restarted_manager_takes_back_its_disk_and_announces_it_under_a_new_ep
     snapshot.apply(manager.snapshot()[1], snapshot=True)
     assert snapshot.disk_hashes == kept
     assert serve(manager, 1, A + [7]) == 2 * B  # served from disk with A's own K/V
+
+
+def test_disk_entries_keep_their_host_expiry_and_are_dropped_when_it_comes(tmp_path):
+    manager = pushed_to_disk(tmp_path, host_ttl_s=60.0)
+    disk = manager.prefix_cache.disk
+    held = {h.hex() for h, _ in disk.entries()}
+    assert held and all(e.expires_at is not None for _, e in disk.entries())
+    log = manager.event_log
+    head = log.since(-1, log.epoch)[-1].seq
+    assert manager.expire_host(time.time()) == 0, "nothing expires before its TTL"
+    num_host = len(manager.prefix_cache.host.entries())
+    assert manager.expire_host(time.time() + 61) == len(held) + num_host
+    removed_from_disk = {b.hash for e in log.since(head, log.epoch) if e.medium == "disk"
+                         for b in e.blocks}  # fmt: skip
+    assert removed_from_disk == held and disk.entries() == [] and files(manager) == []
+    assert manager.admit(99, A + [7], "t1") == 0, "an expired prefix is not served"
+    manager.free(99)
+    manager.check_invariants()
+
+
+def test_blocks_that_expired_while_the_worker_was_down_are_dropped_at_the_scan(tmp_path):
+    manager = pushed_to_disk(tmp_path, host_ttl_s=2.0)
+    manager.spill_to_disk()
+    disk = manager.prefix_cache.disk
+    last_expiry = max(e.expires_at for _, e in disk.entries())
+    disk.close()
+    assert files(manager) != []
+    time.sleep(max(0.0, last_expiry - time.time()) + 0.05)
+    manager = make_manager(6, B, num_host_blocks=2, disk_dir=tmp_path, num_disk_blocks=16,
+                           host_ttl_s=2.0)  # fmt: skip
+    assert manager.prefix_cache.disk.entries() == [] and files(manager) == []
+    assert manager.stats().disk.disk_auth_failures_total == 0
 
 
 def test_another_secret_opens_nothing_and_the_files_are_dropped_and_counted(tmp_path):
