@@ -62,7 +62,8 @@ class Engine:
     ) -> None:
         self.manager = manager
         self.adapters = adapters or AdapterSlots.disabled()
-        self.scheduler = Scheduler(manager, config, self.adapters)
+        self.scheduler = Scheduler(manager, config, self.adapters,
+                                   lambda state: self._fail(state, "loading its LoRA adapter"))
         self._runner = runner
         self._tokenizer = tokenizer
         self._max_model_len = max_model_len

@@ -21,6 +21,8 @@ Policy, in order, under a budget of ``max_batched_tokens`` tokens per step:
    does not fit stops admission (no overtaking: large requests do not starve).
    A request for a LoRA adapter first pins the adapter's slot (``AdapterSlots``,
    loading it if needed); with every slot pinned it waits at the head the same way.
+   A load that fails hands the request to ``on_load_failure`` (the engine fails it
+   alone, which takes it off the queue).
 
 Liveness: a waiting sequence waits only behind running ones, which finish or are
 preempted. The KV manager admits any prompt that fits the pool when nothing else is
@@ -35,11 +37,12 @@ from __future__ import annotations
 
 import logging
 from collections import deque
+from collections.abc import Callable
 from typing import NamedTuple
 
 from radix.keys import TOKEN_BYTES
 from workers.config import EngineConfig
-from workers.engine.sequence import Sequence, SequenceStatus
+from workers.engine.sequence import RequestState, Sequence, SequenceStatus
 from workers.kv.manager import KVCacheManager
 from workers.lora.adapters import AdapterSlots
 
@@ -62,10 +65,12 @@ class Scheduler:
     admission, slots, preemption and release. Engine thread only."""
 
     def __init__(self, manager: KVCacheManager, config: EngineConfig,
-                 adapters: AdapterSlots | None = None) -> None:  # fmt: skip
+                 adapters: AdapterSlots | None = None,
+                 on_load_failure: Callable[[RequestState], None] | None = None) -> None:  # fmt: skip
         self._manager = manager
         self._config = config
         self._adapters = adapters or AdapterSlots.disabled()
+        self._on_load_failure = on_load_failure
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
         self.num_preemptions = 0
@@ -180,7 +185,13 @@ class Scheduler:
                 break
             adapter = request.request.adapter
             if adapter is not None and request.lora_slot is None:
-                request.lora_slot = self._adapters.acquire(adapter)
+                try:
+                    request.lora_slot = self._adapters.acquire(adapter)
+                except Exception:
+                    if self._on_load_failure is None:
+                        raise
+                    self._on_load_failure(request)
+                    continue
                 if request.lora_slot is None:
                     break
             num_cached = self._admit_one(seq)

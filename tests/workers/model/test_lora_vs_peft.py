@@ -207,3 +207,22 @@ def test_a_worker_built_from_its_config_serves_the_adapter_exactly(tmp_path):
                                      NUM_TOKENS)  # fmt: skip
     assert with_adapter != base
     assert [a.resident for a in built.lora.slots.published] == [True]
+
+
+def test_an_adapter_whose_files_broke_after_registration_fails_its_request_alone(checkpoint,
+                                                                                 tmp_path):
+    model_dir, paths = checkpoint
+    engine = lora_engine(checkpoint, max_loras=1)
+    broken = write_peft_adapter(tmp_path / "broken", model_dir, 2, 4, seed=9)
+    engine.adapters.register(read_adapter("broken", broken, model_shapes(model_dir), MAX_RANK))
+    (broken / "adapter_model.safetensors").write_bytes(b"not safetensors")
+    engine.add_request(0, greedy(prompt_ids(20, seed=30), "broken"))
+    engine.add_request(1, greedy(prompt_ids(20, seed=31), None))
+    last = {}
+    while engine.has_work():
+        last.update(engine.step())
+        engine.manager.check_invariants()
+    assert last[0].error is not None and last[0].usage is None
+    assert last[1].error is None and last[1].usage is not None
+    assert "broken" not in {a.name for a in engine.adapters.published}
+    assert engine.adapters.num_resident == 0
