@@ -35,7 +35,12 @@ from typing import TypeVar
 from workers.engine.engine import Engine
 from workers.engine.kv_feed import KVEventFeed
 from workers.engine.metrics import EngineStats
-from workers.engine.request import EngineError, GenerationRequest, RequestOutput
+from workers.engine.request import (
+    EngineError,
+    GenerationRequest,
+    RequestOutput,
+    UnknownAdapterError,
+)
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -61,7 +66,8 @@ class RequestStream:
     def __init__(self, engine: AsyncEngine, request_id: int) -> None:
         self._engine = engine
         self.request_id = request_id
-        self.queue: asyncio.Queue[RequestOutput | EngineError] = asyncio.Queue()
+        self.queue: asyncio.Queue[RequestOutput | EngineError | UnknownAdapterError] = (
+            asyncio.Queue())
         self.done = False
 
     def __aiter__(self) -> RequestStream:
@@ -71,7 +77,7 @@ class RequestStream:
         if self.done:
             raise StopAsyncIteration
         item = await self.queue.get()
-        if isinstance(item, EngineError):
+        if isinstance(item, EngineError | UnknownAdapterError):
             self.done = True
             raise item
         self.done = item.finished
@@ -212,6 +218,8 @@ class AsyncEngine:
     def _add(self, request_id: int, request: GenerationRequest, arrival_time: float) -> None:
         try:
             self._engine.add_request(request_id, request, arrival_time)
+        except UnknownAdapterError as exc:
+            self._post(self._refuse, request_id, exc)
         except Exception:
             log.exception("could not queue request %d", request_id)
             self._engine.abort_request(request_id)
@@ -255,6 +263,11 @@ class AsyncEngine:
                                         else EngineError(output.error))
                 if output.finished:
                     del self._streams[request_id]
+
+    def _refuse(self, request_id: int, error: UnknownAdapterError) -> None:
+        stream = self._streams.pop(request_id, None)
+        if stream is not None:
+            stream.queue.put_nowait(error)
 
     def _fail(self, request_ids: list[int]) -> None:
         for request_id in request_ids:

@@ -29,7 +29,13 @@ import torch
 from radix.tokenizer import PromptTokenizer
 from workers.config import EngineConfig
 from workers.engine.metrics import EngineMetrics, EngineStats, TailBlockFill
-from workers.engine.request import ChoiceDelta, GenerationRequest, RequestOutput, Usage
+from workers.engine.request import (
+    ChoiceDelta,
+    GenerationRequest,
+    RequestOutput,
+    UnknownAdapterError,
+    Usage,
+)
 from workers.engine.scheduler import ScheduledChunk, Scheduler
 from workers.engine.sequence import RequestState, Sequence, SequenceStatus
 from workers.engine.stopping import StopChecker
@@ -82,12 +88,16 @@ class Engine:
     ) -> None:
         """Queue ``request``; its prompt plus ``max_tokens`` must fit ``max_model_len``
         (the server checks this before submitting). ``arrival_time`` (``time.monotonic``,
-        default now) is where time to first token starts. KeyError for an adapter that
-        is not registered."""
+        default now) is where time to first token starts. UnknownAdapterError (nothing
+        queued) for an adapter that is not registered."""
         arrival = time.monotonic() if arrival_time is None else arrival_time
         state = RequestState(request_id, request, arrival)
         if request.adapter is not None:
-            state.namespace = self.adapters.begin(request.adapter)
+            try:
+                state.namespace = self.adapters.begin(request.adapter)
+            except KeyError:
+                raise UnknownAdapterError(f"the LoRA adapter {request.adapter!r} is not "
+                                          "registered on this worker") from None
         self._requests[request_id] = state
         seq = self._new_sequence(state, 0, list(request.prompt_token_ids),
                                  request.prompt_key or b"")  # fmt: skip

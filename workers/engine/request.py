@@ -107,6 +107,12 @@ class RequestOutput:
         return self.usage is not None or self.error is not None
 
 
+class UnknownAdapterError(LookupError):
+    """The request names a LoRA adapter the worker does not have (any more: unloaded
+    between the server's check and the engine's queue). The client's error (404),
+    never the engine's; nothing was allocated for the request."""
+
+
 class EngineError(RuntimeError):
     """The engine failed while running a request (a bug or a device fault, never bad
     input); the request's blocks have been released."""

@@ -21,6 +21,7 @@ from workers.engine.request import (
     FinishReason,
     GenerationRequest,
     RequestOutput,
+    UnknownAdapterError,
     Usage,
 )
 from workers.server.errors import ApiError, error_body
@@ -53,8 +54,9 @@ class ChoiceResult:
 async def collect(
     engine: AsyncEngine, request: GenerationRequest, timeout_s: float
 ) -> tuple[list[ChoiceResult], Usage]:
-    """Run ``request`` to completion; 504 after ``timeout_s``, 500 (``engine_error``)
-    when it failed in the engine (logged there)."""
+    """Run ``request`` to completion; 504 after ``timeout_s``, 404 when its LoRA
+    adapter was unloaded before it was queued, 500 (``engine_error``) when it failed
+    in the engine (logged there)."""
     choices = [ChoiceResult(i) for i in range(request.params.n)]
     stream = submit(engine, request)
     try:
@@ -69,6 +71,8 @@ async def collect(
                     return choices, output.usage
     except TimeoutError as exc:
         raise ApiError(504, f"request timed out after {timeout_s:g} s", code="timeout") from exc
+    except UnknownAdapterError as exc:
+        raise ApiError(404, str(exc), param="model", code="model_not_found") from exc
     except EngineError as exc:
         raise ApiError(500, str(exc), code="engine_error") from exc
     finally:
@@ -137,6 +141,9 @@ async def stream_response(
         await events.send("[DONE]")
     except TimeoutError:
         await events.send(error_body(504, f"request timed out after {timeout_s:g} s", None, "timeout"))
+        await events.send("[DONE]")
+    except UnknownAdapterError as exc:
+        await events.send(error_body(404, str(exc), "model", "model_not_found"))
         await events.send("[DONE]")
     except EngineError as exc:  # logged by the engine thread
         await events.send(error_body(500, str(exc), None, "engine_error"))

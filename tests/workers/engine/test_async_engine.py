@@ -13,6 +13,8 @@ from workers.engine.async_engine import AsyncEngine, QueueFullError
 from workers.engine.engine import Engine
 from workers.engine.kv_feed import KVEventFeed
 from workers.engine.request import EngineError
+from workers.server.errors import ApiError
+from workers.server.streaming import collect
 
 
 def run_async(test: Callable[[AsyncEngine], Awaitable[None]], max_in_flight: int = 8) -> None:
@@ -80,3 +82,19 @@ def test_submit_beyond_the_bound_is_refused():
         await asyncio.gather(*(s.token_ids() for s in streams))
 
     run_async(test, max_in_flight=2)
+
+
+def test_a_request_for_an_adapter_gone_before_it_was_queued_is_a_404_not_a_500():
+    """The server checks the adapter name, then the engine thread queues the request:
+    an unload in between reaches the engine as an unknown adapter (here: LoRA off, so
+    every adapter name is unknown). The client gets a 404 and nothing is held."""
+
+    async def test(bridge: AsyncEngine):
+        gone = dataclasses.replace(request(prompt(20), max_tokens=3), adapter="unloaded")
+        with pytest.raises(ApiError) as refused:
+            await collect(bridge, gone, timeout_s=30)
+        assert (refused.value.status, refused.value.code) == (404, "model_not_found")
+        assert bridge.num_in_flight == 0 and await bridge.call(used_blocks) == 0
+        assert len(await bridge.submit(request(prompt(20), max_tokens=3)).token_ids()) == 3
+
+    run_async(test)
