@@ -5,13 +5,17 @@ request to ``ranked[0]`` and retries down the list. ``cache_aware`` (the default
 weighs each worker's cached prefix against its load in one continuous cost::
 
     cost(w) = prefill_cost_per_token * (prompt tokens - matched(w)) + load_cost(w)
+              + adapter_load_cost_per_ms * adapter_load_ms(w)
 
-(``router.routing.load_cost``). The lowest cost wins; ties go to the least loaded, then to
+(``router.routing.load_cost``; ``adapter_load_ms`` is what a LoRA request waits for
+its adapter on a worker that does not hold it: ``router.routing.adapters``). The lowest cost wins; ties go to the least loaded, then to
 rendezvous-hash order. A request whose longest match covers at least
 ``owner_min_share`` of its prompt stays on the workers holding it (its owners) while
 one is under a bounded-load cap, so a passing queue does not copy a hot prefix
 around; with every owner at the cap the cost decides, and may replicate it to a
-second worker. A cold prefix (no worker matches any of it) goes to the first
+second worker; owners that would have to load the request's adapter while another
+worker holds it are not owners. A cold prefix (no worker matches any of it, and no
+worker holds the request's adapter while another does not) goes to the first
 worker in rendezvous-hash order of its first tokens that is under the bounded-load
 cap, so concurrent requests for a new document meet on one worker and different
 documents spread. ``round_robin``, ``least_load``, ``consistent_hash`` and ``random``
@@ -73,6 +77,7 @@ class WorkerView(NamedTuple):
     num_waiting_tokens: int = 0
     kv_cache_usage_ratio: float = 0.0
     max_num_requests: int | None = None
+    adapter_load_ms: float = 0.0
 
 
 class WorkerScore(NamedTuple):
@@ -138,10 +143,12 @@ class Policy(ABC):
     def _scores(self, request: RouteRequest, views: Sequence[WorkerView]) -> list[WorkerScore]:
         """Each view's score, in order: cost = prefill of its uncached tokens + load."""
         prefill, num_prompt_tokens = self.weights.prefill_cost_per_token, request.num_prompt_tokens
+        adapter = self.weights.adapter_load_cost_per_ms
         return [
             _score((view.worker_id, view.num_matched_tokens, load,
                     prefill * (num_prompt_tokens - view.num_matched_tokens
-                               if num_prompt_tokens > view.num_matched_tokens else 0) + load))
+                               if num_prompt_tokens > view.num_matched_tokens else 0)
+                    + load + adapter * view.adapter_load_ms))
             for view, load in zip(views, load_costs(views, self.weights), strict=True)
         ]
 
@@ -160,7 +167,7 @@ class CacheAwarePolicy(Policy):
         """Lowest cost first; a cold prefix's hash choice first."""
         _require(workers)
         ranked = self._by_cost(request, self._scores(request, workers))
-        cold = not any(map(_MATCHED, ranked))
+        cold = not any(map(_MATCHED, ranked)) and not self._residency_differs(workers)
         if cold:
             order = rendezvous_order(request.key, workers, self.weights.hash_prefix_tokens)
             first = bounded_load_pick(order, self.weights.load_cap_factor).worker_id
@@ -168,6 +175,14 @@ class CacheAwarePolicy(Policy):
         elif self.weights.owner_load_cap_factor:
             ranked = self._owners_first(request, workers, ranked)
         return RouteDecision(self.name, tuple(s.worker_id for s in ranked), tuple(ranked), cold)
+
+    def _residency_differs(self, workers: Sequence[WorkerView]) -> bool:
+        """Whether the request's adapter costs a load on some workers and not on
+        others (then the cost, not the hash, places a cold prefix)."""
+        if not self.weights.adapter_load_cost_per_ms:
+            return False
+        holders = sum(1 for v in workers if not v.adapter_load_ms)
+        return 0 < holders < len(workers)
 
     def _by_cost(self, request: RouteRequest, scores: list[WorkerScore]) -> list[WorkerScore]:
         """``scores`` by (cost, load cost), equal pairs in rendezvous-hash order (hashed
@@ -190,7 +205,10 @@ class CacheAwarePolicy(Policy):
         if best < self.weights.owner_min_share * request.num_prompt_tokens:
             return ranked
         owners = [v for v in workers if v.num_matched_tokens == best]
-        if len(owners) == len(workers):
+        if self.weights.adapter_load_cost_per_ms:
+            least_load_ms = min(v.adapter_load_ms for v in workers)
+            owners = [v for v in owners if v.adapter_load_ms <= least_load_ms]
+        if not owners or len(owners) == len(workers):
             return ranked
         cap = bounded_load_cap(workers, self.weights.owner_load_cap_factor)
         owner_ids = {v.worker_id for v in owners if num_active_requests(v) < cap}
