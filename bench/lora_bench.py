@@ -1,0 +1,153 @@
+"""LoRA adapters at cluster scale: how often each router makes workers load an adapter.
+
+``python -m bench lora [--workers 8] [--adapters 64] [--max-loras 8] [--requests 400]``.
+K timed workers (``bench.e2e_timed``'s: the real engine, KV cache, events and HTTP,
+the forward pass and each adapter load a modelled wait) each register every one of
+``--adapters`` config-only adapters and hold ``--max-loras`` of them at once. Every
+request names an adapter drawn with Zipf popularity (exponent ``--zipf``); its prompt
+is that adapter's system prompt and a message of its own, so prefixes are shared
+within an adapter and never across adapters (each adapter is its own namespace).
+
+Router setups, in front of the same workers: ours (``cache_aware``: residency and
+cached prefixes in one cost), ours adapter-blind (the same policy with
+``adapter_load_cost_per_ms = 0``), and, when ``bench/.peers`` has them, sglang-router
+and vllm-router (cache_aware; both adapter-blind, sending the adapter name through).
+Load: open loop at ``--load`` x the cluster's capacity (``e2e_timed.capacity_rps``),
+times ``--time-scale`` slower than the profile; every time reported is divided back.
+Each setup first routes ``--warm-up`` of the requests unmeasured, so it is measured
+from the residency its own routing settles on, not from the previous setup's.
+
+Per setup: adapter loads per 1,000 requests (the workers' ``worker_lora_loads_total``
+over the measured requests), cached fraction, TTFT p50/p99, errors, wall seconds.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+from bench import peers
+from bench.e2e import router, worker_counter, workers
+from bench.e2e_timed import POLL_INTERVAL_S, at_load, capacity_rps, drive_open, summarize, tagged, warm_up
+from bench.procs import ManagedProcess
+from bench.workloads import TraceRequest
+from radix.cost_model import get_profile
+from radix.keys import to_key
+
+OURS, BLIND = "ours cache_aware", "ours cache_aware adapter_load_cost_per_ms=0"
+LABELS = {OURS: "ours", BLIND: "ours, adapter-blind"}
+PEER_SETUPS = ("sglang cache_aware default", "vllm cache_aware")
+LOADS_METRIC = "worker_lora_loads_total"
+
+
+def lora_trace(num_requests: int, num_adapters: int, zipf: float, seed: int
+               ) -> tuple[list[TraceRequest], list[str]]:
+    """Requests and the adapter each names: Poisson arrivals (rescaled later), an
+    adapter by Zipf popularity, its system prompt (200-500 tokens) then a message of
+    40-160 tokens; 16-48 output tokens; letters for tokens."""
+    rng = np.random.default_rng(seed)
+    names = [adapter_name(i) for i in range(num_adapters)]
+    popularity = 1.0 / np.arange(1, num_adapters + 1) ** zipf
+    systems = [rng.integers(0, 26, rng.integers(200, 500)).tolist() for _ in names]
+    chosen = rng.choice(num_adapters, size=num_requests, p=popularity / popularity.sum())
+    arrivals = np.cumsum(rng.exponential(1.0, num_requests))
+    requests = [
+        TraceRequest(float(arrival), "bench", f"s{i}",
+                     to_key(systems[a] + rng.integers(0, 26, rng.integers(40, 160)).tolist()),
+                     to_key(rng.integers(0, 26, rng.integers(16, 48)).tolist()))
+        for i, (a, arrival) in enumerate(zip(chosen, arrivals, strict=True))
+    ]
+    return requests, [names[a] for a in chosen]
+
+
+def adapter_name(i: int) -> str:
+    """The ``i``-th adapter's name (most popular first)."""
+    return f"lora{i:02d}"
+
+
+def adapter_loads(started: list[ManagedProcess]) -> float:
+    """Adapter loads over all workers so far."""
+    return sum(worker_counter(w, LOADS_METRIC) for w in started)
+
+
+def run_setup(setup: str, started: list[ManagedProcess], requests: list[TraceRequest],
+              models: list[str], rps: float, args: argparse.Namespace, log_dir: Path) -> dict:
+    """One router setup: the warm-up share unmeasured, then the rest measured."""
+    arrivals = [a * args.time_scale for a in at_load(requests, args.load * rps)]
+    num_warm = int(len(requests) * args.warm_up)
+    with router(setup, [w.url for w in started], log_dir, POLL_INTERVAL_S / args.time_scale) as (url, key):
+        asyncio.run(drive_open(url, key, requests[:num_warm], arrivals[:num_warm], models[:num_warm]))
+        loads_before = adapter_loads(started)
+        served_before = [worker_counter(w, "request_prompt_tokens_count") for w in started]
+        start = time.perf_counter()
+        measured = [a - arrivals[num_warm] for a in arrivals[num_warm:]]
+        outcomes = asyncio.run(drive_open(url, key, requests[num_warm:], measured, models[num_warm:]))
+        wall_s = time.perf_counter() - start
+        loads = adapter_loads(started) - loads_before
+        per_worker = [int(worker_counter(w, "request_prompt_tokens_count") - b)
+                      for w, b in zip(started, served_before, strict=True)]
+    summary = summarize(outcomes, per_worker, wall_s, args.time_scale, args.slo_s)
+    return {**summary, "adapter_loads": loads, "loads_per_1k": 1000.0 * loads / len(outcomes)}
+
+
+def row(label: str, r: dict) -> str:
+    """One table row."""
+    return (f"{label:<28}{r['num_errors']:>5}{r['loads_per_1k']:>10.0f}{r['cached_fraction']:>8.1%}"
+            f"{1e3 * r['ttft_p50_s']:>8.0f}{1e3 * r['ttft_p99_s']:>8.0f}{r['max_over_mean_load']:>9.2f}"
+            f"{r['wall_s']:>7.0f}")
+
+
+HEADER = (f"{'router':<28}{'errs':>5}{'loads/1k':>10}{'cached':>8}{'p50 ms':>8}{'p99 ms':>8}"
+          f"{'max/mean':>9}{'wall s':>7}")
+
+
+def _setups(routers: list[str]) -> list[str]:
+    found = peers.available()
+    return [s for s in routers if s in LABELS or found[peers.PEER_SETUPS[s].module]]
+
+
+def main(argv: list[str] | None = None) -> dict:
+    """Every setup on the same timed workers; prints the table and returns the numbers
+    by setup label."""
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--profile", default="llama3-8b-h100")
+    parser.add_argument("--workers", type=int, default=8)
+    parser.add_argument("--adapters", type=int, default=64)
+    parser.add_argument("--max-loras", type=int, default=8)
+    parser.add_argument("--zipf", type=float, default=1.0, help="popularity exponent")
+    parser.add_argument("--requests", type=int, default=400, help="per setup, warm-up included")
+    parser.add_argument("--warm-up", type=float, default=0.25, help="share of the requests not measured")
+    parser.add_argument("--load", type=float, default=0.7, help="fraction of the cluster's capacity")
+    parser.add_argument("--routers", nargs="+", default=[OURS, BLIND, *PEER_SETUPS])
+    parser.add_argument("--time-scale", type=float, default=20.0)
+    parser.add_argument("--slo-s", type=float, default=0.25, help="TTFT SLO (profile seconds)")
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args(argv)
+    profile = get_profile(args.profile)
+    requests, models = lora_trace(args.requests, args.adapters, args.zipf, args.seed)
+    rps = capacity_rps(requests, profile) * args.workers
+    results: dict = {"profile": profile.name, "time_scale": args.time_scale, "capacity_rps": rps,
+                     "workers": args.workers, "adapters": args.adapters, "max_loras": args.max_loras,
+                     "zipf": args.zipf, "load": args.load, "runs": {}}
+    with tempfile.TemporaryDirectory(prefix="lora-bench-") as tmp:
+        flags = ("--model", f"timed:{profile.name}", "--served-model-name", "demo",
+                 "--time-scale", str(args.time_scale),
+                 *lora_flags(Path(tmp), args.adapters, args.max_loras))
+        with workers(args.workers, "1GiB", *flags, ready_timeout_s=60 + 10 * args.workers) as started:
+            warm_up(started)
+            print(HEADER)
+            for run, setup in enumerate(_setups(args.routers), start=1):
+                label = LABELS.get(setup, setup)
+                r = results["runs"][label] = run_setup(setup, started, tagged(requests, run), models,
+                                                       rps, args, Path(tmp))
+                print(row(label, r), flush=True)
+    return results
+
+
+if __name__ == "__main__":
+    main()
