@@ -22,6 +22,12 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 GIB = 2**30
+# Host-to-device copy rate of a LoRA load: PCIe 5.0 x16 moves 64 GB/s per direction
+# (the H100 datasheet's "128 GB/s" counts both); pinned-memory copies reach about
+# 50 GB/s of it. The fixed part of a load (reading the adapter's header, slot
+# bookkeeping, one small copy per projection) is an assumption; docs/adapters.md.
+PCIE5_H2D_BYTES_PER_S = 50e9
+LORA_LOAD_OVERHEAD_S = 2e-3
 
 
 @dataclass(frozen=True)
@@ -63,7 +69,9 @@ class Profile:
     """A model on its GPUs: its KV shape (the worker's KV plan turns it into bytes per
     token and blocks), the bytes left for KV after the weights (``kv_cache_bytes``,
     over all the GPUs of a tensor-parallel group), the model's context limit, and the
-    step costs."""
+    step costs. ``hidden_size``, ``intermediate_size`` and ``num_attention_heads``
+    give the projections' shapes a LoRA adapter must fit (None: adapters are refused);
+    a load costs ``lora_bytes / h2d_bytes_per_s + lora_load_overhead_s``."""
 
     name: str
     model: str
@@ -75,6 +83,15 @@ class Profile:
     max_model_len: int
     rope_theta: float
     cost: CostModel
+    hidden_size: int | None = None
+    intermediate_size: int | None = None
+    num_attention_heads: int | None = None
+    h2d_bytes_per_s: float = PCIE5_H2D_BYTES_PER_S
+    lora_load_overhead_s: float = LORA_LOAD_OVERHEAD_S
+
+    def lora_load_s(self, lora_bytes: int) -> float:
+        """Seconds to load an adapter of ``lora_bytes`` into a slot."""
+        return lora_bytes / self.h2d_bytes_per_s + self.lora_load_overhead_s
 
 
 # Derivations in docs/bench.md ("Timed profiles"). H100 SXM 80 GB: 989 TFLOP/s dense
@@ -84,12 +101,14 @@ PROFILES: dict[str, Profile] = {
         name="llama3-8b-h100", model="meta-llama/Meta-Llama-3-8B-Instruct",
         num_layers=32, num_kv_heads=8, head_dim=128, kv_dtype="bfloat16",
         kv_cache_bytes=54 * GIB, max_model_len=8192, rope_theta=500000.0,
-        cost=CostModel(a=4.0e-3, b=3.2e-5, c=1.1e-9, d=7.0e-3, e=2.0e-5, f=5.0e-8)),
+        cost=CostModel(a=4.0e-3, b=3.2e-5, c=1.1e-9, d=7.0e-3, e=2.0e-5, f=5.0e-8),
+        hidden_size=4096, intermediate_size=14336, num_attention_heads=32),
     "llama3-70b-h100x4": Profile(
         name="llama3-70b-h100x4", model="meta-llama/Meta-Llama-3-70B-Instruct",
         num_layers=80, num_kv_heads=8, head_dim=128, kv_dtype="bfloat16",
         kv_cache_bytes=4 * 33 * GIB, max_model_len=8192, rope_theta=500000.0,
-        cost=CostModel(a=1.0e-2, b=9.0e-5, c=1.7e-9, d=1.8e-2, e=5.0e-5, f=3.1e-8)),
+        cost=CostModel(a=1.0e-2, b=9.0e-5, c=1.7e-9, d=1.8e-2, e=5.0e-5, f=3.1e-8),
+        hidden_size=8192, intermediate_size=28672, num_attention_heads=64),
 }
 
 

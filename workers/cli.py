@@ -46,6 +46,11 @@ _FLAG_FIELDS = {
     "max_batched_tokens": ("engine", "max_batched_tokens"),
     "max_num_seqs": ("engine", "max_num_seqs"),
     "max_waiting_requests": ("engine", "max_waiting_requests"),
+    "enable_lora": ("lora", "enable"),
+    "lora_modules": ("lora", "modules"),
+    "max_loras": ("lora", "max_loras"),
+    "max_lora_rank": ("lora", "max_lora_rank"),
+    "allow_runtime_lora_updates": ("lora", "allow_runtime_updates"),
 }
 
 
@@ -84,6 +89,14 @@ def _parser() -> argparse.ArgumentParser:
     add("--max-batched-tokens", type=int, help="tokens computed per engine step")
     add("--max-num-seqs", type=int, help="sequences running at once")
     add("--max-waiting-requests", type=int, help="queue bound; beyond it requests get 429")
+    add("--enable-lora", action="store_const", const=True, help="serve LoRA adapters")
+    add("--lora-modules", nargs="+", metavar="NAME=PATH",
+        help="adapters to register at start: NAME=PATH or vLLM's JSON form "
+             "'{\"name\": ..., \"path\": ..., \"base_model_name\": ...}'")  # fmt: skip
+    add("--max-loras", type=int, help="adapters resident in slots at once (default 1)")
+    add("--max-lora-rank", type=int, help="largest adapter rank; slots are this size (default 16)")
+    add("--allow-runtime-lora-updates", action="store_const", const=True,
+        help="allow POST /v1/load_lora_adapter and /v1/unload_lora_adapter")  # fmt: skip
     add("--log-level", default="INFO", choices=("DEBUG", "INFO", "WARNING", "ERROR"))
     return parser
 

@@ -1,7 +1,7 @@
 """Worker configuration: one frozen ``radix.config_schema.Section`` per component.
 
 A TOML file has one table per component (``[server]``, ``[model]``, ``[kv]``,
-``[engine]``) whose keys are the dataclass fields; command-line flags override
+``[engine]``, ``[lora]``) whose keys are the dataclass fields; command-line flags override
 single fields (see ``workers.cli``). Every value is type-checked and validated on
 construction; a bad value raises ``ValueError`` naming ``section.field``, and an
 unknown section or key is an error.
@@ -9,6 +9,7 @@ unknown section or key is an error.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -132,6 +133,60 @@ class EngineConfig(Section, section="engine"):
 
 
 @dataclass(frozen=True)
+class LoraSettings(Section, section="lora"):
+    """LoRA adapters, as vLLM's flags: ``enable`` (``--enable-lora``); ``modules``
+    registered at start, each ``NAME=PATH`` or vLLM's JSON form
+    ``{"name": ..., "path": ..., "base_model_name"?: ...}`` (``--lora-modules``);
+    ``max_loras`` adapters resident in slots at once (LRU among the registered);
+    ``max_lora_rank`` the rank every slot is allocated at; ``allow_runtime_updates``
+    turns on ``/v1/load_lora_adapter`` and ``/v1/unload_lora_adapter``
+    (``--allow-runtime-lora-updates``). See docs/adapters.md.
+    """
+
+    enable: bool = False
+    modules: tuple[str, ...] = ()
+    max_loras: int = setting(1, low=1)
+    max_lora_rank: int = setting(16, low=1)
+    allow_runtime_updates: bool = False
+
+    def check(self) -> None:
+        """Modules need ``enable``; each parses, and no name repeats."""
+        if self.modules and not self.enable:
+            raise FieldError("modules", "needs enable = true (--enable-lora)")
+        if self.allow_runtime_updates and not self.enable:
+            raise FieldError("allow_runtime_updates", "needs enable = true (--enable-lora)")
+        names = [name for name, _ in self.module_paths()]
+        if len(set(names)) != len(names):
+            raise FieldError("modules", f"an adapter name is given twice: {names}")
+
+    def module_paths(self) -> list[tuple[str, str]]:
+        """``(name, path)`` of each entry of ``modules``."""
+        return [parse_lora_module(entry) for entry in self.modules]
+
+
+def parse_lora_module(entry: str) -> tuple[str, str]:
+    """``(name, path)`` of one ``--lora-modules`` entry: ``NAME=PATH`` or vLLM's JSON
+    object with ``name`` and ``path`` (``base_model_name`` is accepted and unused: a
+    worker serves one base model). FieldError naming ``modules`` otherwise."""
+    text = entry.strip()
+    if text.startswith("{"):
+        try:
+            data = json.loads(text)
+        except ValueError as exc:
+            raise FieldError("modules", f"bad JSON {entry!r}: {exc}") from None
+        name, path = data.get("name"), data.get("path")
+        unknown = set(data) - {"name", "path", "base_model_name"}
+        if not isinstance(name, str) or not isinstance(path, str) or unknown:
+            raise FieldError("modules", f"{entry!r} needs string name and path, and nothing "
+                             "but base_model_name besides")  # fmt: skip
+    else:
+        name, _, path = text.partition("=")
+    if not name or not path:
+        raise FieldError("modules", f"{entry!r} is neither NAME=PATH nor a JSON object")
+    return name, path
+
+
+@dataclass(frozen=True)
 class WorkerConfig(Section):
     """The whole worker configuration, one section per component."""
 
@@ -139,6 +194,7 @@ class WorkerConfig(Section):
     model: ModelSettings = field(default_factory=ModelSettings)
     kv: KVSettings = field(default_factory=KVSettings)
     engine: EngineConfig = field(default_factory=EngineConfig)
+    lora: LoraSettings = field(default_factory=LoraSettings)
 
     def with_overrides(self, overrides: Mapping[str, Mapping[str, Any]]) -> WorkerConfig:
         """A copy with ``{section: {field: value}}`` replaced (validated like TOML values)."""

@@ -6,6 +6,9 @@ profile (``workers.model.timed``: the profile's KV shape and budget, no weights)
 plan the KV cache from the byte budget, derive the cache namespace and its digest
 under the deployment secret, build the KV manager (radix or null prefix cache),
 the model runner, the engine and its thread bridge, and the metrics registry.
+With ``--enable-lora`` the adapter slots are allocated beside the KV pool (a real
+model's weights, or a timed profile's waits) and the start-up adapters registered
+(``workers.lora.service``).
 """
 
 from __future__ import annotations
@@ -31,14 +34,20 @@ from workers.kv.plan import KVCachePlan, describe, plan_kv_cache
 from workers.kv.scales import KVScales, load_scales
 from workers.kv.spec import KVCacheSpec
 from workers.kv.tensors import KVCacheTensors
+from workers.lora.adapters import SlotLoader
+from workers.lora.peft_files import BaseShapes
+from workers.lora.service import LoraService, build_lora
+from workers.lora.weights import LoraWeights
 from workers.model.config import ModelConfig
 from workers.model.demo import demo_config, ensure_demo_checkpoint
 from workers.model.loader import load_model
 from workers.model.runner import ModelRunner
 from workers.model.timed import (
     TimedRunner,
+    TimedSlotLoader,
     profile_digest,
     timed_kv_spec,
+    timed_lora_shapes,
     timed_profile,
     timed_tensor_spec,
 )
@@ -114,12 +123,15 @@ class BuiltWorker:
     registry: CollectorRegistry
     engine_config: EngineConfig
     prefix_cache: bool
+    lora: LoraService
 
 
 @dataclass(frozen=True)
 class _Backend:
     """What the engine needs from a model, whether a checkpoint or a timed profile:
-    identity (tokenizer, digest, RoPE), KV layout and budget, and the runner factory."""
+    identity (tokenizer, digest, RoPE), KV layout and budget, the runner factory, and
+    what adapters must fit and how their slots are made (``make_loader(max_loras,
+    max_rank)``; ``needs_weights`` False: config-only adapters are accepted)."""
 
     tokenizer: PromptTokenizer
     weights_digest: str
@@ -129,22 +141,38 @@ class _Backend:
     spec: KVCacheSpec
     tensor_spec: KVCacheSpec
     kv_cache_bytes: int
-    make_runner: Callable[[KVCacheTensors, KVScales], ModelRunner | TimedRunner]
+    make_runner: Callable[[KVCacheTensors, KVScales, SlotLoader | None],
+                          ModelRunner | TimedRunner]
     source: str
+    lora_shapes: BaseShapes | None
+    make_loader: Callable[[int, int], SlotLoader]
+    needs_weights: bool
 
 
 def _checkpoint_backend(config: WorkerConfig, device: torch.device) -> _Backend:
     name = config.model.name
     path = ensure_demo_checkpoint() if name == DEMO_MODEL else resolve_model_path(name)
     loaded = load_model(path, device)
-    spec = kv_spec(loaded.config, config.kv.block_size, config.kv.cache_dtype)
+    model_config = loaded.config
+    spec = kv_spec(model_config, config.kv.block_size, config.kv.cache_dtype)
+    dtype = loaded.model.lm_head.weight.dtype
+    shapes = BaseShapes.llama(
+        model_config.num_hidden_layers, model_config.hidden_size, model_config.intermediate_size,
+        model_config.num_attention_heads, model_config.num_key_value_heads,
+        model_config.head_dim, dtype.itemsize)  # fmt: skip
+
+    def make_runner(tensors: KVCacheTensors, scales: KVScales,
+                    loader: SlotLoader | None) -> ModelRunner:  # fmt: skip
+        lora = loader if isinstance(loader, LoraWeights) else None
+        return ModelRunner(loaded.model, tensors.key_caches, tensors.value_caches,
+                           spec.block_size, scales, lora)  # fmt: skip
+
     return _Backend(
-        loaded.tokenizer, loaded.weights_digest, loaded.config.rope_fingerprint(),
-        loaded.config.vocab_size, loaded.config.max_position_embeddings, spec, spec,
-        config.kv.cache_bytes,
-        lambda tensors, scales: ModelRunner(loaded.model, tensors.key_caches,
-                                            tensors.value_caches, spec.block_size, scales),
-        str(path))  # fmt: skip
+        loaded.tokenizer, loaded.weights_digest, model_config.rope_fingerprint(),
+        model_config.vocab_size, model_config.max_position_embeddings, spec, spec,
+        config.kv.cache_bytes, make_runner, str(path), shapes,
+        lambda max_loras, max_rank: LoraWeights(shapes, max_loras, max_rank, dtype, device),
+        True)  # fmt: skip
 
 
 def _timed_backend(profile: Profile, config: WorkerConfig) -> _Backend:
@@ -159,9 +187,11 @@ def _timed_backend(profile: Profile, config: WorkerConfig) -> _Backend:
     return _Backend(
         tokenizer, profile_digest(profile), rope, vocab_size, profile.max_model_len, spec,
         timed_tensor_spec(config.kv.block_size), profile.kv_cache_bytes,
-        lambda tensors, scales: TimedRunner(profile.cost, vocab_size, letters,
-                                            time_scale=config.model.time_scale),
-        f"timed profile {profile.name} ({profile.model})")  # fmt: skip
+        lambda tensors, scales, loader: TimedRunner(profile.cost, vocab_size, letters,
+                                                    time_scale=config.model.time_scale),
+        f"timed profile {profile.name} ({profile.model})", timed_lora_shapes(profile),
+        lambda max_loras, max_rank: TimedSlotLoader(profile, config.model.time_scale),
+        False)  # fmt: skip
 
 
 def build_worker(config: WorkerConfig, worker_id: str, secret: bytes) -> BuiltWorker:
@@ -193,10 +223,13 @@ def build_worker(config: WorkerConfig, worker_id: str, secret: bytes) -> BuiltWo
     model_limit = backend.max_positions
     max_model_len = min(config.model.max_model_len or model_limit, model_limit, plan.num_tokens)
     registry = CollectorRegistry()
-    runner = backend.make_runner(manager.tensors, scales)
-    engine = Engine(
-        manager, runner, backend.tokenizer, config.engine, max_model_len, EngineMetrics(registry)
-    )
+    loader = (backend.make_loader(config.lora.max_loras, config.lora.max_lora_rank)
+              if config.lora.enable else None)  # fmt: skip
+    lora = build_lora(config.lora, backend.lora_shapes, loader, backend.needs_weights,
+                      namespace, secret, registry)  # fmt: skip
+    runner = backend.make_runner(manager.tensors, scales, loader)
+    engine = Engine(manager, runner, backend.tokenizer, config.engine, max_model_len,
+                    EngineMetrics(registry), lora.slots)  # fmt: skip
     max_in_flight = config.engine.max_num_seqs + config.engine.max_waiting_requests
     async_engine = AsyncEngine(engine, KVEventFeed(manager), max_in_flight)
     register_stats(registry, lambda: async_engine.stats)
@@ -213,9 +246,8 @@ def build_worker(config: WorkerConfig, worker_id: str, secret: bytes) -> BuiltWo
         kv_scales=scales,
     )
     _log_plan(identity, backend.source, device, config, num_host_blocks)
-    return BuiltWorker(
-        identity, async_engine, backend.tokenizer, registry, config.engine, config.kv.prefix_cache
-    )
+    return BuiltWorker(identity, async_engine, backend.tokenizer, registry, config.engine,
+                       config.kv.prefix_cache, lora)  # fmt: skip
 
 
 def _log_plan(identity: WorkerIdentity, source: str, device: torch.device,

@@ -34,6 +34,7 @@ from workers.engine.scheduler import ScheduledChunk, Scheduler
 from workers.engine.sequence import RequestState, Sequence, SequenceStatus
 from workers.engine.stopping import StopChecker
 from workers.kv.manager import KVCacheManager
+from workers.lora.adapters import AdapterSlots
 from workers.model.runner import ModelRunner, StepInput
 from workers.model.sampler import position_generator, sample
 
@@ -56,9 +57,11 @@ class Engine:
         config: EngineConfig,
         max_model_len: int,
         metrics: EngineMetrics,
+        adapters: AdapterSlots | None = None,
     ) -> None:
         self.manager = manager
-        self.scheduler = Scheduler(manager, config)
+        self.adapters = adapters or AdapterSlots.disabled()
+        self.scheduler = Scheduler(manager, config, self.adapters)
         self._runner = runner
         self._tokenizer = tokenizer
         self._max_model_len = max_model_len
@@ -77,9 +80,12 @@ class Engine:
     ) -> None:
         """Queue ``request``; its prompt plus ``max_tokens`` must fit ``max_model_len``
         (the server checks this before submitting). ``arrival_time`` (``time.monotonic``,
-        default now) is where time to first token starts."""
+        default now) is where time to first token starts. KeyError for an adapter that
+        is not registered."""
         arrival = time.monotonic() if arrival_time is None else arrival_time
         state = RequestState(request_id, request, arrival)
+        if request.adapter is not None:
+            state.namespace = self.adapters.begin(request.adapter)
         self._requests[request_id] = state
         seq = self._new_sequence(state, 0, list(request.prompt_token_ids),
                                  request.prompt_key or b"")  # fmt: skip
@@ -93,6 +99,12 @@ class Engine:
             return
         for seq in state.sequences:
             self._release(seq)
+        self._end_adapter(state)
+
+    def _end_adapter(self, state: RequestState) -> None:
+        """The request left the engine: it no longer counts for its adapter."""
+        if state.request.adapter is not None:
+            self.adapters.end(state.request.adapter, state.lora_slot is not None)
 
     def abort_all(self) -> list[int]:
         """Abort every request (after an engine failure); returns their ids, with those
@@ -142,6 +154,7 @@ class Engine:
             token_ids=seq.token_ids[start : start + num_new],
             num_computed_tokens=start,
             block_table=self.manager.block_table(seq.seq_id),
+            lora_slot=seq.request.lora_slot,
         )
 
     def _fail(self, state: RequestState, stage: str) -> None:
@@ -241,6 +254,7 @@ class Engine:
         if not any(delta.finish_reason for delta in deltas) or not state.is_finished:
             return RequestOutput(tuple(deltas))
         del self._requests[state.request_id]
+        self._end_adapter(state)
         self._metrics.observe_finished(state.num_prompt_tokens, state.num_completion_tokens())
         usage = Usage(
             prompt_tokens=state.num_prompt_tokens,

@@ -44,6 +44,8 @@ class GenerationRequest:
     request already delivered (a resume: ``n`` is then 1): they count as completion
     tokens in ``max_tokens``, stop strings and usage, and their text is not sent again.
     ``max_cached_tokens`` is the scope's prefix-cache quota (None: none).
+    ``adapter`` names the LoRA adapter the request runs (None: the base model); its
+    KV lives in the adapter's own cache namespace.
     ``prompt_key`` is the prompt's radix key (``radix.keys.to_key``) when the caller
     already holds it (``/generate`` keeps the bytes of ``token_ids_b64``), so the
     engine never encodes the prompt again; None: encoded at admission. Its length is
@@ -57,6 +59,7 @@ class GenerationRequest:
     num_resumed_tokens: int = 0
     max_cached_tokens: int | None = None
     prompt_key: bytes | None = None
+    adapter: str | None = None
 
     def __post_init__(self) -> None:
         key = self.prompt_key

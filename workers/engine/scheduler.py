@@ -18,6 +18,8 @@ Policy, in order, under a budget of ``max_batched_tokens`` tokens per step:
    order while the KV manager can reserve their blocks after the prefix match
    (it evicts cached leaves first) and ``max_num_seqs`` allows. The first one that
    does not fit stops admission (no overtaking: large requests do not starve).
+   A request for a LoRA adapter first pins the adapter's slot (``AdapterSlots``,
+   loading it if needed); with every slot pinned it waits at the head the same way.
 
 Liveness: a waiting sequence waits only behind running ones, which finish or are
 preempted. The KV manager admits any prompt that fits the pool when nothing else is
@@ -38,6 +40,7 @@ from radix.keys import TOKEN_BYTES
 from workers.config import EngineConfig
 from workers.engine.sequence import Sequence, SequenceStatus
 from workers.kv.manager import KVCacheManager
+from workers.lora.adapters import AdapterSlots
 
 log = logging.getLogger(__name__)
 
@@ -57,9 +60,11 @@ class Scheduler:
     """Owns the waiting queue and the running list; talks to the KV manager for
     admission, slots, preemption and release. Engine thread only."""
 
-    def __init__(self, manager: KVCacheManager, config: EngineConfig) -> None:
+    def __init__(self, manager: KVCacheManager, config: EngineConfig,
+                 adapters: AdapterSlots | None = None) -> None:  # fmt: skip
         self._manager = manager
         self._config = config
+        self._adapters = adapters or AdapterSlots.disabled()
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
         self.num_preemptions = 0
@@ -171,9 +176,15 @@ class Scheduler:
             num_seqs = 1 if request.is_forked else request.request.params.n
             if self.running and len(self.running) + num_seqs > self._config.max_num_seqs:
                 break
+            adapter = request.request.adapter
+            if adapter is not None and request.lora_slot is None:
+                request.lora_slot = self._adapters.acquire(adapter)
+                if request.lora_slot is None:
+                    break
             num_cached = self._manager.admit(
                 seq.seq_id, seq.key(len(seq.token_ids)), request.request.scope,
                 request.request.num_public_tokens, request.request.max_cached_tokens,
+                request.namespace,
             )  # fmt: skip
             if num_cached is None:
                 if not self.running:

@@ -32,6 +32,8 @@ class RequestState:
 
     Before the prompt is prefilled a request has one sequence; an ``n > 1`` request
     forks it into ``n`` once the prefill is done (the children share its blocks).
+    ``namespace`` is the digest of its adapter's cache namespace (None: the base
+    model's); ``lora_slot`` the adapter slot it pinned at its first admission.
     """
 
     def __init__(self, request_id: int, request: GenerationRequest, arrival_time: float) -> None:
@@ -41,6 +43,8 @@ class RequestState:
         self.num_cached_tokens: int | None = None
         self.sequences: list[Sequence] = []
         self.is_forked = request.params.n == 1
+        self.namespace: bytes | None = None
+        self.lora_slot: int | None = None
 
     @property
     def num_prompt_tokens(self) -> int:

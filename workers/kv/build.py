@@ -34,7 +34,9 @@ def build_kv_cache_manager(
     ``plan_kv_cache`` for the count), with the radix prefix cache or, when
     ``prefix_caching`` is False, the null one. ``num_host_blocks`` > 0 adds a host
     tier of that many blocks sealed under keys derived from ``secret`` (it needs the
-    radix prefix cache). A new event log epoch starts here."""
+    radix prefix cache). A new event log epoch starts here. Other namespaces (LoRA
+    adapters) get their own prefix caches over the same pool and event log, with no
+    host tier (``KVCacheManager.namespace_cache``)."""
     pool = BlockPool(num_blocks, spec.block_size)
     log = KVEventLog(worker_id, namespace_digest, max_events, max_event_tokens)
     tensors = KVCacheTensors(spec, num_blocks, device)
@@ -46,8 +48,15 @@ def build_kv_cache_manager(
             host = HostMemoryTier(num_host_blocks, tensors, sealer)
         hasher = BlockHasher(namespace_digest, hash_algorithm)
         cache = RadixPrefixCache(pool, hasher, log, host)
+
+        def make_cache(digest: bytes) -> PrefixCache:
+            return RadixPrefixCache(pool, BlockHasher(digest, hash_algorithm),
+                                    log.for_namespace(digest))  # fmt: skip
     elif num_host_blocks:
         raise ValueError("a host tier needs the prefix cache")
     else:
         cache = NullPrefixCache(pool, log)
-    return KVCacheManager(pool, tensors, cache)
+
+        def make_cache(digest: bytes) -> PrefixCache:
+            return NullPrefixCache(pool, log.for_namespace(digest))
+    return KVCacheManager(pool, tensors, cache, make_cache)

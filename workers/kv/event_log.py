@@ -55,12 +55,14 @@ class KVEventLog:
         return self._next_seq - 1
 
     def append(
-        self, kind: EventType, scope: str, blocks: Sequence[EventBlock], medium: Medium = "device"
+        self, kind: EventType, scope: str, blocks: Sequence[EventBlock], medium: Medium = "device",
+        namespace: str | None = None,
     ) -> KVEvent:
-        """Log one event with the next ``seq``; drops the oldest events past the bounds."""
+        """Log one event with the next ``seq`` under ``namespace`` (hex; None: the log's
+        own, the base model's); drops the oldest events past the bounds."""
         num_tokens = sum(len(block.tokens or ()) for block in blocks)
         with self._lock:
-            event = self._make(kind, scope, blocks, self._next_seq, medium)
+            event = self._make(kind, scope, blocks, self._next_seq, medium, namespace)
             self._events.append((event, num_tokens))
             self._num_tokens += num_tokens
             self._next_seq += 1
@@ -71,10 +73,11 @@ class KVEventLog:
         return event
 
     def at_head(
-        self, kind: EventType, scope: str, blocks: Sequence[EventBlock], medium: Medium = "device"
+        self, kind: EventType, scope: str, blocks: Sequence[EventBlock], medium: Medium = "device",
+        namespace: str | None = None,
     ) -> KVEvent:
         """An event stamped with ``head_seq`` and not logged (snapshot lines)."""
-        return self._make(kind, scope, blocks, self.head_seq, medium)
+        return self._make(kind, scope, blocks, self.head_seq, medium, namespace)
 
     def since(self, seq: int, epoch: str) -> list[KVEvent] | None:
         """Events with ``seq`` greater than ``seq``, or None when the consumer must take a
@@ -87,9 +90,51 @@ class KVEventLog:
                 return None
             return [event for event, _ in islice(self._events, seq - oldest + 1, None)]
 
+    def for_namespace(self, namespace_digest: bytes) -> NamespaceEventLog:
+        """This log as another namespace's prefix cache writes to it (an adapter's):
+        the same ``seq`` stream, every event carrying that namespace."""
+        return NamespaceEventLog(self, namespace_digest.hex())
+
     def _make(
-        self, kind: EventType, scope: str, blocks: Sequence[EventBlock], seq: int, medium: Medium
+        self, kind: EventType, scope: str, blocks: Sequence[EventBlock], seq: int, medium: Medium,
+        namespace: str | None,
     ) -> KVEvent:
-        return KVEvent(
-            self.worker_id, self.epoch, seq, kind, self.namespace, scope, tuple(blocks), medium
-        )
+        return KVEvent(self.worker_id, self.epoch, seq, kind, namespace or self.namespace, scope,
+                       tuple(blocks), medium)  # fmt: skip
+
+
+class NamespaceEventLog(KVEventLog):
+    """A view of a worker's ``KVEventLog`` for one more namespace: ``append`` and
+    ``at_head`` stamp that namespace and go to the shared log (one gapless ``seq`` per
+    worker over all its namespaces); reads are the shared log's."""
+
+    def __init__(self, log: KVEventLog, namespace: str) -> None:
+        self._log = log
+        self.worker_id = log.worker_id
+        self.namespace = namespace
+        self.epoch = log.epoch
+        self.max_events = log.max_events
+        self.max_tokens = log.max_tokens
+
+    @property
+    def head_seq(self) -> int:
+        """The shared log's newest ``seq``."""
+        return self._log.head_seq
+
+    def append(
+        self, kind: EventType, scope: str, blocks: Sequence[EventBlock], medium: Medium = "device",
+        namespace: str | None = None,
+    ) -> KVEvent:
+        """Log to the shared log under this view's namespace."""
+        return self._log.append(kind, scope, blocks, medium, namespace or self.namespace)
+
+    def at_head(
+        self, kind: EventType, scope: str, blocks: Sequence[EventBlock], medium: Medium = "device",
+        namespace: str | None = None,
+    ) -> KVEvent:
+        """A snapshot line under this view's namespace."""
+        return self._log.at_head(kind, scope, blocks, medium, namespace or self.namespace)
+
+    def since(self, seq: int, epoch: str) -> list[KVEvent] | None:
+        """The shared log's ``since``."""
+        return self._log.since(seq, epoch)

@@ -31,13 +31,20 @@ hit along the prompt are copied back into fresh device blocks (evicting for room
 while the hit is locked) and cached, so the hit that follows counts them as cached
 tokens. ``swap_out`` is preemption by swapping: the sequence's computed tokens are
 cached, released, and its own leaves evicted at once to the host tier.
+
+Namespaces. The base model's blocks live in ``prefix_cache``; each other namespace
+(a LoRA adapter, keyed by its namespace digest) gets its own prefix cache over the
+same pool, made on first use by ``make_cache``, so nothing is ever matched across
+namespaces. A sequence is admitted into one namespace and commits there only.
+When blocks run short, eviction takes the least recently used namespace's leaves
+first (a namespace is used when a sequence is admitted into it), then the next.
 """
 
 from __future__ import annotations
 
 import math
-from collections import Counter
-from collections.abc import Sequence
+from collections import Counter, OrderedDict
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from radix.events import KVEvent
@@ -80,17 +87,23 @@ class _SeqState:
     num_public_tokens: int
     lock: Node | None
     extra_blocks: list[BlockId]
+    cache: PrefixCache
 
 
 class KVCacheManager:
     """Paged KV memory for the engine (see the module docstring for the rules)."""
 
-    def __init__(self, pool: BlockPool, tensors: KVCacheTensors, prefix_cache: PrefixCache):
+    def __init__(
+        self, pool: BlockPool, tensors: KVCacheTensors, prefix_cache: PrefixCache,
+        make_cache: Callable[[bytes], PrefixCache] | None = None,
+    ):  # fmt: skip
         if pool.num_total_blocks != tensors.num_blocks or pool.block_size != tensors.block_size:
             raise ValueError("pool and tensors disagree on num_blocks or block_size")
         self.pool = pool
         self.tensors = tensors
         self.prefix_cache = prefix_cache
+        self._make_cache = make_cache
+        self._caches: OrderedDict[bytes | None, PrefixCache] = OrderedDict({None: prefix_cache})
         self.block_size = pool.block_size
         self._seqs: dict[SeqId, _SeqState] = {}
         self._num_query_tokens = 0
@@ -106,6 +119,7 @@ class KVCacheManager:
         scope: Scope,
         num_public_tokens: int = 0,
         max_cached_tokens: int | None = None,
+        namespace: bytes | None = None,
     ) -> int | None:
         """Start ``seq_id``: match the prompt (token ids, or their ``radix.keys`` key,
         which saves encoding them) in the prefix cache (at most ``len - 1``
@@ -114,7 +128,9 @@ class KVCacheManager:
         (= ``num_computed_tokens``), or None, holding nothing, when the blocks are not
         there even after eviction. ``num_public_tokens`` (a multiple of the block size)
         leading tokens are cached under ``PUBLIC`` at commit. ``max_cached_tokens`` is
-        ``scope``'s cache quota (see ``PrefixCache.set_quota``; None: none)."""
+        ``scope``'s cache quota (see ``PrefixCache.set_quota``; None: none).
+        ``namespace`` (a namespace digest; None: the base model's) selects the prefix
+        cache the sequence matches and commits in."""
         num_tokens = len(token_ids) // TOKEN_BYTES if isinstance(token_ids, bytes) else len(token_ids)
         if seq_id in self._seqs:
             raise ValueError(f"sequence {seq_id} is already admitted")
@@ -125,12 +141,13 @@ class KVCacheManager:
                 f"num_public_tokens must be a multiple of {self.block_size} in [0, {num_tokens}],"
                 f" got {num_public_tokens}"
             )
-        self.prefix_cache.set_quota(scope, max_cached_tokens)
+        cache = self.namespace_cache(namespace)
+        cache.set_quota(scope, max_cached_tokens)
         key = _key(token_ids)
         seq = None
         num_hit_tokens: int | None = num_tokens - 1
         while seq is None and num_hit_tokens is not None:
-            seq = self._try_admit(key[: num_hit_tokens * TOKEN_BYTES], scope, num_tokens)
+            seq = self._try_admit(key[: num_hit_tokens * TOKEN_BYTES], scope, num_tokens, cache)
             num_hit_tokens = self._smaller_hit(num_hit_tokens) if seq is None else None
         if seq is None:
             return None
@@ -140,28 +157,42 @@ class KVCacheManager:
         self._num_hit_tokens += seq.num_computed_tokens
         return seq.num_computed_tokens
 
-    def _try_admit(self, hit_key: bytes, scope: Scope, num_tokens: int) -> _SeqState | None:
+    def namespace_cache(self, namespace: bytes | None) -> PrefixCache:
+        """The prefix cache of ``namespace`` (None: the base model's), made on first
+        use, and marked as the most recently used one."""
+        cache = self._caches.get(namespace)
+        if cache is None:
+            if self._make_cache is None:
+                raise ValueError("this KV manager serves the base namespace only")
+            cache = self._caches[namespace] = self._make_cache(namespace)  # type: ignore[arg-type]
+        self._caches.move_to_end(namespace)
+        return cache
+
+    def _try_admit(
+        self, hit_key: bytes, scope: Scope, num_tokens: int, cache: PrefixCache
+    ) -> _SeqState | None:
         """Match ``hit_key``, then hold the hit and reserve ``num_tokens`` positions;
         None, holding nothing, when the blocks are not there."""
-        hit = self._restore_from_host(self.prefix_cache.match(hit_key, scope), hit_key, scope)
-        self.prefix_cache.lock(hit.node)
+        hit = self._restore_from_host(cache, cache.match(hit_key, scope), hit_key, scope)
+        cache.lock(hit.node)
         table = list(hit.block_ids)
-        extra = self.prefix_cache.blocks_beyond(hit.node, table)
+        extra = cache.blocks_beyond(hit.node, table)
         self.pool.incref(table)
         self.pool.incref(extra)
-        seq = _SeqState(table, hit.num_cached_tokens, scope, 0, hit.node, extra)
+        seq = _SeqState(table, hit.num_cached_tokens, scope, 0, hit.node, extra, cache)
         if not self._make_room(self._num_blocks_needed(seq, num_tokens)):
             self.pool.decref(table)
             self.pool.decref(extra)
-            self.prefix_cache.unlock(hit.node)
+            cache.unlock(hit.node)
             return None
         self._reserve(seq, num_tokens)
         return seq
 
-    def _restore_from_host(self, hit: PrefixHit, key: bytes, scope: Scope) -> PrefixHit:
+    def _restore_from_host(
+        self, cache: PrefixCache, hit: PrefixHit, key: bytes, scope: Scope
+    ) -> PrefixHit:
         """``hit`` extended by the host blocks that continue it, as far as room can be
         made for them (see the module docstring)."""
-        cache = self.prefix_cache
         found = cache.host_blocks_after(hit, key, scope)
         if not found:
             return hit
@@ -180,7 +211,7 @@ class KVCacheManager:
         key = _key(token_ids)[: seq.num_computed_tokens * TOKEN_BYTES]
         self.commit(seq_id, key)
         self.free(seq_id)
-        return self.prefix_cache.evict_path(key, seq.scope)
+        return seq.cache.evict_path(key, seq.scope)
 
     def _smaller_hit(self, num_hit_tokens: int) -> int | None:
         """The prefix hit to try after one of ``num_hit_tokens`` did not fit, or None:
@@ -262,17 +293,16 @@ class KVCacheManager:
         else:
             key = to_key(token_ids[:count])
         num_public = min(seq.num_public_tokens, count)
+        cache = seq.cache
         node = None
         if num_public:
-            node = self.prefix_cache.insert(
-                key[: num_public * TOKEN_BYTES], PUBLIC, seq.block_table
-            )
+            node = cache.insert(key[: num_public * TOKEN_BYTES], PUBLIC, seq.block_table)
         if count > num_public:
-            node = self.prefix_cache.insert(key, seq.scope, seq.block_table)
-        self.prefix_cache.lock(node)
+            node = cache.insert(key, seq.scope, seq.block_table)
+        cache.lock(node)
         previous_lock, seq.lock = seq.lock, node
         self._extend_lock_path(seq, previous_lock)
-        self.prefix_cache.unlock(previous_lock)
+        cache.unlock(previous_lock)
 
     def fork(self, parent_seq_id: SeqId, child_seq_id: SeqId) -> None:
         """Start ``child_seq_id`` sharing every block of ``parent_seq_id`` (each copied on
@@ -283,7 +313,7 @@ class KVCacheManager:
         parent = self._seqs[parent_seq_id]
         self.pool.incref(parent.block_table)
         self.pool.incref(parent.extra_blocks)
-        self.prefix_cache.lock(parent.lock)
+        parent.cache.lock(parent.lock)
         self._seqs[child_seq_id] = _SeqState(
             list(parent.block_table),
             parent.num_computed_tokens,
@@ -291,6 +321,7 @@ class KVCacheManager:
             parent.num_public_tokens,
             parent.lock,
             list(parent.extra_blocks),
+            parent.cache,
         )
 
     def free(self, seq_id: SeqId) -> None:
@@ -301,7 +332,7 @@ class KVCacheManager:
             return
         self.pool.decref(seq.block_table)
         self.pool.decref(seq.extra_blocks)
-        self.prefix_cache.unlock(seq.lock)
+        seq.cache.unlock(seq.lock)
 
     # ---- blocks --------------------------------------------------------------------
 
@@ -316,13 +347,17 @@ class KVCacheManager:
         return num_copies + max(0, stop - max(first, len(table)))
 
     def _make_room(self, num_blocks: int) -> bool:
-        """Evict cached leaves until ``num_blocks`` are free; False if they cannot be."""
+        """Evict cached leaves until ``num_blocks`` are free, the least recently used
+        namespace's first; False if they cannot be."""
         pool = self.pool
         if pool.num_free_blocks >= num_blocks:
             return True
         if pool.num_free_blocks + pool.num_cached_blocks < num_blocks:
             return False
-        self.prefix_cache.evict(num_blocks - pool.num_free_blocks)
+        for cache in list(self._caches.values()):
+            if pool.num_free_blocks >= num_blocks:
+                break
+            cache.evict(num_blocks - pool.num_free_blocks)
         return pool.num_free_blocks >= num_blocks
 
     def _reserve(self, seq: _SeqState, end: int) -> None:
@@ -347,7 +382,7 @@ class KVCacheManager:
         """``_hold_lock_path`` after the lock moved from ``previous_lock``: when that node
         is on the new path, only the nodes below it are scanned (the blocks named above
         it are held already, and the table did not change for them)."""
-        added = self.prefix_cache.blocks_beyond_since(seq.lock, seq.block_table, previous_lock)
+        added = seq.cache.blocks_beyond_since(seq.lock, seq.block_table, previous_lock)
         if added is None:
             self._hold_lock_path(seq)
             return
@@ -359,7 +394,7 @@ class KVCacheManager:
 
     def _hold_lock_path(self, seq: _SeqState) -> None:
         """Reference exactly the blocks ``seq``'s locked path names beyond its table."""
-        extra = self.prefix_cache.blocks_beyond(seq.lock, seq.block_table)
+        extra = seq.cache.blocks_beyond(seq.lock, seq.block_table)
         self.pool.incref(extra)
         self.pool.decref(seq.extra_blocks)
         seq.extra_blocks = extra
@@ -372,9 +407,13 @@ class KVCacheManager:
         return self.prefix_cache.event_log
 
     def snapshot(self) -> tuple[int, list[KVEvent]]:
-        """``(head_seq, [cleared, stored...])`` describing every cached block (engine
-        thread only)."""
-        return self.prefix_cache.snapshot()
+        """``(head_seq, [cleared, stored...])`` describing every cached block of every
+        namespace (engine thread only)."""
+        head_seq, events = self.prefix_cache.snapshot()
+        for namespace, cache in self._caches.items():
+            if namespace is not None:
+                events.extend(e for e in cache.snapshot()[1] if e.type != "cleared")
+        return head_seq, events
 
     @property
     def num_free_blocks(self) -> int:
@@ -390,10 +429,10 @@ class KVCacheManager:
             num_cached_blocks=pool.num_cached_blocks,
             num_used_blocks=pool.num_used_blocks,
             kv_cache_usage_ratio=pool.num_used_blocks / pool.num_total_blocks,
-            num_cached_tokens=self.prefix_cache.num_cached_tokens,
+            num_cached_tokens=sum(cache.num_cached_tokens for cache in self._caches.values()),
             prefix_cache_queries_tokens_total=self._num_query_tokens,
             prefix_cache_hit_tokens_total=self._num_hit_tokens,
-            num_evicted_blocks_total=self.prefix_cache.num_evicted_blocks_total,
+            num_evicted_blocks_total=sum(c.num_evicted_blocks_total for c in self._caches.values()),
             num_cow_copies_total=self._num_cow_copies,
             host=self.prefix_cache.host.stats(),
         )
@@ -405,14 +444,20 @@ class KVCacheManager:
         pins a block that no sequence holds (so every cached block is evictable),
         free + cached + in use == total."""
         self.pool.check_invariants()
-        self.prefix_cache.check_invariants([seq.lock for seq in self._seqs.values()])
+        tree_slots = [0] * self.pool.num_total_blocks
+        for cache in self._caches.values():
+            locks = [seq.lock for seq in self._seqs.values() if seq.cache is cache]
+            for block, count in enumerate(cache.check_invariants(locks)):
+                tree_slots[block] += count
+        for block, count in enumerate(tree_slots):
+            assert self.pool.num_tree_slots(BlockId(block)) == count, f"block {block} tree slots"
         held: Counter[BlockId] = Counter()
         for seq_id, seq in self._seqs.items():
             table = seq.block_table
             assert len(set(table)) == len(table), f"sequence {seq_id} holds a block twice"
             assert len(table) * self.block_size >= seq.num_computed_tokens, f"{seq_id}: short table"
             assert not set(seq.extra_blocks) & set(table), f"sequence {seq_id} holds a block twice"
-            assert seq.extra_blocks == self.prefix_cache.blocks_beyond(seq.lock, table), (
+            assert seq.extra_blocks == seq.cache.blocks_beyond(seq.lock, table), (
                 f"sequence {seq_id}: extra blocks are not exactly those its lock names")
             held.update(table)
             held.update(seq.extra_blocks)

@@ -126,9 +126,11 @@ class PrefixCache(ABC):
         """Tokens held by the cache, all scopes."""
 
     @abstractmethod
-    def check_invariants(self, lock_handles: Sequence[Node | None]) -> None:
+    def check_invariants(self, lock_handles: Sequence[Node | None]) -> list[int]:
         """Raise AssertionError if the cache disagrees with itself or with the pool, or
-        if its locks are not exactly one per handle in ``lock_handles``."""
+        if its locks are not exactly one per handle in ``lock_handles``. Returns the
+        tree slots it references per block: the pool's counts are the sum over every
+        namespace's cache (the KV manager checks them)."""
 
 
 class NullPrefixCache(PrefixCache):
@@ -197,8 +199,7 @@ class NullPrefixCache(PrefixCache):
         """Always 0."""
         return 0
 
-    def check_invariants(self, lock_handles: Sequence[Node | None]) -> None:
+    def check_invariants(self, lock_handles: Sequence[Node | None]) -> list[int]:
         """No handle and no tree reference exist."""
         assert all(handle is None for handle in lock_handles), "null cache handed out a lock"
-        for block in range(self._pool.num_total_blocks):
-            assert self._pool.num_tree_slots(BlockId(block)) == 0, f"block {block} tree-referenced"
+        return [0] * self._pool.num_total_blocks

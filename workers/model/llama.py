@@ -4,7 +4,9 @@ Parameter names equal the Hugging Face checkpoint names, so loading is a checked
 ``load_state_dict``. The batch is flattened: ``[num_tokens, hidden]`` activations,
 no padding; ``AttentionMetadata`` says which sequence and position each token is.
 Attention layers own no cache: each call writes the new tokens' K/V into the
-layer's cache tensors it is handed and runs paged attention over them.
+layer's cache tensors it is handed and runs paged attention over them. With a
+``LoraBatch`` every projection adds its LoRA delta for the adapter rows of the batch
+(``workers.lora.weights``); the base weights are never changed.
 """
 
 from __future__ import annotations
@@ -18,10 +20,18 @@ from torch import nn
 
 from workers.attention.backend import LayerKVCache, paged_attention, write_kv
 from workers.attention.metadata import AttentionMetadata
+from workers.lora.weights import LoraBatch
 from workers.model.config import ModelConfig
 from workers.model.rope import RotaryEmbedding, apply_rotary
 
 RopeTables = tuple[torch.Tensor, torch.Tensor]
+
+
+def _project(owner: nn.Module, name: str, layer: int, x: torch.Tensor,
+             lora: LoraBatch | None) -> torch.Tensor:
+    """The projection ``owner.<name>`` of ``x``, plus its LoRA delta when there is one."""
+    out = getattr(owner, name)(x)
+    return out if lora is None else lora.add(layer, name, x, out)
 
 
 class RMSNorm(nn.Module):
@@ -42,8 +52,9 @@ class RMSNorm(nn.Module):
 class Attention(nn.Module):
     """Grouped-query self-attention reading and writing one layer's paged cache."""
 
-    def __init__(self, config: ModelConfig, **factory: Any) -> None:
+    def __init__(self, config: ModelConfig, layer_index: int, **factory: Any) -> None:
         super().__init__()
+        self.layer_index = layer_index
         self.num_heads = config.num_attention_heads
         self.num_kv_heads = config.num_key_value_heads
         self.head_dim = config.head_dim
@@ -62,40 +73,51 @@ class Attention(nn.Module):
         rope: RopeTables,
         cache: LayerKVCache,
         metadata: AttentionMetadata,
+        lora: LoraBatch | None = None,
     ) -> torch.Tensor:
         """Attend ``hidden`` [T, hidden] over the cache after storing its own K/V there."""
-        num_tokens = hidden.shape[0]
-        query = self.q_proj(hidden).view(num_tokens, self.num_heads, self.head_dim)
-        key = self.k_proj(hidden).view(num_tokens, self.num_kv_heads, self.head_dim)
-        value = self.v_proj(hidden).view(num_tokens, self.num_kv_heads, self.head_dim)
+        num_tokens, layer = hidden.shape[0], self.layer_index
+        query = _project(self, "q_proj", layer, hidden, lora)
+        key = _project(self, "k_proj", layer, hidden, lora)
+        value = _project(self, "v_proj", layer, hidden, lora)
+        query = query.view(num_tokens, self.num_heads, self.head_dim)
+        key = key.view(num_tokens, self.num_kv_heads, self.head_dim)
+        value = value.view(num_tokens, self.num_kv_heads, self.head_dim)
         query, key = apply_rotary(query, *rope), apply_rotary(key, *rope)
         write_kv(cache, key, value, metadata.slot_mapping)
         out = paged_attention(query, cache, metadata, self.scale)
-        return self.o_proj(out.reshape(num_tokens, self.num_heads * self.head_dim))
+        out = out.reshape(num_tokens, self.num_heads * self.head_dim)
+        return _project(self, "o_proj", layer, out, lora)
 
 
 class MLP(nn.Module):
     """SwiGLU feed-forward: ``down(silu(gate(x)) * up(x))``."""
 
-    def __init__(self, config: ModelConfig, **factory: Any) -> None:
+    def __init__(self, config: ModelConfig, layer_index: int, **factory: Any) -> None:
         super().__init__()
+        self.layer_index = layer_index
         hidden, inner, bias = config.hidden_size, config.intermediate_size, config.mlp_bias
         self.gate_proj = nn.Linear(hidden, inner, bias=bias, **factory)
         self.up_proj = nn.Linear(hidden, inner, bias=bias, **factory)
         self.down_proj = nn.Linear(inner, hidden, bias=bias, **factory)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, lora: LoraBatch | None = None) -> torch.Tensor:
         """Apply the feed-forward block to ``x`` [T, hidden]."""
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+        if lora is None:
+            return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+        layer = self.layer_index
+        inner = F.silu(_project(self, "gate_proj", layer, x, lora))
+        inner = inner * _project(self, "up_proj", layer, x, lora)
+        return _project(self, "down_proj", layer, inner, lora)
 
 
 class DecoderLayer(nn.Module):
     """Pre-norm residual block: attention then MLP."""
 
-    def __init__(self, config: ModelConfig, **factory: Any) -> None:
+    def __init__(self, config: ModelConfig, layer_index: int, **factory: Any) -> None:
         super().__init__()
-        self.self_attn = Attention(config, **factory)
-        self.mlp = MLP(config, **factory)
+        self.self_attn = Attention(config, layer_index, **factory)
+        self.mlp = MLP(config, layer_index, **factory)
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps, **factory)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps, **factory)
 
@@ -105,10 +127,12 @@ class DecoderLayer(nn.Module):
         rope: RopeTables,
         cache: LayerKVCache,
         metadata: AttentionMetadata,
+        lora: LoraBatch | None = None,
     ) -> torch.Tensor:
         """One decoder block over the flattened batch."""
-        hidden = hidden + self.self_attn(self.input_layernorm(hidden), rope, cache, metadata)
-        return hidden + self.mlp(self.post_attention_layernorm(hidden))
+        normed = self.input_layernorm(hidden)
+        hidden = hidden + self.self_attn(normed, rope, cache, metadata, lora)
+        return hidden + self.mlp(self.post_attention_layernorm(hidden), lora)
 
 
 class LlamaModel(nn.Module):
@@ -118,7 +142,7 @@ class LlamaModel(nn.Module):
         super().__init__()
         self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size, **factory)
         self.layers = nn.ModuleList(
-            DecoderLayer(config, **factory) for _ in range(config.num_hidden_layers)
+            DecoderLayer(config, index, **factory) for index in range(config.num_hidden_layers)
         )
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps, **factory)
 
@@ -150,15 +174,17 @@ class LlamaForCausalLM(nn.Module):
         input_ids: torch.Tensor,
         caches: Sequence[LayerKVCache],
         metadata: AttentionMetadata,
+        lora: LoraBatch | None = None,
     ) -> torch.Tensor:
         """Hidden states [T, hidden] of the new tokens ``input_ids`` [T], writing their
-        K/V into ``caches`` (one ``LayerKVCache`` per layer) at ``metadata.slot_mapping``."""
+        K/V into ``caches`` (one ``LayerKVCache`` per layer) at ``metadata.slot_mapping``;
+        ``lora`` adds the adapters' deltas to their rows."""
         if len(caches) != len(self.model.layers):
             raise ValueError(f"{len(caches)} caches for {len(self.model.layers)} layers")
         hidden = self.model.embed_tokens(input_ids)
         rope = self.rotary(metadata.positions, hidden.dtype)
         for layer, cache in zip(self.model.layers, caches, strict=True):
-            hidden = layer(hidden, rope, cache, metadata)
+            hidden = layer(hidden, rope, cache, metadata, lora)
         return self.model.norm(hidden)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:

@@ -17,6 +17,8 @@ import torch
 from workers.attention.backend import LayerKVCache
 from workers.attention.metadata import AttentionMetadata, int_tensor
 from workers.kv.scales import KVScales
+from workers.lora.segments import segments_from_rows
+from workers.lora.weights import LoraWeights
 from workers.model.llama import LlamaForCausalLM
 
 
@@ -28,11 +30,13 @@ class StepInput(NamedTuple):
     ``[num_computed_tokens, num_computed_tokens + len(token_ids))``.
     ``block_table``: physical block ids covering all those positions. The caller
     guarantees the blocks written this step are owned by this sequence alone.
+    ``lora_slot``: the adapter slot the sequence runs (None: the base model).
     """
 
     token_ids: Sequence[int]
     num_computed_tokens: int
     block_table: Sequence[int]
+    lora_slot: int | None = None
 
 
 class ModelRunner:
@@ -42,7 +46,8 @@ class ModelRunner:
     ``[num_blocks, block_size, num_kv_heads, head_dim]`` on the model's device, in
     its dtype or in an FP8 dtype stored with ``scales`` (default: unit scales, the only
     ones a cache in the model's dtype accepts). They are mutated in place by
-    ``execute`` (only the slots of new tokens).
+    ``execute`` (only the slots of new tokens). ``lora`` holds the adapter slots that
+    entries with a ``lora_slot`` run (None: LoRA off).
     """
 
     def __init__(
@@ -52,6 +57,7 @@ class ModelRunner:
         value_caches: Sequence[torch.Tensor],
         block_size: int,
         scales: KVScales | None = None,
+        lora: LoraWeights | None = None,
     ) -> None:
         config = model.config
         if not len(key_caches) == len(value_caches) == config.num_hidden_layers:
@@ -79,6 +85,7 @@ class ModelRunner:
         if key_caches[0].dtype == weight.dtype and {*scales.k_scales, *scales.v_scales} != {1.0}:
             raise ValueError("KV scales other than 1.0 need an FP8 cache")
         self.model = model
+        self.lora = lora
         self.scales = scales
         self.caches = [
             LayerKVCache(key, value, k_scale, v_scale)
@@ -106,8 +113,13 @@ class ModelRunner:
         )
         input_ids = int_tensor("q", list(chain.from_iterable(step.token_ids for step in batch)),
                                self.device)  # fmt: skip
+        lora_batch = None
+        if self.lora is not None and any(step.lora_slot is not None for step in batch):
+            segments = segments_from_rows([len(step.token_ids) for step in batch],
+                                          [step.lora_slot for step in batch], self.device)
+            lora_batch = self.lora.batch(segments)
         with torch.inference_mode():
-            hidden = self.model(input_ids, self.caches, metadata)
+            hidden = self.model(input_ids, self.caches, metadata, lora_batch)
             if metadata.max_query_len > 1:  # else token b is sequence b's last already
                 hidden = hidden[metadata.last_token_indices]
             return self.model.compute_logits(hidden)

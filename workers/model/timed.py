@@ -26,6 +26,7 @@ import torch
 
 from radix.cost_model import CostModel, Profile, get_profile
 from workers.kv.spec import KVCacheSpec
+from workers.lora.peft_files import AdapterSpec, BaseShapes
 from workers.model.runner import StepInput
 
 TIMED_PREFIX = "timed:"
@@ -52,6 +53,35 @@ def timed_tensor_spec(block_size: int) -> KVCacheSpec:
     """The layout a timed worker's KV tensors are allocated with: one float32 element
     per token slot, K and V."""
     return KVCacheSpec(1, 1, 1, "float32", block_size)
+
+
+def timed_lora_shapes(profile: Profile) -> BaseShapes | None:
+    """The projections of the profile's model an adapter must fit (None: the profile
+    gives no shapes, so adapters are refused)."""
+    if None in (profile.hidden_size, profile.intermediate_size, profile.num_attention_heads):
+        return None
+    bytes_per_element = 4 if profile.kv_dtype == "float32" else 2
+    return BaseShapes.llama(profile.num_layers, profile.hidden_size, profile.intermediate_size,
+                            profile.num_attention_heads, profile.num_kv_heads, profile.head_dim,
+                            bytes_per_element)  # type: ignore[arg-type]  # fmt: skip
+
+
+class TimedSlotLoader:
+    """A timed worker's adapter slots: a load waits ``Profile.lora_load_s`` of the
+    adapter's bytes (times ``time_scale``); no weights exist."""
+
+    def __init__(self, profile: Profile, time_scale: float = 1.0,
+                 sleep: Callable[[float], None] = time.sleep) -> None:  # fmt: skip
+        self.profile = profile
+        self.time_scale = time_scale
+        self._sleep = sleep
+
+    def load(self, slot: int, spec: AdapterSpec) -> None:
+        """Wait as long as copying the adapter to the device would take."""
+        self._sleep(self.time_scale * self.profile.lora_load_s(spec.num_bytes))
+
+    def clear(self, slot: int) -> None:
+        """Nothing to clear."""
 
 
 def profile_digest(profile: Profile) -> str:

@@ -21,7 +21,14 @@ import logging
 from aiohttp import web
 from aiohttp.typedefs import Handler
 
-from workers.server import routes_generate, routes_kv, routes_openai, routes_peers, routes_status
+from workers.server import (
+    routes_generate,
+    routes_kv,
+    routes_lora,
+    routes_openai,
+    routes_peers,
+    routes_status,
+)
 from workers.server.errors import ApiError, error_body, error_response
 from workers.server.state import STATE, WorkerState
 
@@ -75,4 +82,5 @@ def create_app(state: WorkerState) -> web.Application:
     app.router.add_get("/kv/events", routes_kv.kv_events)
     app.router.add_get("/openapi.json", routes_status.openapi)
     routes_peers.add_routes(app)
+    routes_lora.add_routes(app)
     return app

@@ -2,8 +2,9 @@
 requests this worker takes and the engine request they become (their prompts
 become token ids by ``radix.openai.prompt``, as on the router).
 
-``model``, when given, must be one of the served model names (404 listing them
-otherwise); absent, it is the first. The worker's direct routes serve trusted callers in scope
+``model``, when given, must be one of the served model names or a registered LoRA
+adapter (which the request then runs; 404 ``model_not_found`` listing them
+otherwise); absent, it is the first served name. The worker's direct routes serve trusted callers in scope
 ``direct`` (``radix.tree.DIRECT``: never the scope of a router's clients, keyless
 ones included, so cache timing does not cross between them); a ``cache_salt`` moves a request into scope ``salt:<cache_salt>``,
 so requests with different salts never share prefix-cache blocks (vLLM's rule),
@@ -29,14 +30,15 @@ SALT_SCOPE_PREFIX = "salt:"
 
 
 def parse(body: dict[str, Any], endpoint: str, limits: RequestLimits,
-          served_models: tuple[str, ...], tokenizer: PromptTokenizer) -> OpenAIRequest:
+          served_models: tuple[str, ...], tokenizer: PromptTokenizer,
+          adapters: tuple[str, ...] = ()) -> OpenAIRequest:
     """The validated request; 404 for another model, 400 naming a bad field, 413 for
     a prompt text too long for the context. Token ids are bounded by the tokenizer's
     vocabulary, as on the router (``/generate`` allows the model's padded one: a
     resumed request carries generated ids)."""
     model = requested_model(body)
-    if model is not None and model not in served_models:
-        served = ", ".join(repr(name) for name in served_models)
+    if model is not None and model not in served_models and model not in adapters:
+        served = ", ".join(repr(name) for name in (*served_models, *adapters))
         raise ApiError(404, f"the model {model!r} does not exist; this worker serves {served}",
                        param="model", code="model_not_found")
     bounds = SamplingBounds(min(limits.vocab_size, tokenizer.vocab_size), limits.max_n)
@@ -50,8 +52,10 @@ def parse(body: dict[str, Any], endpoint: str, limits: RequestLimits,
 
 
 def engine_request(request: OpenAIRequest, token_ids: tuple[int, ...],
-                   limits: RequestLimits) -> GenerationRequest:
-    """The engine request, in the scope the request's ``cache_salt`` selects."""
+                   limits: RequestLimits, served_models: tuple[str, ...] = ()) -> GenerationRequest:
+    """The engine request, in the scope the request's ``cache_salt`` selects, running
+    the adapter its ``model`` names (a name not served as the base model's)."""
     scope = DIRECT_SCOPE if request.cache_salt is None else SALT_SCOPE_PREFIX + request.cache_salt
+    adapter = None if request.model is None or request.model in served_models else request.model
     return generation_request(token_ids, request.sampling, limits, request.prompt_param,
-                              scope=scope)
+                              scope=scope, adapter=adapter)

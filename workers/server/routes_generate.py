@@ -1,12 +1,14 @@
 """``POST /generate``: token ids in and out, scope given by the (trusted) router.
 
 Body: ``{"request_id"?, "token_ids" | "token_ids_b64", "scope"?, "num_public_tokens"?,
-"max_cached_tokens"?, "sampling"?, "stream"?}``: exactly one of ``token_ids`` (a JSON list) and
+"max_cached_tokens"?, "sampling"?, "stream"?, "adapter"?}``: exactly one of ``token_ids`` (a JSON list) and
 ``token_ids_b64`` (base64 of 4 little-endian bytes per id, what routers send: a
 third of the cost of decoding and checking a JSON list). ``scope`` defaults
 to ``direct`` (``radix.tree.DIRECT``, as on the direct OpenAI routes), ``num_public_tokens`` to 0 (a multiple of the block size, at most
 the prompt length); ``max_cached_tokens`` (an int >= 0, the scope's prefix-cache
-quota, from the tenant's router config) is absent for no quota; ``sampling`` takes the
+quota, from the tenant's router config) is absent for no quota; ``adapter`` names a
+registered LoRA adapter to run (absent or null: the base model; unknown: 404
+``model_not_found``); ``sampling`` takes the
 fields of ``radix.openai.sampling``. A missing ``request_id`` is generated.
 ``num_resumed_tokens`` (default 0; only with
 ``n`` 1) says the last that many prompt tokens are output an earlier attempt already
@@ -34,7 +36,8 @@ from radix.openai.sampling import parse_sampling
 from radix.tree import DIRECT
 from workers.engine.request import GenerationRequest, RequestOutput, Usage
 from workers.engine.stopping import StopChecker
-from workers.server.errors import bad_request
+from workers.server.errors import ApiError, bad_request
+from workers.server.routes_lora import adapter_names
 from workers.server.sampling import generation_request
 from workers.server.state import STATE, WorkerState, read_fields
 from workers.server.streaming import collect, stream_response
@@ -82,10 +85,14 @@ async def generate(request: web.Request) -> web.StreamResponse:
     if num_resumed and sampling.n != 1:
         raise bad_request("num_resumed_tokens needs n = 1", "num_resumed_tokens")
     stream_mode = fields.boolean("stream", False)
+    adapter = fields.string("adapter", None, MAX_ID_LEN)
+    if adapter is not None and adapter not in adapter_names(state):
+        raise ApiError(404, f"the LoRA adapter {adapter!r} is not registered on this worker",
+                       param="adapter", code="model_not_found")  # fmt: skip
     engine_request = generation_request(
         token_ids, sampling, limits, prompt_param, scope=scope, num_public_tokens=num_public,
         num_resumed_tokens=num_resumed, max_cached_tokens=max_cached_tokens,
-        prompt_key=prompt_key,
+        prompt_key=prompt_key, adapter=adapter,
     )  # fmt: skip
     timeout_s = state.config.request_timeout_s
     if fields.has("render"):

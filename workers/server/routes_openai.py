@@ -21,7 +21,7 @@ from radix.openai.prompt import prompt_token_ids
 from radix.openai.requests import CHAT, COMPLETIONS, INLINE_TOKENIZE_CHARS, OpenAIRequest
 from radix.openai.responses import ChoiceText, ResponseShape, TokenUsage
 from workers.engine.request import RequestOutput, Usage
-from workers.server import openai_schema, routes_peers
+from workers.server import openai_schema, routes_lora, routes_peers
 from workers.server.state import STATE
 from workers.server.streaming import collect, stream_response
 
@@ -32,13 +32,18 @@ def token_usage(usage: Usage) -> TokenUsage:
 
 
 async def models(request: web.Request) -> web.Response:
-    """``GET /v1/models``: each served name of the model (vLLM's shape: ``root`` is the
-    model as loaded, ``max_model_len`` the longest prompt + output accepted)."""
-    identity = request.app[STATE].identity
+    """``GET /v1/models``: each served name of the model, then each LoRA adapter
+    (vLLM's shape: ``root`` is the model or adapter as loaded, ``parent`` the base
+    model's first served name for an adapter and null for the base,
+    ``max_model_len`` the longest prompt + output accepted)."""
+    state = request.app[STATE]
+    identity = state.identity
+    cards = [(name, identity.model_source, None) for name in identity.served_model_names]
+    cards += [(a.name, a.path, identity.model) for a in state.worker.lora.slots.published]
     return web.json_response({"object": "list", "data": [
         {"id": name, "object": "model", "created": 0, "owned_by": "radix-router",
-         "root": identity.model_source, "max_model_len": identity.max_model_len}
-        for name in identity.served_model_names]})  # fmt: skip
+         "root": root, "parent": parent, "max_model_len": identity.max_model_len}
+        for name, root, parent in cards]})  # fmt: skip
 
 
 async def completions(request: web.Request) -> web.StreamResponse:
@@ -64,10 +69,11 @@ async def _serve(request: web.Request, endpoint: str) -> web.StreamResponse:
     state = request.app[STATE]
     body = routes_peers.strip_peer_fields(decode_json_object(await request.read()))
     tokenizer = state.worker.tokenizer
-    parsed = openai_schema.parse(body, endpoint, state.limits, state.identity.served_model_names,
-                                 tokenizer)  # fmt: skip
+    served = state.identity.served_model_names
+    parsed = openai_schema.parse(body, endpoint, state.limits, served, tokenizer,
+                                 routes_lora.adapter_names(state))  # fmt: skip
     engine_request = openai_schema.engine_request(parsed, await _token_ids(parsed, request),
-                                                  state.limits)
+                                                  state.limits, served)  # fmt: skip
     shape = ResponseShape(endpoint, parsed.model or state.identity.model)
     timeout_s = state.config.request_timeout_s
     if not parsed.stream:

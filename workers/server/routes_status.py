@@ -37,6 +37,7 @@ def _ready_body(state: WorkerState) -> dict[str, object]:
         **state.identity.to_dict(),
         "num_free_blocks": stats.kv_blocks_free,
         "draining": not state.engine.admitting,
+        **state.worker.lora.describe(),
     }
 
 

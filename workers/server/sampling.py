@@ -49,10 +49,12 @@ def generation_request(
     num_resumed_tokens: int = 0,
     max_cached_tokens: int | None = None,
     prompt_key: bytes | None = None,
+    adapter: str | None = None,
 ) -> GenerationRequest:
     """The engine request; 413 when the prompt leaves no room, 400 when ``max_tokens``
     does not fit the context or is already used up by ``num_resumed_tokens``.
-    ``prompt_key`` is the prompt's radix key when the request carried it."""
+    ``prompt_key`` is the prompt's radix key when the request carried it; ``adapter``
+    the LoRA adapter to run (None: the base model)."""
     num_prompt_tokens = len(prompt_token_ids) - num_resumed_tokens
     room = limits.max_model_len - num_prompt_tokens
     if room < 1:
@@ -87,4 +89,5 @@ def generation_request(
         num_resumed_tokens=num_resumed_tokens,
         max_cached_tokens=max_cached_tokens,
         prompt_key=prompt_key,
+        adapter=adapter,
     )

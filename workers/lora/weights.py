@@ -1,0 +1,74 @@
+"""A real model's adapter slots, and what one forward pass reads from them.
+
+Slots are preallocated once, at ``max_lora_rank``, for every projection the model
+wraps in every layer (``lora_a`` ``[max_loras, max_rank, in]``, ``lora_b``
+``[max_loras, out, max_rank]``, as ``workers.lora.reference`` lays them out), beside
+the KV pool and never resized: loading an adapter copies its tensors into a slot,
+zero-padding its rank; projections it does not target stay zero in that slot.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from workers.lora.delta import lora_delta
+from workers.lora.peft_files import AdapterSpec, BaseShapes, load_tensors, weight_key
+from workers.lora.segments import LoraSegments
+
+
+class LoraWeights:
+    """Every slot's weights on the model's device (a ``SlotLoader``)."""
+
+    def __init__(self, shapes: BaseShapes, max_loras: int, max_rank: int,
+                 dtype: torch.dtype, device: torch.device | str) -> None:  # fmt: skip
+        self.shapes = shapes
+        self.max_rank = max_rank
+        self.lora_a: dict[tuple[int, str], torch.Tensor] = {}
+        self.lora_b: dict[tuple[int, str], torch.Tensor] = {}
+        for layer in range(shapes.num_layers):
+            for module, (in_features, out_features) in shapes.projections.items():
+                self.lora_a[layer, module] = torch.zeros(
+                    max_loras, max_rank, in_features, dtype=dtype, device=device)
+                self.lora_b[layer, module] = torch.zeros(
+                    max_loras, out_features, max_rank, dtype=dtype, device=device)
+        self.scales = torch.zeros(max_loras, dtype=dtype, device=device)
+
+    def load(self, slot: int, spec: AdapterSpec) -> None:
+        """Copy ``spec``'s tensors (read from its file now) into ``slot``."""
+        tensors = load_tensors(spec)
+        self.clear(slot)
+        rank = spec.rank
+        for layer in range(self.shapes.num_layers):
+            for module in spec.target_modules:
+                a = tensors[weight_key(layer, module, "lora_A")]
+                b = tensors[weight_key(layer, module, "lora_B")]
+                self.lora_a[layer, module][slot, :rank].copy_(a)
+                self.lora_b[layer, module][slot, :, :rank].copy_(b)
+        self.scales[slot] = spec.scale
+
+    def clear(self, slot: int) -> None:
+        """Zero ``slot`` everywhere."""
+        for tensor in (*self.lora_a.values(), *self.lora_b.values()):
+            tensor[slot].zero_()
+        self.scales[slot] = 0
+
+    def batch(self, segments: LoraSegments) -> LoraBatch:
+        """What one forward pass over a batch of ``segments`` reads."""
+        return LoraBatch(segments, self)
+
+
+@dataclass(frozen=True)
+class LoraBatch:
+    """One forward pass's adapter runs over the slots: every wrapped projection adds
+    ``lora_delta`` of its layer's slot weights."""
+
+    segments: LoraSegments
+    weights: LoraWeights
+
+    def add(self, layer: int, module: str, x: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+        """``out`` (the base projection of ``x``) plus the adapters' deltas."""
+        weights = self.weights
+        return out + lora_delta(x, self.segments, weights.lora_a[layer, module],
+                                weights.lora_b[layer, module], weights.scales)  # fmt: skip
