@@ -21,6 +21,7 @@ from bench import (
     host_tier_bench,
     index_bench,
     kv_bench,
+    lora_bench,
     model_bench,
     multi_router,
     radix_bench,
@@ -53,6 +54,7 @@ BENCHMARKS: dict[str, Callable[[list[str]], dict]] = {
     "reference": reference.main,
     "vllm": vllm_bench.main,
     "chaos": chaos.main,
+    "lora": lora_bench.main,
 }
 # Not a benchmark: run by name only (`python -m bench fuzz --examples N`).
 ON_REQUEST: dict[str, Callable[[list[str]], dict]] = {"fuzz": fuzz.main}

@@ -9,8 +9,10 @@ is that adapter's system prompt and a message of its own, so prefixes are shared
 within an adapter and never across adapters (each adapter is its own namespace).
 
 Router setups, in front of the same workers: ours (``cache_aware``: residency and
-cached prefixes in one cost), ours adapter-blind (the same policy with
-``adapter_load_cost_per_ms = 0``), and, when ``bench/.peers`` has them, sglang-router
+cached prefixes in one cost; ``adapter_load_cost_per_ms`` divided by the time scale,
+since the workers measure their loads in slowed-down milliseconds), ours
+adapter-blind (the same policy with ``adapter_load_cost_per_ms`` and
+``adapter_swap_cost`` 0), and, when ``bench/.peers`` has them, sglang-router
 and vllm-router (cache_aware; both adapter-blind, sending the adapter name through).
 Load: open loop at ``--load`` x the cluster's capacity (``e2e_timed.capacity_rps``),
 times ``--time-scale`` slower than the profile; every time reported is divided back.
@@ -25,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import tempfile
 import time
 from pathlib import Path
@@ -33,16 +36,25 @@ import numpy as np
 
 from bench import peers
 from bench.e2e import router, worker_counter, workers
-from bench.e2e_timed import POLL_INTERVAL_S, at_load, capacity_rps, drive_open, summarize, tagged, warm_up
+from bench.e2e_timed import (
+    POLL_INTERVAL_S,
+    at_load,
+    capacity_rps,
+    drive_open,
+    summarize,
+    tagged,
+    warm_up,
+)
 from bench.procs import ManagedProcess
 from bench.workloads import TraceRequest
 from radix.cost_model import get_profile
 from radix.keys import to_key
+from router.routing.load_cost import PolicyWeights
 
-OURS, BLIND = "ours cache_aware", "ours cache_aware adapter_load_cost_per_ms=0"
-LABELS = {OURS: "ours", BLIND: "ours, adapter-blind"}
+OURS, BLIND = "ours", "ours adapter-blind"
 PEER_SETUPS = ("sglang cache_aware default", "vllm cache_aware")
 LOADS_METRIC = "worker_lora_loads_total"
+TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 
 
 def lora_trace(num_requests: int, num_adapters: int, zipf: float, seed: int
@@ -68,6 +80,21 @@ def lora_trace(num_requests: int, num_adapters: int, zipf: float, seed: int
 def adapter_name(i: int) -> str:
     """The ``i``-th adapter's name (most popular first)."""
     return f"lora{i:02d}"
+
+
+def lora_flags(root: Path, names: list[str], max_loras: int, rank: int = 16) -> list[str]:
+    """Worker flags registering ``names``, each a config-only PEFT adapter (what a timed
+    worker loads: rank ``rank`` on every projection) written under ``root``."""
+    modules = []
+    for name in names:
+        path = root / name
+        path.mkdir(parents=True, exist_ok=True)
+        (path / "adapter_config.json").write_text(json.dumps({
+            "peft_type": "LORA", "r": rank, "lora_alpha": 2 * rank, "target_modules": TARGETS,
+            "revision": name}))
+        modules.append(f"{name}={path}")
+    return ["--enable-lora", "--lora-modules", *modules, "--max-loras", str(max_loras),
+            "--max-lora-rank", str(rank)]
 
 
 def adapter_loads(started: list[ManagedProcess]) -> float:
@@ -106,9 +133,15 @@ HEADER = (f"{'router':<28}{'errs':>5}{'loads/1k':>10}{'cached':>8}{'p50 ms':>8}{
           f"{'max/mean':>9}{'wall s':>7}")
 
 
-def _setups(routers: list[str]) -> list[str]:
+def setups(routers: list[str], time_scale: float) -> dict[str, str]:
+    """``bench.e2e.router`` setups by label: ours and ours adapter-blind as asked, and
+    the asked peers that are installed."""
+    per_ms = PolicyWeights().adapter_load_cost_per_ms / time_scale
+    ours = {OURS: f"ours cache_aware adapter_load_cost_per_ms={per_ms}",
+            BLIND: "ours cache_aware adapter_load_cost_per_ms=0 adapter_swap_cost=0"}
     found = peers.available()
-    return [s for s in routers if s in LABELS or found[peers.PEER_SETUPS[s].module]]
+    return {label: ours.get(label, label) for label in routers
+            if label in ours or found[peers.PEER_SETUPS[label].module]}
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -137,12 +170,12 @@ def main(argv: list[str] | None = None) -> dict:
     with tempfile.TemporaryDirectory(prefix="lora-bench-") as tmp:
         flags = ("--model", f"timed:{profile.name}", "--served-model-name", "demo",
                  "--time-scale", str(args.time_scale),
-                 *lora_flags(Path(tmp), args.adapters, args.max_loras))
+                 *lora_flags(Path(tmp), [adapter_name(i) for i in range(args.adapters)],
+                             args.max_loras))
         with workers(args.workers, "1GiB", *flags, ready_timeout_s=60 + 10 * args.workers) as started:
             warm_up(started)
             print(HEADER)
-            for run, setup in enumerate(_setups(args.routers), start=1):
-                label = LABELS.get(setup, setup)
+            for run, (label, setup) in enumerate(setups(args.routers, args.time_scale).items(), 1):
                 r = results["runs"][label] = run_setup(setup, started, tagged(requests, run), models,
                                                        rps, args, Path(tmp))
                 print(row(label, r), flush=True)

@@ -13,7 +13,8 @@ was sent (the worker may not have loaded them when it answered).
 
 A request for an adapter that is not (predicted) resident on a worker pays its load
 there: ``load_ms`` (the worker's measured mean, or the policy's default until it has
-measured one), which the policy turns into prefill-token equivalents.
+measured one), which the policy turns into prefill-token equivalents, and a swap
+where the load ``evicts`` another adapter.
 """
 
 from __future__ import annotations
@@ -141,3 +142,10 @@ class WorkerLora:
     def load_ms(self, adapter: str | None, default_ms: float) -> float:
         """``load_ms`` on this worker (module docstring)."""
         return load_ms(self.residency, adapter, self.measured_load_ms, default_ms)
+
+    def evicts(self, adapter: str | None) -> bool:
+        """Whether loading ``adapter`` here evicts another: it is not (predicted)
+        resident and every slot holds one."""
+        residency = self.residency
+        return (adapter is not None and not residency.is_resident(adapter)
+                and len(residency.resident()) >= residency.max_loras)

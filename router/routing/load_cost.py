@@ -47,6 +47,10 @@ class PolicyWeights:
       millisecond of the worker); 0 makes routing adapter-blind.
     - ``default_adapter_load_ms``: the load time assumed for a worker that has not
       measured one yet (``router.routing.adapters``).
+    - ``adapter_swap_cost``: cost of a load that evicts another adapter (the worker's
+      slots are full): the evicted adapter's next request there pays a load, and
+      under load a slot frees only when a request of another adapter ends; 0 with
+      ``adapter_load_cost_per_ms`` 0 makes routing adapter-blind.
     """
 
     prefill_cost_per_token: float = 1.0
@@ -59,6 +63,7 @@ class PolicyWeights:
     owner_min_share: float = 0.5
     adapter_load_cost_per_ms: float = 32.0
     default_adapter_load_ms: float = 25.0
+    adapter_swap_cost: float = 1024.0
 
     def __post_init__(self) -> None:
         for f in fields(self):

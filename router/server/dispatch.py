@@ -140,6 +140,7 @@ def choose(router: Router, workers: list[WorkerState], matched: dict[str, int],
             max_num_requests=w.load.max_num_requests,
             num_matched_tokens=matched.get(w.worker_id, 0),
             adapter_load_ms=w.lora.load_ms(adapter, default_load_ms),
+            adapter_evicts=w.lora.evicts(adapter),
         )
         for w in workers
     ]
