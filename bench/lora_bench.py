@@ -1,6 +1,6 @@
 """LoRA adapters at cluster scale: how often each router makes workers load an adapter.
 
-``python -m bench lora [--workers 8] [--adapters 64] [--max-loras 8] [--requests 400]``.
+``python -m bench lora [--workers 8] [--adapters 64] [--max-loras 8] [--requests 600]``.
 K timed workers (``bench.e2e_timed``'s: the real engine, KV cache, events and HTTP,
 the forward pass and each adapter load a modelled wait) each register every one of
 ``--adapters`` config-only adapters and hold ``--max-loras`` of them at once. Every
@@ -129,19 +129,32 @@ def row(label: str, r: dict) -> str:
             f"{r['wall_s']:>7.0f}")
 
 
+def markdown_table(results: dict) -> list[str]:
+    """The run's table in Markdown, with its setup, for reports and docs."""
+    lines = [f"{results['workers']} timed workers ({results['profile']}), {results['adapters']} adapters "
+             f"(Zipf {results['zipf']}), --max-loras {results['max_loras']}, load {results['load']}.", "",
+             "| router | errors | adapter loads / 1k | cached | TTFT p50 ms | TTFT p99 ms | max/mean |",
+             "|---|---:|---:|---:|---:|---:|---:|"]
+    lines += [f"| {label} | {r['num_errors']} | {r['loads_per_1k']:.0f} | {r['cached_fraction']:.1%} | "
+              f"{1e3 * r['ttft_p50_s']:.0f} | {1e3 * r['ttft_p99_s']:.0f} | {r['max_over_mean_load']:.2f} |"
+              for label, r in results["runs"].items()]
+    return lines
+
+
 HEADER = (f"{'router':<28}{'errs':>5}{'loads/1k':>10}{'cached':>8}{'p50 ms':>8}{'p99 ms':>8}"
           f"{'max/mean':>9}{'wall s':>7}")
 
 
 def setups(routers: list[str], time_scale: float) -> dict[str, str]:
-    """``bench.e2e.router`` setups by label: ours and ours adapter-blind as asked, and
-    the asked peers that are installed."""
+    """``bench.e2e.router`` setups by label: ours and ours adapter-blind as asked, any
+    other ``ours <policy> [weight=value ...]`` as written, and the asked peers that
+    are installed."""
     per_ms = PolicyWeights().adapter_load_cost_per_ms / time_scale
     ours = {OURS: f"ours cache_aware adapter_load_cost_per_ms={per_ms}",
             BLIND: "ours cache_aware adapter_load_cost_per_ms=0 adapter_swap_cost=0"}
     found = peers.available()
     return {label: ours.get(label, label) for label in routers
-            if label in ours or found[peers.PEER_SETUPS[label].module]}
+            if label in ours or label.startswith("ours ") or found[peers.PEER_SETUPS[label].module]}
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -153,8 +166,8 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--adapters", type=int, default=64)
     parser.add_argument("--max-loras", type=int, default=8)
     parser.add_argument("--zipf", type=float, default=1.0, help="popularity exponent")
-    parser.add_argument("--requests", type=int, default=400, help="per setup, warm-up included")
-    parser.add_argument("--warm-up", type=float, default=0.25, help="share of the requests not measured")
+    parser.add_argument("--requests", type=int, default=600, help="per setup, warm-up included")
+    parser.add_argument("--warm-up", type=float, default=0.5, help="share of the requests not measured")
     parser.add_argument("--load", type=float, default=0.7, help="fraction of the cluster's capacity")
     parser.add_argument("--routers", nargs="+", default=[OURS, BLIND, *PEER_SETUPS])
     parser.add_argument("--time-scale", type=float, default=20.0)

@@ -14,7 +14,9 @@ was sent (the worker may not have loaded them when it answered).
 A request for an adapter that is not (predicted) resident on a worker pays its load
 there: ``load_ms`` (the worker's measured mean, or the policy's default until it has
 measured one), which the policy turns into prefill-token equivalents, and a swap
-where the load ``evicts`` another adapter.
+where the load evicts another adapter, in proportion to how busy the worker is
+(``swap_share``): its running requests pin their adapters' slots, so on a busy worker
+the load may wait for a slot to free, and the evicted adapter is likely wanted again.
 """
 
 from __future__ import annotations
@@ -143,9 +145,12 @@ class WorkerLora:
         """``load_ms`` on this worker (module docstring)."""
         return load_ms(self.residency, adapter, self.measured_load_ms, default_ms)
 
-    def evicts(self, adapter: str | None) -> bool:
-        """Whether loading ``adapter`` here evicts another: it is not (predicted)
-        resident and every slot holds one."""
+    def swap_share(self, adapter: str | None, num_active_requests: int) -> float:
+        """The share of a swap that loading ``adapter`` here costs: 0 when it is
+        (predicted) resident or a slot is free, else the worker's active requests over
+        its slots, at most 1."""
         residency = self.residency
-        return (adapter is not None and not residency.is_resident(adapter)
-                and len(residency.resident()) >= residency.max_loras)
+        if (adapter is None or residency.is_resident(adapter)
+                or len(residency.resident()) < residency.max_loras):
+            return 0.0
+        return min(1.0, num_active_requests / residency.max_loras)

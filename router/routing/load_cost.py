@@ -48,9 +48,11 @@ class PolicyWeights:
     - ``default_adapter_load_ms``: the load time assumed for a worker that has not
       measured one yet (``router.routing.adapters``).
     - ``adapter_swap_cost``: cost of a load that evicts another adapter (the worker's
-      slots are full): the evicted adapter's next request there pays a load, and
-      under load a slot frees only when a request of another adapter ends; 0 with
-      ``adapter_load_cost_per_ms`` 0 makes routing adapter-blind.
+      slots are full) on a worker with at least as many active requests as slots:
+      those pin their adapters' slots, so the load may wait for one to free, and the
+      evicted adapter's next request there pays a load again; scaled down on a less
+      busy worker (``router.routing.adapters``); 0 with ``adapter_load_cost_per_ms`` 0
+      makes routing adapter-blind.
     """
 
     prefill_cost_per_token: float = 1.0

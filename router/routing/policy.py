@@ -9,8 +9,8 @@ weighs each worker's cached prefix against its load in one continuous cost::
 
 (``router.routing.load_cost``). ``adapter_cost`` is 0 for the base model and where the
 request's LoRA adapter is resident; elsewhere ``adapter_load_cost_per_ms`` times the
-load's milliseconds, plus ``adapter_swap_cost`` where the load evicts another adapter
-(``router.routing.adapters``). The lowest cost wins; ties go to the least loaded, then to
+load's milliseconds, plus ``adapter_swap_cost`` times ``adapter_swap_share`` where the
+load evicts another adapter (``router.routing.adapters``). The lowest cost wins; ties go to the least loaded, then to
 rendezvous-hash order. A request whose longest match covers at least
 ``owner_min_share`` of its prompt stays on the workers holding it (its owners) while
 one is under a bounded-load cap, so a passing queue does not copy a hot prefix
@@ -68,7 +68,8 @@ class WorkerView(NamedTuple):
     The polled fields are the worker's last reported load;
     ``num_matched_tokens`` comes from ``RouterIndex.match``; ``adapter_load_ms`` is
     how long the request's adapter takes to load there (0: resident, or the base
-    model) and ``adapter_evicts`` whether that load evicts another. A NamedTuple, as is
+    model) and ``adapter_swap_share`` the share of a swap it costs (0: nothing is
+    evicted; ``WorkerLora.swap_share``). A NamedTuple, as is
     ``WorkerScore``: policies build one per worker per request, and a tuple is
     cheaper to build than a frozen dataclass."""
 
@@ -82,7 +83,7 @@ class WorkerView(NamedTuple):
     kv_cache_usage_ratio: float = 0.0
     max_num_requests: int | None = None
     adapter_load_ms: float = 0.0
-    adapter_evicts: bool = False
+    adapter_swap_share: float = 0.0
 
 
 class WorkerScore(NamedTuple):
@@ -153,7 +154,7 @@ class Policy(ABC):
             _score((view.worker_id, view.num_matched_tokens, load,
                     prefill * (num_prompt_tokens - view.num_matched_tokens
                                if num_prompt_tokens > view.num_matched_tokens else 0)
-                    + load + per_ms * view.adapter_load_ms + swap * view.adapter_evicts))
+                    + load + per_ms * view.adapter_load_ms + swap * view.adapter_swap_share))
             for view, load in zip(views, load_costs(views, self.weights), strict=True)
         ]
 
@@ -184,7 +185,7 @@ class CacheAwarePolicy(Policy):
     def adapter_cost(self, view: WorkerView) -> float:
         """The adapter's part of ``view``'s cost (module docstring)."""
         return (self.weights.adapter_load_cost_per_ms * view.adapter_load_ms
-                + self.weights.adapter_swap_cost * view.adapter_evicts)
+                + self.weights.adapter_swap_cost * view.adapter_swap_share)
 
     def _by_cost(self, request: RouteRequest, scores: list[WorkerScore]) -> list[WorkerScore]:
         """``scores`` by (cost, load cost), equal pairs in rendezvous-hash order (hashed

@@ -60,7 +60,7 @@ async def serve_openai(router: Router, client: Client, endpoint: str) -> None:
             router.limiter.check_prompt(tenant, len(prompt.token_ids))
             admission = await router.limiter.reserve(admission, len(prompt.token_ids),
                                                      (max_tokens or 0) * parsed.sampling.n)
-            call = Call(parsed, model.name, prompt, tenant.tenant_id, max_tokens,
+            call = Call(parsed, adapter or model.name, prompt, tenant.tenant_id, max_tokens,
                         router.cache_salts.salt(tenant.tenant_id),
                         tenant.limits.max_cached_tokens, adapter)
             decision_started = time.monotonic()
@@ -140,7 +140,8 @@ def choose(router: Router, workers: list[WorkerState], matched: dict[str, int],
             max_num_requests=w.load.max_num_requests,
             num_matched_tokens=matched.get(w.worker_id, 0),
             adapter_load_ms=w.lora.load_ms(adapter, default_load_ms),
-            adapter_evicts=w.lora.evicts(adapter),
+            adapter_swap_share=w.lora.swap_share(
+                adapter, max(w.load.num_requests_running, w.num_in_flight_requests)),
         )
         for w in workers
     ]

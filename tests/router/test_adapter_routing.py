@@ -81,6 +81,23 @@ def test_load_ms_is_zero_for_the_base_and_resident_adapters_else_measured_or_def
     assert state.load_ms("b", 25.0) == 12.5
 
 
+def test_a_swap_costs_a_share_growing_with_the_workers_requests_only_when_slots_are_full():
+    state = lora(["a"], max_loras=2)
+    assert state.swap_share("b", num_active_requests=5) == 0.0  # a free slot
+    state.residency.route("b", now=1.0)
+    assert [state.swap_share(name, 1) for name in (None, "a", "b")] == [0.0, 0.0, 0.0]
+    assert [state.swap_share("c", n) for n in (0, 1, 2, 7)] == [0.0, 0.5, 1.0, 1.0]
+
+
+def test_a_busy_worker_that_must_swap_loses_to_one_with_a_free_slot():
+    weights = make_policy().weights
+    full = WorkerView("w0", num_requests_running=4, adapter_load_ms=20.0, adapter_swap_share=1.0)
+    free = WorkerView("w1", num_requests_running=4, adapter_load_ms=20.0)
+    decision = make_policy().choose(request(), [full, free])
+    assert decision.chosen == "w1"
+    assert decision.scores[1].cost - decision.scores[0].cost == weights.adapter_swap_cost
+
+
 def test_events_are_filed_under_the_routers_namespace_of_their_adapter():
     state = lora([])
     assert state.namespace("b", "base") == "router-b"
