@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import tempfile
 import time
 from pathlib import Path
@@ -45,6 +44,7 @@ from bench.e2e_timed import (
     tagged,
     warm_up,
 )
+from bench.lora_adapters import lora_module_flags, write_config_adapters
 from bench.procs import ManagedProcess
 from bench.workloads import TraceRequest
 from radix.cost_model import get_profile
@@ -54,7 +54,6 @@ from router.routing.load_cost import PolicyWeights
 OURS, BLIND = "ours", "ours adapter-blind"
 PEER_SETUPS = ("sglang cache_aware default", "vllm cache_aware")
 LOADS_METRIC = "worker_lora_loads_total"
-TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 
 
 def lora_trace(num_requests: int, num_adapters: int, zipf: float, seed: int
@@ -78,23 +77,9 @@ def lora_trace(num_requests: int, num_adapters: int, zipf: float, seed: int
 
 
 def adapter_name(i: int) -> str:
-    """The ``i``-th adapter's name (most popular first)."""
-    return f"lora{i:02d}"
-
-
-def lora_flags(root: Path, names: list[str], max_loras: int, rank: int = 16) -> list[str]:
-    """Worker flags registering ``names``, each a config-only PEFT adapter (what a timed
-    worker loads: rank ``rank`` on every projection) written under ``root``."""
-    modules = []
-    for name in names:
-        path = root / name
-        path.mkdir(parents=True, exist_ok=True)
-        (path / "adapter_config.json").write_text(json.dumps({
-            "peft_type": "LORA", "r": rank, "lora_alpha": 2 * rank, "target_modules": TARGETS,
-            "revision": name}))
-        modules.append(f"{name}={path}")
-    return ["--enable-lora", "--lora-modules", *modules, "--max-loras", str(max_loras),
-            "--max-lora-rank", str(rank)]
+    """The ``i``-th adapter's name (most popular first), as ``write_config_adapters``
+    names it."""
+    return f"lora-{i}"
 
 
 def adapter_loads(started: list[ManagedProcess]) -> float:
@@ -183,8 +168,8 @@ def main(argv: list[str] | None = None) -> dict:
     with tempfile.TemporaryDirectory(prefix="lora-bench-") as tmp:
         flags = ("--model", f"timed:{profile.name}", "--served-model-name", "demo",
                  "--time-scale", str(args.time_scale),
-                 *lora_flags(Path(tmp), [adapter_name(i) for i in range(args.adapters)],
-                             args.max_loras))
+                 *lora_module_flags(write_config_adapters(Path(tmp) / "adapters", args.adapters)),
+                 "--max-loras", str(args.max_loras))
         with workers(args.workers, "1GiB", *flags, ready_timeout_s=60 + 10 * args.workers) as started:
             warm_up(started)
             print(HEADER)

@@ -17,4 +17,4 @@ def test_adapters_are_drawn_by_popularity_and_share_only_their_own_system_prompt
         first.setdefault(model, request.prompt[: 200 * TOKEN_BYTES])
         assert request.prompt.startswith(first[model])
     assert len(set(first.values())) == len(first)
-    assert all(a.arrival_s < b.arrival_s for a, b in zip(requests, requests[1:]))
+    assert all(a.arrival_s < b.arrival_s for a, b in zip(requests, requests[1:], strict=False))

@@ -354,11 +354,18 @@ class KVCacheManager:
             return True
         if pool.num_free_blocks + pool.num_cached_blocks < num_blocks:
             return False
-        for cache in list(self._caches.values()):
-            if pool.num_free_blocks >= num_blocks:
-                break
-            cache.evict(num_blocks - pool.num_free_blocks)
+        self.evict(num_blocks - pool.num_free_blocks)
         return pool.num_free_blocks >= num_blocks
+
+    def evict(self, num_blocks: int) -> int:
+        """Evict unlocked cached leaves, the least recently used namespace's first, until
+        ``num_blocks`` blocks were freed or none is left; returns the blocks freed."""
+        num_freed = 0
+        for cache in list(self._caches.values()):
+            if num_freed >= num_blocks:
+                break
+            num_freed += cache.evict(num_blocks - num_freed)
+        return num_freed
 
     def _reserve(self, seq: _SeqState, end: int) -> None:
         """Give positions ``[num_computed_tokens, end)`` writable blocks (room is there)."""

@@ -5,6 +5,10 @@ wraps in every layer (``lora_a`` ``[max_loras, max_rank, in]``, ``lora_b``
 ``[max_loras, out, max_rank]``, as ``workers.lora.reference`` lays them out), beside
 the KV pool and never resized: loading an adapter copies its tensors into a slot,
 zero-padding its rank; projections it does not target stay zero in that slot.
+
+On the CPU each projection also keeps its slots' B transposed and stacked
+(``[max_loras * max_rank, out]``), and a forward pass adds the delta by
+``workers.lora.stacked`` (three dense ops); elsewhere it calls ``lora_delta``.
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ import torch
 from workers.lora.delta import lora_delta
 from workers.lora.peft_files import AdapterSpec, BaseShapes, load_tensors, weight_key
 from workers.lora.segments import LoraSegments
+from workers.lora.stacked import add_lora_stacked, row_mask
 
 
 class LoraWeights:
@@ -27,12 +32,17 @@ class LoraWeights:
         self.max_rank = max_rank
         self.lora_a: dict[tuple[int, str], torch.Tensor] = {}
         self.lora_b: dict[tuple[int, str], torch.Tensor] = {}
+        self.lora_b_stacked: dict[tuple[int, str], torch.Tensor] | None = (
+            {} if torch.device(device).type == "cpu" else None)
         for layer in range(shapes.num_layers):
             for module, (in_features, out_features) in shapes.projections.items():
                 self.lora_a[layer, module] = torch.zeros(
                     max_loras, max_rank, in_features, dtype=dtype, device=device)
                 self.lora_b[layer, module] = torch.zeros(
                     max_loras, out_features, max_rank, dtype=dtype, device=device)
+                if self.lora_b_stacked is not None:
+                    self.lora_b_stacked[layer, module] = torch.zeros(
+                        max_loras * max_rank, out_features, dtype=dtype, device=device)
         self.scales = torch.zeros(max_loras, dtype=dtype, device=device)
 
     def load(self, slot: int, spec: AdapterSpec) -> None:
@@ -46,17 +56,25 @@ class LoraWeights:
                 b = tensors[weight_key(layer, module, "lora_B")]
                 self.lora_a[layer, module][slot, :rank].copy_(a)
                 self.lora_b[layer, module][slot, :, :rank].copy_(b)
+                if self.lora_b_stacked is not None:
+                    first = slot * self.max_rank
+                    self.lora_b_stacked[layer, module][first : first + rank].copy_(b.T)
         self.scales[slot] = spec.scale
 
     def clear(self, slot: int) -> None:
         """Zero ``slot`` everywhere."""
         for tensor in (*self.lora_a.values(), *self.lora_b.values()):
             tensor[slot].zero_()
+        for tensor in (self.lora_b_stacked or {}).values():
+            tensor[slot * self.max_rank : (slot + 1) * self.max_rank].zero_()
         self.scales[slot] = 0
 
-    def batch(self, segments: LoraSegments) -> LoraBatch:
-        """What one forward pass over a batch of ``segments`` reads."""
-        return LoraBatch(segments, self)
+    def batch(self, segments: LoraSegments, num_rows: int) -> LoraBatch:
+        """What one forward pass over ``num_rows`` rows in ``segments`` reads."""
+        mask = None
+        if self.lora_b_stacked is not None:
+            mask = row_mask(segments, self.scales, num_rows, self.max_rank)
+        return LoraBatch(segments, self, mask)
 
 
 @dataclass(frozen=True)
@@ -66,9 +84,13 @@ class LoraBatch:
 
     segments: LoraSegments
     weights: LoraWeights
+    mask: torch.Tensor | None = None
 
     def add(self, layer: int, module: str, x: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
         """``out`` (the base projection of ``x``) plus the adapters' deltas."""
         weights = self.weights
+        if self.mask is not None and weights.lora_b_stacked is not None:
+            return add_lora_stacked(out, x, self.mask, weights.lora_a[layer, module],
+                                    weights.lora_b_stacked[layer, module])  # fmt: skip
         return out + lora_delta(x, self.segments, weights.lora_a[layer, module],
                                 weights.lora_b[layer, module], weights.scales)  # fmt: skip

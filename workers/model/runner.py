@@ -117,7 +117,7 @@ class ModelRunner:
         if self.lora is not None and any(step.lora_slot is not None for step in batch):
             segments = segments_from_rows([len(step.token_ids) for step in batch],
                                           [step.lora_slot for step in batch], self.device)
-            lora_batch = self.lora.batch(segments)
+            lora_batch = self.lora.batch(segments, len(input_ids))
         with torch.inference_mode():
             hidden = self.model(input_ids, self.caches, metadata, lora_batch)
             if metadata.max_query_len > 1:  # else token b is sequence b's last already

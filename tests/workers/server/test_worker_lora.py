@@ -1,0 +1,120 @@
+"""LoRA adapters over HTTP on one real timed worker (config-only adapters): the /ready
+contract routers code against, /v1/models, ``model`` and ``/generate``'s ``adapter``,
+no prefix hit across adapters, the run-time load and unload routes with their
+refusals, and the metrics; and the run-time routes off without the flag."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import pytest
+from support.aio import serving
+
+from bench.lora_adapters import adapter_config, lora_module_flags, write_config_adapters
+from bench.procs import http_json, start_worker
+from workers.config import LoraSettings, ModelSettings, WorkerConfig
+from workers.engine.build import build_worker
+from workers.server.app import create_app
+from workers.server.state import WorkerState
+
+pytestmark = pytest.mark.slow
+PROFILE = "timed:llama3-8b-h100"
+KEY = "lora-test-key"
+
+
+@pytest.fixture(scope="module")
+def adapters(tmp_path_factory):
+    return dict(write_config_adapters(tmp_path_factory.mktemp("adapters"), 3, rank=8))
+
+
+@pytest.fixture(scope="module")
+def worker(adapters):
+    process = start_worker(
+        "--model", PROFILE, "--time-scale", "0.01", "--max-loras", "1",
+        *lora_module_flags([("lora-0", adapters["lora-0"])]),
+        json.dumps({"name": "lora-1", "path": str(adapters["lora-1"]), "base_model_name": "x"}),
+        "--allow-runtime-lora-updates", api_key=KEY)  # fmt: skip
+    yield process
+    process.stop()
+
+
+def complete(worker, model: str, prompt: str) -> dict:
+    status, body = worker.post_json("/v1/completions", {
+        "model": model, "prompt": prompt, "max_tokens": 4, "temperature": 0})  # fmt: skip
+    assert status == 200, body
+    return body
+
+
+def test_ready_lists_every_adapter_and_requests_select_one(worker):
+    status, ready = worker.get_json("/ready")
+    assert status == 200
+    assert ready["max_loras"] == 1 and ready["lora_load_ms"] is None
+    assert [(a["name"], a["resident"]) for a in ready["adapters"]] == [
+        ("lora-0", False), ("lora-1", False)]
+    assert all(len(a["digest"]) == 64 and len(a["namespace"]) == 64 for a in ready["adapters"])
+    assert len({a["namespace"] for a in ready["adapters"]} | {ready["namespace_digest"]}) == 3
+    models = worker.get_json("/v1/models")[1]["data"]
+    assert [(m["id"], m["parent"]) for m in models] == [
+        (PROFILE, None), ("lora-0", PROFILE), ("lora-1", PROFILE)]
+    status, body = worker.post_json("/generate", {"token_ids": [5, 6, 7], "adapter": "lora-0",
+                                                  "sampling": {"max_tokens": 2}})  # fmt: skip
+    assert status == 200, body
+    ready = worker.get_json("/ready")[1]
+    assert [a["resident"] for a in ready["adapters"]] == [True, False]
+    assert ready["lora_load_ms"] > 0
+    for path, body in (("/generate", {"token_ids": [5], "adapter": "nope"}),
+                       ("/v1/completions", {"model": "nope", "prompt": "x"})):
+        status, error = worker.post_json(path, body)
+        assert status == 404 and error["error"]["code"] == "model_not_found", error
+
+
+def test_the_same_prompt_under_two_adapters_shares_no_cached_token(worker):
+    prompt = "a long shared system prompt for every adapter " * 3
+    cached = [complete(worker, model, prompt)["usage"]["prompt_tokens_details"]["cached_tokens"]
+              for model in ("lora-0", "lora-1", PROFILE, "lora-1")]
+    assert cached[:3] == [0, 0, 0] and cached[3] > 0
+    status, metrics = worker.get_json("/metrics")
+    assert status == 200
+    assert "worker_lora_loads_total" in metrics and "worker_lora_resident_adapters 1.0" in metrics
+
+
+def test_runtime_load_checks_the_adapter_first_and_unload_hides_it(worker, tmp_path):
+    def write(name: str, **fields) -> str:
+        (tmp_path / name).mkdir()
+        config = {**adapter_config(8, 16), **fields}
+        (tmp_path / name / "adapter_config.json").write_text(json.dumps(config))
+        return str(tmp_path / name)
+
+    for name, fields, param in (("big", {"r": 64}, "r"),
+                                ("head", {"target_modules": ["lm_head"]}, "target_modules"),
+                                ("dora", {"use_dora": True}, "use_dora")):
+        status, error = worker.post_json("/v1/load_lora_adapter",
+                                         {"lora_name": name, "lora_path": write(name, **fields)})
+        assert status == 400 and error["error"]["param"] == param, error
+    path = write("fresh")
+    status, text = worker.post_json("/v1/load_lora_adapter", {"lora_name": "fresh", "lora_path": path})
+    assert status == 200, text
+    status, error = worker.post_json("/v1/load_lora_adapter", {"lora_name": "fresh", "lora_path": path})
+    assert status == 400 and error["error"]["param"] == "lora_name"
+    assert complete(worker, "fresh", "hello")["model"] == "fresh"
+    assert worker.post_json("/v1/unload_lora_adapter", {"lora_name": "fresh"})[0] == 200
+    assert worker.post_json("/v1/unload_lora_adapter", {"lora_name": "fresh"})[0] == 404
+    assert "fresh" not in [a["name"] for a in worker.get_json("/ready")[1]["adapters"]]
+    status, _ = worker.post_json("/v1/load_lora_adapter", {"lora_name": "x", "lora_path": path},
+                                 headers={"Authorization": "Bearer wrong"})
+    assert status == 401
+
+
+def test_runtime_routes_are_off_without_the_flag():
+    config = WorkerConfig(model=ModelSettings(name=PROFILE), lora=LoraSettings(enable=True))
+    state = WorkerState(config.server, build_worker(config, "w", b"secret"))
+
+    async def main() -> tuple[int, object]:
+        async with serving(create_app(state)) as url:
+            return await asyncio.get_running_loop().run_in_executor(
+                None, http_json, "POST", f"{url}/v1/load_lora_adapter",
+                {"lora_name": "a", "lora_path": "/nowhere"})
+
+    status, error = asyncio.run(main())
+    assert status == 404, error
