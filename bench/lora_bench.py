@@ -1,6 +1,6 @@
 """LoRA adapters at cluster scale: how often each router makes workers load an adapter.
 
-``python -m bench lora [--workers 8] [--adapters 64] [--max-loras 8] [--requests 600]``.
+``python -m bench lora [--workers 8] [--adapters 64] [--max-loras 8] [--requests 400]``.
 K timed workers (``bench.e2e_timed``'s: the real engine, KV cache, events and HTTP,
 the forward pass and each adapter load a modelled wait) each register every one of
 ``--adapters`` config-only adapters and hold ``--max-loras`` of them at once. Every
@@ -16,8 +16,10 @@ adapter-blind (the same policy with ``adapter_load_cost_per_ms`` and
 and vllm-router (cache_aware; both adapter-blind, sending the adapter name through).
 Load: open loop at ``--load`` x the cluster's capacity (``e2e_timed.capacity_rps``),
 times ``--time-scale`` slower than the profile; every time reported is divided back.
-Each setup first routes ``--warm-up`` of the requests unmeasured, so it is measured
-from the residency its own routing settles on, not from the previous setup's.
+Each setup first routes ``--warm-up`` of the requests unmeasured, plus one short
+request for each adapter first named later, so it is measured from the residency its
+own routing settles on (not the previous setup's), and no adapter's first load, which
+any router pays, counts.
 
 Per setup: adapter loads per 1,000 requests (the workers' ``worker_lora_loads_total``
 over the measured requests), cached fraction, TTFT p50/p99, errors, wall seconds.
@@ -29,6 +31,7 @@ import argparse
 import asyncio
 import tempfile
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -48,12 +51,13 @@ from bench.lora_adapters import lora_module_flags, write_config_adapters
 from bench.procs import ManagedProcess
 from bench.workloads import TraceRequest
 from radix.cost_model import get_profile
-from radix.keys import to_key
+from radix.keys import TOKEN_BYTES, to_key
 from router.routing.load_cost import PolicyWeights
 
 OURS, BLIND = "ours", "ours adapter-blind"
 PEER_SETUPS = ("sglang cache_aware default", "vllm cache_aware")
 LOADS_METRIC = "worker_lora_loads_total"
+TOUCH_TOKENS = 200  # the shortest system prompt
 
 
 def lora_trace(num_requests: int, num_adapters: int, zipf: float, seed: int
@@ -76,6 +80,23 @@ def lora_trace(num_requests: int, num_adapters: int, zipf: float, seed: int
     return requests, [names[a] for a in chosen]
 
 
+def warm_up_part(requests: list[TraceRequest], models: list[str], num_warm: int
+                 ) -> tuple[list[TraceRequest], list[str]]:
+    """The unmeasured start of a run: the first ``num_warm`` requests, then one short
+    request (the first ``TOUCH_TOKENS`` of its prompt: system prompt only, and
+    ``TOUCH_TOKENS`` output tokens) for each adapter the measured part names first, so
+    the measured loads are the ones routing causes, not each adapter's first load."""
+    warm, warm_models = list(requests[:num_warm]), list(models[:num_warm])
+    gap_s = (warm[-1].arrival_s - warm[0].arrival_s) / max(len(warm) - 1, 1)
+    for request, model in zip(requests[num_warm:], models[num_warm:], strict=True):
+        if model not in warm_models:
+            warm.append(replace(request, arrival_s=warm[-1].arrival_s + gap_s,
+                                prompt=request.prompt[:TOUCH_TOKENS * TOKEN_BYTES],
+                                output=request.output[:TOUCH_TOKENS * TOKEN_BYTES]))
+            warm_models.append(model)
+    return warm, warm_models
+
+
 def adapter_name(i: int) -> str:
     """The ``i``-th adapter's name (most popular first), as ``write_config_adapters``
     names it."""
@@ -89,16 +110,21 @@ def adapter_loads(started: list[ManagedProcess]) -> float:
 
 def run_setup(setup: str, started: list[ManagedProcess], requests: list[TraceRequest],
               models: list[str], rps: float, args: argparse.Namespace, log_dir: Path) -> dict:
-    """One router setup: the warm-up share unmeasured, then the rest measured."""
-    arrivals = [a * args.time_scale for a in at_load(requests, args.load * rps)]
+    """One router setup: the warm-up part (``warm_up_part``) unmeasured, then the rest
+    measured, each at ``--load``."""
     num_warm = int(len(requests) * args.warm_up)
+    warm, warm_models = warm_up_part(requests, models, num_warm)
+
+    def arrivals(part: list[TraceRequest]) -> list[float]:
+        return [a * args.time_scale for a in at_load(part, args.load * rps)]
+
     with router(setup, [w.url for w in started], log_dir, POLL_INTERVAL_S / args.time_scale) as (url, key):
-        asyncio.run(drive_open(url, key, requests[:num_warm], arrivals[:num_warm], models[:num_warm]))
+        asyncio.run(drive_open(url, key, warm, arrivals(warm), warm_models))
         loads_before = adapter_loads(started)
         served_before = [worker_counter(w, "request_prompt_tokens_count") for w in started]
         start = time.perf_counter()
-        measured = [a - arrivals[num_warm] for a in arrivals[num_warm:]]
-        outcomes = asyncio.run(drive_open(url, key, requests[num_warm:], measured, models[num_warm:]))
+        outcomes = asyncio.run(drive_open(url, key, requests[num_warm:], arrivals(requests[num_warm:]),
+                                          models[num_warm:]))
         wall_s = time.perf_counter() - start
         loads = adapter_loads(started) - loads_before
         per_worker = [int(worker_counter(w, "request_prompt_tokens_count") - b)
@@ -151,8 +177,8 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--adapters", type=int, default=64)
     parser.add_argument("--max-loras", type=int, default=8)
     parser.add_argument("--zipf", type=float, default=1.0, help="popularity exponent")
-    parser.add_argument("--requests", type=int, default=600, help="per setup, warm-up included")
-    parser.add_argument("--warm-up", type=float, default=0.5, help="share of the requests not measured")
+    parser.add_argument("--requests", type=int, default=400, help="per setup, warm-up included")
+    parser.add_argument("--warm-up", type=float, default=0.25, help="share of the requests not measured")
     parser.add_argument("--load", type=float, default=0.7, help="fraction of the cluster's capacity")
     parser.add_argument("--routers", nargs="+", default=[OURS, BLIND, *PEER_SETUPS])
     parser.add_argument("--time-scale", type=float, default=20.0)
