@@ -13,11 +13,13 @@ from collections.abc import Callable
 from pathlib import Path
 
 from bench import (
+    canary_bench,
     chaos,
     e2e,
     e2e_worker_bench,
     engine_overhead,
     fuzz,
+    headroom,
     host_tier_bench,
     index_bench,
     kv_bench,
@@ -45,6 +47,7 @@ BENCHMARKS: dict[str, Callable[[list[str]], dict]] = {
     "e2e_worker": e2e_worker_bench.main,
     "engine_overhead": engine_overhead.main,
     "host_tier": host_tier_bench.main,
+    "headroom": headroom.main,
     "index": index_bench.main,
     "routing_real": routing_real.main,
     "token_cache": token_cache_bench.main,
@@ -57,6 +60,7 @@ BENCHMARKS: dict[str, Callable[[list[str]], dict]] = {
     "vllm": vllm_bench.main,
     "chaos": chaos.main,
     "lora": lora_bench.main,
+    "canary": canary_bench.main,
 }
 # Not a benchmark: run by name only (`python -m bench fuzz --examples N`).
 ON_REQUEST: dict[str, Callable[[list[str]], dict]] = {"fuzz": fuzz.main}

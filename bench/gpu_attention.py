@@ -1,13 +1,17 @@
-"""Paged-attention kernels on a CUDA GPU: correctness, then speed against torch SDPA.
+"""Paged-attention and LoRA kernels on a CUDA GPU: correctness, then speed against torch.
 
-One run (well under 3 minutes on an H200) does three things:
+One run (well under 3 minutes on an H200) does four things:
 
 1. checks the Triton kernels against the torch reference on ragged batches with
    scrambled block tables, in the chosen dtype (fails loudly past tolerance);
 2. times paged decode at several batch sizes against SDPA over K/V that is already
    gathered into contiguous tensors (torch's best case: no paging cost) and against
    the reference (gather + SDPA), and reports achieved K/V read bandwidth;
-3. times paged prefill of new tokens over a cached prefix, and the K/V store.
+3. times paged prefill of new tokens over a cached prefix, and the K/V store;
+4. checks the grouped LoRA delta against its reference, then times it beside the
+   base projection it is added to (``bench.gpu_lora``, options ``--lora-*``);
+5. checks a demo worker sized by ``--gpu-memory-utilization`` stays within it
+   (``bench.gpu_sizing``; CUDA only).
 
 ``--kv-dtype fp8_e4m3`` (or ``fp8_e5m2``) runs all three with an FP8 cache: K/V
 quantized with a per-layer scale, queries and outputs in ``--dtype``; the SDPA
@@ -24,15 +28,14 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
-import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 
+from bench import gpu_lora, gpu_sizing
+from bench.gpu_timing import max_error, median_ms
 from workers.attention import reference
 from workers.attention.metadata import AttentionMetadata
 
@@ -60,11 +63,18 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--store-tokens", type=int, default=8192)
     parser.add_argument("--iters", type=int, default=20)
     parser.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
+    parser.add_argument("--gpu-memory-utilization", type=float, default=0.5,
+                        help="fraction for the KV sizing check (bench.gpu_sizing)")
     parser.add_argument("--json", type=Path, default=None, help="also write results here")
+    gpu_lora.add_arguments(parser)
     args = parser.parse_args(argv)
     args.decode_batches = [int(b) for b in args.decode_batches.split(",") if b]
     if args.heads % args.kv_heads or args.block_size < 1 or not args.decode_batches:
         parser.error("need heads % kv-heads == 0, block-size >= 1 and at least one batch")
+    lora_sizes = (args.lora_hidden, args.lora_rank, args.lora_adapters, args.lora_decode_rows,
+                  args.lora_prefill_tokens)  # fmt: skip
+    if min(lora_sizes) < 1:
+        parser.error("the --lora-* sizes must be >= 1")
     if args.device == "cpu" and os.environ.get("TRITON_INTERPRET") != "1":
         parser.error("--device cpu is a smoke run: set TRITON_INTERPRET=1")
     return args
@@ -86,10 +96,14 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             for k in ("dtype", "kv_dtype", "block_size", "heads", "kv_heads", "head_dim")
         },
         "correctness": _check_correctness(triton_kernels, args, dtype),
+        "lora_correctness": gpu_lora.check(args, dtype, TOLERANCE[dtype]),
         "decode": [_time_decode(triton_kernels, args, dtype, b) for b in args.decode_batches],
         "prefill": _time_prefill(triton_kernels, args, dtype),
         "store_kv": _time_store(triton_kernels, args, dtype),
+        "lora": gpu_lora.timings(args, dtype),
     }
+    if args.device == "cuda":
+        results["kv_sizing"] = gpu_sizing.check_sizing(args.gpu_memory_utilization)
     _print(results)
     if args.json:
         args.json.write_text(json.dumps(results, indent=2))
@@ -158,13 +172,13 @@ def _check_correctness(
     kernels.store_kv(prefill.key_cache, prefill.value_cache, store_keys, -store_keys, slots,
                      *scales)  # fmt: skip
     errors = {
-        "store_kv": max(_max_error(a, b) for a, b in
+        "store_kv": max(max_error(a, b) for a, b in
                         zip(expected, (prefill.key_cache, prefill.value_cache), strict=True)),
-        "decode": _max_error(kernels.paged_decode(*decode.decode_args()),
+        "decode": max_error(kernels.paged_decode(*decode.decode_args()),
                              reference.paged_decode(*decode.decode_args())),
-        "decode_4_splits": _max_error(kernels.paged_decode(*decode.decode_args(), num_splits=4),
+        "decode_4_splits": max_error(kernels.paged_decode(*decode.decode_args(), num_splits=4),
                                       reference.paged_decode(*decode.decode_args())),
-        "prefill": _max_error(kernels.paged_prefill(*prefill.prefill_args()),
+        "prefill": max_error(kernels.paged_prefill(*prefill.prefill_args()),
                               reference.paged_prefill(*prefill.prefill_args())),
     }  # fmt: skip
     bad = {name: e for name, e in errors.items() if not e <= TOLERANCE[dtype]}
@@ -180,13 +194,13 @@ def _time_decode(
     query = problem.query[:, :, None]  # [B, H, 1, D]
     keys, values = _contiguous_kv(problem, batch, args.context)
     times = {
-        "triton_ms": _median_ms(lambda: kernels.paged_decode(*problem.decode_args()), args.iters),
-        "sdpa_contiguous_ms": _median_ms(
+        "triton_ms": median_ms(lambda: kernels.paged_decode(*problem.decode_args()), args.iters),
+        "sdpa_contiguous_ms": median_ms(
             lambda: F.scaled_dot_product_attention(query, keys, values, scale=problem.scale,
                                                    enable_gqa=True),
             args.iters,
         ),
-        "reference_ms": _median_ms(lambda: reference.paged_decode(*problem.decode_args()), args.iters),
+        "reference_ms": median_ms(lambda: reference.paged_decode(*problem.decode_args()), args.iters),
     }  # fmt: skip
     kv_bytes = (
         2 * batch * args.context * args.kv_heads * args.head_dim * problem.key_cache.element_size()
@@ -205,8 +219,8 @@ def _time_prefill(kernels: Any, args: argparse.Namespace, dtype: torch.dtype) ->
     positions = torch.arange(total, device=args.device)
     mask = positions[None, :] <= (cached + torch.arange(new, device=args.device))[:, None]
     times = {
-        "triton_ms": _median_ms(lambda: kernels.paged_prefill(*problem.prefill_args()), args.iters),
-        "sdpa_contiguous_ms": _median_ms(
+        "triton_ms": median_ms(lambda: kernels.paged_prefill(*problem.prefill_args()), args.iters),
+        "sdpa_contiguous_ms": median_ms(
             lambda: F.scaled_dot_product_attention(query, keys, values, attn_mask=mask,
                                                    scale=problem.scale, enable_gqa=True),
             args.iters,
@@ -227,9 +241,9 @@ def _time_store(kernels: Any, args: argparse.Namespace, dtype: torch.dtype) -> d
     slots = problem.metadata.slot_mapping
     caches = (problem.key_cache, problem.value_cache)
     scales = (problem.kv_scale, problem.kv_scale)
-    triton_ms = _median_ms(lambda: kernels.store_kv(*caches, keys, keys, slots, *scales),
+    triton_ms = median_ms(lambda: kernels.store_kv(*caches, keys, keys, slots, *scales),
                            args.iters)  # fmt: skip
-    torch_ms = _median_ms(lambda: reference.write_kv(*caches, keys, keys, slots, *scales),
+    torch_ms = median_ms(lambda: reference.write_kv(*caches, keys, keys, slots, *scales),
                           args.iters)  # fmt: skip
     moved = 2 * keys.numel() * (keys.element_size() + problem.key_cache.element_size())
     return {"tokens": tokens, "triton_ms": triton_ms, "torch_index_put_ms": torch_ms,
@@ -250,33 +264,6 @@ def _contiguous_kv(problem: _Problem, batch: int, length: int) -> tuple[torch.Te
     return gather(problem.key_cache), gather(problem.value_cache)
 
 
-def _median_ms(fn: Callable[[], object], iters: int) -> float:
-    """Median milliseconds of ``fn`` after warm-up: CUDA events on a GPU, wall clock else."""
-    for _ in range(3):
-        fn()
-    cuda = torch.cuda.is_available() and torch.cuda.is_initialized()
-    if cuda:
-        torch.cuda.synchronize()
-    times = []
-    for _ in range(iters):
-        if not cuda:
-            start_s = time.perf_counter()
-            fn()
-            times.append((time.perf_counter() - start_s) * 1e3)
-            continue
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end))
-    return round(statistics.median(times), 4)
-
-
-def _max_error(a: torch.Tensor, b: torch.Tensor) -> float:
-    return (a.float() - b.float()).abs().max().item()
-
-
 def _print(results: dict[str, Any]) -> None:
     print(f"{results['device']}  {results['shape']}")
     print("max |triton - reference|:", {k: f"{v:.2e}" for k, v in results["correctness"].items()})
@@ -293,6 +280,9 @@ def _print(results: dict[str, Any]) -> None:
     s = results["store_kv"]
     print(f"store_kv {s['tokens']} tokens: triton {s['triton_ms']:.3f} ms ({s['triton_GBps']} GB/s), "
           f"torch index_put {s['torch_index_put_ms']:.3f} ms")  # fmt: skip
+    gpu_lora.print_results(results)
+    if "kv_sizing" in results:
+        print(gpu_sizing.describe(results["kv_sizing"]))
 
 
 if __name__ == "__main__":

@@ -1,15 +1,21 @@
-"""End to end: the host-memory KV tier off vs on, two demo workers behind the router.
+"""End to end: device only, the host-memory KV tier, and the disk tier below it, two
+demo workers behind the router; then a restart on the disk tier.
 
 The working set is ``--docs`` documents of ``--doc-tokens`` tokens; each request is
 one document (drawn at random, each read ``--rounds`` times in all) plus a question
 unique to it, ``--max-tokens`` output tokens. Each worker's device KV budget is
 ``--device-fraction`` of the working set's KV bytes (so a document falls out long
-before it is read again) and, with the tier on, its host tier holds
-``--host-fraction`` of it. Both modes run in one invocation on the same request
-sequence, through the cache-aware router (which weighs host hits below device
-hits): the cached fraction of prompt tokens (from ``usage``) and TTFT p50/p99.
+before it is read again). ``host``: a host tier of ``--host-fraction`` of it.
+``disk``: a host tier of only ``--disk-host-fraction`` and a disk tier of
+``--disk-fraction`` below it, so most hits are read back from disk. ``restart``: the
+``disk`` cluster stopped (SIGTERM spills each worker's cache to its disk tier) and
+started again on the same directories and secret, each document then read once: a
+cold cluster would cache none of those prompts. All modes run in one invocation on
+the same request sequence, through the cache-aware router (which weighs host hits
+below device hits and disk hits below host hits): the cached fraction of prompt
+tokens (from ``usage``) and TTFT p50/p99.
 
-``python -m bench.host_tier_bench [--docs 16] [--doc-tokens 480] [--rounds 6] ...``;
+``python -m bench host_tier [--docs 16] [--doc-tokens 480] [--rounds 6] ...``;
 ``main`` prints the table and returns the numbers as a dict.
 """
 
@@ -53,13 +59,19 @@ def prompts(args: argparse.Namespace) -> list[list[int]]:
 
 
 @contextlib.contextmanager
-def cluster(kv_bytes: int, host_bytes: int) -> Iterator[ManagedProcess]:
-    """Two demo workers (``host_bytes`` 0: no tier) and a cache-aware router."""
+def cluster(kv_bytes: int, host_bytes: int, disk_bytes: int = 0,
+            disk_root: Path | None = None) -> Iterator[ManagedProcess]:  # fmt: skip
+    """Two demo workers (``host_bytes`` 0: no tier; ``disk_bytes`` > 0: a disk tier
+    each, in ``disk_root/w<i>``) and a cache-aware router."""
     started: list[ManagedProcess] = []
     flags = ["--host-cache-bytes", str(host_bytes)] if host_bytes else []
+    if disk_bytes:
+        flags += ["--disk-cache-bytes", str(disk_bytes)]
     try:
-        for _ in range(2):
-            started.append(start_worker(*flags, kv_cache_bytes=str(kv_bytes), wait=False))
+        for i in range(2):
+            disk_dir = ["--disk-cache-dir", str(disk_root / f"w{i}")] if disk_root else []
+            started.append(start_worker(*flags, *disk_dir, kv_cache_bytes=str(kv_bytes),
+                                        wait=False))  # fmt: skip
         urls = [worker.wait_ready(READY_TIMEOUT_S) for worker in started]
         lines = ["[models.demo]", 'tokenizer = "demo"', "[auth]", "allow_anonymous = true"]
         for i, url in enumerate(urls):
@@ -133,30 +145,42 @@ def _parser() -> argparse.ArgumentParser:
     add("--clients", type=int, default=2)
     add("--device-fraction", type=float, default=0.1)
     add("--host-fraction", type=float, default=1.0)
+    add("--disk-host-fraction", type=float, default=0.1)
+    add("--disk-fraction", type=float, default=1.0)
     add("--seed", type=int, default=0)
     return parser
 
 
 def main(argv: list[str] | None = None) -> dict:
-    """Run tier off then on, print the table, return the numbers."""
+    """Run device only, host, disk and the restart on disk; print the table, return
+    the numbers."""
     args = _parser().parse_args(argv)
     working_set = args.docs * (args.doc_tokens + QUESTION_TOKENS + args.max_tokens)
-    kv_bytes = int(args.device_fraction * working_set * DEMO_KV_BYTES_PER_TOKEN)
-    host_bytes = int(args.host_fraction * working_set * DEMO_KV_BYTES_PER_TOKEN)
+    sizes = {name: int(fraction * working_set * DEMO_KV_BYTES_PER_TOKEN) for name, fraction in (
+        ("kv_cache_bytes", args.device_fraction), ("host_cache_bytes", args.host_fraction),
+        ("disk_host_cache_bytes", args.disk_host_fraction),
+        ("disk_cache_bytes", args.disk_fraction))}  # fmt: skip
+    kv_bytes = sizes["kv_cache_bytes"]
     sequence = prompts(args)
+    once = list({tuple(p[: args.doc_tokens]): p for p in sequence}.values())  # each doc once
     results = {}
-    for mode, tier_bytes in (("tier off", 0), ("tier on", host_bytes)):
-        with cluster(kv_bytes, tier_bytes) as router:
+    for mode, host_bytes in (("device", 0), ("host", sizes["host_cache_bytes"])):
+        with cluster(kv_bytes, host_bytes) as router:
             results[mode] = asyncio.run(drive(router.url, sequence, args))
-    print(f"working set {working_set} tokens ({args.docs} docs x {args.doc_tokens}); per worker: "
-          f"device KV {kv_bytes} B ({args.device_fraction:.0%}), host tier {host_bytes} B "
-          f"({args.host_fraction:.0%}); {len(sequence)} requests, {args.clients} clients")  # fmt: skip
+    disk = (kv_bytes, sizes["disk_host_cache_bytes"], sizes["disk_cache_bytes"])
+    with tempfile.TemporaryDirectory(prefix="disk-tier-") as disk_root:
+        with cluster(*disk, Path(disk_root)) as router:
+            results["disk"] = asyncio.run(drive(router.url, sequence, args))
+        with cluster(*disk, Path(disk_root)) as router:
+            results["restart"] = asyncio.run(drive(router.url, once, args))
+    print(f"working set {working_set} tokens ({args.docs} docs x {args.doc_tokens}); per worker "
+          f"(bytes): {sizes}; {len(sequence)} requests ({len(once)} after the restart), "
+          f"{args.clients} clients")  # fmt: skip
     print(f"{'mode':<10}{'cached':>9}{'TTFT p50':>11}{'TTFT p99':>11}")
     for mode, row in results.items():
         print(f"{mode:<10}{row['cached_fraction']:>9.1%}{row['ttft_p50_ms']:>9.1f}ms"
               f"{row['ttft_p99_ms']:>9.1f}ms")  # fmt: skip
-    return {"config": vars(args), "kv_cache_bytes": kv_bytes, "host_cache_bytes": host_bytes,
-            **results}  # fmt: skip
+    return {"config": vars(args), **sizes, **results}
 
 
 if __name__ == "__main__":

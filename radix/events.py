@@ -5,11 +5,12 @@ Wire form (one JSON object per event)::
     {"worker": str, "epoch": str, "seq": int, "type": "stored"|"removed"|"cleared",
      "namespace": hex str, "scope": str,
      "blocks": [{"hash": hex, "parent": hex|null, "tokens": [int, ...]}],
-     "medium"?: "device"|"host"}
+     "medium"?: "device"|"host"|"disk"}
 
 ``tokens`` only for ``stored``; ``parent`` may be null for ``removed``. ``medium``
 says which tier the blocks entered or left: absent means ``device`` (the only one
-before the host tier); ``host`` events describe the worker's host-memory tier. ``epoch``
+before the host tier); ``host`` events describe the worker's host-memory tier,
+``disk`` events its disk tier below that. ``epoch``
 changes at every worker start; ``seq`` is gapless per worker and epoch. See
 docs/protocol.md for the block model and the snapshot rules.
 """
@@ -24,8 +25,8 @@ import orjson
 
 EventType = Literal["stored", "removed", "cleared"]
 EVENT_TYPES: tuple[EventType, ...] = ("stored", "removed", "cleared")
-Medium = Literal["device", "host"]
-MEDIA: tuple[Medium, ...] = ("device", "host")
+Medium = Literal["device", "host", "disk"]
+MEDIA: tuple[Medium, ...] = ("device", "host", "disk")
 MAX_TOKEN_ID = 2**32 - 1
 
 
@@ -56,7 +57,8 @@ class KVEvent:
     medium: Medium = "device"
 
     def to_dict(self) -> dict[str, object]:
-        """The wire object (``tokens`` left out unless stored; ``medium`` unless host)."""
+        """The wire object (``tokens`` left out unless stored; ``medium`` left out for the
+        device)."""
         blocks = []
         for block in self.blocks:
             item: dict[str, object] = {"hash": block.hash, "parent": block.parent}

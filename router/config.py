@@ -17,6 +17,7 @@ from types import MappingProxyType
 
 from radix.config_schema import DIGEST, ENV_NAME, NAME, FieldError, Pattern, Section, setting
 from radix.tree import RESERVED_SCOPES
+from router.canary.config import CanaryConfig, PoolConfig
 from router.routing.index import IndexConfig
 
 DEFAULT_CONFIG = Path(__file__).resolve().parent.parent / "configs" / "local.toml"
@@ -88,14 +89,24 @@ class PublicPrefixSpec(Section):
 class ModelConfig(Section):
     """A served model: its tokenizer (``"demo"``, a packaged model name, a GGUF file or
     a local Hugging Face directory: ``radix.model_source``), KV block size, public
-    prefixes registered at start, and the character budget of its token cache
-    (``radix.token_cache``; 0 turns it off)."""
+    prefixes registered at start, the character budget of its token cache
+    (``radix.token_cache``; 0 turns it off), and its canary pools with their guards
+    (``router.canary.config``; no pools: every worker takes any request)."""
 
     name: str = setting(pattern=NAME)
     tokenizer: str
     block_size: int = setting(16, low=1)
     public_prefixes: tuple[PublicPrefixSpec, ...] = ()
     token_cache_chars: int = setting(4_000_000, low=0)
+    pools: Mapping[str, PoolConfig] = setting(default_factory=lambda: MappingProxyType({}))
+    canary: CanaryConfig = CanaryConfig()
+
+    def check(self) -> None:
+        """With pools: the baseline is one of them (``router.config_toml`` checks their
+        names, weights and workers)."""
+        if self.pools and self.canary.baseline not in self.pools:
+            raise FieldError("canary", f"no pool {self.canary.baseline!r} "
+                                       f"(pools: {', '.join(self.pools)})", ".baseline")
 
 
 @dataclass(frozen=True)

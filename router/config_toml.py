@@ -17,7 +17,8 @@ from typing import Any
 
 import tomllib
 
-from radix.config_schema import named_tables, read_section, table_array
+from radix.config_schema import NAME, named_tables, read_section, table_array
+from router.canary.config import MAX_POOLS, PoolConfig
 from router.config import (
     DEFAULT_CONFIG,
     WORKER_KEY_ENV_PREFIX,
@@ -57,15 +58,60 @@ def parse_config(data: Mapping[str, Any]) -> RouterConfig:
     ids = [w.worker_id for w in workers]
     if len(set(ids)) != len(ids):
         raise ValueError("workers: ids must be unique")
+    _check_pools(models, workers)
     return replace(config, workers=workers)
 
 
 def _models(data: Mapping[str, Any]) -> dict[str, ModelConfig]:
-    models = {name: read_section(ModelConfig, table, where, name=name)
+    models = {name: _model(name, table, where)
               for name, table, where in named_tables(data, "models", "")}
     if not models:
         raise ValueError("models: at least one model is required")
     return models
+
+
+def _model(name: str, table: Any, where: str) -> ModelConfig:
+    """One ``[models.NAME]`` table with its table of named ``pools``."""
+    if not isinstance(table, Mapping):
+        raise ValueError(f"{where}: must be a table")
+    pools = {}
+    for pool, pool_table, pool_where in named_tables(table, "pools", where):
+        if not NAME.regex.match(pool):
+            raise ValueError(f"{pool_where}: {pool!r} is not {NAME.what}")
+        pools[pool] = read_section(PoolConfig, pool_table, pool_where)
+    if "canary" in table and not pools:
+        raise ValueError(f"{where}.canary: give pools too (a canary guards pools)")
+    if len(pools) > MAX_POOLS:
+        raise ValueError(f"{where}.pools: at most {MAX_POOLS} pools")
+    if pools and not sum(p.weight for p in pools.values()):
+        raise ValueError(f"{where}.pools: at least one pool needs a weight above 0")
+    rest = {k: v for k, v in table.items() if k != "pools"}
+    return read_section(ModelConfig, rest, where, name=name, pools=pools)
+
+
+def _check_pools(models: Mapping[str, ModelConfig], workers: tuple[WorkerConfig, ...]) -> None:
+    """Each pool names workers of its own model, no worker is in two pools, and every
+    configured worker of a model with pools is in one (run-time workers join the
+    baseline: ``router.canary.pools``)."""
+    by_id = {w.worker_id: w for w in workers}
+    for model in models.values():
+        pool_of: dict[str, str] = {}
+        for pool, config in model.pools.items():
+            where = f"models.{model.name}.pools.{pool}.workers"
+            for worker_id in config.workers:
+                worker = by_id.get(worker_id)
+                if worker is None or worker.model != model.name:
+                    raise ValueError(f"{where}: {worker_id!r} is no worker of model "
+                                     f"{model.name!r}")
+                if worker_id in pool_of:
+                    raise ValueError(f"{where}: {worker_id!r} is in pool "
+                                     f"{pool_of[worker_id]!r} too")
+                pool_of[worker_id] = pool
+        unpooled = [w.worker_id for w in workers if w.model == model.name and model.pools
+                    and w.worker_id not in pool_of]
+        if unpooled:
+            raise ValueError(f"models.{model.name}.pools: worker {unpooled[0]!r} of this model "
+                             f"is in no pool")
 
 
 def parse_public_prefix(data: Mapping[str, Any], path: str) -> PublicPrefixSpec:

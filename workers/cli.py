@@ -37,11 +37,16 @@ _FLAG_FIELDS = {
     "self_test_delay_s": ("server", "self_test_delay_s"),
     "drain_timeout_s": ("server", "drain_timeout_s"),
     "kv_cache_bytes": ("kv", "cache_bytes"),
+    "gpu_memory_utilization": ("kv", "gpu_memory_utilization"),
+    "kv_watermark": ("kv", "watermark"),
+    "host_ttl_s": ("kv", "host_ttl_s"),
     "block_size": ("kv", "block_size"),
     "prefix_cache": ("kv", "prefix_cache"),
     "kv_cache_dtype": ("kv", "cache_dtype"),
     "kv_scales": ("kv", "scales_file"),
     "host_cache_bytes": ("kv", "host_cache_bytes"),
+    "disk_cache_dir": ("kv", "disk_cache_dir"),
+    "disk_cache_bytes": ("kv", "disk_cache_bytes"),
     "preemption_mode": ("engine", "preemption_mode"),
     "max_batched_tokens": ("engine", "max_batched_tokens"),
     "max_num_seqs": ("engine", "max_num_seqs"),
@@ -74,7 +79,17 @@ def _parser() -> argparse.ArgumentParser:
     add("--self-test-delay-s", type=float, help="hold /ready at 503 this long before the self-test")
     add("--drain-timeout-s", type=float,
         help="on SIGTERM, how long requests in flight may take to finish (default 30)")
-    add("--kv-cache-bytes", type=parse_bytes, help="KV cache budget, e.g. 64MiB or 2GiB")
+    add("--kv-cache-bytes", type=parse_bytes,
+        help="KV cache budget, e.g. 64MiB or 2GiB (default: 256MiB on the CPU; on CUDA, "
+             "--gpu-memory-utilization)")
+    add("--gpu-memory-utilization", type=float, metavar="F",
+        help="CUDA without --kv-cache-bytes: KV gets F x total GPU memory - weights - peak "
+             "activation of one max-batched-tokens forward (default 0.9)")
+    add("--kv-watermark", type=float, metavar="FRACTION",
+        help="share of KV blocks admission leaves free for running sequences to grow "
+             "(default 0.01)")
+    add("--host-ttl-s", type=float,
+        help="drop host-tier KV entries this many seconds after they arrive (default: never)")
     add("--block-size", type=int, help="tokens per KV block (default 16)")
     add("--kv-cache-dtype", choices=KV_CACHE_DTYPES,
         help="KV cache dtype (auto: the model's dtype)")
@@ -82,6 +97,10 @@ def _parser() -> argparse.ArgumentParser:
         help="per-layer FP8 K/V scales from python -m workers.kv.calibrate (default: 1.0)")
     add("--host-cache-bytes", type=parse_bytes,
         help="host-memory KV tier, e.g. 4GiB (default 0: off; evicted blocks are dropped)")
+    add("--disk-cache-dir", metavar="DIR",
+        help="directory of the disk KV tier below the host tier (kept across restarts)")
+    add("--disk-cache-bytes", type=parse_bytes,
+        help="disk KV tier size, e.g. 64GiB (default 0: off; needs --disk-cache-dir)")
     add("--preemption-mode", choices=PREEMPTION_MODES,
         help="preempted sequences: recompute later, swap to the host tier, or by length")
     add("--no-prefix-cache", dest="prefix_cache", action="store_const", const=False,

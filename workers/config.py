@@ -23,6 +23,7 @@ HASH_ALGORITHMS = ("blake2b", "xxh3_128")
 KV_CACHE_DTYPES = ("auto", "fp8_e4m3", "fp8_e5m2")
 PREEMPTION_MODES = ("recompute", "swap", "auto")
 DEVICES = ("auto", "cpu", "cuda")
+DEFAULT_CACHE_BYTES = 256 * 2**20
 
 
 @dataclass(frozen=True)
@@ -82,31 +83,55 @@ class ModelSettings(Section, section="model"):
 
 @dataclass(frozen=True)
 class KVSettings(Section, section="kv"):
-    """The paged KV cache: byte budget, block size, KV dtype, prefix cache and event log.
+    """The paged KV cache: its size, block size, KV dtype, prefix cache and event log.
 
-    A timed model (``timed:<profile>``) plans its profile's memory, not ``cache_bytes``.
+    Size: ``cache_bytes`` when set; unset, ``DEFAULT_CACHE_BYTES`` on the CPU and, on
+    CUDA, ``gpu_memory_utilization`` with vLLM's meaning (that fraction of the GPU's
+    total memory, less the weights and the peak activation of one profile forward of
+    ``engine.max_batched_tokens`` tokens; ``workers.engine.kv_sizing``). A timed
+    model (``timed:<profile>``) plans its profile's memory instead.
+    ``watermark``: the fraction of the blocks admission keeps obtainable for running
+    sequences to grow into (``workers.kv.manager``, decode headroom).
 
     ``prefix_cache`` False selects the null prefix cache (nothing is ever shared).
     ``cache_dtype`` ``auto`` stores K/V in the model's dtype; ``fp8_e4m3`` and
     ``fp8_e5m2`` store them in one byte with per-layer scales from ``scales_file``
     (a ``workers.kv.calibrate`` record; unset: unit scales, with a warning).
     ``host_cache_bytes`` > 0 adds the host-memory tier of that size (whole blocks;
-    needs the prefix cache): evicted blocks move there, sealed, instead of vanishing.
+    needs the prefix cache): evicted blocks move there, sealed, instead of vanishing;
+    ``host_ttl_s`` (None: none) drops host entries that long after they arrived.
+    ``disk_cache_bytes`` > 0 adds a disk tier of that size under ``disk_cache_dir``
+    below the host tier (it needs one): what the host tier drops is written there,
+    and a restarted worker with the same directory and secret takes it back.
     """
 
-    cache_bytes: int = setting(256 * 2**20, low=1)
+    cache_bytes: int | None = setting(None, low=1)
+    gpu_memory_utilization: float = setting(0.9, above=0, high=1)
+    watermark: float = setting(0.01, low=0, high=0.5)
     block_size: int = setting(16, low=1)
     cache_dtype: str = setting("auto", choices=KV_CACHE_DTYPES)
     scales_file: str | None = None
     host_cache_bytes: int = setting(0, low=0)
+    host_ttl_s: float | None = setting(None, above=0)
+    disk_cache_dir: str | None = None
+    disk_cache_bytes: int = setting(0, low=0)
     prefix_cache: bool = True
     hash_algorithm: str = setting("blake2b", choices=HASH_ALGORITHMS)
     event_log_size: int = setting(65536, low=1)
 
     def check(self) -> None:
-        """The host tier needs the prefix cache; a scales file needs an FP8 dtype."""
+        """The host tier needs the prefix cache, a host TTL a host tier, the disk tier a
+        directory and the host tier; a scales file needs an FP8 dtype."""
         if self.host_cache_bytes and not self.prefix_cache:
             raise FieldError("host_cache_bytes", "must be 0 without the prefix cache")
+        if self.host_ttl_s is not None and not self.host_cache_bytes:
+            raise FieldError("host_ttl_s", "must be unset without a host tier")
+        if self.disk_cache_bytes and not self.host_cache_bytes:
+            raise FieldError("disk_cache_bytes", "must be 0 without a host tier "
+                             "(kv.host_cache_bytes)")
+        if bool(self.disk_cache_bytes) != bool(self.disk_cache_dir):
+            raise FieldError("disk_cache_dir", "kv.disk_cache_dir and kv.disk_cache_bytes "
+                             "go together")
         if self.scales_file is not None and self.cache_dtype == "auto":
             raise FieldError("scales_file", "must be unset unless kv.cache_dtype is an FP8 dtype")
 

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import torch
 
 from radix.tree import Scope
-from workers.config import WorkerConfig
+from workers.config import DEFAULT_CACHE_BYTES, WorkerConfig
 from workers.engine.build import kv_scales, kv_spec
 from workers.kv.build import build_kv_cache_manager
 from workers.kv.ids import SeqId
@@ -44,7 +44,7 @@ class Session:
 
     def __init__(self, config: WorkerConfig, loaded: LoadedModel) -> None:
         spec = kv_spec(loaded.config, config.kv.block_size, config.kv.cache_dtype)
-        plan = plan_kv_cache(spec, config.kv.cache_bytes)
+        plan = plan_kv_cache(spec, config.kv.cache_bytes or DEFAULT_CACHE_BYTES)
         scales = kv_scales(spec, config.kv.scales_file, loaded.weights_digest)
         self.manager = build_kv_cache_manager(
             spec, plan.num_blocks, namespace_digest=b"quality", worker_id="quality",

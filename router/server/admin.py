@@ -1,4 +1,5 @@
-"""Admin routes (admin key required): workers, public prefixes, index statistics.
+"""Admin routes (admin key required): workers, public prefixes, index statistics,
+canary pool weights.
 
 Every change is logged (logger ``router.admin``) with who made it (the caller's
 address and request id; there is one admin key), what changed, and when (the log
@@ -124,6 +125,33 @@ async def index_stats(request: web.Request) -> web.Response:
                               "workers": workers})
 
 
+async def canary_state(request: web.Request) -> web.Response:
+    """``GET /admin/canary``: per model with pools, each pool's weight, workers, trip
+    and guard window (``router.canary.controller``)."""
+    router = await _admin(request)
+    return web.json_response({"models": router.canary.to_dict()})
+
+
+async def set_canary_weights(request: web.Request) -> web.Response:
+    """``POST /admin/canary``: ``{"model", "weights": {pool: weight}}`` sets the named
+    pools' weights; a weight above 0 re-enables a pool a guard tripped. 404 for a
+    model without pools, 400 naming a bad pool or weight."""
+    router = await _admin(request)
+    body = decode_json_object(
+        await read_body(request, router.config.listen.body_timeout_s))
+    model, weights = body.get("model"), body.get("weights")
+    if not isinstance(weights, dict) or not weights:
+        raise ApiError(400, "weights must be an object of pool: weight", param="weights")
+    try:
+        now = router.canary.set_weights(model if isinstance(model, str) else "", weights)
+    except KeyError:
+        raise ApiError(404, f"model {model!r} has no canary pools", param="model") from None
+    except ValueError as exc:
+        raise ApiError(400, str(exc), param="weights") from exc
+    _log_change(request, "set canary weights of model %s: %s", model, dict(now))
+    return web.json_response({"model": model, "weights": dict(now)})
+
+
 def add_admin_routes(app: web.Application) -> None:
     """Register the admin routes on ``app``."""
     app.add_routes([
@@ -131,4 +159,6 @@ def add_admin_routes(app: web.Application) -> None:
         web.post("/admin/workers", change_workers),
         web.post("/admin/public-prefixes", add_public_prefix),
         web.get("/admin/index", index_stats),
+        web.get("/admin/canary", canary_state),
+        web.post("/admin/canary", set_canary_weights),
     ])

@@ -112,6 +112,7 @@ def create_app(router: Router) -> web.Application:
         for worker in router.config.workers:
             router.registry.add(worker)
         await router.peers.start(router.registry, router.models, router.index)
+        router.canary.start(router.registry.routable, router.session)
 
     async def close(app: web.Application) -> None:
         await router.close()

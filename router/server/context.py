@@ -13,6 +13,7 @@ import aiohttp
 from aiohttp import web
 
 from radix.openai.salt import CacheSalts
+from router.canary.controller import Canary
 from router.config import RouterConfig
 from router.front.auth import Authenticator
 from router.front.limits import TenantLimiter
@@ -48,6 +49,7 @@ class Router:
     cache_salts: CacheSalts
     peers: Peers
     vllm: VllmAttacher
+    canary: Canary
 
     @classmethod
     def build(cls, config: RouterConfig, secret: bytes, state: SharedState,
@@ -83,13 +85,17 @@ class Router:
         peers = peers or NoPeers()
         metrics.shared_state_up.set_function(lambda: float(peers.up))
         pool = UpstreamPool(config.proxy.connect_timeout_s, config.proxy.request_timeout_s)
+        canary = Canary(config.models, secret, lambda model, text: models.get(model).tokenizer
+                        .encode(text, add_special_tokens=False), metrics.registry)
         return cls(config, models, auth, TenantLimiter(state), index, policy, session, registry,
-                   Proxy(pool, config.proxy), pool, metrics, salts, peers, vllm)
+                   Proxy(pool, config.proxy), pool, metrics, salts, peers, vllm, canary)
 
     async def close(self) -> None:
-        """Leave the peers, stop polling and following every worker, then close the
-        request path's idle connections and the client session."""
+        """Leave the peers, stop the canary's guards, stop polling and following every
+        worker, then close the request path's idle connections and the client
+        session."""
         await self.peers.close()
+        await self.canary.close()
         await self.registry.close()
         self.vllm.close()
         self.pool.close()

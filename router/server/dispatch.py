@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from operator import attrgetter
 
 from radix.api_errors import ApiError
 from radix.keys import TOKEN_BYTES
@@ -44,6 +45,7 @@ async def serve_openai(router: Router, client: Client, endpoint: str) -> None:
     counts every outcome in ``router_requests_total``."""
     started = time.monotonic()
     tenant_id, worker_id, code = "unknown", NO_WORKER, 500
+    exchange, route = Exchange(503), None
     try:
         tenant = router.auth.tenant(client.header("Authorization"))
         tenant_id = tenant.tenant_id
@@ -54,7 +56,6 @@ async def serve_openai(router: Router, client: Client, endpoint: str) -> None:
         max_tokens = router.limiter.output_cap(tenant, parsed.sampling.max_tokens,
                                                parsed.sampling.max_tokens_param)
         admission = await router.limiter.hold(tenant)
-        exchange = Exchange(503)
         try:
             prompt = await tokenize(model, parsed, tenant_id)
             router.limiter.check_prompt(tenant, len(prompt.token_ids))
@@ -62,13 +63,17 @@ async def serve_openai(router: Router, client: Client, endpoint: str) -> None:
                                                      (max_tokens or 0) * parsed.sampling.n)
             call = Call(parsed, adapter or model.name, prompt, tenant.tenant_id, max_tokens,
                         router.cache_salts.salt(tenant.tenant_id),
-                        tenant.limits.max_cached_tokens, adapter)
+                        tenant.limits.max_cached_tokens, client.request_id, adapter)
             decision_started = time.monotonic()
             workers = router.registry.routable(model.name)
             if adapter is not None:
                 workers = [w for w in workers if adapter in w.lora.adapters]
+            route = router.canary.route(model.name, workers, tenant_id, prompt.key)
+            if route is not None:
+                workers = route.workers
             matched = match(router, workers, prompt, tenant, adapter)
-            ranked = choose(router, workers, matched, prompt, tenant, adapter)
+            ranked = choose(router, workers, matched, prompt, tenant,
+                            route.fallback if route is not None else [], adapter)
             router.metrics.decision_seconds.observe(time.monotonic() - decision_started)
             worker = await forward(router, client, call, ranked, matched, exchange)
             worker_id = worker.worker_id
@@ -84,6 +89,10 @@ async def serve_openai(router: Router, client: Client, endpoint: str) -> None:
         raise
     finally:
         router.metrics.count_request(worker_id, tenant_id, code)
+        if route is not None:
+            first_byte_at = exchange.first_byte_at
+            route.window.record(time.monotonic(), code >= 500,
+                                None if first_byte_at is None else first_byte_at - started)
 
 
 async def tokenize(model: ModelTokenizer, parsed: OpenAIRequest, tenant_id: str) -> Prompt:
@@ -119,11 +128,15 @@ def match(router: Router, workers: list[WorkerState], prompt: Prompt,
 
 
 def choose(router: Router, workers: list[WorkerState], matched: dict[str, int],
-           prompt: Prompt, tenant: Tenant, adapter: str | None = None) -> list[WorkerState]:
+           prompt: Prompt, tenant: Tenant, fallback: list[WorkerState],
+           adapter: str | None = None) -> list[WorkerState]:
     """The workers to try, best first, at most ``proxy.max_attempts`` of them, weighing
     the load of ``adapter`` where it is not resident. Workers whose queue is at its
-    bound are left out; when that is every worker the request is refused at once (503
-    ``saturated`` with Retry-After) instead of queueing."""
+    bound are left out; when that is every worker the request is
+    refused at once (503 ``saturated`` with Retry-After) instead of queueing. A canary
+    pool's request (``fallback``: the baseline's workers) keeps its last attempt for
+    the least busy baseline worker, and goes to the baseline when its pool is
+    saturated: a pool never fails a request the baseline could serve."""
     if not workers:
         raise ApiError(503, "no ready worker serves this model", code="no_worker",
                        headers={"Retry-After": RETRY_AFTER_S})
@@ -146,6 +159,8 @@ def choose(router: Router, workers: list[WorkerState], matched: dict[str, int],
         for w in workers
     ]
     views = [v for v in views if not is_saturated(v)]
+    if not views and fallback:
+        return choose(router, fallback, matched, prompt, tenant, [], adapter)
     if not views:
         raise ApiError(503, "every worker is saturated; retry later", code="saturated",
                        headers={"Retry-After": RETRY_AFTER_S})
@@ -153,7 +168,11 @@ def choose(router: Router, workers: list[WorkerState], matched: dict[str, int],
         RouteRequest(namespace=workers[0].namespace, key=prompt.key,
                      num_prompt_tokens=len(prompt.token_ids), scope=tenant.tenant_id), views)
     by_id = {w.worker_id: w for w in workers}
-    return [by_id[i] for i in decision.ranked[: router.config.proxy.max_attempts]]
+    num_attempts = router.config.proxy.max_attempts
+    if fallback and num_attempts > 1:
+        spare = min(fallback, key=attrgetter("num_in_flight_requests"))
+        return [by_id[i] for i in decision.ranked[: num_attempts - 1]] + [spare]
+    return [by_id[i] for i in decision.ranked[:num_attempts]]
 
 
 async def forward(router: Router, client: Client, call: Call, ranked: list[WorkerState],

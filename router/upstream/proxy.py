@@ -82,13 +82,15 @@ class Call:
     max_tokens: int | None
     cache_salt: str
     max_cached_tokens: int | None = None
+    request_id: str | None = None
     adapter: str | None = None
 
 
 def generate_body(call: Call, render: RenderSpec) -> dict[str, Any]:
     """The ``/generate`` body of ``call``, rendered as ``render`` says (always streamed:
     a whole answer's body comes at the end, so it resumes like a stream);
-    ``max_cached_tokens`` only under a quota, ``adapter`` only for a LoRA request."""
+    ``max_cached_tokens`` only under a quota; the router's ``request_id`` when known
+    (the worker's trace line carries it); ``adapter`` only for a LoRA request."""
     body: dict[str, Any] = {"token_ids_b64": base64.b64encode(call.prompt.key).decode(),
                             "scope": call.scope,
                             "num_public_tokens": call.prompt.num_public_tokens,
@@ -96,6 +98,8 @@ def generate_body(call: Call, render: RenderSpec) -> dict[str, Any]:
                             "stream": True, "render": render.to_wire()}
     if call.max_cached_tokens is not None:
         body["max_cached_tokens"] = call.max_cached_tokens
+    if call.request_id is not None:
+        body["request_id"] = call.request_id
     if call.adapter is not None:
         body["adapter"] = call.adapter
     return body

@@ -49,9 +49,13 @@ def cluster(tmp_path_factory: pytest.TempPathFactory
             "[models.demo]", 'tokenizer = "demo"',
             "[auth.tenants.alice]", f'key_digests = ["{hash_key(ALICE)}"]',
             "[[workers]]", 'id = "w0"', 'model = "demo"', f'url = "{worker.url}"',
+            # The same worker again as a canary pool: its metrics exist from the start.
+            "[[workers]]", 'id = "w1"', 'model = "demo"', f'url = "{worker.url}"',
+            "[models.demo.pools.baseline]", 'workers = ["w0"]', "weight = 1",
+            "[models.demo.pools.candidate]", 'workers = ["w1"]', "weight = 0",
         ]) + "\n")
         router = start_router(path, "--metrics-port", "0")
-        wait_for_ready_workers(router, 1)
+        wait_for_ready_workers(router, 2)
         yield router, worker
     finally:
         if router is not None:

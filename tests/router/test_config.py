@@ -189,3 +189,62 @@ def test_tenant_cache_quota_is_parsed_and_sent_with_each_generate() -> None:
     assert generate_body(call, render)["max_cached_tokens"] == 4096
     unlimited = Call(request, "demo", prompt, "b", 8, "salt", limits["b"])
     assert "max_cached_tokens" not in generate_body(unlimited, render)
+
+
+def pooled(pools: dict, canary: dict | None = None, workers: tuple[str, ...] = ("w0", "w1")
+           ) -> dict:
+    """BASE with ``workers`` of model demo, and these pools and canary tables."""
+    model = {"tokenizer": "demo", "pools": pools, **({"canary": canary} if canary else {})}
+    return {"models": {"demo": model},
+            "workers": [{"id": w, "model": "demo", "url": "http://127.0.0.1:9"}
+                        for w in workers]}
+
+
+POOLS = {"baseline": {"workers": ["w0"], "weight": 95}, "candidate": {"workers": ["w1"],
+                                                                      "weight": 5}}
+
+
+def test_canary_pools_are_read_in_order_with_their_guards() -> None:
+    config = parse_config(pooled(POOLS, {"probe_interval_s": 5, "max_ttft_p99_s": 2}))
+    model = config.models["demo"]
+    assert list(model.pools) == ["baseline", "candidate"]
+    assert model.pools["candidate"].workers == ("w1",) and model.pools["candidate"].weight == 5.0
+    assert model.canary.probe_interval_s == 5 and model.canary.max_ttft_p99_s == 2
+    assert model.canary.baseline == "baseline" and model.canary.max_error_rate == 0.05
+    assert not parse_config(BASE).models["demo"].pools
+
+
+@pytest.mark.parametrize(("config", "message"), [
+    (pooled({**POOLS, "candidate": {"workers": ["w9"], "weight": 5}}),
+     "models.demo.pools.candidate.workers: 'w9' is no worker of model 'demo'"),
+    (pooled({**POOLS, "candidate": {"workers": ["w0", "w1"], "weight": 5}}),
+     "models.demo.pools.candidate.workers: 'w0' is in pool 'baseline' too"),
+    (pooled(POOLS, workers=("w0", "w1", "w2")), "models.demo.pools: worker 'w2' of this model "
+                                                "is in no pool"),
+    (pooled({"main": POOLS["baseline"], "candidate": POOLS["candidate"]}),
+     "models.demo.canary.baseline: no pool 'baseline'"),
+    (pooled({k: {**v, "weight": 0} for k, v in POOLS.items()}),
+     "models.demo.pools: at least one pool needs a weight above 0"),
+    (pooled({**POOLS, "candidate": {"workers": ["w1"], "weight": -1}}),
+     "models.demo.pools.candidate.weight: must be at least 0"),
+    (pooled({**POOLS, "candidate": {"workers": ["w1"]}}),
+     "models.demo.pools.candidate.weight: required"),
+    (pooled({**POOLS, "candidate": {"workers": [], "weight": 5}}),
+     "models.demo.pools.candidate.workers: give at least one worker id"),
+    (pooled({**POOLS, "candidate": {"workers": ["w1"], "weight": 5, "wieght": 1}}),
+     "models.demo.pools.candidate.wieght: unknown key"),
+    (pooled({**POOLS, "bad name": {"workers": ["w1"], "weight": 5}}),
+     "models.demo.pools.bad name: 'bad name' is not a name"),
+    (pooled({f"p{i}": {"workers": [f"w{i}"], "weight": 1} for i in range(9)}),
+     "models.demo.pools: at most 8 pools"),
+    (pooled(POOLS, {"probe_prompts": ["a"], "probe_max_diverged": 1}),
+     "models.demo.canary.probe_max_diverged: must be below the number of probe_prompts"),
+    (pooled({}, {"window_s": 5}), "models.demo.canary: give pools too"),
+    (pooled(POOLS, {"max_error_rate": 1.5}), "models.demo.canary.max_error_rate: must be at most"),
+    (pooled(POOLS, {"probe_interval_s": 0}), "models.demo.canary.probe_interval_s: must be "
+                                             "positive"),
+])  # fmt: skip
+def test_canary_errors_name_the_field(config: dict, message: str) -> None:
+    with pytest.raises(ValueError) as error:
+        parse_config(config)
+    assert str(error.value).startswith(message), str(error.value)

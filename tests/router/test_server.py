@@ -140,7 +140,8 @@ async def test_completions_and_chat_through_the_router() -> None:
             running_router(make_config([up])) as (url, router), \
             aiohttp.ClientSession() as session:
         body = {"model": "demo", "prompt": "x" * 50 + "tail", "max_tokens": 3}
-        status, result, _ = await call(session, "POST", f"{url}/v1/completions", body, ALICE)
+        status, result, headers = await call(session, "POST", f"{url}/v1/completions", body,
+                                             ALICE)
         assert status == 200 and result["object"] == "text_completion"
         assert result["choices"][0]["text"] == "aaa"
         assert result["usage"] == {"prompt_tokens": 55, "completion_tokens": 3,
@@ -152,6 +153,7 @@ async def test_completions_and_chat_through_the_router() -> None:
         assert from_key(base64.b64decode(sent["token_ids_b64"])) == expected_ids
         assert sent["scope"] == "alice" and sent["num_public_tokens"] == 32  # 41 -> 32
         assert sent["sampling"] == {"n": 1, "max_tokens": 3} and sent["stream"] is True  # radix workers always stream
+        assert sent["request_id"] == headers["X-Request-Id"], "the worker's trace joins the access log"
 
         chat = {"model": "demo", "messages": [{"role": "user", "content": "hi"}],
                 "max_tokens": 2, "stream": True, "stream_options": {"include_usage": True}}

@@ -25,6 +25,11 @@ class LayerKVCache(NamedTuple):
     v_scale: float = 1.0
 
 
+def backend_name(device: torch.device) -> str:
+    """The attention implementation ``device`` runs (``/ready`` reports it)."""
+    return "triton" if device.type == "cuda" else "torch-reference"
+
+
 def write_kv(
     cache: LayerKVCache, key: torch.Tensor, value: torch.Tensor, slot_mapping: torch.Tensor
 ) -> None:

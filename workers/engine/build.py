@@ -16,6 +16,8 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from importlib.metadata import version
+from pathlib import Path
 
 import torch
 from prometheus_client import CollectorRegistry
@@ -24,16 +26,19 @@ from radix.cost_model import Profile
 from radix.model_source import DEMO_MODEL, resolve_model_path
 from radix.namespace import CacheNamespace
 from radix.tokenizer import PromptTokenizer
+from workers.attention.backend import backend_name
 from workers.config import EngineConfig, WorkerConfig
 from workers.engine.async_engine import AsyncEngine
 from workers.engine.engine import Engine
 from workers.engine.kv_feed import KVEventFeed
+from workers.engine.kv_sizing import KVBudget, kv_budget
 from workers.engine.metrics import EngineMetrics, register_stats
 from workers.kv.build import build_kv_cache_manager
+from workers.kv.core_dumps import disable_core_dumps
 from workers.kv.plan import KVCachePlan, describe, plan_kv_cache
 from workers.kv.scales import KVScales, load_scales
 from workers.kv.spec import KVCacheSpec
-from workers.kv.tensors import KVCacheTensors
+from workers.kv.tensors import KV_LAYOUT_VERSION, KVCacheTensors
 from workers.lora.adapters import SlotLoader
 from workers.lora.peft_files import BaseShapes
 from workers.lora.service import LoraService, build_lora
@@ -63,7 +68,8 @@ class WorkerIdentity:
     limit, the configured cap and the KV capacity, whichever is smallest.
     ``served_model_names`` are the names requests may use; responses carry the first
     (``model``). ``model_source`` is the model argument as given (``demo``, a packaged
-    name or a path).
+    name or a path). ``engine_version`` is the installed package's version and
+    ``attention_backend`` the kernels that write and read the KV blocks.
     """
 
     worker_id: str
@@ -76,6 +82,8 @@ class WorkerIdentity:
     vocab_size: int
     kv_plan: KVCachePlan
     kv_scales: KVScales
+    engine_version: str
+    attention_backend: str
 
     @property
     def model(self) -> str:
@@ -97,6 +105,8 @@ class WorkerIdentity:
             "kv_scales": self.kv_scales.describe(),
             "num_total_blocks": self.kv_plan.num_blocks,
             "max_model_len": self.max_model_len,
+            "engine_version": self.engine_version,
+            "attention_backend": self.attention_backend,
         }
 
     def kv_plan_dict(self) -> dict[str, object]:
@@ -110,6 +120,7 @@ class WorkerIdentity:
             "num_tokens": plan.num_tokens,
             "block_size": plan.spec.block_size,
             "kv_dtype": plan.spec.dtype,
+            "sizing_rule": plan.sizing_rule,
         }
 
 
@@ -140,7 +151,7 @@ class _Backend:
     max_positions: int
     spec: KVCacheSpec
     tensor_spec: KVCacheSpec
-    kv_cache_bytes: int
+    kv_budget: KVBudget
     make_runner: Callable[[KVCacheTensors, KVScales, SlotLoader | None],
                           ModelRunner | TimedRunner]
     source: str
@@ -170,7 +181,8 @@ def _checkpoint_backend(config: WorkerConfig, device: torch.device) -> _Backend:
     return _Backend(
         loaded.tokenizer, loaded.weights_digest, model_config.rope_fingerprint(),
         model_config.vocab_size, model_config.max_position_embeddings, spec, spec,
-        config.kv.cache_bytes, make_runner, str(path), shapes,
+        kv_budget(config, device, loaded.model, spec, model_config.max_position_embeddings),
+        make_runner, str(path), shapes,
         lambda max_loras, max_rank: LoraWeights(shapes, max_loras, max_rank, dtype, device),
         True)  # fmt: skip
 
@@ -186,7 +198,7 @@ def _timed_backend(profile: Profile, config: WorkerConfig) -> _Backend:
     spec = timed_kv_spec(profile, config.kv.block_size)
     return _Backend(
         tokenizer, profile_digest(profile), rope, vocab_size, profile.max_model_len, spec,
-        timed_tensor_spec(config.kv.block_size), profile.kv_cache_bytes,
+        timed_tensor_spec(config.kv.block_size), KVBudget(profile.kv_cache_bytes, "timed profile"),
         lambda tensors, scales, loader: TimedRunner(profile.cost, vocab_size, letters,
                                                     time_scale=config.model.time_scale),
         f"timed profile {profile.name} ({profile.model})", timed_lora_shapes(profile),
@@ -205,21 +217,23 @@ def build_worker(config: WorkerConfig, worker_id: str, secret: bytes) -> BuiltWo
                else _timed_backend(profile, config))  # fmt: skip
     served_names = config.model.served_names
     spec = backend.spec
-    plan = plan_kv_cache(spec, backend.kv_cache_bytes)
+    plan = plan_kv_cache(spec, backend.kv_budget.num_bytes, sizing_rule=backend.kv_budget.rule)
     scales = kv_scales(spec, config.kv.scales_file, backend.weights_digest)
     namespace = cache_namespace(served_names[0], backend.weights_digest, backend.tokenizer,
                                 backend.rope, spec, scales)
     digest = namespace.digest(secret)
-    num_host_blocks = config.kv.host_cache_bytes // spec.kv_bytes_per_block
-    if config.kv.host_cache_bytes and not num_host_blocks:
-        raise ValueError(f"kv.host_cache_bytes={config.kv.host_cache_bytes} holds no block of "
-                         f"{spec.kv_bytes_per_block} bytes")  # fmt: skip
+    num_host_blocks = _tier_blocks("host_cache_bytes", config.kv.host_cache_bytes, spec)
+    num_disk_blocks = _tier_blocks("disk_cache_bytes", config.kv.disk_cache_bytes, spec)
     manager = build_kv_cache_manager(
         backend.tensor_spec, plan.num_blocks, namespace_digest=digest, worker_id=worker_id,
         device=device, prefix_caching=config.kv.prefix_cache,
         hash_algorithm=config.kv.hash_algorithm, max_events=config.kv.event_log_size,
-        num_host_blocks=num_host_blocks, secret=secret,
+        num_host_blocks=num_host_blocks, secret=secret, watermark=config.kv.watermark,
+        host_ttl_s=config.kv.host_ttl_s, num_disk_blocks=num_disk_blocks,
+        disk_dir=None if config.kv.disk_cache_dir is None else Path(config.kv.disk_cache_dir),
     )  # fmt: skip
+    if num_host_blocks and not disable_core_dumps():
+        log.warning("host KV tier on, but the process could not be marked not dumpable")
     model_limit = backend.max_positions
     max_model_len = min(config.model.max_model_len or model_limit, model_limit, plan.num_tokens)
     registry = CollectorRegistry()
@@ -244,10 +258,26 @@ def build_worker(config: WorkerConfig, worker_id: str, secret: bytes) -> BuiltWo
         vocab_size=backend.vocab_size,
         kv_plan=plan,
         kv_scales=scales,
+        engine_version=version("radix-router"),
+        attention_backend=backend_name(device),
     )
     _log_plan(identity, backend.source, device, config, num_host_blocks)
+    if num_disk_blocks:
+        log.info("disk KV tier: %d blocks in %s (AES-256-GCM), %d taken back from a previous "
+                 "run", num_disk_blocks, config.kv.disk_cache_dir,
+                 manager.stats().disk.num_disk_blocks_used)  # fmt: skip
     return BuiltWorker(identity, async_engine, backend.tokenizer, registry, config.engine,
                        config.kv.prefix_cache, lora)  # fmt: skip
+
+
+def _tier_blocks(field: str, num_bytes: int, spec: KVCacheSpec) -> int:
+    """Whole blocks in a tier of ``num_bytes``; ValueError when a non-zero size holds
+    none."""
+    num_blocks = num_bytes // spec.kv_bytes_per_block
+    if num_bytes and not num_blocks:
+        raise ValueError(f"kv.{field}={num_bytes} holds no block of "
+                         f"{spec.kv_bytes_per_block} bytes")  # fmt: skip
+    return num_blocks
 
 
 def _log_plan(identity: WorkerIdentity, source: str, device: torch.device,
@@ -257,7 +287,9 @@ def _log_plan(identity: WorkerIdentity, source: str, device: torch.device,
     log.info("KV plan:\n%s", describe(identity.kv_plan, None))
     log.info("KV cache dtype %s, scales: %s", identity.kv_plan.spec.dtype,
              identity.kv_scales.describe())  # fmt: skip
-    log.info("host KV tier: %s", f"{num_host_blocks} blocks (AES-256-GCM)" if num_host_blocks
+    ttl = config.kv.host_ttl_s
+    log.info("host KV tier: %s", f"{num_host_blocks} blocks (AES-256-GCM, TTL "
+             f"{'none' if ttl is None else f'{ttl:g} s'}, core dumps off)" if num_host_blocks
              else "off")  # fmt: skip
     log.info("namespace fingerprint %s (prefix cache %s)", identity.namespace_digest,
              "on" if config.kv.prefix_cache else "off")  # fmt: skip
@@ -277,6 +309,7 @@ def cache_namespace(
         kv_dtype=spec.dtype,
         block_size=spec.block_size,
         kv_scales_digest=scales.digest,
+        kv_layout_version=KV_LAYOUT_VERSION,
     )
 
 

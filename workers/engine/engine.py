@@ -33,6 +33,7 @@ from workers.engine.request import ChoiceDelta, GenerationRequest, RequestOutput
 from workers.engine.scheduler import ScheduledChunk, Scheduler
 from workers.engine.sequence import RequestState, Sequence, SequenceStatus
 from workers.engine.stopping import StopChecker
+from workers.engine.trace import log_finished
 from workers.kv.manager import KVCacheManager
 from workers.lora.adapters import AdapterSlots
 from workers.model.runner import ModelRunner, StepInput
@@ -61,7 +62,8 @@ class Engine:
     ) -> None:
         self.manager = manager
         self.adapters = adapters or AdapterSlots.disabled()
-        self.scheduler = Scheduler(manager, config, self.adapters)
+        self.scheduler = Scheduler(manager, config, self.adapters,
+                                   lambda state: self._fail(state, "loading its LoRA adapter"))
         self._runner = runner
         self._tokenizer = tokenizer
         self._max_model_len = max_model_len
@@ -241,7 +243,7 @@ class Engine:
             if seq.index == 0:
                 self._num_prompt_tokens += num_prompt_tokens
         else:
-            self._metrics.observe_tpot(now - previous_time)
+            self._metrics.observe_tpot(now - previous_time, seq.request.num_prompt_tokens)
         step = seq.stop_checker.append(token_id, len(seq.token_ids))
         if step.finish_reason is not None:
             seq.finish_reason = step.finish_reason
@@ -256,6 +258,7 @@ class Engine:
         del self._requests[state.request_id]
         self._end_adapter(state)
         self._metrics.observe_finished(state.num_prompt_tokens, state.num_completion_tokens())
+        log_finished(state, self.manager.tensors.spec.dtype)
         usage = Usage(
             prompt_tokens=state.num_prompt_tokens,
             completion_tokens=state.num_completion_tokens(),

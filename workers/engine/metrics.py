@@ -59,6 +59,14 @@ class EngineStats:
     kv_host_bytes_to_host_total: int
     kv_host_bytes_to_device_total: int
     kv_host_auth_failures_total: int
+    kv_host_blocks_to_host_total: int
+    kv_host_expired_blocks_total: int
+    kv_disk_blocks_total: int
+    kv_disk_blocks_used: int
+    kv_disk_hit_blocks_total: int
+    kv_disk_bytes_written_total: int
+    kv_disk_bytes_read_total: int
+    kv_disk_auth_failures_total: int
 
     @property
     def kv_cache_usage_ratio(self) -> float:
@@ -107,6 +115,14 @@ class EngineStats:
             kv_host_bytes_to_host_total=kv.host.host_bytes_to_host_total,
             kv_host_bytes_to_device_total=kv.host.host_bytes_to_device_total,
             kv_host_auth_failures_total=kv.host.host_auth_failures_total,
+            kv_host_blocks_to_host_total=kv.host.host_blocks_to_host_total,
+            kv_host_expired_blocks_total=kv.host.host_expired_blocks_total,
+            kv_disk_blocks_total=kv.disk.num_disk_blocks_total,
+            kv_disk_blocks_used=kv.disk.num_disk_blocks_used,
+            kv_disk_hit_blocks_total=kv.disk.disk_hit_blocks_total,
+            kv_disk_bytes_written_total=kv.disk.disk_bytes_written_total,
+            kv_disk_bytes_read_total=kv.disk.disk_bytes_read_total,
+            kv_disk_auth_failures_total=kv.disk.disk_auth_failures_total,
         )
 
     def load(self) -> dict[str, float]:
@@ -157,6 +173,8 @@ _GAUGES = {
     " sequences (internal fragmentation; a shared block counts once per sequence).",
     "kv_host_blocks_total": "KV blocks the host-memory tier holds at most (0: no tier).",
     "kv_host_blocks_used": "KV blocks in the host-memory tier.",
+    "kv_disk_blocks_total": "KV blocks the disk tier holds at most (0: no tier).",
+    "kv_disk_blocks_used": "KV blocks in the disk tier.",
 }
 _COUNTERS = {
     "prefix_cache_queries_tokens_total": "Prompt tokens looked up in the prefix cache.",
@@ -169,6 +187,13 @@ _COUNTERS = {
     "kv_host_bytes_to_host_total": "KV bytes copied from the device to the host tier.",
     "kv_host_bytes_to_device_total": "KV bytes copied from the host tier to the device.",
     "kv_host_auth_failures_total": "Host-tier blocks that failed authentication (dropped).",
+    "kv_host_blocks_to_host_total": "KV blocks copied from the device to the host tier.",
+    "kv_host_expired_blocks_total": "Host-tier blocks dropped because their TTL ran out.",
+    "kv_disk_hit_blocks_total": "KV blocks read back from the disk tier on a prefix hit.",
+    "kv_disk_bytes_written_total": "Bytes of block files written to the disk tier.",
+    "kv_disk_bytes_read_total": "Bytes of block files read from the disk tier (scan and hits).",
+    "kv_disk_auth_failures_total": "Disk-tier block files that could not be read or failed"
+    " authentication (torn, tampered, another secret; dropped).",
     "engine_stalls_total": "Requests that could not be admitted with nothing running (a bug).",
     "prompt_tokens_total": "Prompt tokens of requests whose prefill completed (cached or not).",
     "generation_tokens_total": "Output tokens generated (all choices, aborted requests too).",
@@ -197,9 +222,10 @@ class _StatsCollector(Collector):
 class EngineMetrics:
     """Latency and length histograms in ``registry``, observed by the engine thread.
 
-    ``time_to_first_token_seconds`` carries a ``prompt_len_bucket`` label: the
-    smallest bound of ``PROMPT_LEN_BOUNDS`` the prompt fits in, or ``+Inf``; every
-    child exists from the start (sum over the label for the overall TTFT).
+    ``time_to_first_token_seconds`` and ``time_per_output_token_seconds`` carry a
+    ``prompt_len_bucket`` label: the smallest bound of ``PROMPT_LEN_BOUNDS`` the
+    prompt fits in, or ``+Inf``; every child exists from the start (sum over the
+    label for the overall figure).
     """
 
     def __init__(self, registry: CollectorRegistry) -> None:
@@ -210,14 +236,16 @@ class EngineMetrics:
             buckets=_LATENCY_BUCKETS,
             registry=registry,
         )
-        labels = [str(bound) for bound in PROMPT_LEN_BOUNDS] + ["+Inf"]
-        self._ttft_by_prompt_len = [ttft.labels(label) for label in labels]
-        self._tpot = Histogram(
+        tpot = Histogram(
             "time_per_output_token_seconds",
-            "Interval between consecutive output tokens of a choice.",
+            "Interval between consecutive output tokens of a choice, by prompt length.",
+            ["prompt_len_bucket"],
             buckets=_LATENCY_BUCKETS,
             registry=registry,
         )
+        labels = [str(bound) for bound in PROMPT_LEN_BOUNDS] + ["+Inf"]
+        self._ttft_by_prompt_len = [ttft.labels(label) for label in labels]
+        self._tpot_by_prompt_len = [tpot.labels(label) for label in labels]
         self._prompt_len = Histogram(
             "request_prompt_tokens",
             "Prompt length of each finished request, in tokens.",
@@ -236,9 +264,11 @@ class EngineMetrics:
         bucket = bisect.bisect_left(PROMPT_LEN_BOUNDS, num_prompt_tokens)
         self._ttft_by_prompt_len[bucket].observe(seconds)
 
-    def observe_tpot(self, seconds: float) -> None:
-        """Record one inter-token interval."""
-        self._tpot.observe(seconds)
+    def observe_tpot(self, seconds: float, num_prompt_tokens: int) -> None:
+        """Record one inter-token interval of a choice whose prompt has
+        ``num_prompt_tokens``."""
+        bucket = bisect.bisect_left(PROMPT_LEN_BOUNDS, num_prompt_tokens)
+        self._tpot_by_prompt_len[bucket].observe(seconds)
 
     def observe_finished(self, num_prompt_tokens: int, num_output_tokens: int) -> None:
         """Record the lengths of one request that finished (not aborted or failed)."""

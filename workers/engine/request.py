@@ -49,7 +49,8 @@ class GenerationRequest:
     ``prompt_key`` is the prompt's radix key (``radix.keys.to_key``) when the caller
     already holds it (``/generate`` keeps the bytes of ``token_ids_b64``), so the
     engine never encodes the prompt again; None: encoded at admission. Its length is
-    checked, its content is the caller's guarantee.
+    checked, its content is the caller's guarantee. ``request_id`` is the caller's id
+    for the request (the router's), carried into the trace line; None: the engine's.
     """
 
     prompt_token_ids: tuple[int, ...]
@@ -60,6 +61,7 @@ class GenerationRequest:
     max_cached_tokens: int | None = None
     prompt_key: bytes | None = None
     adapter: str | None = None
+    request_id: str | None = None
 
     def __post_init__(self) -> None:
         key = self.prompt_key

@@ -16,10 +16,13 @@ Policy, in order, under a budget of ``max_batched_tokens`` tokens per step:
    A sequence that is itself the newest preempts itself.
 3. If nothing was preempted this step, waiting sequences are admitted in FIFO
    order while the KV manager can reserve their blocks after the prefix match
-   (it evicts cached leaves first) and ``max_num_seqs`` allows. The first one that
+   (it evicts cached leaves first) and still leave its watermark of blocks for the
+   running sequences to grow into, and ``max_num_seqs`` allows. The first one that
    does not fit stops admission (no overtaking: large requests do not starve).
    A request for a LoRA adapter first pins the adapter's slot (``AdapterSlots``,
    loading it if needed); with every slot pinned it waits at the head the same way.
+   A load that fails hands the request to ``on_load_failure`` (the engine fails it
+   alone, which takes it off the queue).
 
 Liveness: a waiting sequence waits only behind running ones, which finish or are
 preempted. The KV manager admits any prompt that fits the pool when nothing else is
@@ -34,11 +37,12 @@ from __future__ import annotations
 
 import logging
 from collections import deque
+from collections.abc import Callable
 from typing import NamedTuple
 
 from radix.keys import TOKEN_BYTES
 from workers.config import EngineConfig
-from workers.engine.sequence import Sequence, SequenceStatus
+from workers.engine.sequence import RequestState, Sequence, SequenceStatus
 from workers.kv.manager import KVCacheManager
 from workers.lora.adapters import AdapterSlots
 
@@ -61,10 +65,12 @@ class Scheduler:
     admission, slots, preemption and release. Engine thread only."""
 
     def __init__(self, manager: KVCacheManager, config: EngineConfig,
-                 adapters: AdapterSlots | None = None) -> None:  # fmt: skip
+                 adapters: AdapterSlots | None = None,
+                 on_load_failure: Callable[[RequestState], None] | None = None) -> None:  # fmt: skip
         self._manager = manager
         self._config = config
         self._adapters = adapters or AdapterSlots.disabled()
+        self._on_load_failure = on_load_failure
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
         self.num_preemptions = 0
@@ -167,6 +173,7 @@ class Scheduler:
         seq.status = SequenceStatus.WAITING
         self.waiting.appendleft(seq)
         self.num_preemptions += 1
+        seq.request.num_preemptions += 1
 
     def _admit(self, budget: int) -> list[ScheduledChunk]:
         chunks: list[ScheduledChunk] = []
@@ -178,21 +185,21 @@ class Scheduler:
                 break
             adapter = request.request.adapter
             if adapter is not None and request.lora_slot is None:
-                request.lora_slot = self._adapters.acquire(adapter)
+                try:
+                    request.lora_slot = self._adapters.acquire(adapter)
+                except Exception:
+                    if self._on_load_failure is None:
+                        raise
+                    self._on_load_failure(request)
+                    continue
                 if request.lora_slot is None:
                     break
-            num_cached = self._manager.admit(
-                seq.seq_id, seq.key(len(seq.token_ids)), request.request.scope,
-                request.request.num_public_tokens, request.request.max_cached_tokens,
-                request.namespace,
-            )  # fmt: skip
+            num_cached = self._admit_one(seq)
             if num_cached is None:
                 if not self.running:
                     self._report_stall(seq)
                 break
             self.waiting.popleft()
-            if request.num_cached_tokens is None:
-                request.num_cached_tokens = num_cached
             seq.status = SequenceStatus.RUNNING
             self.running.append(seq)
             num_new = min(len(seq.token_ids) - num_cached, budget)
@@ -203,6 +210,25 @@ class Scheduler:
             self._in_flight[seq.seq_id] = num_cached
             budget -= num_new
         return chunks
+
+    def _admit_one(self, seq: Sequence) -> int | None:
+        """``KVCacheManager.admit`` for ``seq``, charging its request with the blocks
+        the attempt evicted and, on its first admission, the cached tokens and those
+        of them that came back from the host tier."""
+        manager, state = self._manager, seq.request
+        request = state.request
+        evicted_before = manager.num_evicted_blocks_total
+        restored_before = manager.num_host_restored_blocks_total
+        num_cached = manager.admit(
+            seq.seq_id, seq.key(len(seq.token_ids)), request.scope,
+            request.num_public_tokens, request.max_cached_tokens, state.namespace,
+        )  # fmt: skip
+        state.num_admission_evicted_blocks += manager.num_evicted_blocks_total - evicted_before
+        if num_cached is not None and state.num_cached_tokens is None:
+            state.num_cached_tokens = num_cached
+            num_restored = manager.num_host_restored_blocks_total - restored_before
+            state.num_host_cached_tokens = min(num_restored * manager.block_size, num_cached)
+        return num_cached
 
     def _report_stall(self, seq: Sequence) -> None:
         """Log and count a sequence that cannot be admitted with nothing running."""

@@ -32,6 +32,10 @@ class RequestState:
 
     Before the prompt is prefilled a request has one sequence; an ``n > 1`` request
     forks it into ``n`` once the prefill is done (the children share its blocks).
+    For its trace line: ``num_host_cached_tokens`` of its first admission's cached
+    tokens came back from the host tier, its admissions evicted
+    ``num_admission_evicted_blocks`` cached blocks, and its sequences were preempted
+    ``num_preemptions`` times.
     ``namespace`` is the digest of its adapter's cache namespace (None: the base
     model's); ``lora_slot`` the adapter slot it pinned at its first admission.
     """
@@ -45,6 +49,9 @@ class RequestState:
         self.is_forked = request.params.n == 1
         self.namespace: bytes | None = None
         self.lora_slot: int | None = None
+        self.num_host_cached_tokens = 0
+        self.num_admission_evicted_blocks = 0
+        self.num_preemptions = 0
 
     @property
     def num_prompt_tokens(self) -> int:

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import torch
 
 from radix.hashing import BlockHasher
 from workers.kv.block_pool import BlockPool
+from workers.kv.disk_tier import DiskTier, FileDiskTier
 from workers.kv.event_log import KVEventLog
 from workers.kv.host_crypto import BlockSealer
 from workers.kv.host_tier import HostMemoryTier, HostTier, NullHostTier
@@ -29,34 +32,53 @@ def build_kv_cache_manager(
     max_event_tokens: int = 1 << 20,
     num_host_blocks: int = 0,
     secret: bytes = b"",
+    watermark: float = 0.0,
+    host_ttl_s: float | None = None,
+    disk_dir: Path | None = None,
+    num_disk_blocks: int = 0,
 ) -> KVCacheManager:
     """A manager over ``num_blocks`` preallocated blocks on ``device`` (see
     ``plan_kv_cache`` for the count), with the radix prefix cache or, when
     ``prefix_caching`` is False, the null one. ``num_host_blocks`` > 0 adds a host
     tier of that many blocks sealed under keys derived from ``secret`` (it needs the
-    radix prefix cache). A new event log epoch starts here. Other namespaces (LoRA
+    radix prefix cache); its entries expire ``host_ttl_s`` after they arrive (None:
+    never). ``num_disk_blocks`` > 0 adds a disk tier of that many blocks under
+    ``disk_dir`` below it (it needs the host tier), taking back the blocks a previous
+    run left there that open under the same secret and namespace. ``watermark`` is the
+    fraction of the blocks admission keeps obtainable for running sequences to grow
+    into (``KVCacheManager``, whole blocks, rounded down). A new event log epoch
+    starts here, and announces the blocks taken back from disk. Other namespaces (LoRA
     adapters) get their own prefix caches over the same pool and event log, with no
-    host tier (``KVCacheManager.namespace_cache``)."""
+    host or disk tier (``KVCacheManager.namespace_cache``)."""
+    if not 0 <= watermark < 1:
+        raise ValueError(f"watermark must be in [0, 1), got {watermark}")
     pool = BlockPool(num_blocks, spec.block_size)
     log = KVEventLog(worker_id, namespace_digest, max_events, max_event_tokens)
     tensors = KVCacheTensors(spec, num_blocks, device)
     cache: PrefixCache
     if prefix_caching:
         host: HostTier = NullHostTier()
+        disk: DiskTier | None = None
         if num_host_blocks:
             sealer = BlockSealer(secret, namespace_digest)
-            host = HostMemoryTier(num_host_blocks, tensors, sealer)
+            host = HostMemoryTier(num_host_blocks, tensors, sealer, host_ttl_s)
+            if num_disk_blocks:
+                if disk_dir is None:
+                    raise ValueError("a disk tier needs a directory")
+                disk = FileDiskTier(disk_dir, num_disk_blocks, tensors, sealer, namespace_digest)
+        elif num_disk_blocks:
+            raise ValueError("a disk tier needs a host tier")
         hasher = BlockHasher(namespace_digest, hash_algorithm)
-        cache = RadixPrefixCache(pool, hasher, log, host)
+        cache = RadixPrefixCache(pool, hasher, log, host, disk)
 
         def make_cache(digest: bytes) -> PrefixCache:
             return RadixPrefixCache(pool, BlockHasher(digest, hash_algorithm),
                                     log.for_namespace(digest))  # fmt: skip
-    elif num_host_blocks:
-        raise ValueError("a host tier needs the prefix cache")
+    elif num_host_blocks or num_disk_blocks:
+        raise ValueError("host and disk tiers need the prefix cache")
     else:
         cache = NullPrefixCache(pool, log)
 
         def make_cache(digest: bytes) -> PrefixCache:
             return NullPrefixCache(pool, log.for_namespace(digest))
-    return KVCacheManager(pool, tensors, cache, make_cache)
+    return KVCacheManager(pool, tensors, cache, int(watermark * num_blocks), make_cache)

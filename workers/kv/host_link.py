@@ -1,10 +1,14 @@
-"""Moving full KV blocks between the prefix cache and the host tier, with their events.
+"""Moving full KV blocks between the prefix cache and the lower tiers, with their events.
 
 The prefix cache decides what moves (which blocks an evicted leaf holds, which
 blocks of a prompt continue a device hit); this link does the moving and logs it:
 ``stored``/``host`` for blocks demoted, ``removed``/``host`` for blocks the tier
-dropped, gave back to the device, or refused (failed authentication). Engine thread
-only.
+dropped, expired, gave back to the device, or refused (failed authentication). With a
+disk tier, what the host tier drops moves on to disk (``stored``/``disk``, logged
+before its ``removed``/``host`` so a consumer always knows a block's parent), and the
+disk tier's own drops, hits and refusals are ``removed``/``disk``. A disk tier that
+came back from a previous run with blocks is announced as ``stored``/``disk`` at once.
+Engine thread only.
 """
 
 from __future__ import annotations
@@ -12,12 +16,13 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import NamedTuple
 
-from radix.events import EventBlock, EventType, KVEvent
+from radix.events import EventBlock, EventType, KVEvent, Medium
 from radix.hashing import BlockHash
 from radix.keys import TOKEN_BYTES, from_key, to_key
 from radix.tree import PUBLIC, Scope
 from workers.kv.block_events import BlockChainer
 from workers.kv.block_pool import BlockPool
+from workers.kv.disk_tier import DiskEntry, DiskTier, NullDiskTier
 from workers.kv.event_log import KVEventLog
 from workers.kv.host_tier import HostBlock, HostTier
 from workers.kv.ids import BlockId
@@ -33,15 +38,21 @@ class HostHit(NamedTuple):
 
 
 class HostLink:
-    """The prefix cache's side of a host tier (a null tier makes every call a no-op)."""
+    """The prefix cache's side of the host and disk tiers (a null host tier makes every
+    call a no-op; a disk tier needs a host tier above it)."""
 
     def __init__(
-        self, host: HostTier, pool: BlockPool, chainer: BlockChainer, event_log: KVEventLog
-    ) -> None:
+        self, host: HostTier, pool: BlockPool, chainer: BlockChainer, event_log: KVEventLog,
+        disk: DiskTier | None = None,
+    ) -> None:  # fmt: skip
         self.host = host
+        self.disk = disk or NullDiskTier()
+        if self.disk.enabled and not host.enabled:
+            raise ValueError("a disk tier needs a host tier")
         self._pool = pool
         self._chainer = chainer
         self._log = event_log
+        self._emit("stored", _scoped(list(reversed(self.disk.entries()))), "disk")
 
     @property
     def enabled(self) -> bool:
@@ -50,22 +61,51 @@ class HostLink:
 
     def demote(self, scope: str, blocks: Sequence[tuple[EventBlock, Sequence[int]]]) -> None:
         """Copy each full block (its event block, with tokens, and its device slots)
-        into the tier and log what it stored and dropped."""
-        dropped: list[tuple[str, EventBlock]] = []
+        into the host tier, what it drops on to the disk tier, and log it all."""
+        dropped: list[tuple[BlockHash, HostBlock]] = []
         for block, slots in blocks:
             parent = None if block.parent is None else BlockHash(bytes.fromhex(block.parent))
-            for gone_hash, gone in self.host.put(
+            dropped += self.host.put(
                 BlockHash(bytes.fromhex(block.hash)), scope, parent, to_key(block.tokens or ()),
                 slots,
-            ):  # fmt: skip
-                dropped.append((gone.scope, _event_block(gone_hash, gone)))
-        self._emit("stored", [(scope, block) for block, _ in blocks])
-        self._emit("removed", dropped)
+            )  # fmt: skip
+        self._emit("stored", [(scope, block) for block, _ in blocks], "host")
+        self._move_to_disk(dropped)
+
+    def spill_host(self) -> None:
+        """Move every host block to the disk tier, oldest first (the LRU order)."""
+        entries = self.host.entries()
+        for block_hash, _ in entries:
+            self.host.discard(block_hash)
+        self._move_to_disk(entries)
+
+    def _move_to_disk(self, dropped: Sequence[tuple[BlockHash, HostBlock]]) -> None:
+        """``dropped`` left the host tier: on to disk (when there is one), logged."""
+        gone_from_disk: list[tuple[BlockHash, DiskEntry]] = []
+        if self.disk.enabled:
+            for block_hash, entry in dropped:
+                gone_from_disk += self.disk.put(block_hash, entry)
+            self._emit("stored", _scoped(dropped), "disk")
+        self._emit("removed", _scoped(dropped), "host")
+        self._emit("removed", _scoped(gone_from_disk), "disk")
+
+    def expire(self, now: float) -> int:
+        """Drop the host and disk entries expired at ``now`` and log them ``removed``,
+        as for an eviction (an expired host entry never moves on to disk); returns
+        how many."""
+        expired_host = self.host.expire(now)
+        expired_disk = self.disk.expire(now)
+        self._emit("removed", _scoped(expired_host), "host")
+        self._emit("removed", _scoped(expired_disk), "disk")
+        return len(expired_host) + len(expired_disk)
 
     def forget(self, scope: str, blocks: Sequence[EventBlock]) -> None:
-        """The device caches ``blocks`` again: drop any host copy of them."""
-        gone = [b for b in blocks if self.host.discard(BlockHash(bytes.fromhex(b.hash)))]
-        self._emit("removed", [(scope, block) for block in gone])
+        """The device caches ``blocks`` again: drop any host or disk copy of them."""
+        tiers: tuple[tuple[HostTier | DiskTier, Medium], ...] = (
+            (self.host, "host"), (self.disk, "disk"))  # fmt: skip
+        for tier, medium in tiers:
+            gone = [b for b in blocks if tier.discard(BlockHash(bytes.fromhex(b.hash)))]
+            self._emit("removed", [(scope, block) for block in gone], medium)
 
     def find(
         self, parent: BlockHash | None, key: bytes, start: int, scope: Scope, public_ok: bool
@@ -80,7 +120,7 @@ class HostLink:
             block_key = key[at - step : at]
             for block_scope in (scope, PUBLIC) if public_ok else (scope,):
                 block_hash = self._chainer.block_hash(parent, block_scope, block_key)
-                if self.host.holds(block_hash, block_scope, block_key):
+                if self._holds(block_hash, block_scope, block_key):
                     break
             else:
                 break
@@ -92,41 +132,57 @@ class HostLink:
     def take(self, found: Sequence[HostHit]) -> tuple[list[BlockId], int]:
         """Copy ``found`` into freshly allocated device blocks (held once by the
         caller), stopping at the first block gone, no longer the same scope and tokens,
-        or failing authentication (dropped and logged). Returns the blocks and how
-        many of the first are public."""
+        or failing authentication (dropped and logged), from whichever tier holds
+        each. Returns the blocks and how many of the first are public."""
         restored: list[BlockId] = []
         num_public = 0
         for block_hash, block_scope, block_key in found:
-            if not self.host.holds(block_hash, block_scope, block_key):
+            in_host = self.host.holds(block_hash, block_scope, block_key)
+            tier: HostTier | DiskTier = self.host if in_host else self.disk
+            medium: Medium = "host" if in_host else "disk"
+            if not tier.holds(block_hash, block_scope, block_key):
                 break
             device_block = self._pool.allocate()
-            entry = self.host.take(block_hash, device_block)
+            entry = tier.take(block_hash, device_block)
             if entry is None:
                 self._pool.decref([device_block])
-                self._emit("removed", [(block_scope, EventBlock(block_hash.hex()))])
+                self._emit("removed", [(block_scope, EventBlock(block_hash.hex()))], medium)
                 break
-            self._emit("removed", [(block_scope, _event_block(block_hash, entry))])
+            self._emit("removed", [(block_scope, _event_block(block_hash, entry))], medium)
             restored.append(device_block)
             num_public += block_scope == PUBLIC
         return restored, num_public
 
+    def _holds(self, block_hash: BlockHash, scope: Scope, tokens: bytes) -> bool:
+        return self.host.holds(block_hash, scope, tokens) or self.disk.holds(block_hash, scope, tokens)
+
     def snapshot(self) -> list[KVEvent]:
-        """The tier's blocks as ``stored``/``host`` lines at the log's head, newest
-        first (a block is demoted after its descendants, so parents come first)."""
+        """The tiers' blocks as ``stored`` lines at the log's head: the host tier's,
+        then the disk tier's, each newest first (a block moves down after its
+        descendants, so parents come first)."""
+        tiers: tuple[tuple[HostTier | DiskTier, Medium], ...] = (
+            (self.host, "host"), (self.disk, "disk"))  # fmt: skip
         return [
-            self._log.at_head("stored", entry.scope, [_event_block(block_hash, entry)], "host")
-            for block_hash, entry in reversed(self.host.entries())
+            self._log.at_head("stored", entry.scope, [_event_block(block_hash, entry)], medium)
+            for tier, medium in tiers
+            for block_hash, entry in reversed(tier.entries())
         ]
 
-    def _emit(self, kind: EventType, blocks: Sequence[tuple[str, EventBlock]]) -> None:
+    def _emit(self, kind: EventType, blocks: Sequence[tuple[str, EventBlock]], medium: Medium
+              ) -> None:  # fmt: skip
         by_scope: dict[str, list[EventBlock]] = {}
         for scope, block in blocks:
             by_scope.setdefault(scope, []).append(block)
         for scope, scope_blocks in by_scope.items():
-            self._log.append(kind, scope, scope_blocks, "host")
+            self._log.append(kind, scope, scope_blocks, medium)
 
 
-def _event_block(block_hash: BlockHash, entry: HostBlock) -> EventBlock:
+def _scoped(entries: Sequence[tuple[BlockHash, HostBlock | DiskEntry]]
+            ) -> list[tuple[str, EventBlock]]:  # fmt: skip
+    return [(entry.scope, _event_block(block_hash, entry)) for block_hash, entry in entries]
+
+
+def _event_block(block_hash: BlockHash, entry: HostBlock | DiskEntry) -> EventBlock:
     return EventBlock(
         hash=block_hash.hex(),
         parent=None if entry.parent is None else entry.parent.hex(),

@@ -10,15 +10,21 @@ least recently used block of both tiers (one LRU), and it is the one dropped whe
 the pool is full. ``take`` opens a block and removes it; a block that fails
 authentication is dropped and counted, never returned.
 
+Expiry. With a TTL each entry carries ``expires_at`` (wall-clock seconds: a tier
+that outlives the process keeps its meaning); ``expire(now)`` removes the entries
+whose time has come and returns them, like the entries ``put`` drops, so their
+owner logs them ``removed``. A put refreshes an entry's expiry with its place.
+
 This is a data structure: it reads and writes the device tensors it is given but
 emits no events; the prefix cache reports what ``put`` and ``take`` did.
 """
 
 from __future__ import annotations
 
+import time
 from abc import ABC, abstractmethod
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from radix.hashing import BlockHash
@@ -29,13 +35,18 @@ from workers.kv.tensors import KVCacheTensors
 
 @dataclass(frozen=True)
 class HostBlock:
-    """One demoted block: who owns it, where it chains from, its tokens (key bytes)
-    and its sealed K/V."""
+    """One demoted block: who owns it, where it chains from, its tokens (key bytes),
+    its sealed K/V and when it expires (None: never)."""
 
     scope: str
     parent: BlockHash | None
     tokens: bytes
     sealed: bytes
+    expires_at: float | None = None
+
+    def is_expired(self, now: float) -> bool:
+        """True once ``now`` (wall-clock seconds) reached ``expires_at``."""
+        return self.expires_at is not None and now >= self.expires_at
 
 
 @dataclass(frozen=True)
@@ -48,6 +59,8 @@ class HostTierStats:
     host_bytes_to_host_total: int
     host_bytes_to_device_total: int
     host_auth_failures_total: int
+    host_blocks_to_host_total: int = 0
+    host_expired_blocks_total: int = 0
 
 
 class HostTier(ABC):
@@ -87,6 +100,11 @@ class HostTier(ABC):
         """Every block held, oldest first (snapshots)."""
 
     @abstractmethod
+    def expire(self, now: float) -> list[tuple[BlockHash, HostBlock]]:
+        """Remove and return the entries expired at ``now`` (wall-clock seconds),
+        oldest first."""
+
+    @abstractmethod
     def stats(self) -> HostTierStats:
         """Current gauges and counters."""
 
@@ -122,22 +140,33 @@ class NullHostTier(HostTier):
         """None."""
         return []
 
+    def expire(self, now: float) -> list[tuple[BlockHash, HostBlock]]:
+        """Nothing expires."""
+        return []
+
     def stats(self) -> HostTierStats:
         """All zero."""
         return HostTierStats(0, 0, 0, 0, 0, 0)
 
 
 class HostMemoryTier(HostTier):
-    """Up to ``num_blocks`` sealed blocks in host memory."""
+    """Up to ``num_blocks`` sealed blocks in host memory, each kept at most ``ttl_s``
+    seconds of ``clock`` (None: no expiry)."""
 
-    def __init__(self, num_blocks: int, tensors: KVCacheTensors, sealer: BlockSealer) -> None:
+    def __init__(self, num_blocks: int, tensors: KVCacheTensors, sealer: BlockSealer,
+                 ttl_s: float | None = None, clock: Callable[[], float] = time.time) -> None:
         if num_blocks <= 0:
             raise ValueError(f"num_blocks must be positive, got {num_blocks}")
+        if ttl_s is not None and ttl_s <= 0:
+            raise ValueError(f"ttl_s must be positive, got {ttl_s}")
         self.num_blocks = num_blocks
         self._tensors = tensors
         self._sealer = sealer
+        self._ttl_s = ttl_s
+        self._clock = clock
         self._blocks: OrderedDict[BlockHash, HostBlock] = OrderedDict()
         self._num_hits = self._bytes_in = self._bytes_out = self._num_auth_failures = 0
+        self._num_puts = self._num_expired = 0
 
     @property
     def enabled(self) -> bool:
@@ -151,9 +180,11 @@ class HostMemoryTier(HostTier):
         """See ``HostTier.put``; a hash already present is refreshed, not duplicated."""
         data = self._tensors.read_slots(slots)
         sealed = self._sealer.seal(scope, block_hash, data)
+        expires_at = None if self._ttl_s is None else self._clock() + self._ttl_s
         self._blocks.pop(block_hash, None)
-        self._blocks[block_hash] = HostBlock(scope, parent, tokens, sealed)
+        self._blocks[block_hash] = HostBlock(scope, parent, tokens, sealed, expires_at)
         self._bytes_in += len(data)
+        self._num_puts += 1
         dropped = []
         while len(self._blocks) > self.num_blocks:
             dropped.append(self._blocks.popitem(last=False))
@@ -186,6 +217,18 @@ class HostMemoryTier(HostTier):
         """See ``HostTier.entries``."""
         return list(self._blocks.items())
 
+    def expire(self, now: float) -> list[tuple[BlockHash, HostBlock]]:
+        """See ``HostTier.expire``: one TTL for all, so arrival order is expiry order
+        and only the expired entries at the front are visited."""
+        expired = []
+        while self._blocks:
+            block = next(iter(self._blocks.values()))
+            if not block.is_expired(now):
+                break
+            expired.append(self._blocks.popitem(last=False))
+        self._num_expired += len(expired)
+        return expired
+
     def stats(self) -> HostTierStats:
         """See ``HostTier.stats``."""
         return HostTierStats(
@@ -195,4 +238,6 @@ class HostMemoryTier(HostTier):
             host_bytes_to_host_total=self._bytes_in,
             host_bytes_to_device_total=self._bytes_out,
             host_auth_failures_total=self._num_auth_failures,
+            host_blocks_to_host_total=self._num_puts,
+            host_expired_blocks_total=self._num_expired,
         )

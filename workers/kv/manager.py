@@ -26,11 +26,19 @@ that does not fit with its prefix hit retries with less of it (whole blocks, the
 with nothing else live, none), so a prompt that fits an empty pool is always
 admitted when nothing else runs.
 
+Decode headroom. While other sequences are live, an admission must leave
+``num_watermark_blocks`` blocks obtainable (free or cached) after its own reservation,
+so the running sequences can grow by that many blocks before anyone is preempted
+(vLLM's ``watermark``). With nothing else live there is nobody to protect and the
+watermark does not apply, so the liveness rule above holds unchanged.
+
 Host tier. Before an admission's match, the host blocks that continue the device
 hit along the prompt are copied back into fresh device blocks (evicting for room
 while the hit is locked) and cached, so the hit that follows counts them as cached
 tokens. ``swap_out`` is preemption by swapping: the sequence's computed tokens are
-cached, released, and its own leaves evicted at once to the host tier.
+cached, released, and its own leaves evicted at once to the host tier. Disk-tier
+blocks come back the same way; ``spill_to_disk`` moves the whole cache down to disk
+before the worker stops.
 
 Namespaces. The base model's blocks live in ``prefix_cache``; each other namespace
 (a LoRA adapter, keyed by its namespace digest) gets its own prefix cache over the
@@ -43,6 +51,7 @@ first (a namespace is used when a sequence is admitted into it), then the next.
 from __future__ import annotations
 
 import math
+import time
 from collections import Counter, OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -51,6 +60,7 @@ from radix.events import KVEvent
 from radix.keys import TOKEN_BYTES, to_key
 from radix.tree import PUBLIC, Node, Scope
 from workers.kv.block_pool import BlockPool
+from workers.kv.disk_tier import DiskTierStats
 from workers.kv.event_log import KVEventLog
 from workers.kv.host_tier import HostTierStats
 from workers.kv.ids import BlockId, SeqId
@@ -73,6 +83,7 @@ class KVCacheStats:
     num_evicted_blocks_total: int
     num_cow_copies_total: int
     host: HostTierStats
+    disk: DiskTierStats
 
 
 @dataclass(slots=True)
@@ -95,10 +106,14 @@ class KVCacheManager:
 
     def __init__(
         self, pool: BlockPool, tensors: KVCacheTensors, prefix_cache: PrefixCache,
-        make_cache: Callable[[bytes], PrefixCache] | None = None,
+        num_watermark_blocks: int = 0, make_cache: Callable[[bytes], PrefixCache] | None = None,
     ):  # fmt: skip
         if pool.num_total_blocks != tensors.num_blocks or pool.block_size != tensors.block_size:
             raise ValueError("pool and tensors disagree on num_blocks or block_size")
+        if not 0 <= num_watermark_blocks < pool.num_total_blocks:
+            raise ValueError(f"num_watermark_blocks must be in [0, {pool.num_total_blocks}), "
+                             f"got {num_watermark_blocks}")
+        self.num_watermark_blocks = num_watermark_blocks
         self.pool = pool
         self.tensors = tensors
         self.prefix_cache = prefix_cache
@@ -109,6 +124,7 @@ class KVCacheManager:
         self._num_query_tokens = 0
         self._num_hit_tokens = 0
         self._num_cow_copies = 0
+        self.num_host_restored_blocks_total = 0
 
     # ---- sequences -----------------------------------------------------------------
 
@@ -180,7 +196,8 @@ class KVCacheManager:
         self.pool.incref(table)
         self.pool.incref(extra)
         seq = _SeqState(table, hit.num_cached_tokens, scope, 0, hit.node, extra, cache)
-        if not self._make_room(self._num_blocks_needed(seq, num_tokens)):
+        num_needed = self._num_blocks_needed(seq, num_tokens)
+        if not (self._leaves_headroom(num_needed) and self._make_room(num_needed)):
             self.pool.decref(table)
             self.pool.decref(extra)
             cache.unlock(hit.node)
@@ -192,7 +209,8 @@ class KVCacheManager:
         self, cache: PrefixCache, hit: PrefixHit, key: bytes, scope: Scope
     ) -> PrefixHit:
         """``hit`` extended by the host blocks that continue it, as far as room can be
-        made for them (see the module docstring)."""
+        made for them (see the module docstring); expired host entries go first."""
+        cache.expire_host(time.time())
         found = cache.host_blocks_after(hit, key, scope)
         if not found:
             return hit
@@ -200,7 +218,13 @@ class KVCacheManager:
         self._make_room(len(found))
         num_restored = cache.restore_from_host(hit, key, scope, found[: self.pool.num_free_blocks])
         cache.unlock(hit.node)
+        self.num_host_restored_blocks_total += num_restored
         return cache.match(key, scope) if num_restored else hit
+
+    def expire_host(self, now: float) -> int:
+        """Drop the host tier's entries expired at ``now`` (wall-clock seconds; admissions
+        do this too); returns how many."""
+        return self.prefix_cache.expire_host(now)
 
     def swap_out(self, seq_id: SeqId, token_ids: Sequence[int] | bytes) -> int:
         """Preempt ``seq_id`` by swapping: cache its first ``num_computed_tokens`` of
@@ -212,6 +236,11 @@ class KVCacheManager:
         self.commit(seq_id, key)
         self.free(seq_id)
         return seq.cache.evict_path(key, seq.scope)
+
+    def spill_to_disk(self) -> int:
+        """Move every cached block no sequence holds, and every host-tier block, to the
+        disk tier (see ``PrefixCache.spill_to_disk``); returns the device blocks freed."""
+        return self.prefix_cache.spill_to_disk()
 
     def _smaller_hit(self, num_hit_tokens: int) -> int | None:
         """The prefix hit to try after one of ``num_hit_tokens`` did not fit, or None:
@@ -346,6 +375,13 @@ class KVCacheManager:
         num_copies = sum(not self.pool.is_writable(b) for b in table[first:stop])
         return num_copies + max(0, stop - max(first, len(table)))
 
+    def _leaves_headroom(self, num_blocks: int) -> bool:
+        """Whether taking ``num_blocks`` more leaves the watermark obtainable for the
+        live sequences (always, with none live)."""
+        pool = self.pool
+        num_left = pool.num_free_blocks + pool.num_cached_blocks - num_blocks
+        return not self._seqs or num_left >= self.num_watermark_blocks
+
     def _make_room(self, num_blocks: int) -> bool:
         """Evict cached leaves until ``num_blocks`` are free, the least recently used
         namespace's first; False if they cannot be."""
@@ -423,6 +459,11 @@ class KVCacheManager:
         return head_seq, events
 
     @property
+    def num_evicted_blocks_total(self) -> int:
+        """Blocks freed by eviction so far, all namespaces."""
+        return sum(cache.num_evicted_blocks_total for cache in self._caches.values())
+
+    @property
     def num_free_blocks(self) -> int:
         """Blocks on the free list (cached blocks are not counted, though evictable)."""
         return self.pool.num_free_blocks
@@ -439,9 +480,10 @@ class KVCacheManager:
             num_cached_tokens=sum(cache.num_cached_tokens for cache in self._caches.values()),
             prefix_cache_queries_tokens_total=self._num_query_tokens,
             prefix_cache_hit_tokens_total=self._num_hit_tokens,
-            num_evicted_blocks_total=sum(c.num_evicted_blocks_total for c in self._caches.values()),
+            num_evicted_blocks_total=self.num_evicted_blocks_total,
             num_cow_copies_total=self._num_cow_copies,
             host=self.prefix_cache.host.stats(),
+            disk=self.prefix_cache.disk.stats(),
         )
 
     def check_invariants(self) -> None:

@@ -36,6 +36,7 @@ class KVCachePlan:
     kv_cache_bytes: int
     safety_margin: float
     num_blocks: int
+    sizing_rule: str = "kv_cache_bytes"
 
     @property
     def kv_bytes_per_token(self) -> int:
@@ -64,11 +65,32 @@ class KVCachePlan:
         return self.num_blocks // math.ceil(seq_len / self.spec.block_size)
 
 
+def gpu_kv_budget(total_bytes: int, fraction: float, weights_bytes: int,
+                  peak_activation_bytes: int) -> int:
+    """vLLM's ``gpu_memory_utilization``: the KV budget is ``fraction`` of the GPU's
+    ``total_bytes`` less what the model holds (``weights_bytes``) and the peak
+    activation of its largest forward. ValueError (naming the numbers) when nothing
+    is left or an input is out of range."""
+    if not 0 < fraction <= 1:
+        raise ValueError(f"gpu_memory_utilization must be in (0, 1], got {fraction}")
+    if min(total_bytes, weights_bytes, peak_activation_bytes) < 0:
+        raise ValueError("memory sizes must not be negative")
+    budget = int(total_bytes * fraction) - weights_bytes - peak_activation_bytes
+    if budget <= 0:
+        raise ValueError(
+            f"gpu_memory_utilization {fraction} of {format_bytes(total_bytes)} leaves no KV "
+            f"memory after {format_bytes(weights_bytes)} of weights and "
+            f"{format_bytes(peak_activation_bytes)} of peak activation")  # fmt: skip
+    return budget
+
+
 def plan_kv_cache(
-    spec: KVCacheSpec, kv_cache_bytes: int, safety_margin: float = DEFAULT_SAFETY_MARGIN
+    spec: KVCacheSpec, kv_cache_bytes: int, safety_margin: float = DEFAULT_SAFETY_MARGIN,
+    sizing_rule: str = "kv_cache_bytes",
 ) -> KVCachePlan:
-    """Plan the cache for a byte budget (see ``tensors.free_memory_budget`` for a
-    fraction of free CUDA memory). Raises ValueError if not even one block fits."""
+    """Plan the cache for a byte budget (``gpu_kv_budget`` sizes one from GPU memory);
+    ``sizing_rule`` says how the budget was chosen. Raises ValueError if not even one
+    block fits."""
     if kv_cache_bytes <= 0:
         raise ValueError(f"kv_cache_bytes must be positive, got {kv_cache_bytes}")
     if not 0 <= safety_margin < 1:
@@ -79,7 +101,7 @@ def plan_kv_cache(
         raise ValueError(
             f"kv_cache_bytes={kv_cache_bytes} holds no block of {spec.kv_bytes_per_block} bytes"
         )
-    return KVCachePlan(spec, kv_cache_bytes, safety_margin, num_blocks)
+    return KVCachePlan(spec, kv_cache_bytes, safety_margin, num_blocks, sizing_rule)
 
 
 def parse_bytes(text: str) -> int:
@@ -105,7 +127,8 @@ def describe(plan: KVCachePlan, seq_len: int | None) -> str:
         f"dtype {spec.dtype}: {plan.kv_bytes_per_token:,} B/token "
         f"({format_bytes(plan.kv_bytes_per_token)}), block of {spec.block_size} tokens "
         f"= {format_bytes(spec.kv_bytes_per_block)}",
-        f"  budget {format_bytes(plan.kv_cache_bytes)}: {plan.num_tokens_before_margin:,} tokens "
+        f"  budget {format_bytes(plan.kv_cache_bytes)} ({plan.sizing_rule}): "
+        f"{plan.num_tokens_before_margin:,} tokens "
         f"before the {plan.safety_margin:.0%} margin",
         f"  {plan.num_blocks:,} blocks = {plan.num_tokens:,} tokens "
         f"({format_bytes(plan.kv_cache_bytes_used)} allocated)",

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from radix.events import KVEvent
 from radix.tree import PUBLIC, Node, Scope
 from workers.kv.block_pool import BlockPool
+from workers.kv.disk_tier import DiskTier, NullDiskTier
 from workers.kv.event_log import KVEventLog
 from workers.kv.host_link import HostHit
 from workers.kv.host_tier import HostTier, NullHostTier
@@ -46,6 +47,7 @@ class PrefixCache(ABC):
     event_log: KVEventLog
     num_evicted_blocks_total: int
     host: HostTier
+    disk: DiskTier
 
     @abstractmethod
     def match(self, key: bytes, scope: Scope) -> PrefixHit:
@@ -114,6 +116,17 @@ class PrefixCache(ABC):
         """Copy ``found`` back to fresh device blocks (one free block each must be
         there) and cache them; returns how many were restored."""
 
+    def expire_host(self, now: float) -> int:
+        """Drop the host tier's entries expired at ``now`` (wall-clock seconds), logged
+        ``removed``; returns how many (none without a host tier)."""
+        return 0
+
+    @abstractmethod
+    def spill_to_disk(self) -> int:
+        """Move every evictable cached block down to the disk tier, the host tier's
+        blocks included, in LRU order (a worker stopping, so its cache outlives it);
+        returns the device blocks freed. Without a disk tier nothing moves."""
+
     @abstractmethod
     def snapshot(self) -> tuple[int, list[KVEvent]]:
         """``(head_seq, events)``: a ``cleared`` event then ``stored`` events describing
@@ -142,6 +155,7 @@ class NullPrefixCache(PrefixCache):
         self.event_log = event_log
         self.num_evicted_blocks_total = 0
         self.host = NullHostTier()
+        self.disk = NullDiskTier()
 
     def match(self, key: bytes, scope: Scope) -> PrefixHit:
         """Always the empty hit."""
@@ -188,6 +202,10 @@ class NullPrefixCache(PrefixCache):
         self, hit: PrefixHit, key: bytes, scope: Scope, found: Sequence[HostHit]
     ) -> int:
         """Nothing is ever found."""
+        return 0
+
+    def spill_to_disk(self) -> int:
+        """Nothing is cached."""
         return 0
 
     def snapshot(self) -> tuple[int, list[KVEvent]]:

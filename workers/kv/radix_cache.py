@@ -26,7 +26,9 @@ every full block whose last token it holds into the host tier (the ancestors, st
 in the tree, hold the block's earlier positions) and logs ``stored`` with medium
 ``host``; blocks the tier drops are logged ``removed``/``host``. ``restore_from_host``
 copies the host blocks that extend a device hit into fresh device blocks and
-inserts them like a commit, so the following match counts them as cached.
+inserts them like a commit, so the following match counts them as cached. A disk
+tier below the host tier (``workers.kv.disk_tier``) takes what the host tier drops;
+its blocks are found and restored the same way.
 """
 
 from __future__ import annotations
@@ -42,6 +44,7 @@ from radix.keys import TOKEN_BYTES
 from radix.tree import PUBLIC, Node, RadixTree, Scope
 from workers.kv.block_events import ROOT_STATE, BlockChainer, ChainState
 from workers.kv.block_pool import BlockPool
+from workers.kv.disk_tier import DiskTier
 from workers.kv.event_log import KVEventLog
 from workers.kv.host_link import HostHit, HostLink
 from workers.kv.host_tier import HostTier, NullHostTier
@@ -68,12 +71,14 @@ class RadixPrefixCache(PrefixCache):
         hasher: BlockHasher,
         event_log: KVEventLog,
         host: HostTier | None = None,
+        disk: DiskTier | None = None,
     ):
         self._pool = pool
         self.host = host or NullHostTier()
         self._block_size = pool.block_size
         self._chainer = BlockChainer(hasher, pool.block_size)
-        self._link = HostLink(self.host, pool, self._chainer, event_log)
+        self._link = HostLink(self.host, pool, self._chainer, event_log, disk)
+        self.disk = self._link.disk
         self.tree: RadixTree[Slots] = RadixTree(_split_slots)
         self.event_log = event_log
         self.num_evicted_blocks_total = 0
@@ -252,6 +257,10 @@ class RadixPrefixCache(PrefixCache):
             return []
         return found
 
+    def expire_host(self, now: float) -> int:
+        """See ``PrefixCache.expire_host``."""
+        return self._link.expire(now)
+
     def restore_from_host(
         self, hit: PrefixHit, key: bytes, scope: Scope, found: Sequence[HostHit]
     ) -> int:
@@ -272,6 +281,14 @@ class RadixPrefixCache(PrefixCache):
                 self.insert(key[:end], scope, table)
             self._pool.decref(restored)
         return len(restored)
+
+    def spill_to_disk(self) -> int:
+        """See ``PrefixCache.spill_to_disk``."""
+        if not self.disk.enabled:
+            return 0
+        num_freed = self.evict(self._pool.num_total_blocks)
+        self._link.spill_host()
+        return num_freed
 
     def _path(self, node: Node | None) -> Iterator[Node]:
         while node is not None and node is not self.tree.root:

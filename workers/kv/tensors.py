@@ -5,16 +5,31 @@ block_size)``): ``key_caches[layer]`` and ``value_caches[layer]`` are contiguous
 ``[num_blocks, block_size, num_kv_heads, head_dim]`` tensors. All of them are views
 of one buffer ``[2, num_layers, num_blocks, block_size, num_kv_heads, head_dim]``,
 so copying blocks for every layer, K and V, is a single gather and a single scatter.
+
+Layout version. ``KV_LAYOUT_VERSION`` goes into every cache namespace
+(``kv_layout_version``): blocks written under one layout are never read under
+another, in device memory or in a tier that stores ``read_slots`` bytes.
+``KV_LAYOUT_FINGERPRINTS`` records ``layout_fingerprint()`` for each version; a test
+fails when the layout changes and the version does not (add a version, never edit
+a recorded fingerprint).
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
 from collections.abc import Sequence
 
 import torch
 
 from workers.kv.ids import BlockId
+from workers.kv.plan import gpu_kv_budget
 from workers.kv.spec import KVCacheSpec
+
+KV_LAYOUT_VERSION = 1
+KV_LAYOUT_FINGERPRINTS = {
+    1: "f33ac4ce17779ab588327287cfba886b1e1ab4acf2e5ae47fd7cf3382f9c880f",
+}
 
 
 def torch_dtype(spec: KVCacheSpec) -> torch.dtype:
@@ -22,16 +37,19 @@ def torch_dtype(spec: KVCacheSpec) -> torch.dtype:
     return getattr(torch, spec.dtype)
 
 
-def free_memory_budget(fraction: float, device: torch.device | str) -> int:
-    """``fraction`` of the free memory of a CUDA ``device`` now, in bytes (call it after
-    the model weights are loaded). ValueError for a CPU device: give bytes there."""
+def free_memory_budget(fraction: float, device: torch.device | str,
+                       peak_activation_bytes: int) -> int:
+    """The KV budget of CUDA ``device`` under ``gpu_memory_utilization`` ``fraction``
+    (``plan.gpu_kv_budget``): its total memory, less what torch holds now (call it
+    after the weights are loaded and before the KV cache is) and the measured
+    ``peak_activation_bytes``. ValueError for a CPU device (give bytes there) or when
+    nothing is left."""
     device = torch.device(device)
     if device.type != "cuda":
         raise ValueError(f"a memory fraction needs a CUDA device, got {device}: give bytes")
-    if not 0 < fraction <= 1:
-        raise ValueError(f"fraction must be in (0, 1], got {fraction}")
-    free_bytes, _ = torch.cuda.mem_get_info(device)
-    return int(free_bytes * fraction)
+    _, total_bytes = torch.cuda.mem_get_info(device)
+    weights_bytes = torch.cuda.memory_allocated(device)
+    return gpu_kv_budget(total_bytes, fraction, weights_bytes, peak_activation_bytes)
 
 
 class KVCacheTensors:
@@ -97,3 +115,20 @@ class KVCacheTensors:
         src = torch.tensor([s for s, _ in pairs], dtype=torch.long, device=self.device)
         dst = torch.tensor([d for _, d in pairs], dtype=torch.long, device=self.device)
         self._raw.index_copy_(2, dst, self._raw.index_select(2, src))
+
+
+def layout_fingerprint() -> str:
+    """SHA-256 of the layout as a probe cache shows it: the per-layer cache shape and
+    the bytes of one block read with ``read_slots`` after every element was set to a
+    number naming its place (K or V, layer, block, slot, head, dim). Any change of
+    shapes, element order or K/V order changes it."""
+    spec = KVCacheSpec(num_layers=2, num_kv_heads=2, head_dim=3, dtype="float32", block_size=2)
+    tensors = KVCacheTensors(spec, num_blocks=2)
+    caches = [*tensors.key_caches, *tensors.value_caches]
+    for index, cache in enumerate(caches):
+        numbers = torch.arange(cache.numel(), dtype=torch.float32) + index * cache.numel()
+        cache.copy_(numbers.view(cache.shape))
+    shape = {"cache_shape": list(caches[0].shape), "num_caches": len(caches)}
+    digest = hashlib.sha256(json.dumps(shape, sort_keys=True).encode())
+    digest.update(tensors.read_slots(range(spec.block_size, 2 * spec.block_size)))
+    return digest.hexdigest()

@@ -12,7 +12,10 @@ preallocated weights. Residency is LRU among the adapters no admitted request us
   slot pinned it returns None and the request waits, at the head of the queue, for
   a running request to end (it is never failed for that);
 - ``unregister`` hides the adapter from new requests at once; its slot and entry
-  go when its last request ends.
+  go when its last request ends;
+- a load that fails (its files changed since they were checked) leaves the slot
+  empty and the adapter unregistered, and raises to the caller, which fails the
+  request that needed it alone.
 
 Each adapter has its own cache namespace (its digest under the deployment secret),
 so evicting it from its slot leaves its cached KV valid. ``published`` is an
@@ -167,7 +170,13 @@ class AdapterSlots:
     def _load(self, name: str, adapter: _Adapter, slot: int) -> None:
         assert self._loader is not None
         start = time.perf_counter()
-        self._loader.load(slot, adapter.spec)
+        try:
+            self._loader.load(slot, adapter.spec)
+        except Exception:
+            self._loader.clear(slot)
+            adapter.removed = True
+            self._publish()
+            raise
         seconds = time.perf_counter() - start
         adapter.slot = slot
         self._slots[slot] = name

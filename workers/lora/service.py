@@ -9,6 +9,7 @@ thread; registering, unregistering and loading happen on it (``AdapterSlots``).
 from __future__ import annotations
 
 import dataclasses
+import logging
 from dataclasses import dataclass
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
@@ -18,6 +19,7 @@ from workers.config import LoraSettings
 from workers.lora.adapters import AdapterSlots, SlotLoader
 from workers.lora.peft_files import AdapterError, AdapterSpec, BaseShapes, read_adapter
 
+log = logging.getLogger(__name__)
 LOAD_SECONDS_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
 
 
@@ -83,6 +85,9 @@ def build_lora(settings: LoraSettings, shapes: BaseShapes | None, loader: SlotLo
             slots.register(service.read(name, path))
         except AdapterError as exc:
             raise ValueError(f"lora.modules {name}: {exc.param}: {exc}") from None
+    if settings.enable:
+        log.info("LoRA: %d slots of rank %d, %d adapters registered", settings.max_loras,
+                 settings.max_lora_rank, len(slots.published))  # fmt: skip
     return service
 
 

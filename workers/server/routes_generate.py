@@ -25,6 +25,7 @@ carries the client's OpenAI answer itself, rendered here (what routers ask for).
 
 from __future__ import annotations
 
+import dataclasses
 import uuid
 
 from aiohttp import web
@@ -94,6 +95,7 @@ async def generate(request: web.Request) -> web.StreamResponse:
         num_resumed_tokens=num_resumed, max_cached_tokens=max_cached_tokens,
         prompt_key=prompt_key, adapter=adapter,
     )  # fmt: skip
+    engine_request = dataclasses.replace(engine_request, request_id=request_id)
     timeout_s = state.config.request_timeout_s
     if fields.has("render"):
         if not stream_mode:

@@ -10,6 +10,11 @@ after a failed batched step until the self-test passes again. SIGTERM or SIGINT 
 it: ``/ready`` turns 503 and new requests get 503 with Retry-After at once (routers
 stop sending on the first 503), requests in flight get ``drain_timeout_s`` to
 finish, then the server closes and the engine thread finishes its step and exits.
+With a host-tier TTL, ``expire_host_entries`` drops expired entries every quarter of
+it (at most a minute apart), so an idle worker does not keep them: admissions alone
+would only drop them at the next request.
+With a disk tier, the whole cache (device and host tiers) is first spilled to disk,
+so the next start with the same directory and secret comes back warm.
 """
 
 from __future__ import annotations
@@ -18,11 +23,13 @@ import asyncio
 import logging
 import signal
 import socket
+import time
 from collections.abc import Callable
 
 from aiohttp import web
 
 from workers.config import WorkerConfig
+from workers.engine.async_engine import AsyncEngine
 from workers.engine.build import build_worker
 from workers.engine.selftest import keep_ready, run_self_test
 from workers.server.app import create_app
@@ -60,6 +67,7 @@ async def serve(config: WorkerConfig, secret: bytes, api_key: str | None,
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, stop.set)
     keeper: asyncio.Task[None] | None = None
+    expirer: asyncio.Task[None] | None = None
     vocab_size, block_size = worker.identity.vocab_size, worker.identity.namespace.block_size
     try:
         await web.SockSite(runner, sock, shutdown_timeout=SHUTDOWN_TIMEOUT_S).start()
@@ -70,6 +78,8 @@ async def serve(config: WorkerConfig, secret: bytes, api_key: str | None,
         state.ready.set()
         keeper = asyncio.create_task(keep_ready(worker.engine, state.ready, vocab_size,
                                                 block_size))
+        if config.kv.host_ttl_s is not None:
+            expirer = asyncio.create_task(expire_host_entries(worker.engine, config.kv.host_ttl_s))
         announce(f"READY {url}")
         await stop.wait()
         worker.engine.stop_admitting()
@@ -77,10 +87,23 @@ async def serve(config: WorkerConfig, secret: bytes, api_key: str | None,
                  server_config.drain_timeout_s)
         if not await worker.engine.wait_idle(server_config.drain_timeout_s):
             log.warning("drain timed out; cancelling %d requests", worker.engine.num_in_flight)
+        if not worker.engine.failed:
+            num_spilled = await worker.engine.call(lambda engine: engine.manager.spill_to_disk())
+            log.info("%d device KV blocks spilled to disk", num_spilled)
         log.info("shutting down")
     finally:
-        if keeper is not None:
-            keeper.cancel()
+        for task in (keeper, expirer):
+            if task is not None:
+                task.cancel()
         worker.engine.kv_feed.drop_all()  # KV event streams never end by themselves
         await runner.cleanup()
         worker.engine.stop()
+
+
+async def expire_host_entries(engine: AsyncEngine, ttl_s: float) -> None:
+    """Forever: drop the host tier's expired entries on the engine thread, every
+    quarter of ``ttl_s`` (at most a minute apart)."""
+    period_s = min(ttl_s / 4, 60.0)
+    while True:
+        await asyncio.sleep(period_s)
+        await engine.call(lambda e: e.manager.expire_host(time.time()))

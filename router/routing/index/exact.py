@@ -79,9 +79,9 @@ class ExactIndex:
     of the key's scope or PUBLIC (``check_invariants`` verifies the counts).
     """
 
-    def __init__(self, parents: ExactIndex | None = None) -> None:
-        """``parents``: another index whose blocks this one's may chain from (the host
-        tier's blocks continue device blocks)."""
+    def __init__(self, parents: tuple[ExactIndex, ...] = ()) -> None:
+        """``parents``: other indexes whose blocks this one's may chain from (the host
+        tier's blocks continue device blocks; the disk tier's continue either)."""
         self._parents = parents
         self._trees: dict[TreeId, RadixTree[Counts]] = {}
         self._num_blocks: dict[TreeId, Counts] = {}
@@ -124,8 +124,10 @@ class ExactIndex:
 
     def _parent(self, worker_id: WorkerId, block_hash: str) -> _Block | None:
         parent = self._blocks.get(worker_id, {}).get(block_hash)
-        if parent is None and self._parents is not None:
-            parent = self._parents._blocks.get(worker_id, {}).get(block_hash)
+        for index in self._parents:
+            if parent is not None:
+                break
+            parent = index._blocks.get(worker_id, {}).get(block_hash)
         return parent
 
     def _add_run(self, worker_id: WorkerId, run: list[_Block], tokens: list[int],

@@ -13,6 +13,11 @@ feed a second ``ExactIndex`` whose blocks chain from the device index's. A worke
 matched ``d`` tokens on its device and ``h > d`` counting its host blocks is
 credited ``d + host_hit_weight * (h - d)``: a host hit saves the prefill but costs
 a copy back, so it is worth less than a device hit and more than a miss.
+
+Disk tier: medium ``disk`` feeds a third ``ExactIndex`` whose blocks chain from
+either of the others. Tokens found only on a worker's disk, past ``max(d, h)``,
+count ``disk_hit_weight`` each (a read from disk costs more than a copy from host
+memory, so it is weighed lower still).
 """
 
 from __future__ import annotations
@@ -36,13 +41,15 @@ class IndexConfig(Section, section="index"):
     live ``speculative_ttl_s``; approximate ones (workers without KV events) live
     ``approximate_ttl_s``; each worker keeps at most the given tokens per namespace.
     ``host_hit_weight`` (in (0, 1]) is what a token found only in a worker's host
-    tier counts for, against 1 for a token on its device."""
+    tier counts for, against 1 for a token on its device; ``disk_hit_weight`` what a
+    token found only on its disk tier counts for (never more than a host token)."""
 
     speculative_ttl_s: float = setting(2.0, above=0)
     speculative_capacity_tokens: int = setting(262_144, low=1)
     approximate_ttl_s: float = setting(300.0, above=0)
     approximate_capacity_tokens: int = setting(1_048_576, low=1)
     host_hit_weight: float = setting(0.5, above=0, high=1)
+    disk_hit_weight: float = setting(0.25, above=0, high=1)
 
 
 @dataclass(frozen=True)
@@ -75,23 +82,27 @@ class RouterIndex:
         self.config = config or IndexConfig()
         self._clock = clock
         self._exact = ExactIndex()
-        self._host = ExactIndex(parents=self._exact)
+        self._host = ExactIndex(parents=(self._exact,))
+        self._disk = ExactIndex(parents=(self._exact, self._host))
         self._approx: dict[NamespaceDigest, ApproxIndex] = {}
         self._approximate_capacity: dict[WorkerId, int] = {}
 
     def apply_event(self, worker_id: WorkerId, event: KVEvent) -> None:
         """Apply one KV event of ``worker_id`` (``cleared`` drops its exact entries).
         The event's ``namespace`` must be the router's digest for this worker; host
-        events go to the host index (``cleared`` drops both)."""
+        and disk events go to their tier's index (``cleared`` drops all three)."""
         if event.type == "cleared":
             self._host.reset_worker(worker_id)
-        (self._host if event.medium == "host" else self._exact).apply(worker_id, event)
+            self._disk.reset_worker(worker_id)
+        tiers = {"host": self._host, "disk": self._disk}
+        tiers.get(event.medium, self._exact).apply(worker_id, event)
 
     def reset_worker(self, worker_id: WorkerId) -> None:
         """Drop everything the index holds for ``worker_id``, exact and approximate
         (snapshot, new epoch, worker removed or unhealthy). Its mode is kept."""
         self._exact.reset_worker(worker_id)
         self._host.reset_worker(worker_id)
+        self._disk.reset_worker(worker_id)
         for approx in self._approx.values():
             approx.reset_worker(worker_id)
 
@@ -136,14 +147,21 @@ class RouterIndex:
 
     def match(self, namespace: NamespaceDigest, key: bytes, scope: str) -> dict[WorkerId, int]:
         """Tokens of ``key`` each worker holds, visible to ``scope`` (its own and PUBLIC
-        entries only): max of exact (host-tier tokens weighted) and approximate. Workers
-        with none are left out."""
+        entries only): max of exact (host- and disk-tier tokens weighted) and
+        approximate. Workers with none are left out."""
         found = self._exact.match(namespace, key, Scope(scope))
-        weight = self.config.host_hit_weight
-        for worker_id, num_host in self._host.match(namespace, key, Scope(scope)).items():
+        host = self._host.match(namespace, key, Scope(scope))
+        disk = self._disk.match(namespace, key, Scope(scope))
+        host_weight = self.config.host_hit_weight
+        disk_weight = min(self.config.disk_hit_weight, host_weight)
+        for worker_id in host.keys() | disk.keys():
             num_device = found.get(worker_id, 0)
-            if num_host > num_device:
-                found[worker_id] = num_device + int(weight * (num_host - num_device))
+            num_host = max(num_device, host.get(worker_id, 0))
+            num_disk = max(num_host, disk.get(worker_id, 0))
+            credit = (num_device + host_weight * (num_host - num_device)
+                      + disk_weight * (num_disk - num_host))  # fmt: skip
+            if num_disk > num_device:
+                found[worker_id] = int(credit)
         approx = self._approx.get(namespace)
         if approx is not None:
             raise_to(found, approx.match(key, Scope(scope), self._clock()))
@@ -170,8 +188,10 @@ class RouterIndex:
         )
 
     def check_invariants(self) -> None:
-        """Raise AssertionError if the exact, host or an approximate index is inconsistent."""
+        """Raise AssertionError if the exact, host, disk or an approximate index is
+        inconsistent."""
         self._exact.check_invariants()
         self._host.check_invariants()
+        self._disk.check_invariants()
         for approx in self._approx.values():
             approx.check_invariants()

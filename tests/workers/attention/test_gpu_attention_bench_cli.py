@@ -28,7 +28,9 @@ def test_options_parse():
     assert gpu_attention.parse_args(["--kv-dtype", "fp8_e5m2"]).kv_dtype == "fp8_e5m2"
 
 
-@pytest.mark.parametrize("argv", [["--heads", "30", "--kv-heads", "8"], ["--block-size", "0"]])
+@pytest.mark.parametrize(
+    "argv", [["--heads", "30", "--kv-heads", "8"], ["--block-size", "0"], ["--lora-rank", "0"]]
+)
 def test_bad_shapes_are_rejected(argv):
     with pytest.raises(SystemExit):
         gpu_attention.parse_args(argv)
@@ -46,10 +48,13 @@ def test_smoke_run_on_cpu_through_the_triton_interpreter(tmp_path):
     argv = ["--device", "cpu", "--dtype", "float32", "--heads", "4", "--kv-heads", "2",
             "--head-dim", "16", "--context", "64", "--decode-batches", "2", "--prefill-batch", "1",
             "--prefill-new", "16", "--prefill-cached", "16", "--store-tokens", "8", "--iters", "1",
-            "--json", str(out)]  # fmt: skip
+            "--lora-hidden", "24", "--lora-rank", "4", "--lora-adapters", "2",
+            "--lora-decode-rows", "4", "--lora-prefill-tokens", "20", "--json", str(out)]  # fmt: skip
     env = {**os.environ, "TRITON_INTERPRET": "1"}
     subprocess.run([sys.executable, "-m", "bench.gpu_attention", *argv], env=env, check=True,
                    cwd=Path(__file__).resolve().parents[3], capture_output=True, timeout=120)  # fmt: skip
     results = json.loads(out.read_text())
     assert max(results["correctness"].values()) < 1e-5
     assert [row["batch"] for row in results["decode"]] == [2]
+    assert max(results["lora_correctness"].values()) < 1e-5
+    assert [(row["rows"], row["runs"]) for row in results["lora"]] == [(4, 2), (4, 4), (20, 2)]

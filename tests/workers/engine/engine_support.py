@@ -48,16 +48,18 @@ def make_engine(
     preemption_mode: str = "recompute",
     timed: CostModel | None = None,
     sleep: Callable[[float], None] | None = None,
+    host_ttl_s: float | None = None,
 ) -> Engine:
     """An engine over a fresh KV cache of ``num_blocks`` blocks (and a host tier of
-    ``num_host_blocks``); its histograms go to ``registry`` (a fresh one by default).
-    With ``timed``, the timed backend's runner over that cost model replaces the demo
+    ``num_host_blocks``, entries kept ``host_ttl_s``); its histograms go to
+    ``registry`` (a fresh one by default). With ``timed``, the timed backend's runner over that cost model replaces the demo
     model's forward pass; it waits through ``sleep`` (a recorder in tests)."""
     loaded = demo_model()
     spec = kv_spec(loaded.config, BLOCK_SIZE) if timed is None else timed_tensor_spec(BLOCK_SIZE)
     manager = build_kv_cache_manager(
         spec, num_blocks, namespace_digest=b"engine-test", worker_id="engine-test",
         prefix_caching=prefix_caching, num_host_blocks=num_host_blocks, secret=b"engine-test",
+        host_ttl_s=host_ttl_s,
     )  # fmt: skip
     runner: ModelRunner | TimedRunner
     if timed is None:

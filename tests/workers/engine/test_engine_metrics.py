@@ -29,16 +29,20 @@ def test_token_counters_and_length_histograms_count_each_request_once() -> None:
     assert sample(registry, "request_generation_tokens_bucket", le="10.0") == 3
 
 
-def test_ttft_is_labelled_by_prompt_length_bucket() -> None:
+def test_ttft_and_tpot_are_labelled_by_prompt_length_bucket() -> None:
     registry = CollectorRegistry()
     engine = make_engine(registry=registry)
-    run(engine, {1: request(prompt(128), max_tokens=2), 2: request(prompt(129, 1), max_tokens=2),
+    run(engine, {1: request(prompt(128), max_tokens=2), 2: request(prompt(129, 1), max_tokens=3),
                  3: request(prompt(30, 2), max_tokens=2, n=3)})
-    counts = {bucket: sample(registry, "time_to_first_token_seconds_count",
-                             prompt_len_bucket=bucket)
-              for bucket in ("128", "512", "2048", "8192", "32768", "+Inf")}
-    assert counts == {"128": 1 + 3, "512": 1, "2048": 0, "8192": 0, "32768": 0, "+Inf": 0}
-    assert sample(registry, "time_per_output_token_seconds_count") == 1 + 1 + 3
+
+    def counts(name: str) -> dict[str, float]:
+        return {bucket: sample(registry, f"{name}_count", prompt_len_bucket=bucket)
+                for bucket in ("128", "512", "2048", "8192", "32768", "+Inf")}
+
+    zeros = {"2048": 0, "8192": 0, "32768": 0, "+Inf": 0}
+    assert counts("time_to_first_token_seconds") == {"128": 1 + 3, "512": 1, **zeros}
+    # Intervals: one per token after a choice's first.
+    assert counts("time_per_output_token_seconds") == {"128": 1 + 3, "512": 2, **zeros}
 
 
 def test_tail_block_fill_of_running_sequences() -> None:

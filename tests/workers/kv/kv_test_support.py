@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Iterable, Sequence
+from pathlib import Path
 
 import torch
 
@@ -28,10 +29,14 @@ SCOPES = (PUBLIC, "t1", "t2")
 
 
 def make_manager(
-    num_blocks: int, block_size: int, prefix_caching: bool = True, num_host_blocks: int = 0
-) -> KVCacheManager:
+    num_blocks: int, block_size: int, prefix_caching: bool = True, num_host_blocks: int = 0,
+    watermark: float = 0.0, host_ttl_s: float | None = None,
+    disk_dir: Path | None = None, num_disk_blocks: int = 0, secret: bytes = b"kv-test-secret",
+) -> KVCacheManager:  # fmt: skip
     """A CPU manager with small float32 tensors (values below 2**24 stay exact), with a
-    host tier of ``num_host_blocks`` when > 0."""
+    host tier of ``num_host_blocks`` when > 0 (entries kept ``host_ttl_s``), a disk
+    tier of ``num_disk_blocks`` under ``disk_dir`` when > 0, and admission's
+    ``watermark``."""
     spec = KVCacheSpec(NUM_LAYERS, 1, HEAD_DIM, "float32", block_size)
     return build_kv_cache_manager(
         spec,
@@ -40,7 +45,11 @@ def make_manager(
         worker_id="w0",
         prefix_caching=prefix_caching,
         num_host_blocks=num_host_blocks,
-        secret=b"kv-test-secret",
+        secret=secret,
+        watermark=watermark,
+        host_ttl_s=host_ttl_s,
+        disk_dir=disk_dir,
+        num_disk_blocks=num_disk_blocks,
     )
 
 
@@ -98,6 +107,20 @@ def assert_reads(manager: KVCacheManager, seq_id: int, tokens: Sequence[int], en
         assert torch.equal(read_kv(manager, seq_id, 0, end), expected_kv(tokens, 0, end)), seq_id
 
 
+def serve(manager: KVCacheManager, seq_id: int, tokens: list[int], scope: str = "t1") -> int:
+    """Admit ``tokens``, check what the hit reads, write the fake model's K/V for the
+    rest, cache, finish and check the invariants; returns the cached tokens."""
+    num_cached = manager.admit(seq_id, tokens, scope)
+    assert num_cached is not None
+    assert_reads(manager, seq_id, tokens, num_cached)
+    assert manager.append_slots(seq_id, len(tokens) - num_cached)
+    write_kv(manager, seq_id, tokens, num_cached, len(tokens))
+    manager.commit(seq_id, tokens)
+    manager.free(seq_id)
+    manager.check_invariants()
+    return num_cached
+
+
 # ---- KV events -------------------------------------------------------------------------
 
 BlockPath = tuple[tuple[str, ...], tuple[int, ...]]  # (scope of every block, tokens)
@@ -107,13 +130,15 @@ class EventConsumer:
     """A router-side view of one worker: ``hash -> (parent, tokens, scope)``, fed by
     events. It checks the protocol as it goes: seq is gapless, a stored block is new,
     its parent is known and its hash is the chained hash of its scope and tokens.
-    Device events build ``blocks``; host events only the set ``host_hashes``."""
+    Device events build ``blocks``; host and disk events only the sets ``host_hashes``
+    and ``disk_hashes``."""
 
     def __init__(self, block_size: int):
         self.block_size = block_size
         self.hasher = BlockHasher(NAMESPACE_DIGEST)
         self.blocks: dict[str, tuple[str | None, tuple[int, ...], str]] = {}
         self.host_hashes: set[str] = set()
+        self.disk_hashes: set[str] = set()
         self.last_seq: int | None = None
 
     def apply(self, events: Iterable[KVEvent], snapshot: bool = False) -> None:
@@ -125,13 +150,15 @@ class EventConsumer:
             if event.type == "cleared":
                 self.blocks.clear()
                 self.host_hashes.clear()
-            if event.medium == "host":
+                self.disk_hashes.clear()
+            if event.medium != "device":
+                held = self.host_hashes if event.medium == "host" else self.disk_hashes
                 for block in event.blocks:
                     if event.type == "stored":
-                        assert block.hash not in self.host_hashes, f"host stored twice: {block}"
-                        self.host_hashes.add(block.hash)
+                        assert block.hash not in held, f"{event.medium} stored twice: {block}"
+                        held.add(block.hash)
                     else:
-                        self.host_hashes.discard(block.hash)
+                        held.discard(block.hash)
                 continue
             for block in event.blocks:
                 if event.type == "removed":

@@ -3,28 +3,16 @@ with the same K/V; tampered or misfiled blocks are refused, dropped and counted.
 
 from __future__ import annotations
 
+import time
 from dataclasses import replace
 
-from kv_test_support import EventConsumer, assert_reads, make_manager, write_kv
+from kv_test_support import EventConsumer, assert_reads, make_manager, serve, write_kv
 
 from radix.keys import to_key
 
 B = 4
 A = [1, 2, 3, 4, 5, 6, 7, 8, 9]  # two full blocks and one token
 FILLER = [[50 + 10 * i + j for j in range(2 * B)] for i in range(3)]
-
-
-def serve(manager, seq_id: int, tokens: list[int], scope: str = "t1") -> int:
-    """Admit, write the fake model's K/V, cache, finish; returns the cached tokens."""
-    num_cached = manager.admit(seq_id, tokens, scope)
-    assert num_cached is not None
-    assert_reads(manager, seq_id, tokens, num_cached)
-    assert manager.append_slots(seq_id, len(tokens) - num_cached)
-    write_kv(manager, seq_id, tokens, num_cached, len(tokens))
-    manager.commit(seq_id, tokens)
-    manager.free(seq_id)
-    manager.check_invariants()
-    return num_cached
 
 
 def evicted_to_host(num_host_blocks: int = 16):
@@ -146,3 +134,32 @@ def test_a_colliding_hash_never_gives_a_block_of_another_scope_or_other_tokens()
     manager.free(99)
     assert manager.stats().host.host_hit_blocks_total == 0
     manager.check_invariants()
+
+
+def test_expired_host_entries_are_dropped_with_removed_events():
+    manager = make_manager(6, B, num_host_blocks=16, host_ttl_s=60.0)
+    serve(manager, 1, A)
+    for i, filler in enumerate(FILLER):
+        serve(manager, 10 + i, filler)
+    host = manager.prefix_cache.host
+    held = {h.hex() for h, _ in host.entries()}
+    assert held
+    log = manager.event_log
+    head = log.since(-1, log.epoch)[-1].seq
+    assert manager.expire_host(time.time()) == 0, "nothing expires before its TTL"
+    assert manager.expire_host(time.time() + 61) == len(held)
+    events = log.since(head, log.epoch)
+    assert {(e.type, e.medium) for e in events} == {("removed", "host")}
+    assert {b.hash for e in events for b in e.blocks} == held
+    assert host.entries() == [] and manager.stats().host.host_expired_blocks_total == len(held)
+    assert manager.admit(99, A + [7], "t1") == 0, "an expired prefix is not served"
+    manager.free(99)
+    manager.check_invariants()
+
+
+def test_transfer_counts_match_the_bytes():
+    manager = evicted_to_host()
+    stats = manager.stats().host
+    block_bytes = manager.tensors.spec.kv_bytes_per_block
+    assert stats.host_blocks_to_host_total > 0
+    assert stats.host_bytes_to_host_total == stats.host_blocks_to_host_total * block_bytes

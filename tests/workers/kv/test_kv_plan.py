@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from workers.kv.plan import DEFAULT_SAFETY_MARGIN, main, parse_bytes, plan_kv_cache
+from workers.kv.plan import DEFAULT_SAFETY_MARGIN, gpu_kv_budget, main, parse_bytes, plan_kv_cache
 from workers.kv.spec import KVCacheSpec
 
 GIB = 2**30
@@ -85,3 +85,26 @@ def test_cli_prints_the_plan_for_each_dtype(capsys):
     assert list(plans) == ["bfloat16", "float16", "float8_e4m3fn"]
     assert plans["float8_e4m3fn"].num_blocks == 2 * plans["bfloat16"].num_blocks
     assert "float8_e4m3fn" in out and "seqs@4096" in out
+
+
+def test_gpu_budget_is_the_fraction_of_total_less_weights_and_peak_activation():
+    # An H200-sized GPU at 0.9: 0.9 x 140 GiB - 16 GiB of weights - 2 GiB of activation.
+    budget = gpu_kv_budget(140 * GIB, 0.9, 16 * GIB, 2 * GIB)
+    assert budget == int(140 * GIB * 0.9) - 18 * GIB
+    spec = KVCacheSpec(num_layers=32, num_kv_heads=8, head_dim=128, dtype="bf16")
+    plan = plan_kv_cache(spec, budget, sizing_rule="gpu_memory_utilization 0.9")
+    assert plan.num_blocks == int(budget * (1 - DEFAULT_SAFETY_MARGIN)) // (2 * 2**20) == 54_190
+    assert plan.sizing_rule == "gpu_memory_utilization 0.9"
+    assert plan_kv_cache(spec, 16 * GIB).sizing_rule == "kv_cache_bytes"
+
+
+@pytest.mark.parametrize(
+    ("total", "fraction", "weights", "peak", "message"),
+    [(80 * GIB, 0.2, 14 * GIB, 2 * GIB, "leaves no KV memory"),
+     (80 * GIB, 0.0, 0, 0, r"must be in \(0, 1\]"),
+     (80 * GIB, 1.5, 0, 0, r"must be in \(0, 1\]"),
+     (80 * GIB, 0.9, -1, 0, "negative")],
+)  # fmt: skip
+def test_gpu_budget_refuses_what_leaves_nothing(total, fraction, weights, peak, message):
+    with pytest.raises(ValueError, match=message):
+        gpu_kv_budget(total, fraction, weights, peak)

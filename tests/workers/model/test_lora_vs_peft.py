@@ -5,6 +5,7 @@ swaps, loads and unloads under traffic with the KV invariants checked every step
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 
 import pytest
@@ -16,8 +17,8 @@ from transformers import LlamaForCausalLM
 
 from bench.lora_adapters import model_shapes, write_peft_adapter
 from radix.namespace import CacheNamespace
-from workers.config import EngineConfig
-from workers.engine.build import kv_spec
+from workers.config import EngineConfig, KVSettings, LoraSettings, WorkerConfig
+from workers.engine.build import build_worker, kv_spec
 from workers.engine.engine import Engine
 from workers.engine.metrics import EngineMetrics
 from workers.engine.request import GenerationParams, GenerationRequest
@@ -26,9 +27,11 @@ from workers.lora.adapters import AdapterSlots
 from workers.lora.peft_files import read_adapter
 from workers.lora.service import adapter_namespace
 from workers.lora.weights import LoraWeights
+from workers.model.demo import ensure_demo_checkpoint
 from workers.model.loader import load_model
 from workers.model.runner import ModelRunner
 from workers.model.sampler import SamplingParams
+from workers.server.streaming import collect
 
 BLOCK_SIZE = 16
 MAX_RANK = 8
@@ -177,3 +180,49 @@ def test_swaps_loads_and_unloads_under_traffic_lose_no_request_and_leak_no_block
     assert "gamma" not in {a.name for a in engine.adapters.published}
     engine.manager.evict(engine.manager.pool.num_total_blocks)
     assert engine.manager.num_free_blocks == engine.manager.pool.num_total_blocks
+
+
+def test_a_worker_built_from_its_config_serves_the_adapter_exactly(tmp_path):
+    """The whole wiring (config, build_worker, slots beside the KV pool, the runner's
+    deltas) on the demo checkpoint: ``adapter`` requests equal transformers + peft."""
+    model_dir = ensure_demo_checkpoint()
+    path = write_peft_adapter(tmp_path / "demo-lora", model_dir, 8, 16, seed=7)
+    config = WorkerConfig(kv=KVSettings(cache_bytes=2 * 2**20), lora=LoraSettings(
+        enable=True, modules=(f"demo-lora={path}",), max_lora_rank=8))  # fmt: skip
+    built = build_worker(config, "w", b"secret")
+    prompt = prompt_ids(30, seed=5)
+
+    async def main() -> list[list[int]]:
+        built.engine.start(asyncio.get_running_loop())
+        try:
+            return [(await collect(built.engine, greedy(prompt, adapter), 60))[0][0].token_ids
+                    for adapter in ("demo-lora", None)]
+        finally:
+            built.engine.stop()
+
+    with_adapter, base = asyncio.run(main())
+    hf_model = LlamaForCausalLM.from_pretrained(model_dir).eval()
+    assert base == hf_greedy(hf_model, prompt, NUM_TOKENS)
+    assert with_adapter == hf_greedy(PeftModel.from_pretrained(hf_model, str(path)).eval(), prompt,
+                                     NUM_TOKENS)  # fmt: skip
+    assert with_adapter != base
+    assert [a.resident for a in built.lora.slots.published] == [True]
+
+
+def test_an_adapter_whose_files_broke_after_registration_fails_its_request_alone(checkpoint,
+                                                                                 tmp_path):
+    model_dir, paths = checkpoint
+    engine = lora_engine(checkpoint, max_loras=1)
+    broken = write_peft_adapter(tmp_path / "broken", model_dir, 2, 4, seed=9)
+    engine.adapters.register(read_adapter("broken", broken, model_shapes(model_dir), MAX_RANK))
+    (broken / "adapter_model.safetensors").write_bytes(b"not safetensors")
+    engine.add_request(0, greedy(prompt_ids(20, seed=30), "broken"))
+    engine.add_request(1, greedy(prompt_ids(20, seed=31), None))
+    last = {}
+    while engine.has_work():
+        last.update(engine.step())
+        engine.manager.check_invariants()
+    assert last[0].error is not None and last[0].usage is None
+    assert last[1].error is None and last[1].usage is not None
+    assert "broken" not in {a.name for a in engine.adapters.published}
+    assert engine.adapters.num_resident == 0

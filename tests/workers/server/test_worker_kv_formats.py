@@ -1,14 +1,17 @@
-"""A worker process with an FP8 KV cache, calibrated scales and a host tier: what it
-reports, and a prefix pushed out of the device coming back from host memory."""
+"""A worker process with an FP8 KV cache, calibrated scales and a host tier with a TTL:
+what it reports (KV format, identity, plan), and a prefix pushed out of the device
+coming back from host memory."""
 
 from __future__ import annotations
 
 import urllib.request
+from importlib.metadata import version
 from pathlib import Path
 
 import pytest
 
 from bench.procs import start_worker
+from workers.kv.tensors import KV_LAYOUT_VERSION
 
 REPO = Path(__file__).resolve().parents[3]
 SCALES = REPO / "configs" / "kv-scales" / "demo.json"
@@ -19,7 +22,7 @@ DOC = [(13 * i + 5) % 251 for i in range(64)]  # 4 blocks of 16
 def worker():
     # 11 FP8 device blocks of 16 KiB (after the margin); a host tier of 64 blocks
     process = start_worker("--kv-cache-dtype", "fp8_e4m3", "--kv-scales", str(SCALES),
-                           "--host-cache-bytes", str(64 * 16 * 1024),
+                           "--host-cache-bytes", str(64 * 16 * 1024), "--host-ttl-s", "3600",
                            kv_cache_bytes=str(12 * 16 * 1024))  # fmt: skip
     yield process
     process.stop()
@@ -38,8 +41,12 @@ def test_ready_and_info_report_the_kv_dtype_and_the_scale_source(worker):
     assert ready["kv_dtype"] == "float8_e4m3fn"
     assert str(SCALES) in ready["kv_scales"]
     assert ready["namespace"]["kv_scales_digest"] and ready["namespace"]["kv_dtype"] == "float8_e4m3fn"
+    assert ready["engine_version"] == version("radix-router")
+    assert ready["attention_backend"] == "torch-reference"
+    assert ready["namespace"]["kv_layout_version"] == KV_LAYOUT_VERSION
     status, info = worker.get_json("/info")
     assert status == 200 and info["kv_scales"] == ready["kv_scales"]
+    assert info["kv_plan"]["sizing_rule"] == "kv_cache_bytes"
 
 
 def test_an_evicted_prefix_is_served_from_the_host_tier_as_cached(worker):
@@ -51,6 +58,8 @@ def test_an_evicted_prefix_is_served_from_the_host_tier_as_cached(worker):
     with urllib.request.urlopen(f"{worker.url}/metrics", timeout=10) as response:
         metrics = response.read().decode()
     assert "kv_host_hit_blocks_total 4.0" in metrics
+    assert "kv_host_blocks_to_host_total 0.0" not in metrics
+    assert "kv_host_expired_blocks_total 0.0" in metrics, "a TTL of an hour: nothing expired"
     assert "kv_host_auth_failures_total 0.0" in metrics
 
 

@@ -84,6 +84,19 @@ def test_toml_values_and_flag_overrides():
         config.with_overrides({"server": {"request_timeout_s": 0}})
 
 
+@pytest.mark.parametrize(
+    ("kv", "message"),
+    [({"watermark": 0.6}, "kv.watermark: must be at most 0.5"),
+     ({"gpu_memory_utilization": 0}, "kv.gpu_memory_utilization: must be positive"),
+     ({"gpu_memory_utilization": 1.5}, "kv.gpu_memory_utilization: must be at most 1"),
+     ({"host_ttl_s": 60.0}, "kv.host_ttl_s: must be unset without a host tier")],
+)  # fmt: skip
+def test_kv_operation_settings_are_checked(kv, message):
+    with pytest.raises(ValueError, match=message):
+        WorkerConfig().with_overrides({"kv": kv})
+    assert WorkerConfig().kv.cache_bytes is None, "unset: the device's rule sizes the cache"
+
+
 def test_requests_past_the_timeout_are_cancelled(worker_factory, tmp_path):
     config = tmp_path / "worker.toml"
     config.write_text("[server]\nrequest_timeout_s = 0.5\n")

@@ -118,3 +118,5 @@ def test_runtime_routes_are_off_without_the_flag():
 
     status, error = asyncio.run(main())
     assert status == 404, error
+    off = build_worker(WorkerConfig(model=ModelSettings(name=PROFILE)), "w", b"secret")
+    assert off.lora.describe() == {"max_loras": 0, "lora_load_ms": None, "adapters": []}

@@ -1,0 +1,214 @@
+"""``Canary``: every model's pools, their guards, the guard loop and the metrics.
+
+Dispatch asks ``route`` which pool a request goes to (one dict lookup for a model
+without pools) and records its outcome in that pool's ``GuardWindow``. One task per
+model with pools checks the windows every ``check_interval_s`` and runs the probe
+every ``probe_interval_s``; a guard that trips sets the pool's weight to 0 at once
+(``ModelPools.trip``), logs a warning and counts
+``router_canary_fallbacks_total{model,pool,reason}``. Requests already sent to the
+pool finish there; new conversations go by the remaining weights.
+``router_pool_weight{model,pool}`` always shows the weights in force.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable, Mapping, Sequence
+from typing import NamedTuple
+
+import aiohttp
+from prometheus_client import CollectorRegistry, Counter, Gauge
+
+from router.canary.config import CanaryConfig
+from router.canary.guards import GuardWindow, judge
+from router.canary.pools import ModelPools, Trip
+from router.canary.probe import Outputs, ProbeError, divergences, greedy_outputs
+from router.config import ModelConfig
+from router.tasks import cancel_and_wait
+from router.upstream.registry import WorkerState
+
+log = logging.getLogger(__name__)
+REASONS = ("error_rate", "ttft_p99", "probe")
+PROBE_RESULTS = ("agree", "diverge", "error")
+
+
+class PoolRoute(NamedTuple):
+    """Where one request goes: its pool's workers, the baseline's workers to fall back
+    on (empty on the baseline), and the window its outcome is recorded in."""
+
+    workers: list[WorkerState]
+    fallback: list[WorkerState]
+    window: GuardWindow
+
+
+class _ModelCanary:
+    """One model's pools, guard config, windows and probe prompts."""
+
+    def __init__(self, config: ModelConfig, secret: bytes,
+                 probe_prompts: Sequence[Sequence[int]]) -> None:
+        self.config: CanaryConfig = config.canary
+        self.pools = ModelPools(config.name, config.pools, config.canary.baseline,
+                                config.block_size, secret)
+        self.workers = {name: pool.workers for name, pool in config.pools.items()}
+        self.windows = {name: GuardWindow(config.canary.window_s) for name in config.pools}
+        self.probe_prompts = tuple(tuple(p) for p in probe_prompts)
+        self.last_probe: dict[str, str] = {}
+
+
+class Canary:
+    """The canary state of every model with pools (see the module docstring)."""
+
+    def __init__(self, models: Mapping[str, ModelConfig], secret: bytes,
+                 encode: Callable[[str, str], list[int]], registry: CollectorRegistry) -> None:
+        """``encode(model, text)`` tokenizes a probe prompt for ``model``."""
+        self._models = {
+            name: _ModelCanary(config, secret,
+                               [encode(name, text) for text in config.canary.probe_prompts])
+            for name, config in models.items() if config.pools}
+        self._weight = Gauge("router_pool_weight", "Traffic weight of each canary pool now "
+                             "(0 after a fallback)", ["model", "pool"], registry=registry)
+        self._fallbacks = Counter("router_canary_fallbacks", "Pools whose traffic a guard "
+                                  "moved to the baseline, by guard", ["model", "pool", "reason"],
+                                  registry=registry)
+        self._probes = Counter("router_canary_probes", "Quality probes of canary pools "
+                               "against the baseline, by result", ["model", "pool", "result"],
+                               registry=registry)
+        for model in self._models.values():
+            self._show_weights(model)
+            for pool in model.pools.names:
+                if pool != model.pools.baseline:
+                    for reason in REASONS:
+                        self._fallbacks.labels(model.pools.model, pool, reason)
+                    for result in PROBE_RESULTS:
+                        self._probes.labels(model.pools.model, pool, result)
+        self._tasks: list[asyncio.Task[None]] = []
+
+    def route(self, model: str, workers: list[WorkerState], tenant_id: str,
+              prompt_key: bytes) -> PoolRoute | None:
+        """The pool route of a request for ``model`` among its routable ``workers``;
+        None for a model without pools (route among all of them)."""
+        canary = self._models.get(model)
+        if canary is None:
+            return None
+        pool, chosen, fallback = canary.pools.split(workers, tenant_id, prompt_key)
+        return PoolRoute(chosen, fallback, canary.windows[pool])
+
+    def start(self, routable: Callable[[str], list[WorkerState]],
+              session: aiohttp.ClientSession) -> None:
+        """Start each model's guard loop (call inside the event loop)."""
+        self._tasks = [asyncio.create_task(self._run(model, routable, session))
+                       for model in self._models.values()]
+
+    async def close(self) -> None:
+        """Stop the guard loops."""
+        for task in self._tasks:
+            await cancel_and_wait(task)
+        self._tasks = []
+
+    def to_dict(self) -> dict[str, object]:
+        """JSON view for ``GET /admin/canary``: per model the baseline and, per pool,
+        its weight, workers, trip (or None) and current window."""
+        now = time.monotonic()
+        return {name: {
+            "baseline": model.pools.baseline,
+            "pools": {pool: {"weight": weight, "workers": list(model.workers[pool]),
+                             "tripped": (None if (trip := model.pools.trips.get(pool)) is None
+                                         else trip._asdict()),
+                             "window": model.windows[pool].summary(now).to_dict(),
+                             "last_probe": model.last_probe.get(pool)}
+                      for pool, weight in model.pools.weights.items()},
+        } for name, model in self._models.items()}
+
+    def set_weights(self, model: str, weights: Mapping[str, float]) -> Mapping[str, float]:
+        """Set pool weights of ``model`` (``ModelPools.set_weights``); a pool given a
+        weight above 0 starts a clean window. KeyError for a model without pools,
+        ValueError naming a bad pool or weight. Returns the weights now in force."""
+        canary = self._models[model]
+        canary.pools.set_weights(weights)
+        for pool, weight in weights.items():
+            if weight:
+                canary.windows[pool].clear()
+        self._show_weights(canary)
+        return canary.pools.weights
+
+    def _show_weights(self, model: _ModelCanary) -> None:
+        for pool, weight in model.pools.weights.items():
+            self._weight.labels(model.pools.model, pool).set(weight)
+
+    def _trip(self, model: _ModelCanary, pool: str, trip: Trip) -> None:
+        if not model.pools.trip(pool, trip):
+            return
+        log.warning("canary fallback: model %s pool %s -> weight 0, new requests go to %s: "
+                    "%s: %s", model.pools.model, pool, model.pools.baseline, trip.reason,
+                    trip.detail)
+        self._fallbacks.labels(model.pools.model, pool, trip.reason).inc()
+        self._show_weights(model)
+
+    async def _run(self, model: _ModelCanary, routable: Callable[[str], list[WorkerState]],
+                   session: aiohttp.ClientSession) -> None:
+        loop = asyncio.get_running_loop()
+        next_probe = loop.time() + model.config.probe_interval_s
+        while True:
+            await asyncio.sleep(model.config.check_interval_s)
+            try:
+                self._check_windows(model, time.monotonic())
+                if loop.time() >= next_probe:
+                    await self._probe(model, routable(model.pools.model), session)
+                    next_probe = loop.time() + model.config.probe_interval_s
+            except Exception:  # a bug here must not stop guarding
+                log.exception("canary guard loop of model %s failed", model.pools.model)
+
+    def _check_windows(self, model: _ModelCanary, now: float) -> None:
+        for pool, weight in model.pools.weights.items():
+            if weight and pool != model.pools.baseline:
+                trip = judge(model.windows[pool].summary(now), model.config)
+                if trip is not None:
+                    self._trip(model, pool, trip)
+
+    async def _probe(self, model: _ModelCanary, workers: list[WorkerState],
+                     session: aiohttp.ClientSession) -> None:
+        """Probe every pool no guard tripped (weight 0 too: a check before traffic)
+        against the baseline, on one radix worker of each."""
+        first: dict[str, WorkerState] = {}
+        for worker in workers:
+            if worker.kind == "radix":
+                first.setdefault(model.pools.pool_of(worker.worker_id), worker)
+        baseline = first.get(model.pools.baseline)
+        pools = [p for p in model.pools.names
+                 if p != model.pools.baseline and p not in model.pools.trips and p in first]
+        if baseline is None or not pools:
+            return
+        try:
+            expected = await self._outputs(model, baseline, session)
+        except ProbeError as exc:
+            log.warning("canary probe of model %s: baseline worker %s failed: %s",
+                        model.pools.model, baseline.worker_id, exc)
+            return
+        for pool in pools:
+            try:
+                found = divergences(expected, await self._outputs(model, first[pool], session))
+            except ProbeError as exc:
+                log.warning("canary probe of model %s: pool %s worker %s failed: %s",
+                            model.pools.model, pool, first[pool].worker_id, exc)
+                self._record_probe(model, pool, "error")
+                continue
+            if len(found) > model.config.probe_max_diverged:
+                self._record_probe(model, pool, "diverge")
+                self._trip(model, pool, Trip("probe", (
+                    f"{len(found)} of {len(expected)} greedy probe prompts differ from the "
+                    f"baseline ({first[pool].worker_id} vs {baseline.worker_id}: "
+                    f"{'; '.join(found)})")))
+            else:
+                self._record_probe(model, pool, "agree")
+
+    def _record_probe(self, model: _ModelCanary, pool: str, result: str) -> None:
+        model.last_probe[pool] = result
+        self._probes.labels(model.pools.model, pool, result).inc()
+
+    @staticmethod
+    async def _outputs(model: _ModelCanary, worker: WorkerState,
+                       session: aiohttp.ClientSession) -> Outputs:
+        return await greedy_outputs(session, worker.url, worker.headers, model.probe_prompts,
+                                    model.config.probe_max_tokens, model.config.probe_timeout_s)
