@@ -23,6 +23,7 @@ from bench import (
     host_tier_bench,
     index_bench,
     kv_bench,
+    lora_bench,
     lora_decode_bench,
     model_bench,
     multi_router,
@@ -58,6 +59,7 @@ BENCHMARKS: dict[str, Callable[[list[str]], dict]] = {
     "reference": reference.main,
     "vllm": vllm_bench.main,
     "chaos": chaos.main,
+    "lora": lora_bench.main,
     "canary": canary_bench.main,
 }
 # Not a benchmark: run by name only (`python -m bench fuzz --examples N`).

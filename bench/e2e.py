@@ -115,14 +115,15 @@ def router(setup: str, urls: list[str], log_dir: Path,
         peer.stop()
 
 
-async def stream_completion(client: AsyncOpenAI, request: TraceRequest
+async def stream_completion(client: AsyncOpenAI, request: TraceRequest, model: str = "demo"
                             ) -> tuple[int, int, float | None, int, str | None]:
-    """Stream one trace request: (prompt tokens, cached tokens, TTFT from now, output
-    tokens, error). A failure is returned, never raised: the run goes on."""
+    """Stream one trace request to ``model`` (a LoRA adapter's name runs that adapter):
+    (prompt tokens, cached tokens, TTFT from now, output tokens, error). A failure is
+    returned, never raised: the run goes on."""
     start, ttft, usage = time.perf_counter(), None, None
     try:
         stream = await client.completions.create(
-            model="demo", prompt=prompt_text(request), max_tokens=request.num_output_tokens,
+            model=model, prompt=prompt_text(request), max_tokens=request.num_output_tokens,
             stream=True, stream_options={"include_usage": True}, extra_body={"ignore_eos": True})
         async for chunk in stream:
             if chunk.choices and ttft is None:
@@ -158,12 +159,18 @@ async def drive(url: str, key: str, requests: list[TraceRequest], num_clients: i
 
 
 def requests_served(worker: ManagedProcess) -> int:
+    """Requests the worker has served (its ``request_prompt_tokens`` count)."""
+    return int(worker_counter(worker, "request_prompt_tokens_count"))
+
+
+def worker_counter(worker: ManagedProcess, name: str) -> float:
+    """The worker's Prometheus sample ``name`` (summed over its label sets; 0 without)."""
     status, text = http_json("GET", f"{worker.url}/metrics",
                              headers={"Authorization": f"Bearer {WORKER_KEY}"})
     if status != 200:
         raise RuntimeError(f"worker /metrics answered {status}")
-    found = re.search(r"^request_prompt_tokens_count(?:\{[^}]*\})? (\S+)$", str(text), re.M)
-    return int(float(found.group(1))) if found else 0
+    pattern = rf"^{re.escape(name)}(?:\{{[^}}]*\}})? (\S+)$"
+    return sum(float(value) for value in re.findall(pattern, str(text), re.M))
 
 
 def run_setup(setup: str, requests: list[TraceRequest], args: argparse.Namespace) -> dict[str, object]:

@@ -28,6 +28,7 @@ import argparse
 import asyncio
 import tempfile
 import time
+from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
 
@@ -77,18 +78,20 @@ def at_load(requests: list[TraceRequest], rps: float) -> list[float]:
     return (arrivals * (len(requests) / max(arrivals[-1], 1e-9)) / rps).tolist()
 
 
-async def drive_open(url: str, key: str, requests: list[TraceRequest],
-                     arrivals_s: list[float]) -> list[Outcome]:
-    """Send each request at its arrival (wall seconds from now), all concurrently."""
+async def drive_open(url: str, key: str, requests: list[TraceRequest], arrivals_s: list[float],
+                     models: Sequence[str] | None = None) -> list[Outcome]:
+    """Send each request at its arrival (wall seconds from now), all concurrently, to
+    the model ``models`` names for it (``demo`` for all without)."""
     client = AsyncOpenAI(base_url=f"{url}/v1", api_key=key, max_retries=0, timeout=600)
     start = time.perf_counter()
 
-    async def one(request: TraceRequest, arrival_s: float) -> Outcome:
+    async def one(request: TraceRequest, arrival_s: float, model: str) -> Outcome:
         await asyncio.sleep(max(0.0, start + arrival_s - time.perf_counter()))
-        return await stream_completion(client, request)
+        return await stream_completion(client, request, model)
 
     try:
-        return await asyncio.gather(*(one(r, a) for r, a in zip(requests, arrivals_s, strict=True)))
+        return await asyncio.gather(*(one(r, a, m) for r, a, m in zip(
+            requests, arrivals_s, models or ["demo"] * len(requests), strict=True)))
     finally:
         await client.close()
 

@@ -8,7 +8,7 @@ installed peer routers in front of the same workers; the same at cluster scale o
 workers (``bench.e2e_timed``: 8 and 16 workers, four workloads at 80% load, rag swept
 over loads and closed loop) and the simulator checked against it (``bench.sim_check``); and the radix core
 (``bench.radix_bench``); the routers in front of two real vLLM servers
-(``bench.vllm_bench``); and the chaos soak (``bench.chaos``, 5 minutes; one minute
+(``bench.vllm_bench``); LoRA adapters on timed workers (``bench.lora_bench``); and the chaos soak (``bench.chaos``, 5 minutes; one minute
 with ``--quick``; the 30-minute soak is ``make soak``, outside the report's 30
 minutes). Writes ``results.json``, ``summary.md`` (the tables, with
 the command that made them) and PNG plots (matplotlib; without it the plots are
@@ -28,7 +28,7 @@ import time
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from bench import chaos, e2e, e2e_timed, radix_bench, reference, sim_check, vllm_bench
+from bench import chaos, e2e, e2e_timed, lora_bench, radix_bench, reference, sim_check, vllm_bench
 from bench.report_write import write_plots, write_summary
 from bench.sim import RATES, SIM_POLICIES, TABLE_HEADER, SimConfig, simulate, table_row
 
@@ -52,6 +52,7 @@ class Plan:
     radix_requests: int
     vllm_args: tuple[str, ...]
     chaos_duration_s: float
+    lora_args: tuple[str, ...]
 
 
 FULL = Plan(workers=(8, 32, 256), workloads=("rag", "chat", "agent", "multitenant"),
@@ -65,7 +66,7 @@ FULL = Plan(workers=(8, 32, 256), workloads=("rag", "chat", "agent", "multitenan
                          "--requests", "80")),
             sim_check_args=("--workers", "8", "--workloads", "rag", "chat", "--requests", "150"),
             reference_args=("--requests", "5000", "--clients", "64"), radix_requests=20_000,
-            vllm_args=("--requests", "160"), chaos_duration_s=300.0)
+            vllm_args=("--requests", "160"), chaos_duration_s=300.0, lora_args=())
 QUICK = Plan(workers=(8,), workloads=("rag", "chat"), requests_per_worker=60,
              min_requests=500, max_requests=500, scaling_workers=(4, 8, 16),
              scaling_requests=(250, 500), cache_sizes=(50_000, 200_000),
@@ -74,7 +75,8 @@ QUICK = Plan(workers=(8,), workloads=("rag", "chat"), requests_per_worker=60,
                           "--requests", "60", "--routers", "ours cache_aware", "sglang cache_aware default"),),
              sim_check_args=("--workers", "8", "--workloads", "rag", "--requests", "100"),
              reference_args=("--requests", "500", "--clients", "16"), radix_requests=2000,
-             vllm_args=("--requests", "40"), chaos_duration_s=60.0)
+             vllm_args=("--requests", "40"), chaos_duration_s=60.0,
+             lora_args=("--requests", "240", "--routers", "ours", "ours adapter-blind"))
 CACHE_POLICIES = ("cache_aware", "threshold_default", "threshold_tuned", "consistent_hash", "round_robin")
 
 
@@ -170,6 +172,8 @@ def main(argv: list[str] | None = None) -> Path:
     report["sglang_radix"] = report["radix"]["sglang_radix"]
     print("=== in front of real vLLM ===", flush=True)
     report["vllm"] = vllm_bench.main(list(plan.vllm_args))
+    print("=== LoRA adapters ===", flush=True)
+    report["lora"] = lora_bench.main(list(plan.lora_args))
     print("=== chaos soak ===", flush=True)
     report["chaos"] = chaos.main(["--duration-s", str(plan.chaos_duration_s)])
     report["wall_s"] = time.perf_counter() - start

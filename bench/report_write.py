@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from bench.lora_bench import markdown_table
 from bench.report_timed import save_figure, timed_plots, timed_table
 
 PEER_POLICIES = ("threshold_default", "threshold_tuned")
@@ -130,6 +131,7 @@ def write_summary(report: dict, plots: list[str] | None, out: Path) -> None:
              *sim_check_table(report["sim_check"]), "",
              "## Reference harness (stand-in workers, `bench.reference`)", "", *reference_table(report), "",
              "## Radix core", "", f"SGLang RadixCache: {report['sglang_radix']}.", "",
+             "## LoRA adapters (`bench.lora_bench`)", "", *markdown_table(report["lora"]), "",
              "## Chaos soak (`bench.chaos`)", "", *chaos_table(report), ""]
     lines += ["## Plots", ""] + ([f"![{p}]({p})" for p in plots] if plots is not None
                                  else ["matplotlib is not installed (pip install -e '.[bench]'): no plots."])

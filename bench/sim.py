@@ -56,6 +56,7 @@ NAMESPACE = "5a" * 32
 # WorkerView from a tuple of all its fields, in C (its generated ``__new__`` and
 # ``_make`` are Python calls: a third of a 256-worker run's time).
 _view = functools.partial(tuple.__new__, WorkerView)
+NO_ADAPTER = (0.0, 0.0)  # adapter_load_ms, adapter_swap_share: the simulated requests run no LoRA adapter
 NUM_TIME_BUCKETS = 20
 # Session starts per second per worker: each workload at a load where queueing shows.
 RATES = {"rag": 3.0, "chat": 2.0, "agent": 0.4, "rag_chat": 2.5, "multitenant": 4.0}
@@ -290,7 +291,7 @@ class Cluster:
         scope = self._scope(request)
         matched = self.index.match(NAMESPACE, request.prompt, scope)
         get = matched.get
-        views = [_view((w.worker_id, get(w.worker_id, 0), *in_flight, *polled))
+        views = [_view((w.worker_id, get(w.worker_id, 0), *in_flight, *polled, *NO_ADAPTER))
                  for w, in_flight, polled in zip(self.workers, self.in_flight, self.polled, strict=True)]
         decision = self.policy.choose(RouteRequest(NAMESPACE, request.prompt, request.num_prompt_tokens,
                                                    scope), views)

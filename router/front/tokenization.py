@@ -155,6 +155,10 @@ class Models:
                            code="model_not_found")
         return model
 
+    def __contains__(self, name: object) -> bool:
+        """Whether a model is called ``name``."""
+        return name in self._models
+
     def token_cache_stats(self) -> dict[str, CacheStats]:
         """Each model's token cache totals."""
         return {name: model.token_cache.stats() for name, model in self._models.items()}

@@ -42,6 +42,17 @@ class PolicyWeights:
       bounded-load cap of this factor, whatever their queues; with every owner at the
       cap the cost decides, which may copy the prefix to another worker (replication).
     - ``owner_min_share``: the share of the prompt a match must cover for stickiness.
+    - ``adapter_load_cost_per_ms``: cost of one millisecond a request waits for its
+      LoRA adapter to be loaded on a worker that does not hold it (prefill tokens per
+      millisecond of the worker); 0 makes routing adapter-blind.
+    - ``default_adapter_load_ms``: the load time assumed for a worker that has not
+      measured one yet (``router.routing.adapters``).
+    - ``adapter_swap_cost``: cost of a load that evicts another adapter (the worker's
+      slots are full) on a worker with at least as many active requests as slots:
+      those pin their adapters' slots, so the load may wait for one to free, and the
+      evicted adapter's next request there pays a load again; scaled down on a less
+      busy worker (``router.routing.adapters``); 0 with ``adapter_load_cost_per_ms`` 0
+      makes routing adapter-blind.
     """
 
     prefill_cost_per_token: float = 1.0
@@ -52,6 +63,9 @@ class PolicyWeights:
     hash_prefix_tokens: int = 64
     owner_load_cap_factor: float = 1.5
     owner_min_share: float = 0.5
+    adapter_load_cost_per_ms: float = 32.0
+    default_adapter_load_ms: float = 25.0
+    adapter_swap_cost: float = 1024.0
 
     def __post_init__(self) -> None:
         for f in fields(self):

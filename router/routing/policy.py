@@ -5,13 +5,19 @@ request to ``ranked[0]`` and retries down the list. ``cache_aware`` (the default
 weighs each worker's cached prefix against its load in one continuous cost::
 
     cost(w) = prefill_cost_per_token * (prompt tokens - matched(w)) + load_cost(w)
+              + adapter_cost(w)
 
-(``router.routing.load_cost``). The lowest cost wins; ties go to the least loaded, then to
+(``router.routing.load_cost``). ``adapter_cost`` is 0 for the base model and where the
+request's LoRA adapter is resident; elsewhere ``adapter_load_cost_per_ms`` times the
+load's milliseconds, plus ``adapter_swap_cost`` times ``adapter_swap_share`` where the
+load evicts another adapter (``router.routing.adapters``). The lowest cost wins; ties go to the least loaded, then to
 rendezvous-hash order. A request whose longest match covers at least
 ``owner_min_share`` of its prompt stays on the workers holding it (its owners) while
 one is under a bounded-load cap, so a passing queue does not copy a hot prefix
 around; with every owner at the cap the cost decides, and may replicate it to a
-second worker. A cold prefix (no worker matches any of it) goes to the first
+second worker; owners whose adapter cost is above the lowest are not owners. A cold
+prefix (no worker matches any of it, and the adapter cost is 0 everywhere) goes to
+the first
 worker in rendezvous-hash order of its first tokens that is under the bounded-load
 cap, so concurrent requests for a new document meet on one worker and different
 documents spread. ``round_robin``, ``least_load``, ``consistent_hash`` and ``random``
@@ -60,7 +66,10 @@ class WorkerView(NamedTuple):
     tokens still to prefill: the uncached part (prompt - matched at decision) until the
     first token arrives (whole prompts held to the end overstate a hot worker's queue).
     The polled fields are the worker's last reported load;
-    ``num_matched_tokens`` comes from ``RouterIndex.match``. A NamedTuple, as is
+    ``num_matched_tokens`` comes from ``RouterIndex.match``; ``adapter_load_ms`` is
+    how long the request's adapter takes to load there (0: resident, or the base
+    model) and ``adapter_swap_share`` the share of a swap it costs (0: nothing is
+    evicted; ``WorkerLora.swap_share``). A NamedTuple, as is
     ``WorkerScore``: policies build one per worker per request, and a tuple is
     cheaper to build than a frozen dataclass."""
 
@@ -73,6 +82,8 @@ class WorkerView(NamedTuple):
     num_waiting_tokens: int = 0
     kv_cache_usage_ratio: float = 0.0
     max_num_requests: int | None = None
+    adapter_load_ms: float = 0.0
+    adapter_swap_share: float = 0.0
 
 
 class WorkerScore(NamedTuple):
@@ -138,10 +149,12 @@ class Policy(ABC):
     def _scores(self, request: RouteRequest, views: Sequence[WorkerView]) -> list[WorkerScore]:
         """Each view's score, in order: cost = prefill of its uncached tokens + load."""
         prefill, num_prompt_tokens = self.weights.prefill_cost_per_token, request.num_prompt_tokens
+        per_ms, swap = self.weights.adapter_load_cost_per_ms, self.weights.adapter_swap_cost
         return [
             _score((view.worker_id, view.num_matched_tokens, load,
                     prefill * (num_prompt_tokens - view.num_matched_tokens
-                               if num_prompt_tokens > view.num_matched_tokens else 0) + load))
+                               if num_prompt_tokens > view.num_matched_tokens else 0)
+                    + load + per_ms * view.adapter_load_ms + swap * view.adapter_swap_share))
             for view, load in zip(views, load_costs(views, self.weights), strict=True)
         ]
 
@@ -160,7 +173,7 @@ class CacheAwarePolicy(Policy):
         """Lowest cost first; a cold prefix's hash choice first."""
         _require(workers)
         ranked = self._by_cost(request, self._scores(request, workers))
-        cold = not any(map(_MATCHED, ranked))
+        cold = not any(map(_MATCHED, ranked)) and not any(map(self.adapter_cost, workers))
         if cold:
             order = rendezvous_order(request.key, workers, self.weights.hash_prefix_tokens)
             first = bounded_load_pick(order, self.weights.load_cap_factor).worker_id
@@ -168,6 +181,11 @@ class CacheAwarePolicy(Policy):
         elif self.weights.owner_load_cap_factor:
             ranked = self._owners_first(request, workers, ranked)
         return RouteDecision(self.name, tuple(s.worker_id for s in ranked), tuple(ranked), cold)
+
+    def adapter_cost(self, view: WorkerView) -> float:
+        """The adapter's part of ``view``'s cost (module docstring)."""
+        return (self.weights.adapter_load_cost_per_ms * view.adapter_load_ms
+                + self.weights.adapter_swap_cost * view.adapter_swap_share)
 
     def _by_cost(self, request: RouteRequest, scores: list[WorkerScore]) -> list[WorkerScore]:
         """``scores`` by (cost, load cost), equal pairs in rendezvous-hash order (hashed
@@ -190,7 +208,9 @@ class CacheAwarePolicy(Policy):
         if best < self.weights.owner_min_share * request.num_prompt_tokens:
             return ranked
         owners = [v for v in workers if v.num_matched_tokens == best]
-        if len(owners) == len(workers):
+        least = min(map(self.adapter_cost, workers))
+        owners = [v for v in owners if self.adapter_cost(v) <= least]
+        if not owners or len(owners) == len(workers):
             return ranked
         cap = bounded_load_cap(workers, self.weights.owner_load_cap_factor)
         owner_ids = {v.worker_id for v in owners if num_active_requests(v) < cap}

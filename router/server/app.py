@@ -68,13 +68,18 @@ async def health(request: web.Request) -> web.Response:
 
 
 async def models(request: web.Request) -> web.Response:
-    """``GET /v1/models``: the served model names (needs a valid key)."""
+    """``GET /v1/models``: the served model names, then each LoRA adapter a worker
+    registered, once, with the model it adapts as its ``parent`` (vLLM's shape; needs
+    a valid key)."""
     router = request.app[ROUTER]
     router.auth.tenant(request.headers.get("Authorization"))
-    return web.json_response({"object": "list", "data": [
-        {"id": name, "object": "model", "created": 0, "owned_by": "radix-router"}
-        for name in router.models.names()
-    ]})
+    listed = [{"id": name, "object": "model", "created": 0, "owned_by": "radix-router"}
+              for name in router.models.names()]
+    listed += [{"id": name, "object": "model", "created": 0, "owned_by": "radix-router",
+                "parent": parent}
+               for name, parent in sorted(router.registry.adapters().items())
+               if name not in router.models]
+    return web.json_response({"object": "list", "data": listed})
 
 
 async def metrics(request: web.Request) -> web.Response:

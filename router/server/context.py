@@ -75,8 +75,11 @@ class Router:
             if worker.kind == "vllm":
                 await vllm.follow(worker, models.get(worker.model))
                 return
-            await KVEventFollower(index, WorkerId(worker.worker_id), worker.url, session,
-                                  worker.headers, NamespaceDigest(worker.namespace or "")).run()
+            base = NamespaceDigest(worker.namespace or "")
+            await KVEventFollower(
+                index, WorkerId(worker.worker_id), worker.url, session, worker.headers,
+                lambda namespace: worker.lora.event_namespace(namespace, base,
+                                                              worker.worker_namespace)).run()
 
         registry = WorkerRegistry(config.registry, models, secret, session, index, follow)
         peers = peers or NoPeers()

@@ -4,6 +4,11 @@
 small function below it. Every refusal is an ``ApiError`` (OpenAI-shaped 4xx/5xx).
 What can be refused without the token count is refused before tokenizing: the text
 size, the output cap, the concurrency slot and a full tokens-per-minute window.
+
+A request for a LoRA adapter (``"model": ADAPTER``) goes only to workers that
+registered it, is matched in the adapter's namespace, pays the adapter's load on a
+worker predicted not to hold it (``router.routing.adapters``), and makes the adapter
+resident on the chosen worker at the moment of decision.
 """
 
 from __future__ import annotations
@@ -45,7 +50,8 @@ async def serve_openai(router: Router, client: Client, endpoint: str) -> None:
         tenant = router.auth.tenant(client.header("Authorization"))
         tenant_id = tenant.tenant_id
         body = await client.read_body(router.config.listen.body_timeout_s)
-        model, parsed = parse_request(body, endpoint, router.models, tenant.limits)
+        model, adapter, parsed = parse_request(body, endpoint, router.models, tenant.limits,
+                                               router.registry.adapters())
         check_text_size(model, parsed, tenant.limits)
         max_tokens = router.limiter.output_cap(tenant, parsed.sampling.max_tokens,
                                                parsed.sampling.max_tokens_param)
@@ -55,17 +61,19 @@ async def serve_openai(router: Router, client: Client, endpoint: str) -> None:
             router.limiter.check_prompt(tenant, len(prompt.token_ids))
             admission = await router.limiter.reserve(admission, len(prompt.token_ids),
                                                      (max_tokens or 0) * parsed.sampling.n)
-            call = Call(parsed, model.name, prompt, tenant.tenant_id, max_tokens,
+            call = Call(parsed, adapter or model.name, prompt, tenant.tenant_id, max_tokens,
                         router.cache_salts.salt(tenant.tenant_id),
-                        tenant.limits.max_cached_tokens, client.request_id)
+                        tenant.limits.max_cached_tokens, client.request_id, adapter)
             decision_started = time.monotonic()
             workers = router.registry.routable(model.name)
+            if adapter is not None:
+                workers = [w for w in workers if adapter in w.lora.adapters]
             route = router.canary.route(model.name, workers, tenant_id, prompt.key)
             if route is not None:
                 workers = route.workers
-            matched = match(router, workers, prompt, tenant)
+            matched = match(router, workers, prompt, tenant, adapter)
             ranked = choose(router, workers, matched, prompt, tenant,
-                            route.fallback if route is not None else [])
+                            route.fallback if route is not None else [], adapter)
             router.metrics.decision_seconds.observe(time.monotonic() - decision_started)
             worker = await forward(router, client, call, ranked, matched, exchange)
             worker_id = worker.worker_id
@@ -99,13 +107,17 @@ async def tokenize(model: ModelTokenizer, parsed: OpenAIRequest, tenant_id: str)
 
 
 def match(router: Router, workers: list[WorkerState], prompt: Prompt,
-          tenant: Tenant) -> dict[str, int]:
-    """Tokens of the prompt each worker holds, by one walk per namespace in use; for an
-    engine that reuses whole blocks only (vLLM: ``cache_block_size``), what it will
-    reuse: whole blocks, and never the prompt's last token (it computes that one)."""
+          tenant: Tenant, adapter: str | None = None) -> dict[str, int]:
+    """Tokens of the prompt each worker holds in the namespace of ``adapter`` (the base
+    model's for None), by one walk per namespace in use; for an engine that reuses
+    whole blocks only (vLLM: ``cache_block_size``), what it will reuse: whole blocks,
+    and never the prompt's last token (it computes that one)."""
     matched: dict[str, int] = {}
-    for namespace in {w.namespace for w in workers if w.namespace is not None}:
-        matched.update(router.index.match(namespace, prompt.key, tenant.tenant_id))
+    namespaces = {w.lora.namespace(adapter, w.namespace) for w in workers}
+    for namespace in namespaces - {None}:
+        found = router.index.match(namespace, prompt.key, tenant.tenant_id)
+        matched.update((w.worker_id, found[w.worker_id]) for w in workers
+                       if w.worker_id in found and w.lora.namespace(adapter, w.namespace) == namespace)
     for worker in workers:
         block_size = worker.cache_block_size
         if block_size is not None and worker.worker_id in matched:
@@ -116,9 +128,11 @@ def match(router: Router, workers: list[WorkerState], prompt: Prompt,
 
 
 def choose(router: Router, workers: list[WorkerState], matched: dict[str, int],
-           prompt: Prompt, tenant: Tenant, fallback: list[WorkerState]) -> list[WorkerState]:
-    """The workers to try, best first, at most ``proxy.max_attempts`` of them. Workers
-    whose queue is at its bound are left out; when that is every worker the request is
+           prompt: Prompt, tenant: Tenant, fallback: list[WorkerState],
+           adapter: str | None = None) -> list[WorkerState]:
+    """The workers to try, best first, at most ``proxy.max_attempts`` of them, weighing
+    the load of ``adapter`` where it is not resident. Workers whose queue is at its
+    bound are left out; when that is every worker the request is
     refused at once (503 ``saturated`` with Retry-After) instead of queueing. A canary
     pool's request (``fallback``: the baseline's workers) keeps its last attempt for
     the least busy baseline worker, and goes to the baseline when its pool is
@@ -126,6 +140,7 @@ def choose(router: Router, workers: list[WorkerState], matched: dict[str, int],
     if not workers:
         raise ApiError(503, "no ready worker serves this model", code="no_worker",
                        headers={"Retry-After": RETRY_AFTER_S})
+    default_load_ms = router.policy.weights.default_adapter_load_ms
     views = [
         WorkerView(
             worker_id=w.worker_id,
@@ -137,12 +152,15 @@ def choose(router: Router, workers: list[WorkerState], matched: dict[str, int],
             kv_cache_usage_ratio=w.load.kv_cache_usage_ratio,
             max_num_requests=w.load.max_num_requests,
             num_matched_tokens=matched.get(w.worker_id, 0),
+            adapter_load_ms=w.lora.load_ms(adapter, default_load_ms),
+            adapter_swap_share=w.lora.swap_share(
+                adapter, max(w.load.num_requests_running, w.num_in_flight_requests)),
         )
         for w in workers
     ]
     views = [v for v in views if not is_saturated(v)]
     if not views and fallback:
-        return choose(router, fallback, matched, prompt, tenant, [])
+        return choose(router, fallback, matched, prompt, tenant, [], adapter)
     if not views:
         raise ApiError(503, "every worker is saturated; retry later", code="saturated",
                        headers={"Retry-After": RETRY_AFTER_S})
@@ -180,8 +198,13 @@ async def forward(router: Router, client: Client, call: Call, ranked: list[Worke
         num_tokens = max(len(key) // TOKEN_BYTES - matched.get(worker.worker_id, 0), 0)
         in_flight = router.registry.begin(worker, num_tokens)
         relay.on_first_token = in_flight.prefilled
-        router.index.note_routed(worker.namespace, worker.worker_id, key, call.scope)
-        router.peers.routed(worker, key, call.scope)
+        if call.adapter is None:
+            router.index.note_routed(worker.namespace, worker.worker_id, key, call.scope)
+            router.peers.routed(worker, key, call.scope)
+        else:
+            worker.lora.residency.route(call.adapter, time.monotonic())
+            router.index.note_routed(worker.lora.namespace(call.adapter, worker.namespace),
+                                     worker.worker_id, key, call.scope)
         try:
             await router.proxy.send(client, call, relay, worker, exchange)
             return worker

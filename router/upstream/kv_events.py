@@ -22,13 +22,13 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass
 
 import aiohttp
 
 from radix.events import EventDecodeError, KVEvent, decode_event
-from router.routing.index import NamespaceDigest, RouterIndex, WorkerId
+from router.routing.index import RouterIndex, WorkerId
 
 log = logging.getLogger(__name__)
 
@@ -72,20 +72,21 @@ class KVEventFollower:
     """Streams one worker's KV events into ``index`` under ``worker_id``.
 
     ``headers`` go with every request (the worker's ``Authorization``). When
-    ``namespace`` is given, every event is filed under it: the router's own digest of
-    the worker's namespace, which differs from the worker's when their secrets do.
+    ``namespace_of`` is given, each event is filed under ``namespace_of(its
+    namespace)``: the router's own digest of that namespace (the worker's base or one
+    of its LoRA adapters'), which differs from the worker's when their secrets do.
     """
 
     def __init__(self, index: RouterIndex, worker_id: WorkerId, url: str,
                  session: aiohttp.ClientSession, headers: Mapping[str, str] | None = None,
-                 namespace: NamespaceDigest | None = None,
+                 namespace_of: Callable[[str], str] | None = None,
                  config: FollowerConfig | None = None) -> None:
         self.index = index
         self.worker_id = worker_id
         self.url = url.rstrip("/") + "/kv/events"
         self.session = session
         self.headers = dict(headers or {})
-        self.namespace = namespace
+        self.namespace_of = namespace_of
         self.config = config or FollowerConfig()
         self._epoch: str | None = None
         self._last_seq: int | None = None
@@ -158,8 +159,10 @@ class KVEventFollower:
             self._last_seq, self._snapshot_seq = event.seq, None
         else:
             raise _Resync(f"gap: seq {event.seq} after {self._last_seq}")
-        if self.namespace is not None and event.namespace != self.namespace:
-            event = dataclasses.replace(event, namespace=self.namespace)
+        if self.namespace_of is not None:
+            namespace = self.namespace_of(event.namespace)
+            if namespace != event.namespace:
+                event = dataclasses.replace(event, namespace=namespace)
         self.index.apply_event(self.worker_id, event)
         self._num_events += 1
 

@@ -1,12 +1,14 @@
 """Worker probes: one readiness-and-load check of a worker, as a frozen ``ProbeResult``.
 
-``radix`` workers: ``GET /ready`` (identity, namespace fields, tokenizer digest) then
-``GET /info`` (live load). The router computes the namespace digest itself from the
-reported CacheNamespace fields under its own secret, and refuses a worker whose
-tokenizer digest or block size differs from the router's model.
+``radix`` workers: ``GET /ready`` (identity, namespace fields, tokenizer digest, LoRA
+adapters) then ``GET /info`` (live load). The router computes the namespace digest
+itself from the reported CacheNamespace fields under its own secret (an adapter's:
+the base fields with the adapter's name and weights digest), and refuses a worker
+whose tokenizer digest or block size differs from the router's model.
 
 ``openai`` and ``vllm`` workers: ``GET /v1/models`` (ready when it lists a model; a
-server without that route is ready when ``GET /health`` answers 200) and
+server without that route is ready when ``GET /health`` answers 200; the models it
+lists with a ``parent`` are its LoRA adapters) and
 ``GET /metrics`` when it exists (Prometheus text; our names and vLLM/SGLang names;
 vLLM's ``cache_config_info`` also gives its KV block size); without metrics the
 router relies on its own in-flight counts.
@@ -14,6 +16,7 @@ router relies on its own in-flight counts.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 from collections.abc import Mapping
@@ -24,6 +27,8 @@ import aiohttp
 
 from radix.namespace import CacheNamespace
 from router.front.tokenization import ModelTokenizer
+from router.routing.adapters import WorkerAdapter
+from router.routing.index import NamespaceDigest
 
 
 @dataclass(frozen=True)
@@ -42,7 +47,10 @@ class WorkerLoad:
 @dataclass(frozen=True)
 class ProbeResult:
     """Outcome of one probe. ``reason`` says why a worker is not ready; ``namespace`` is
-    the router-side digest; ``served_model`` the model id the worker answers to."""
+    the router-side digest, ``worker_namespace`` the worker's own (its KV events carry
+    it); ``served_model`` the model id the worker answers to. ``adapters`` are the
+    LoRA adapters it registered, ``max_loras`` its adapter slots (0: LoRA off) and
+    ``lora_load_ms`` its mean measured adapter load time (None before any load)."""
 
     ready: bool
     reason: str
@@ -51,6 +59,10 @@ class ProbeResult:
     served_model: str | None = None
     load: WorkerLoad = WorkerLoad()
     cache_block_size: int | None = None
+    worker_namespace: str | None = None
+    adapters: tuple[WorkerAdapter, ...] = ()
+    max_loras: int = 0
+    lora_load_ms: float | None = None
 
 
 class ProbeError(Exception):
@@ -90,17 +102,42 @@ async def probe_radix(session: aiohttp.ClientSession, url: str, headers: Mapping
             return ProbeResult(False, f"block_size {ready.get('block_size')!r} differs from "
                                f"models.{model.name}.block_size ({model.block_size})")
         try:
-            namespace = CacheNamespace.from_dict(ready["namespace"]).fingerprint(secret)
+            base = CacheNamespace.from_dict(ready["namespace"])
+            adapters = radix_adapters(ready.get("adapters", []), base, secret)
+            lora = (int(ready.get("max_loras") or 0), _optional_float(ready.get("lora_load_ms")))
         except (KeyError, TypeError, ValueError) as exc:
-            return ProbeResult(False, f"/ready has no valid namespace: {exc}")
+            return ProbeResult(False, f"/ready has no valid namespace or adapters: {exc}")
         status, info = await _get_json(session, f"{url}/info", headers, timeout_s)
         if status != 200 or not isinstance(info, dict):
             return ProbeResult(False, f"/info answered HTTP {status}")
-        return ProbeResult(True, "ready", namespace, str(ready.get("epoch")),
+        return ProbeResult(True, "ready", base.fingerprint(secret), str(ready.get("epoch")),
                            str(ready.get("model")),
-                           _radix_load(info.get("load"), info.get("engine")))
+                           _radix_load(info.get("load"), info.get("engine")),
+                           worker_namespace=_optional_str(ready.get("namespace_digest")),
+                           adapters=adapters, max_loras=lora[0], lora_load_ms=lora[1])
     except ProbeError as exc:
         return ProbeResult(False, str(exc))
+
+
+def radix_adapters(listed: Any, base: CacheNamespace, secret: bytes) -> tuple[WorkerAdapter, ...]:
+    """``/ready``'s ``adapters`` (name, weights digest, the worker's namespace digest,
+    resident), each filed under the router's digest of the base namespace with the
+    adapter's name and digest; ValueError (or TypeError, KeyError) when malformed."""
+    adapters = []
+    for entry in listed:
+        name, digest = entry["name"], entry["digest"]
+        namespace = dataclasses.replace(base, adapter_name=name, adapter_digest=digest)
+        adapters.append(WorkerAdapter(name, NamespaceDigest(namespace.fingerprint(secret)),
+                                      str(entry["namespace"]), entry["resident"] is True))
+    return tuple(adapters)
+
+
+def _optional_float(value: Any) -> float | None:
+    return None if value is None else float(value)
+
+
+def _optional_str(value: Any) -> str | None:
+    return value if isinstance(value, str) else None
 
 
 def _radix_load(load: Any, engine: Any) -> WorkerLoad:
@@ -145,34 +182,41 @@ async def probe_openai(session: aiohttp.ClientSession, url: str, headers: Mappin
     """Readiness (``/v1/models``) and, if published, Prometheus load (and vLLM's KV
     block size) of an OpenAI-compatible server of ``kind`` (``openai`` or ``vllm``)."""
     try:
-        served = await _served_model(session, url, headers, timeout_s, model.name)
+        served, adapter_names = await _served_model(session, url, headers, timeout_s, model.name)
         if served is None:
             return ProbeResult(False, "neither /v1/models nor /health answers")
         status, text = await _get(session, f"{url}/metrics", headers, timeout_s)
         if status != 200:
             text = ""
+        adapters = []
+        for name in adapter_names:
+            namespace = NamespaceDigest(openai_namespace(model, secret, kind, name))
+            adapters.append(WorkerAdapter(name, namespace, namespace, True))
         return ProbeResult(True, "ready", openai_namespace(model, secret, kind), None, served,
-                           parse_prometheus_load(text), parse_cache_block_size(text))
+                           parse_prometheus_load(text), parse_cache_block_size(text),
+                           adapters=tuple(adapters))
     except ProbeError as exc:
         return ProbeResult(False, str(exc))
 
 
 async def _served_model(session: aiohttp.ClientSession, url: str, headers: Mapping[str, str],
-                        timeout_s: float, name: str) -> str | None:
-    """The model id to send: ``name`` if ``/v1/models`` lists it, else the first listed;
-    ``name`` when the server has no ``/v1/models`` but its ``/health`` answers 200;
-    None when neither answers."""
+                        timeout_s: float, name: str) -> tuple[str | None, list[str]]:
+    """The model id to send: ``name`` if ``/v1/models`` lists it, else the first listed
+    base model; ``name`` when the server has no ``/v1/models`` but its ``/health``
+    answers 200; None when neither answers. With it, the listed LoRA adapters (the
+    models with a ``parent``)."""
     status, text = await _get(session, f"{url}/v1/models", headers, timeout_s)
     if status == 200:
         try:
-            listed = json.loads(text).get("data", [])
-            ids = [m["id"] for m in listed if isinstance(m, dict) and isinstance(m.get("id"), str)]
-        except (ValueError, AttributeError, KeyError):
-            ids = []
+            listed = [m for m in json.loads(text).get("data", [])
+                      if isinstance(m, dict) and isinstance(m.get("id"), str)]
+        except (ValueError, AttributeError):
+            listed = []
+        ids = [m["id"] for m in listed if not m.get("parent")]
         if ids:
-            return name if name in ids else ids[0]
+            return name if name in ids else ids[0], [m["id"] for m in listed if m.get("parent")]
     status, _ = await _get(session, f"{url}/health", headers, timeout_s)
-    return name if status == 200 else None
+    return (name if status == 200 else None), []
 
 
 _PROMETHEUS_NAMES = {

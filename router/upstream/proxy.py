@@ -2,12 +2,12 @@
 
 ``radix`` workers get ``POST /generate`` as a stream, also for a whole answer (the
 prompt as ``token_ids_b64``: its key in base64, much cheaper than a JSON id list;
-scope, ``num_public_tokens``, sampling, ``render``, and ``num_resumed_tokens`` when
-an attempt continues a failed one); they render the client's OpenAI bytes
+scope, ``num_public_tokens``, sampling, ``render``, the LoRA ``adapter`` if any, and
+``num_resumed_tokens`` when an attempt continues a failed one); they render the client's OpenAI bytes
 themselves and the request's ``Relay`` (``router.upstream.relay``) passes them
 through. ``openai`` workers get ``/v1/completions``
-with the validated fields only (``OpenAIRequest.upstream_body``: the router's token
-ids as the prompt, chat messages rendered by the router with content as text, the
+with the validated fields only (``OpenAIRequest.upstream_body``: the adapter's name
+as the model for a LoRA request, the router's token ids as the prompt, chat messages rendered by the router with content as text, the
 tenant's ``cache_salt``); completions answers pass through, chat requests' answers
 are reshaped into chat objects like a radix worker's.
 
@@ -71,7 +71,9 @@ log = logging.getLogger(__name__)
 
 @dataclass(frozen=True)
 class Call:
-    """What to run, independent of which worker runs it."""
+    """What to run, independent of which worker runs it: ``model_name`` is the name the
+    client asked for (the adapter's, for a LoRA request), ``adapter`` the LoRA adapter
+    (None for the base model)."""
 
     request: OpenAIRequest
     model_name: str
@@ -81,13 +83,14 @@ class Call:
     cache_salt: str
     max_cached_tokens: int | None = None
     request_id: str | None = None
+    adapter: str | None = None
 
 
 def generate_body(call: Call, render: RenderSpec) -> dict[str, Any]:
     """The ``/generate`` body of ``call``, rendered as ``render`` says (always streamed:
     a whole answer's body comes at the end, so it resumes like a stream);
     ``max_cached_tokens`` only under a quota; the router's ``request_id`` when known
-    (the worker's trace line carries it)."""
+    (the worker's trace line carries it); ``adapter`` only for a LoRA request."""
     body: dict[str, Any] = {"token_ids_b64": base64.b64encode(call.prompt.key).decode(),
                             "scope": call.scope,
                             "num_public_tokens": call.prompt.num_public_tokens,
@@ -97,6 +100,8 @@ def generate_body(call: Call, render: RenderSpec) -> dict[str, Any]:
         body["max_cached_tokens"] = call.max_cached_tokens
     if call.request_id is not None:
         body["request_id"] = call.request_id
+    if call.adapter is not None:
+        body["adapter"] = call.adapter
     return body
 
 
@@ -183,7 +188,7 @@ class Proxy:
 
     @staticmethod
     def _openai_body(call: Call, worker: WorkerState) -> tuple[str, dict[str, Any]]:
-        return call.request.upstream_body(worker.served_model, call.max_tokens,
+        return call.request.upstream_body(call.adapter or worker.served_model, call.max_tokens,
                                           call.prompt.token_ids, call.cache_salt)
 
     async def _whole_openai_chat(self, client: Client, call: Call, worker: WorkerState,
@@ -239,7 +244,7 @@ class Proxy:
         usage-only chunk the client did not ask for). A
         backend's own error event, or an end without ``[DONE]``, is a failure: the
         client's stream ends with our error event and ``[DONE]``."""
-        rename = ModelRenamer(call.model_name, worker.served_model)
+        rename = ModelRenamer(call.model_name, call.adapter or worker.served_model)
         try:
             while True:
                 if line.startswith(b"data: {"):

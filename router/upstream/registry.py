@@ -7,8 +7,8 @@ probe fails or the proxy cannot reach it; it comes back at the next passing prob
 While a ``radix`` worker is routable, its KV event follower task runs; it is stopped
 before the worker's index entries are dropped, so no stale event lands afterwards.
 
-In-flight counts are the router's own, changed at decision time (``begin``) and at
-the end of the request (``end``): a burst of decisions sees its own effect at once.
+The workers themselves are ``router.upstream.worker_state``'s ``WorkerState``s; their
+in-flight counts change at decision time (``begin``).
 """
 
 from __future__ import annotations
@@ -16,8 +16,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import time
 from collections.abc import Callable, Coroutine
-from dataclasses import asdict, dataclass
 from typing import Any, Protocol
 
 import aiohttp
@@ -25,112 +25,13 @@ import aiohttp
 from router.config import RegistryConfig, WorkerConfig
 from router.front.tokenization import Models
 from router.tasks import cancel_and_wait
-from router.upstream.probes import ProbeResult, WorkerLoad, probe_openai, probe_radix
+from router.upstream.probes import ProbeResult, probe_openai, probe_radix
 from router.upstream.salt_probe import PROBE_TOKENS, salt_isolation_problem
+from router.upstream.worker_state import InFlight, WorkerState
 
 log = logging.getLogger(__name__)
 SALT_PROBE_TIMEOUT_S = 30.0
 SALT_RECHECK_S = 60.0
-
-
-@dataclass
-class WorkerStats:
-    """Totals over requests this router sent to a worker: prompt tokens, tokens the
-    index predicted cached (matched) and tokens the worker reported cached."""
-
-    num_requests: int = 0
-    num_prompt_tokens: int = 0
-    num_matched_tokens: int = 0
-    num_cached_tokens: int = 0
-
-    def record(self, num_prompt_tokens: int, num_matched_tokens: int,
-               num_cached_tokens: int | None) -> None:
-        """Add one finished request."""
-        self.num_requests += 1
-        self.num_prompt_tokens += num_prompt_tokens
-        self.num_matched_tokens += num_matched_tokens
-        self.num_cached_tokens += num_cached_tokens or 0
-
-    def to_dict(self) -> dict[str, object]:
-        """Totals plus hit rates (cached / prompt, matched / prompt)."""
-        total = max(self.num_prompt_tokens, 1)
-        return {**asdict(self), "hit_rate": self.num_cached_tokens / total,
-                "predicted_hit_rate": self.num_matched_tokens / total}
-
-
-class WorkerState:
-    """One worker as the router sees it. Mutated only by the registry; read by the
-    dispatcher, the proxy and the admin routes. ``config`` is what it was registered
-    with; ``namespace`` is the router-side digest of the worker's cache namespace
-    (None until the first passing probe)."""
-
-    __slots__ = ("config", "worker_id", "kind", "model", "url", "headers", "ready", "reason",
-                 "namespace", "epoch", "served_model", "load", "num_in_flight_requests",
-                 "num_in_flight_prompt_tokens", "stats", "index_mode", "index_reason",
-                 "cache_block_size")
-
-    def __init__(self, config: WorkerConfig, url: str, headers: dict[str, str]) -> None:
-        self.config = config
-        self.worker_id = config.worker_id
-        self.kind = config.kind
-        self.model = config.model
-        self.url = url.rstrip("/")
-        self.headers = headers
-        self.ready = False
-        self.reason = "not probed yet"
-        self.namespace: str | None = None
-        self.epoch: str | None = None
-        self.served_model: str | None = None
-        self.load = WorkerLoad()
-        self.num_in_flight_requests = 0
-        self.num_in_flight_prompt_tokens = 0
-        self.stats = WorkerStats()
-        self.index_mode = "exact" if self.has_event_stream else "approximate"
-        self.index_reason = "" if self.has_event_stream else "publishes no KV events"
-        self.cache_block_size: int | None = None
-
-    @property
-    def has_event_stream(self) -> bool:
-        """Whether the worker publishes KV events the router can follow."""
-        return self.kind == "radix" or (self.kind == "vllm" and self.config.kv_events is not None)
-
-    def to_dict(self) -> dict[str, object]:
-        """JSON view for ``GET /admin/workers``."""
-        return {
-            "id": self.worker_id, "kind": self.kind, "model": self.model, "url": self.url,
-            "ready": self.ready, "reason": self.reason, "namespace": self.namespace,
-            "epoch": self.epoch, "served_model": self.served_model,
-            "index_mode": self.index_mode, "index_reason": self.index_reason,
-            "cache_block_size": self.cache_block_size,
-            "load": asdict(self.load),
-            "num_in_flight_requests": self.num_in_flight_requests,
-            "num_in_flight_prompt_tokens": self.num_in_flight_prompt_tokens,
-            "stats": self.stats.to_dict(),
-        }
-
-
-class InFlight:
-    """One attempt counted in its worker's in-flight load: the request until ``end``
-    (when it ends or moves to another worker), its prompt tokens until ``prefilled``
-    (its first token came: the worker's prefill is done) or ``end``."""
-
-    __slots__ = ("_worker", "_num_prompt_tokens")
-
-    def __init__(self, worker: WorkerState, num_prompt_tokens: int) -> None:
-        self._worker = worker
-        self._num_prompt_tokens = num_prompt_tokens
-        worker.num_in_flight_requests += 1
-        worker.num_in_flight_prompt_tokens += num_prompt_tokens
-
-    def prefilled(self) -> None:
-        """The prompt tokens are no longer queued work (idempotent)."""
-        self._worker.num_in_flight_prompt_tokens -= self._num_prompt_tokens
-        self._num_prompt_tokens = 0
-
-    def end(self) -> None:
-        """The attempt is over."""
-        self.prefilled()
-        self._worker.num_in_flight_requests -= 1
 
 
 class WorkerIndex(Protocol):
@@ -163,6 +64,7 @@ class WorkerRegistry:
         self._poll_tasks: dict[str, asyncio.Task[None]] = {}
         self._follow_tasks: dict[str, asyncio.Task[None]] = {}
         self._salt_refusals: dict[str, tuple[float, str]] = {}
+        self._adapters: dict[str, str] = {}
 
     def add(self, config: WorkerConfig) -> WorkerState:
         """Register a worker and start polling it; ValueError naming the field if the id
@@ -193,6 +95,7 @@ class WorkerRegistry:
             return False
         await cancel_and_wait(self._poll_tasks.pop(worker_id))
         await self._leave(worker, "removed")
+        self._rebuild_adapters()
         return True
 
     async def close(self) -> None:
@@ -212,6 +115,19 @@ class WorkerRegistry:
         """Workers serving ``model`` whose last probe passed (do not mutate the list)."""
         return self._routable.get(model, [])
 
+    def adapters(self) -> dict[str, str]:
+        """Every LoRA adapter a registered worker reported at its last passing probe, by
+        name, with the model it adapts (the first such worker's, in registration
+        order). Do not mutate the dict."""
+        return self._adapters
+
+    def _rebuild_adapters(self) -> None:
+        found: dict[str, str] = {}
+        for worker in self._workers.values():
+            for name in worker.lora.adapters:
+                found.setdefault(name, worker.model)
+        self._adapters = found
+
     @staticmethod
     def begin(worker: WorkerState, num_prompt_tokens: int) -> InFlight:
         """Count a request routed to ``worker`` with ``num_prompt_tokens`` to prefill
@@ -229,6 +145,7 @@ class WorkerRegistry:
         model = self._models.get(worker.model)
         while True:
             try:
+                sent_at = time.monotonic()
                 if worker.kind == "radix":
                     result = await probe_radix(self._session, worker.url, worker.headers,
                                                self._config.probe_timeout_s, model, self._secret)
@@ -236,12 +153,12 @@ class WorkerRegistry:
                     result = await probe_openai(self._session, worker.url, worker.headers,
                                                 self._config.probe_timeout_s, model,
                                                 self._secret, worker.kind)
-                await self._apply(worker, result)
+                await self._apply(worker, result, sent_at)
             except Exception:  # a bug here must not stop polling this worker
                 log.exception("polling worker %s failed", worker.worker_id)
             await asyncio.sleep(self._config.poll_interval_s)
 
-    async def _apply(self, worker: WorkerState, result: ProbeResult) -> None:
+    async def _apply(self, worker: WorkerState, result: ProbeResult, sent_at: float) -> None:
         if not result.ready:
             if worker.ready:
                 log.warning("worker %s not ready: %s", worker.worker_id, result.reason)
@@ -254,6 +171,9 @@ class WorkerRegistry:
         worker.epoch = result.epoch
         worker.served_model = result.served_model
         worker.cache_block_size = result.cache_block_size
+        worker.worker_namespace = result.worker_namespace
+        worker.lora.observe(result.adapters, result.max_loras, result.lora_load_ms, sent_at)
+        self._rebuild_adapters()
         if not worker.ready:
             if worker.kind != "radix" and (problem := await self._salt_problem(worker)):
                 worker.reason = problem

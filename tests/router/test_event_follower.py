@@ -261,7 +261,7 @@ def test_events_are_filed_under_the_routers_namespace_digest():
         assert index.match(NS, to_key([1, 2, 3, 4, 5]), "tenant-a") == {}
         assert_index_mirrors(index, server.cache, namespace=ROUTER_NS)
 
-    run_with_follower(test, namespace=ROUTER_NS)
+    run_with_follower(test, namespace_of=lambda namespace: ROUTER_NS)
 
 
 def test_a_refused_key_is_retried_with_backoff_and_cancel_ends_the_task():

@@ -1,0 +1,115 @@
+"""End to end: LoRA adapters through a router process in front of two timed worker
+processes with config-only adapters (w0 registers sql-0 and chat-0, w1 chat-0 and
+poem-0; one slot each). Shows the router's model list, that an adapter goes only to workers that
+registered it and to the one holding it, and that adapters never share cache entries
+with each other or with the base model."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import openai
+import pytest
+from test_e2e_routing import (
+    admin,
+    client,
+    router_config,
+    start_keyed_router,
+    wait_for,
+    wait_until_ready,
+)
+
+from bench.lora_adapters import lora_module_flags, write_config_adapters
+from bench.procs import ManagedProcess, http_json, start_worker
+
+pytestmark = pytest.mark.slow
+WORKER_KEY = "e2e-worker-key"
+TIMED = ("--model", "timed:llama3-8b-h100", "--served-model-name", "demo")
+SQL, CHAT, POEM = "sql-0", "chat-0", "poem-0"  # as write_config_adapters names them
+REGISTERED = {"w0": [SQL, CHAT], "w1": [CHAT, POEM]}
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory
+            ) -> Iterator[tuple[ManagedProcess, dict[str, ManagedProcess]]]:
+    root = tmp_path_factory.mktemp("adapters")
+    paths = dict(pair for prefix in ("sql", "chat", "poem")
+                 for pair in write_config_adapters(root, 1, prefix=prefix))
+    workers = {name: start_worker(*TIMED, *lora_module_flags([(n, paths[n]) for n in names]),
+                                  "--max-loras", "1", kv_cache_bytes="64MiB", wait=False,
+                                  api_key=WORKER_KEY)
+               for name, names in REGISTERED.items()}
+    router = None
+    try:
+        for worker in workers.values():
+            worker.wait_ready(120)
+        path = root / "router.toml"
+        path.write_text(router_config({name: w.url for name, w in workers.items()}))
+        router = start_keyed_router(path)
+        wait_until_ready(router)
+        wait_for(lambda: len(admin_workers(router)["w1"]["adapters"]) == 2)
+        yield router, workers
+    finally:
+        if router is not None:
+            router.stop()
+        for worker in workers.values():
+            worker.stop()
+
+
+def admin_workers(router: ManagedProcess) -> dict[str, Any]:
+    return {w["id"]: w for w in admin(router, "/admin/workers")["workers"]}
+
+
+def requests_sent(router: ManagedProcess) -> dict[str, int]:
+    return {name: w["stats"]["num_requests"] for name, w in admin_workers(router).items()}
+
+
+def complete(router: ManagedProcess, model: str, prompt: str) -> Any:
+    return client(router).completions.create(model=model, prompt=prompt, max_tokens=2,
+                                             extra_body={"ignore_eos": True})
+
+
+def test_models_lists_each_adapter_once_with_its_parent(cluster) -> None:
+    router, _ = cluster
+    listed = {m.id: getattr(m, "parent", None) for m in client(router).models.list().data}
+    assert listed == {"demo": None, CHAT: "demo", POEM: "demo", SQL: "demo"}
+
+
+def test_an_unknown_model_is_404_model_not_found(cluster) -> None:
+    router, _ = cluster
+    with pytest.raises(openai.NotFoundError) as refused:
+        complete(router, "no-such-adapter", "hello")
+    assert refused.value.code == "model_not_found"
+
+
+def test_an_adapter_goes_to_the_worker_holding_it_and_to_no_worker_without_it(cluster) -> None:
+    router, workers = cluster
+    before = requests_sent(router)
+    for i in range(3):
+        assert complete(router, SQL, f"select {i} from nowhere").model == SQL
+    assert requests_sent(router) == {"w0": before["w0"] + 3, "w1": before["w1"]}
+    # chat is registered on both; load it into w1's only slot by asking w1 itself.
+    status, body = http_json("POST", f"{workers['w1'].url}/v1/completions",
+                             {"model": CHAT, "prompt": "hi", "max_tokens": 1},
+                             {"Authorization": f"Bearer {WORKER_KEY}"})
+    assert status == 200, body
+    wait_for(lambda: admin_workers(router)["w1"]["resident_adapters"] == [CHAT])
+    before = requests_sent(router)
+    for i in range(4):
+        complete(router, CHAT, f"a new conversation number {i}")
+    assert requests_sent(router) == {"w0": before["w0"], "w1": before["w1"] + 4}
+
+
+def test_adapters_and_the_base_model_never_share_cached_prefixes(cluster) -> None:
+    router, _ = cluster
+    prompt = "The same long system prompt, under two adapters and the base model. " * 4
+    complete(router, POEM, prompt)
+    again = complete(router, POEM, prompt)
+    assert again.usage.prompt_tokens_details.cached_tokens > 0
+    for model in (CHAT, "demo"):
+        before = {n: w["stats"]["num_matched_tokens"] for n, w in admin_workers(router).items()}
+        answer = complete(router, model, prompt)
+        after = {n: w["stats"]["num_matched_tokens"] for n, w in admin_workers(router).items()}
+        assert answer.usage.prompt_tokens_details.cached_tokens == 0
+        assert after == before
