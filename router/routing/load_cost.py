@@ -36,11 +36,15 @@ class PolicyWeights:
       ``ceil(factor * (active requests of all workers + 1) / number of workers)``
       active requests.
     - ``hash_prefix_tokens``: how many leading prompt tokens consistent hashing reads.
-    - ``owner_load_cap_factor``: 0 turns owner stickiness off; else a request whose
-      longest match covers at least ``owner_min_share`` of its prompt stays on the
-      workers holding that match (its owners) while one of them is under the
-      bounded-load cap of this factor, whatever their queues; with every owner at the
-      cap the cost decides, which may copy the prefix to another worker (replication).
+    - ``owner_load_cap_factor``: owner stickiness: a request whose longest match
+      covers at least ``owner_min_share`` of its prompt stays on the workers holding
+      that match (its owners) while one of them is under the bounded-load cap of this
+      factor (0: no such cap) and under ``owner_wait_share``; with every owner over
+      either the cost decides, which may copy the prefix to another worker
+      (replication). Both 0 turns stickiness off.
+    - ``owner_wait_share``: an owner keeps a sticky request only while the prefill
+      queued on it (``num_queued_prefill_tokens``) is at most this share of the tokens
+      it would save (its match); 0: no such bound.
     - ``owner_min_share``: the share of the prompt a match must cover for stickiness.
     """
 
@@ -51,6 +55,7 @@ class PolicyWeights:
     load_cap_factor: float = 1.25
     hash_prefix_tokens: int = 64
     owner_load_cap_factor: float = 1.5
+    owner_wait_share: float = 1.0
     owner_min_share: float = 0.5
 
     def __post_init__(self) -> None:
@@ -87,6 +92,15 @@ def num_active_requests(view: WorkerView) -> int:
     in through their prompt tokens (``queued_token_cost``)."""
     running, in_flight = view.num_requests_running, view.num_in_flight_requests
     return running if running > in_flight else in_flight
+
+
+def num_queued_prefill_tokens(view: WorkerView) -> int:
+    """Prompt tokens queued for prefill on the worker, ahead of a request sent now: the
+    polled count, or this router's in-flight uncached tokens before their first token
+    when that is higher. Requests past their first token (decoding) are not counted:
+    they share steps with a new prefill but do not delay it by their prompts."""
+    polled, in_flight = view.num_waiting_tokens, view.num_in_flight_prompt_tokens
+    return polled if polled > in_flight else in_flight
 
 
 def is_saturated(view: WorkerView) -> bool:

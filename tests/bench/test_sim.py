@@ -100,3 +100,14 @@ def test_the_stepped_worker_runs_the_engines_step_loop_by_hand():
     # The first's last of 9 decode steps ends at 0.196 + 3 * 0.01; the second's 9
     # decode steps after its first token end at 0.196 + 0.09.
     assert results.end_s == pytest.approx(0.286)
+
+
+def test_closed_loop_sends_each_client_its_next_request_when_its_last_ends():
+    cluster = Cluster(SIM_POLICIES["round_robin"], 1, CONFIG)
+    requests = [TraceRequest(5.0 * i, "t", "s", tokens(1000 * i, 100), tokens(9000 + i, 10)) for i in range(3)]
+    results = cluster.run_closed(iter(requests), num_clients=1)
+    # One client: each request is sent when the last ends (prefill 0.1 s, 9 decode
+    # steps of 10 ms), whatever its trace arrival; TTFT counts from the send.
+    assert results.arrival_s == pytest.approx([0.0, 0.19, 0.38])
+    assert results.ttft_s == pytest.approx([0.1, 0.1, 0.1])
+    assert results.end_s == pytest.approx(0.57)
