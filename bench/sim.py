@@ -157,7 +157,9 @@ class SimWorker:
 
     def load(self) -> tuple[int, int, int, float, None]:
         """What ``/info`` reports, in ``WorkerView``'s order: running requests, waiting
-        requests, prompt tokens waiting, KV usage, and no queue bound."""
+        requests, prompt tokens waiting (whole prompts, cached prefix included, as the
+        engine counts them: it matches a prefix only at admission), KV usage, and no
+        queue bound."""
         running = self.num_decoding + self.prefilling
         return (running, len(self.queue), self.num_waiting_tokens,
                 self.cache.tree.num_tokens() / self.config.kv_capacity_tokens, None)
@@ -167,7 +169,7 @@ class SimWorker:
         request = job.request
         cached = self.cache.match(request.prompt, request.tenant)
         job.num_cached_tokens = min(cached, request.num_prompt_tokens - 1)
-        self.num_waiting_tokens += request.num_prompt_tokens - job.num_cached_tokens
+        self.num_waiting_tokens += request.num_prompt_tokens
         self.num_requests += 1
         self.queue.append(job)
         self._start_prefill()
@@ -176,7 +178,7 @@ class SimWorker:
         if self.prefilling or not self.queue or self.num_decoding >= self.config.max_num_seqs:
             return
         job = self.queue.popleft()
-        self.num_waiting_tokens -= job.request.num_prompt_tokens - job.num_cached_tokens
+        self.num_waiting_tokens -= job.request.num_prompt_tokens
         self.prefilling = True
         prefill_s = self._prefill_s(job.num_cached_tokens, job.request.num_prompt_tokens)
         self.busy_s += prefill_s

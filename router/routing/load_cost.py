@@ -43,8 +43,8 @@ class PolicyWeights:
       either the cost decides, which may copy the prefix to another worker
       (replication). Both 0 turns stickiness off.
     - ``owner_wait_share``: an owner keeps a sticky request only while the prefill
-      queued on it (``num_queued_prefill_tokens``) is at most this share of the tokens
-      it would save (its match); 0: no such bound.
+      queued on it (``num_queued_prefill_tokens``) exceeds the least-queued worker's
+      by at most this share of the tokens it would save (its match); 0: no such bound.
     - ``owner_min_share``: the share of the prompt a match must cover for stickiness.
     """
 
@@ -55,7 +55,7 @@ class PolicyWeights:
     load_cap_factor: float = 1.25
     hash_prefix_tokens: int = 64
     owner_load_cap_factor: float = 1.5
-    owner_wait_share: float = 1.0
+    owner_wait_share: float = 2.0
     owner_min_share: float = 0.5
 
     def __post_init__(self) -> None:
@@ -95,12 +95,14 @@ def num_active_requests(view: WorkerView) -> int:
 
 
 def num_queued_prefill_tokens(view: WorkerView) -> int:
-    """Prompt tokens queued for prefill on the worker, ahead of a request sent now: the
-    polled count, or this router's in-flight uncached tokens before their first token
-    when that is higher. Requests past their first token (decoding) are not counted:
-    they share steps with a new prefill but do not delay it by their prompts."""
-    polled, in_flight = view.num_waiting_tokens, view.num_in_flight_prompt_tokens
-    return polled if polled > in_flight else in_flight
+    """Prompt tokens this router sent the worker that still wait for prefill: each
+    request's uncached part (prompt minus its match at decision) until its first
+    token. Requests past their first token (decoding) are not counted: they share
+    steps with a new prefill but do not delay it by their prompts. The polled
+    ``num_waiting_tokens`` is not used here: an engine matches a prefix only at
+    admission, so it counts waiting prompts whole, cached prefix included, and a
+    sticky owner's queue of cached turns would look like recomputation."""
+    return view.num_in_flight_prompt_tokens
 
 
 def is_saturated(view: WorkerView) -> bool:

@@ -9,8 +9,8 @@ weighs each worker's cached prefix against its load in one continuous cost::
 (``router.routing.load_cost``). The lowest cost wins; ties go to the least loaded, then to
 rendezvous-hash order. A request whose longest match covers at least
 ``owner_min_share`` of its prompt stays on the workers holding it (its owners) while
-one is under a bounded-load cap and its queued prefill exceeds the least-queued
-worker's by at most what the match saves (``owner_wait_share``), so a passing queue
+one is under a bounded-load cap and the prefill this router queued on it exceeds the
+least-queued worker's by at most ``owner_wait_share`` times the match, so a passing queue
 does not copy a hot prefix around; with every owner past either bound the cost
 decides, and may replicate it to a second worker. A cold prefix (no worker matches any of it) goes to the first
 worker in rendezvous-hash order of its first tokens that is under the bounded-load

@@ -111,3 +111,19 @@ def test_closed_loop_sends_each_client_its_next_request_when_its_last_ends():
     assert results.arrival_s == pytest.approx([0.0, 0.19, 0.38])
     assert results.ttft_s == pytest.approx([0.1, 0.1, 0.1])
     assert results.end_s == pytest.approx(0.57)
+
+
+def test_a_waiting_prompt_counts_whole_as_the_engine_counts_it():
+    policy = RecordingPolicy()
+    polling = SimConfig(**{**CONFIG.__dict__, "poll_interval_s": 0.0})
+    cluster = Cluster(PolicySpec(lambda seed: policy), 1, polling)
+    first = tokens(0, 100)
+    requests = [TraceRequest(0.0, "t", "s", first, tokens(9000, 4)),
+                TraceRequest(0.15, "t", "s", first + tokens(500, 100), tokens(9100, 4)),
+                TraceRequest(0.16, "t", "s", first + tokens(700, 50), tokens(9200, 4)),
+                TraceRequest(0.17, "t", "s", tokens(800, 10), tokens(9300, 4))]
+    cluster.run(iter(requests))
+    # At 0.17 s the second prefills (0.15-0.25 s) and the third waits: 150 prompt
+    # tokens, 100 of them cached (the engine matches only at admission).
+    assert policy.seen[3][0].num_waiting_tokens == 150
+    assert cluster.results.num_cached_tokens[:3] == [0, 100, 100]

@@ -183,18 +183,21 @@ def test_owner_cap_below_one_is_refused():
 
 
 def test_an_owner_whose_prefill_queue_outweighs_its_match_loses_stickiness():
-    # w0 holds 800 tokens and is under the count cap; 1,000 tokens queued for prefill on
-    # it (polled) is more than the 800 it saves over the least queued worker (w1, 100
-    # queued), so the cost decides (w1: 900 + 100 < w0: 200 + 1000); without the wait
+    # w0 holds 800 tokens and is under the count cap. This router sent it 1,800 tokens
+    # still to prefill, more than the least queued worker's (w1: 100) + 2 x the 800 it
+    # saves, so the cost decides (w1: 900 + 100 < w0: 200 + 1800); without the wait
     # bound (share 0) the count cap alone keeps it on w0.
-    workers = views({"num_matched_tokens": 800, "num_waiting_tokens": 1000, "num_in_flight_requests": 2},
-                    {"num_matched_tokens": 100, "num_waiting_tokens": 100, "num_in_flight_requests": 2})
+    workers = views({"num_matched_tokens": 800, "num_in_flight_prompt_tokens": 1800, "num_in_flight_requests": 2},
+                    {"num_matched_tokens": 100, "num_in_flight_prompt_tokens": 100, "num_in_flight_requests": 2})
     assert make_policy("cache_aware", {"owner_wait_share": 0}).choose(request(), workers).chosen == "w0"
     assert make_policy().choose(request(), workers).chosen == "w1"
-    # 900 queued (this router's own in-flight count, higher than the poll) is within it.
-    within = [workers[0]._replace(num_waiting_tokens=0, num_in_flight_prompt_tokens=900), workers[1]]
+    # 1,700 queued is within the default bound, not within share 1's (900).
+    within = [workers[0]._replace(num_in_flight_prompt_tokens=1700), workers[1]]
     assert make_policy().choose(request(), within).chosen == "w0"
-    assert make_policy("cache_aware", {"owner_wait_share": 0.5}).choose(request(), within).chosen == "w1"
+    assert make_policy("cache_aware", {"owner_wait_share": 1}).choose(request(), within).chosen == "w1"
+    # The polled waiting tokens (whole prompts, cached prefix included) do not count.
+    polled = [within[0]._replace(num_waiting_tokens=50_000), workers[1]]
+    assert make_policy().choose(request(), polled).chosen == "w0"
     # The bound alone (no count cap) keeps stickiness on.
-    alone = make_policy("cache_aware", {"owner_load_cap_factor": 0, "owner_wait_share": 1.0})
+    alone = make_policy("cache_aware", {"owner_load_cap_factor": 0})
     assert alone.choose(request(), within).chosen == "w0"
