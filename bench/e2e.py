@@ -87,8 +87,8 @@ def workers(num_workers: int, kv_cache_bytes: str, *flags: str,
 
 @contextlib.contextmanager
 def router(setup: str, urls: list[str], log_dir: Path,
-           poll_interval_s: float = 1.0) -> Iterator[tuple[str, str]]:
-    """The router's URL and the key a client sends it. ``setup`` is a peer setup's
+           poll_interval_s: float = 1.0) -> Iterator[tuple[str, str, int]]:
+    """The router's URL, the key a client sends it and its process id. ``setup`` is a peer setup's
     name, or ours: ``ours <policy>`` optionally followed by ``name=value`` weights,
     polling its workers' load every ``poll_interval_s`` (the peers poll none)."""
     if setup.startswith("ours "):
@@ -103,14 +103,14 @@ def router(setup: str, urls: list[str], log_dir: Path,
                 if time.monotonic() > deadline:
                     raise RuntimeError("our router: workers not ready")
                 time.sleep(0.1)
-            yield router.url, TENANT_KEY
+            yield router.url, TENANT_KEY, router.proc.pid
         finally:
             router.stop()
         return
     peer = peers.start_peer(peers.PEER_SETUPS[setup], urls, WORKER_KEY, "demo",
                             log_dir / f"{setup.replace(' ', '_')}.log", READY_TIMEOUT_S)
     try:
-        yield peer.url, WORKER_KEY
+        yield peer.url, WORKER_KEY, peer.process.pid
     finally:
         peer.stop()
 
@@ -178,7 +178,7 @@ def run_setup(setup: str, requests: list[TraceRequest], args: argparse.Namespace
     with workers(args.workers, args.kv_cache_bytes) as started, \
             tempfile.TemporaryDirectory(prefix="e2e-") as tmp:
         urls = [w.url for w in started]
-        with router(setup, urls, Path(tmp)) as (url, key):
+        with router(setup, urls, Path(tmp)) as (url, key, _):
             before = [requests_served(w) for w in started]
             start = time.perf_counter()
             outcomes = asyncio.run(drive(url, key, requests, args.clients, setup))

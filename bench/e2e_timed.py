@@ -18,8 +18,12 @@ and our router polls its workers' load every ``POLL_INTERVAL_S`` profile seconds
 
 Per run: TTFT p50/p99 (client side, first streamed text), cached fraction (usage
 ``cached_tokens`` / ``prompt_tokens``), requests per worker (each worker's metrics)
-and max/mean, goodput: requests per second whose TTFT met ``--slo-s``, and the mean CPU
-of a worker over the run (cores, at this time scale).
+and max/mean, goodput: requests per second whose TTFT met ``--slo-s``, the mean CPU
+of a worker over the run (cores, at this time scale), how late the client sent its
+requests (p99, profile seconds: a loaded machine's CPU queueing, which reads as GPU
+time in every TTFT), and the router's CPU: per
+request and in cores at the profile's real time (``router_cpu``: what it would need
+in front of real GPUs at this request rate).
 """
 
 from __future__ import annotations
@@ -37,7 +41,7 @@ from openai import AsyncOpenAI
 
 from bench import peers
 from bench.e2e import WORKER_KEY, drive, requests_served, router, stream_completion, workers
-from bench.procs import http_json
+from bench.procs import http_json, process_cpu_s
 from bench.workloads import TraceRequest, WorkloadConfig, generate
 from radix.cost_model import Profile, get_profile
 from radix.keys import to_key
@@ -52,6 +56,8 @@ OUR_SETUPS = ("ours cache_aware", "ours round_robin")
 # Our router's load poll, in profile seconds (its default in real time).
 POLL_INTERVAL_S = 1.0
 DECODE_BATCH = 16
+# Seconds a router is watched idle before its run, to take its polls out of its CPU.
+IDLE_WINDOW_S = 1.0
 Outcome = tuple[int, int, float | None, int, str | None]
 
 
@@ -79,14 +85,18 @@ def at_load(requests: list[TraceRequest], rps: float) -> list[float]:
 
 
 async def drive_open(url: str, key: str, requests: list[TraceRequest], arrivals_s: list[float],
-                     models: Sequence[str] | None = None) -> list[Outcome]:
+                     models: Sequence[str] | None = None,
+                     late_s: list[float] | None = None) -> list[Outcome]:
     """Send each request at its arrival (wall seconds from now), all concurrently, to
-    the model ``models`` names for it (``demo`` for all without)."""
+    the model ``models`` names for it (``demo`` for all without); appends to ``late_s``
+    (when given) how late each was sent (the client's own CPU queueing)."""
     client = AsyncOpenAI(base_url=f"{url}/v1", api_key=key, max_retries=0, timeout=600)
     start = time.perf_counter()
 
     async def one(request: TraceRequest, arrival_s: float, model: str) -> Outcome:
         await asyncio.sleep(max(0.0, start + arrival_s - time.perf_counter()))
+        if late_s is not None:
+            late_s.append(time.perf_counter() - start - arrival_s)
         return await stream_completion(client, request, model)
 
     try:
@@ -119,20 +129,40 @@ def run_cell(setup: str, started: list, requests: list[TraceRequest], load: str,
              args: argparse.Namespace, log_dir: Path) -> dict[str, object]:
     """One router setup on the started workers, at one load ("closed" or a fraction)."""
     urls = [w.url for w in started]
-    with router(setup, urls, log_dir, POLL_INTERVAL_S / args.time_scale) as (url, key):
+    with router(setup, urls, log_dir, POLL_INTERVAL_S / args.time_scale) as (url, key, pid):
         before = [requests_served(w) for w in started]
         cpu_before = [w.cpu_s() for w in started]
-        start = time.perf_counter()
+        router_cpu_before = process_cpu_s(pid)
+        time.sleep(IDLE_WINDOW_S)
+        idle_cores = (process_cpu_s(pid) - router_cpu_before) / IDLE_WINDOW_S
+        router_cpu_before = process_cpu_s(pid)
+        start, late_s = time.perf_counter(), [0.0]
         if load == "closed":
             outcomes = asyncio.run(drive(url, key, requests, args.clients_per_worker * len(urls), setup))
         else:
             arrivals = [a * args.time_scale for a in at_load(requests, float(load) * rps)]
-            outcomes = asyncio.run(drive_open(url, key, requests, arrivals))
+            outcomes = asyncio.run(drive_open(url, key, requests, arrivals, late_s=late_s))
         wall_s = time.perf_counter() - start
         per_worker = [requests_served(w) - b for w, b in zip(started, before, strict=True)]
         cpu_s = [w.cpu_s() - b for w, b in zip(started, cpu_before, strict=True)]
+        router_cpu_s = process_cpu_s(pid) - router_cpu_before
     return {**summarize(outcomes, per_worker, wall_s, args.time_scale, args.slo_s),
-            "worker_cpu_cores": float(np.mean(cpu_s)) / wall_s}
+            "worker_cpu_cores": float(np.mean(cpu_s)) / wall_s,
+            "send_late_p99_s": float(np.percentile(late_s, 99)) / args.time_scale,
+            **router_cpu(router_cpu_s, idle_cores, len(outcomes), wall_s, args.time_scale)}
+
+
+def router_cpu(cpu_s: float, idle_cores: float, num_requests: int, wall_s: float,
+               time_scale: float) -> dict[str, float]:
+    """The router's CPU over a run of ``num_requests`` in ``wall_s``, net of what it
+    burns idle (``idle_cores``: its load polls, which a timed run makes ``time_scale``
+    times as frequent as in real time): CPU per request, and the cores it would need
+    in real time, where the same requests arrive ``time_scale`` times faster and the
+    polls at their real interval."""
+    per_request_s = max(0.0, cpu_s - idle_cores * wall_s) / max(num_requests, 1)
+    real_rps = num_requests * time_scale / wall_s
+    return {"router_cpu_ms_per_request": 1e3 * per_request_s, "router_idle_cores": idle_cores,
+            "router_cpu_cores_real_time": per_request_s * real_rps + idle_cores / time_scale}
 
 
 def tagged(requests: list[TraceRequest], run: int) -> list[TraceRequest]:
@@ -154,13 +184,14 @@ def warm_up(started: list) -> None:
 
 def _setups(args: argparse.Namespace) -> list[str]:
     found = peers.available()
-    return [s for s in args.routers if s in OUR_SETUPS or found[peers.PEER_SETUPS[s].module]]
+    return [s for s in args.routers if s.startswith("ours ") or found[peers.PEER_SETUPS[s].module]]
 
 
 def _row(key: str, r: dict) -> str:
     return (f"{key:<44}{r['num_errors']:>5}{r['cached_fraction']:>8.1%}{1e3 * r['ttft_p50_s']:>8.0f}"
             f"{1e3 * r['ttft_p99_s']:>8.0f}{r['goodput_rps']:>9.1f}{r['max_over_mean_load']:>9.2f}"
-            f"{r['wall_s']:>7.0f}{r['worker_cpu_cores']:>7.3f}")
+            f"{r['wall_s']:>7.0f}{r['worker_cpu_cores']:>7.3f}{r['router_cpu_cores_real_time']:>7.2f}"
+            f"{1e3 * r['send_late_p99_s']:>8.1f}")
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -172,7 +203,8 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--workers", type=int, nargs="+", default=[8, 16])
     parser.add_argument("--workloads", nargs="+", default=["rag", "chat", "agent", "multitenant"])
     parser.add_argument("--loads", nargs="+", default=["0.5", "0.8", "0.95", "closed"])
-    parser.add_argument("--routers", nargs="+", default=[*OUR_SETUPS, *peers.PEER_SETUPS])
+    parser.add_argument("--routers", nargs="+", default=[*OUR_SETUPS, *peers.PEER_SETUPS],
+                        help='setups: the peers\' names, or "ours POLICY [WEIGHT=VALUE ...]"')
     parser.add_argument("--requests", type=int, default=300, help="per run")
     parser.add_argument("--clients-per-worker", type=int, default=4, help="closed loop")
     parser.add_argument("--time-scale", type=float, default=20.0)
@@ -185,7 +217,7 @@ def main(argv: list[str] | None = None) -> dict:
     results: dict[str, object] = {"profile": profile.name, "time_scale": args.time_scale,
                                   "slo_s": args.slo_s, "setups": setups, "runs": {}}
     print(f"{'workload/workers/load/router':<44}{'errs':>5}{'cached':>8}{'p50 ms':>8}{'p99 ms':>8}"
-          f"{'goodput':>9}{'max/mean':>9}{'wall s':>7}{'w cpu':>7}")
+          f"{'goodput':>9}{'max/mean':>9}{'wall s':>7}{'w cpu':>7}{'r cpu':>7}{'late ms':>8}")
     flags = ("--model", f"timed:{profile.name}", "--served-model-name", "demo", "--time-scale",
              str(args.time_scale), "--max-batched-tokens", str(args.max_batched_tokens))
     run = 0

@@ -5,12 +5,14 @@ machine state: the simulator (``bench.sim``) for every policy on every workload 
 each worker count, its scaling with workers and requests, the cached fraction
 against the KV capacity; the end-to-end run (``bench.e2e``) of our router and the
 installed peer routers in front of the same workers; the same at cluster scale on timed
-workers (``bench.e2e_timed``: 8 and 16 workers, four workloads at 80% load, rag swept
-over loads and closed loop) and the simulator checked against it (``bench.sim_check``); and the radix core
-(``bench.radix_bench``); the routers in front of two real vLLM servers
-(``bench.vllm_bench``); LoRA adapters on timed workers (``bench.lora_bench``); and the chaos soak (``bench.chaos``, 5 minutes; one minute
-with ``--quick``; the 30-minute soak is ``make soak``, outside the report's 30
-minutes). Writes ``results.json``, ``summary.md`` (the tables, with
+workers (``bench.e2e_timed``: 8 and 16 workers, rag, chat and agent at 80% load, rag
+at 16 also at 95% and closed loop; the cache-aware routers) and the simulator checked
+against it (``bench.sim_check``); and the radix core (``bench.radix_bench``); the
+routers in front of two real vLLM servers (``bench.vllm_bench``); LoRA adapters on
+timed workers (``bench.lora_bench``); and the chaos soak (``bench.chaos``, 2 minutes;
+one with ``--quick``; the 30-minute soak is ``make soak``). The sizes keep the whole
+report under 30 minutes (docs/bench.md, "The report's 30 minutes"); it prints and
+records the time of each part. Writes ``results.json``, ``summary.md`` (the tables, with
 the command that made them) and PNG plots (matplotlib; without it the plots are
 skipped and the summary says so). The other micro-benchmarks run with
 ``python -m bench NAME``.
@@ -25,6 +27,7 @@ import json
 import platform
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -55,18 +58,23 @@ class Plan:
     lora_args: tuple[str, ...]
 
 
+# The cache-aware routers of the timed runs (the cache-blind baselines, ours
+# round_robin and vllm consistent_hash, run with ``python -m bench e2e --backend timed``).
+TIMED_ROUTERS = ("ours cache_aware", "sglang cache_aware default", "sglang cache_aware tuned",
+                 "vllm cache_aware")
 FULL = Plan(workers=(8, 32, 256), workloads=("rag", "chat", "agent", "multitenant"),
             requests_per_worker=100, min_requests=3000, max_requests=4000,
             scaling_workers=(8, 32, 128, 256), scaling_requests=(2000, 4000, 8000),
             cache_sizes=(25_000, 50_000, 100_000, 200_000, 400_000),
             e2e_args=("--workers", "4", "--requests", "300", "--clients", "16"),
-            timed_args=(("--workers", "8", "16", "--workloads", "rag", "chat", "agent", "multitenant",
-                         "--loads", "0.8", "--requests", "80"),
-                        ("--workers", "16", "--workloads", "rag", "--loads", "0.5", "0.95", "closed",
-                         "--requests", "80")),
-            sim_check_args=("--workers", "8", "--workloads", "rag", "chat", "--requests", "150"),
+            timed_args=(("--workers", "8", "16", "--workloads", "rag", "chat", "agent", "--loads", "0.8",
+                         "--requests", "80", "--routers", *TIMED_ROUTERS),
+                        ("--workers", "16", "--workloads", "rag", "--loads", "0.95", "closed",
+                         "--requests", "80", "--routers", *TIMED_ROUTERS)),
+            sim_check_args=("--workers", "8", "--workloads", "rag", "chat", "--requests", "100"),
             reference_args=("--requests", "5000", "--clients", "64"), radix_requests=20_000,
-            vllm_args=("--requests", "160"), chaos_duration_s=300.0, lora_args=())
+            vllm_args=("--requests", "160"), chaos_duration_s=120.0,
+            lora_args=("--requests", "240"))
 QUICK = Plan(workers=(8,), workloads=("rag", "chat"), requests_per_worker=60,
              min_requests=500, max_requests=500, scaling_workers=(4, 8, 16),
              scaling_requests=(250, 500), cache_sizes=(50_000, 200_000),
@@ -155,31 +163,33 @@ def main(argv: list[str] | None = None) -> Path:
     report: dict[str, object] = {"machine": platform.platform(), "started": time.strftime("%Y-%m-%d %H:%M:%S"),
                                  "command": " ".join(["python -m bench.report", *(argv or sys.argv[1:])]),
                                  "plan": plan.__dict__, "rates": RATES}
-    print("=== simulator ===", flush=True)
-    report["sim"] = run_sim(plan)
-    report["scaling"] = run_scaling(plan)
-    report["cache_sizes"] = run_cache_sizes(plan)
-    print("=== end to end ===", flush=True)
-    report["e2e"] = e2e.main(list(plan.e2e_args))
-    print("=== end to end, timed workers ===", flush=True)
-    report["e2e_timed"] = run_timed(plan)
-    print("=== simulator against the timed cluster ===", flush=True)
-    report["sim_check"] = sim_check.main(list(plan.sim_check_args))
-    print("=== reference harness ===", flush=True)
-    report["reference"] = reference.main(list(plan.reference_args))
-    print("=== radix core ===", flush=True)
-    report["radix"] = radix_bench.main(["--requests", str(plan.radix_requests)])
+    parts: list[tuple[str, Callable[[], object]]] = [
+        ("sim", lambda: run_sim(plan)),
+        ("scaling", lambda: run_scaling(plan)),
+        ("cache_sizes", lambda: run_cache_sizes(plan)),
+        ("e2e", lambda: e2e.main(list(plan.e2e_args))),
+        ("e2e_timed", lambda: run_timed(plan)),
+        ("sim_check", lambda: sim_check.main(list(plan.sim_check_args))),
+        ("reference", lambda: reference.main(list(plan.reference_args))),
+        ("radix", lambda: radix_bench.main(["--requests", str(plan.radix_requests)])),
+        ("vllm", lambda: vllm_bench.main(list(plan.vllm_args))),
+        ("lora", lambda: lora_bench.main(list(plan.lora_args))),
+        ("chaos", lambda: chaos.main(["--duration-s", str(plan.chaos_duration_s)])),
+    ]
+    part_s: dict[str, float] = {}
+    report["part_s"] = part_s
+    for name, run in parts:
+        print(f"=== {name} ===", flush=True)
+        part_start = time.perf_counter()
+        report[name] = run()
+        part_s[name] = time.perf_counter() - part_start
+        print(f"=== {name}: {part_s[name]:.0f} s ===", flush=True)
     report["sglang_radix"] = report["radix"]["sglang_radix"]
-    print("=== in front of real vLLM ===", flush=True)
-    report["vllm"] = vllm_bench.main(list(plan.vllm_args))
-    print("=== LoRA adapters ===", flush=True)
-    report["lora"] = lora_bench.main(list(plan.lora_args))
-    print("=== chaos soak ===", flush=True)
-    report["chaos"] = chaos.main(["--duration-s", str(plan.chaos_duration_s)])
     report["wall_s"] = time.perf_counter() - start
     (out / "results.json").write_text(json.dumps(report, indent=2, default=str))
     plots = write_plots(report, out)
     write_summary(report, plots, out)
+    print("time per part: " + ", ".join(f"{name} {seconds:.0f} s" for name, seconds in part_s.items()))
     print(f"report written to {out} in {report['wall_s']:.0f} s")
     return out
 

@@ -29,8 +29,8 @@ def timed_table(results: dict) -> list[str]:
     lines = [f"profile `{results['profile']}`, waits x{results['time_scale']:g} (times below are "
              f"profile seconds), TTFT SLO {results['slo_s']:g} s", "",
              "| workload | workers | load | router | cached | TTFT p50 ms | TTFT p99 ms | "
-             "goodput req/s | max/mean | errors | CPU per worker |",
-             "|---|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|"]
+             "goodput req/s | max/mean | errors | CPU per worker | sent late p99 ms |",
+             "|---|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for (workload, workers), loads in _cells(results).items():
         for load, runs in loads.items():
             best = min(r["ttft_p99_s"] for r in runs.values())
@@ -39,8 +39,65 @@ def timed_table(results: dict) -> list[str]:
                 lines.append(f"| {workload} | {workers} | {load} | {setup} | {r['cached_fraction']:.3f} | "
                              f"{1e3 * r['ttft_p50_s']:.0f} | {f'**{p99}**' if r['ttft_p99_s'] == best else p99} | "
                              f"{r['goodput_rps']:.1f} | {r['max_over_mean_load']:.2f} | {r['num_errors']} | "
-                             f"{r.get('worker_cpu_cores', float('nan')):.3f} |")
+                             f"{r.get('worker_cpu_cores', float('nan')):.3f} | "
+                             f"{1e3 * r.get('send_late_p99_s', float('nan')):.1f} |")
     return lines + ["", *slo_crossings(results)]
+
+
+def readme_tables(results: dict) -> list[str]:
+    """README-ready: per load, a row per (workload, workers) and a column per router,
+    each cell TTFT p50 / p99 ms, cached fraction, goodput req/s (bold: the row's
+    lowest p99); then the router CPU each setup needed in real time at the largest
+    size."""
+    cells = _cells(results)
+    setups = list(results["setups"])
+    lines = []
+    for load in sorted({load for loads in cells.values() for load in loads}, key=_load_order):
+        lines += [f"Load {load}: TTFT p50 / p99 ms, cached fraction, goodput req/s under "
+                  f"{1e3 * results['slo_s']:g} ms", "",
+                  "| workload | workers | " + " | ".join(setups) + " |",
+                  "|---|---:|" + "---|" * len(setups)]
+        for (workload, workers), loads in cells.items():
+            runs = loads.get(load)
+            if runs is None:
+                continue
+            best = min(r["ttft_p99_s"] for r in runs.values())
+            lines.append(f"| {workload} | {workers} | " + " | ".join(
+                _readme_cell(runs[s], best) if s in runs else "" for s in setups) + " |")
+        lines.append("")
+    return lines + _router_cpu(cells)
+
+
+def _load_order(load: str) -> float:
+    return float("inf") if load == "closed" else float(load)
+
+
+def _readme_cell(r: dict, best_p99_s: float) -> str:
+    p50, p99 = f"{1e3 * r['ttft_p50_s']:.0f}", f"{1e3 * r['ttft_p99_s']:.0f}"
+    return (f"{p50} / {f'**{p99}**' if r['ttft_p99_s'] == best_p99_s else p99}, "
+            f"{r['cached_fraction']:.2f}, {r['goodput_rps']:.0f}")
+
+
+def _router_cpu(cells: dict) -> list[str]:
+    """Per setup, the highest router CPU (cores at the profile's real time) and CPU
+    per request over the runs at the largest worker count."""
+    largest = max((int(workers) for _, workers in cells), default=0)
+    peak: dict[str, tuple[float, float]] = {}
+    for (_, workers), loads in cells.items():
+        if int(workers) != largest:
+            continue
+        for runs in loads.values():
+            for setup, r in runs.items():
+                if "router_cpu_cores_real_time" in r:
+                    cores, ms = peak.get(setup, (0.0, 0.0))
+                    peak[setup] = (max(cores, r["router_cpu_cores_real_time"]),
+                                   max(ms, r["router_cpu_ms_per_request"]))
+    if not peak:
+        return []
+    return [f"Router CPU at {largest} workers (highest over its runs; cores the router would "
+            "need at the profile's real request rate, and CPU ms per request): "
+            + "; ".join(f"{setup} {cores:.2f} cores, {ms:.2f} ms" for setup, (cores, ms) in peak.items())
+            + "."]
 
 
 def slo_crossings(results: dict) -> list[str]:

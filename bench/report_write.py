@@ -7,7 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from bench.lora_bench import markdown_table
-from bench.report_timed import save_figure, timed_plots, timed_table
+from bench.report_timed import readme_tables, save_figure, timed_plots, timed_table
 
 PEER_POLICIES = ("threshold_default", "threshold_tuned")
 
@@ -103,7 +103,10 @@ def sim_check_table(results: dict) -> list[str]:
         for figure in ("ttft_p50_s", "ttft_p99_s", "cached_fraction"):
             timed, sim = both["timed"][figure], both["sim"][figure]
             lines.append(f"| {workload} | {figure} | {timed:.3f} | {sim:.3f} | {sim / max(timed, 1e-9):.2f} |")
-    return lines
+    return lines + ["", "The timed client sent its requests late by (p99, profile ms; CPU queueing that "
+                        "reads as GPU time): " + ", ".join(
+                            f"{workload} {1e3 * both['timed'].get('send_late_p99_s', float('nan')):.1f}"
+                            for workload, both in results.items()) + "."]
 
 
 def write_summary(report: dict, plots: list[str] | None, out: Path) -> None:
@@ -112,7 +115,8 @@ def write_summary(report: dict, plots: list[str] | None, out: Path) -> None:
     lines = [f"# Routing report ({report['started']})", "",
              f"Command: `{report['command']}` (`make bench` / `make bench-quick`); machine "
              f"`{report['machine']}`, shared with other jobs while it ran, so compare rows "
-             f"of one run (ratios), not runs. Wall time {report['wall_s']:.0f} s.", "",
+             f"of one run (ratios), not runs. Wall time {report['wall_s']:.0f} s ("
+             + ", ".join(f"{name} {seconds:.0f} s" for name, seconds in report["part_s"].items()) + ").", "",
              "## Simulator", "", f"Session starts per second per worker: {report['rates']}.", "",
              *sim_table(report), "", "### Targets", "", *sim_targets(report), "",
              "### Simulator scaling (ours, rag)", "", "| workers | requests | wall s |", "|---:|---:|---:|",
@@ -126,7 +130,7 @@ def write_summary(report: dict, plots: list[str] | None, out: Path) -> None:
                for policy, rows in report["cache_sizes"].items()), "",
              "## End to end, same workers", "", *e2e_table(report), "",
              "## End to end at cluster scale (timed workers, `bench.e2e_timed`)", "",
-             *timed_table(report["e2e_timed"]), "",
+             *readme_tables(report["e2e_timed"]), *timed_table(report["e2e_timed"]), "",
              "## Simulator against the timed cluster (`bench.sim_check`)", "",
              *sim_check_table(report["sim_check"]), "",
              "## Reference harness (stand-in workers, `bench.reference`)", "", *reference_table(report), "",

@@ -25,6 +25,7 @@ Run: ``python -m bench sim [--workers 8 32] [--workloads rag chat] [--requests N
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import functools
 import heapq
 import itertools
@@ -58,6 +59,7 @@ NAMESPACE = "5a" * 32
 _view = functools.partial(tuple.__new__, WorkerView)
 NO_ADAPTER = (0.0, 0.0)  # adapter_load_ms, adapter_swap_share: the simulated requests run no LoRA adapter
 NUM_TIME_BUCKETS = 20
+CLOSED = "closed"
 # Session starts per second per worker: each workload at a load where queueing shows.
 RATES = {"rag": 3.0, "chat": 2.0, "agent": 0.4, "rag_chat": 2.5, "multitenant": 4.0}
 
@@ -156,7 +158,9 @@ class SimWorker:
 
     def load(self) -> tuple[int, int, int, float, None]:
         """What ``/info`` reports, in ``WorkerView``'s order: running requests, waiting
-        requests, prompt tokens waiting, KV usage, and no queue bound."""
+        requests, prompt tokens waiting (whole prompts, cached prefix included, as the
+        engine counts them: it matches a prefix only at admission), KV usage, and no
+        queue bound."""
         running = self.num_decoding + self.prefilling
         return (running, len(self.queue), self.num_waiting_tokens,
                 self.cache.tree.num_tokens() / self.config.kv_capacity_tokens, None)
@@ -166,7 +170,7 @@ class SimWorker:
         request = job.request
         cached = self.cache.match(request.prompt, request.tenant)
         job.num_cached_tokens = min(cached, request.num_prompt_tokens - 1)
-        self.num_waiting_tokens += request.num_prompt_tokens - job.num_cached_tokens
+        self.num_waiting_tokens += request.num_prompt_tokens
         self.num_requests += 1
         self.queue.append(job)
         self._start_prefill()
@@ -175,7 +179,7 @@ class SimWorker:
         if self.prefilling or not self.queue or self.num_decoding >= self.config.max_num_seqs:
             return
         job = self.queue.popleft()
-        self.num_waiting_tokens -= job.request.num_prompt_tokens - job.num_cached_tokens
+        self.num_waiting_tokens -= job.request.num_prompt_tokens
         self.prefilling = True
         prefill_s = self._prefill_s(job.num_cached_tokens, job.request.num_prompt_tokens)
         self.busy_s += prefill_s
@@ -258,6 +262,7 @@ class Cluster:
         self.results = Results()
         self._heap: list[tuple[float, int, Callable[[], None]]] = []
         self._order = itertools.count()
+        self._on_finish: Callable[[], None] | None = None
 
     def at(self, when: float, action: Callable[[], None]) -> None:
         """Run ``action`` at simulated time ``when``."""
@@ -274,6 +279,23 @@ class Cluster:
         first = next(requests, None)
         if first is not None:
             self.at(first.arrival_s, lambda: arrive(first))
+        return self._loop()
+
+    def run_closed(self, requests: Iterator[TraceRequest], num_clients: int) -> Results:
+        """Closed loop: ``num_clients`` clients take ``requests`` in order, each sending
+        its next the moment its last finishes (arrival times ignored; TTFT counts from
+        the send), as ``bench.e2e``'s closed-loop clients do."""
+        def send_next() -> None:
+            request = next(requests, None)
+            if request is not None:
+                self.submit(dataclasses.replace(request, arrival_s=self.now))
+
+        self._on_finish = send_next
+        for _ in range(num_clients):
+            send_next()
+        return self._loop()
+
+    def _loop(self) -> Results:
         while self._heap:
             self.now, _, action = heapq.heappop(self._heap)
             action()
@@ -316,6 +338,8 @@ class Cluster:
         r.num_prompt_tokens.append(request.num_prompt_tokens)
         r.num_cached_tokens.append(job.num_cached_tokens)
         r.num_output_tokens.append(request.num_output_tokens)
+        if self._on_finish is not None:
+            self._on_finish()
 
     def deliver(self, worker: SimWorker, events: list[KVEvent]) -> None:
         """A worker's KV events reach the router (exact mode only)."""
@@ -364,18 +388,24 @@ def table_row(workload: str, num_workers: int, policy: str, r: dict) -> str:
 def simulate(policy: str, num_workers: int, workload: str, num_requests: int,
              rate_per_worker: float, seed: int = 0, config: SimConfig | None = None,
              workload_config: WorkloadConfig | None = None, arrival: str = "poisson",
-             kv_events: bool = True, weights: dict[str, float] | None = None) -> dict[str, object]:
+             kv_events: bool = True, weights: dict[str, float] | None = None,
+             clients_per_worker: int = 4) -> dict[str, object]:
     """One run of ``policy`` (a ``SIM_POLICIES`` name; one of ours runs with ``weights``
     over its defaults when given) on ``num_workers`` workers: ``num_requests`` requests
-    of ``workload``, sessions starting at ``rate_per_worker * num_workers`` per second
-    (``kv_events``: see ``Cluster``)."""
+    of ``workload``, sessions starting at ``rate_per_worker * num_workers`` per second,
+    or with ``arrival`` "closed", ``clients_per_worker * num_workers`` closed-loop
+    clients taking them in that order (``kv_events``: see ``Cluster``)."""
     config = config or SimConfig()
     spec = _ours(policy, weights) if weights and policy in POLICIES else SIM_POLICIES[policy]
     cluster = Cluster(spec, num_workers, config, seed, kv_events, config.kv_capacity_tokens)
-    requests = generate(workload, num_requests, rate_per_worker * num_workers, seed, arrival,
-                        workload_config)
+    closed = arrival == CLOSED
+    requests = generate(workload, num_requests, rate_per_worker * num_workers, seed,
+                        "poisson" if closed else arrival, workload_config)
     start = time.perf_counter()
-    cluster.run(requests)
+    if closed:
+        cluster.run_closed(requests, clients_per_worker * num_workers)
+    else:
+        cluster.run(requests)
     return summarize(cluster, time.perf_counter() - start)
 
 
@@ -389,7 +419,9 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--requests", type=int, default=3000)
     parser.add_argument("--rate", type=float, default=None,
                         help="session starts per second per worker (default: per workload)")
-    parser.add_argument("--arrival", default="poisson", choices=["poisson", "bursty"])
+    parser.add_argument("--arrival", default="poisson", choices=["poisson", "bursty", CLOSED],
+                        help=f"{CLOSED}: --clients-per-worker clients in a closed loop")
+    parser.add_argument("--clients-per-worker", type=int, default=4)
     parser.add_argument("--no-kv-events", action="store_true",
                         help="our policies read an approximate index (faster at scale)")
     parser.add_argument("--our-weights", nargs="*", default=[], metavar="NAME=VALUE",
@@ -403,7 +435,8 @@ def main(argv: list[str] | None = None) -> dict:
             for policy in args.policies:
                 r = simulate(policy, num_workers, workload, args.requests,
                              args.rate or RATES[workload], arrival=args.arrival,
-                             kv_events=not args.no_kv_events, weights=weights)
+                             kv_events=not args.no_kv_events, weights=weights,
+                             clients_per_worker=args.clients_per_worker)
                 results[f"{workload}/{num_workers}/{policy}"] = r
                 print(table_row(workload, num_workers, policy, r), flush=True)
     return results

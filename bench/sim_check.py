@@ -91,7 +91,7 @@ def main(argv: list[str] | None = None) -> dict:
             results[workload] = {"timed": timed, "sim": sim}
             print(f"{workload:<12}" + "".join(
                 f"{timed[f]:>10.3f} {sim[f]:>8.3f} {sim[f] / max(timed[f], 1e-9):>8.2f}x"
-                for f in FIGURES), flush=True)
+                for f in FIGURES) + f"   sent late p99 {1e3 * timed['send_late_p99_s']:.1f} ms", flush=True)
     return results
 
 

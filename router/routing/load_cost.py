@@ -36,11 +36,15 @@ class PolicyWeights:
       ``ceil(factor * (active requests of all workers + 1) / number of workers)``
       active requests.
     - ``hash_prefix_tokens``: how many leading prompt tokens consistent hashing reads.
-    - ``owner_load_cap_factor``: 0 turns owner stickiness off; else a request whose
-      longest match covers at least ``owner_min_share`` of its prompt stays on the
-      workers holding that match (its owners) while one of them is under the
-      bounded-load cap of this factor, whatever their queues; with every owner at the
-      cap the cost decides, which may copy the prefix to another worker (replication).
+    - ``owner_load_cap_factor``: owner stickiness: a request whose longest match
+      covers at least ``owner_min_share`` of its prompt stays on the workers holding
+      that match (its owners) while one of them is under the bounded-load cap of this
+      factor (0: no such cap) and under ``owner_wait_share``; with every owner over
+      either the cost decides, which may copy the prefix to another worker
+      (replication). Both 0 turns stickiness off.
+    - ``owner_wait_share``: an owner keeps a sticky request only while the prefill
+      queued on it (``num_queued_prefill_tokens``) exceeds the least-queued worker's
+      by at most this share of the tokens it would save (its match); 0: no such bound.
     - ``owner_min_share``: the share of the prompt a match must cover for stickiness.
     - ``adapter_load_cost_per_ms``: cost of one millisecond a request waits for its
       LoRA adapter to be loaded on a worker that does not hold it (prefill tokens per
@@ -62,6 +66,7 @@ class PolicyWeights:
     load_cap_factor: float = 1.25
     hash_prefix_tokens: int = 64
     owner_load_cap_factor: float = 1.5
+    owner_wait_share: float = 2.0
     owner_min_share: float = 0.5
     adapter_load_cost_per_ms: float = 32.0
     default_adapter_load_ms: float = 25.0
@@ -101,6 +106,17 @@ def num_active_requests(view: WorkerView) -> int:
     in through their prompt tokens (``queued_token_cost``)."""
     running, in_flight = view.num_requests_running, view.num_in_flight_requests
     return running if running > in_flight else in_flight
+
+
+def num_queued_prefill_tokens(view: WorkerView) -> int:
+    """Prompt tokens this router sent the worker that still wait for prefill: each
+    request's uncached part (prompt minus its match at decision) until its first
+    token. Requests past their first token (decoding) are not counted: they share
+    steps with a new prefill but do not delay it by their prompts. The polled
+    ``num_waiting_tokens`` is not used here: an engine matches a prefix only at
+    admission, so it counts waiting prompts whole, cached prefix included, and a
+    sticky owner's queue of cached turns would look like recomputation."""
+    return view.num_in_flight_prompt_tokens
 
 
 def is_saturated(view: WorkerView) -> bool:

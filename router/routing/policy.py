@@ -13,11 +13,12 @@ load's milliseconds, plus ``adapter_swap_cost`` times ``adapter_swap_share`` whe
 load evicts another adapter (``router.routing.adapters``). The lowest cost wins; ties go to the least loaded, then to
 rendezvous-hash order. A request whose longest match covers at least
 ``owner_min_share`` of its prompt stays on the workers holding it (its owners) while
-one is under a bounded-load cap, so a passing queue does not copy a hot prefix
-around; with every owner at the cap the cost decides, and may replicate it to a
-second worker; owners whose adapter cost is above the lowest are not owners. A cold
-prefix (no worker matches any of it, and the adapter cost is 0 everywhere) goes to
-the first
+one is under a bounded-load cap and the prefill this router queued on it exceeds the
+least-queued worker's by at most ``owner_wait_share`` times the match, so a passing
+queue does not copy a hot prefix around; with every owner past either bound the cost
+decides, and may replicate it to a second worker; owners whose adapter cost is above
+the lowest are not owners. A cold prefix (no worker matches any of it, and the
+adapter cost is 0 everywhere) goes to the first
 worker in rendezvous-hash order of its first tokens that is under the bounded-load
 cap, so concurrent requests for a new document meet on one worker and different
 documents spread. ``round_robin``, ``least_load``, ``consistent_hash`` and ``random``
@@ -45,6 +46,7 @@ from router.routing.load_cost import (
     load_cost,
     load_costs,
     num_active_requests,
+    num_queued_prefill_tokens,
     rendezvous_order,
 )
 
@@ -178,7 +180,7 @@ class CacheAwarePolicy(Policy):
             order = rendezvous_order(request.key, workers, self.weights.hash_prefix_tokens)
             first = bounded_load_pick(order, self.weights.load_cap_factor).worker_id
             ranked = [s for s in ranked if s.worker_id == first] + [s for s in ranked if s.worker_id != first]
-        elif self.weights.owner_load_cap_factor:
+        elif self.weights.owner_load_cap_factor or self.weights.owner_wait_share:
             ranked = self._owners_first(request, workers, ranked)
         return RouteDecision(self.name, tuple(s.worker_id for s in ranked), tuple(ranked), cold)
 
@@ -202,18 +204,25 @@ class CacheAwarePolicy(Policy):
 
     def _owners_first(self, request: RouteRequest, workers: Sequence[WorkerView],
                       ranked: list[WorkerScore]) -> list[WorkerScore]:
-        """``ranked`` with the owners of the longest match under the owner cap moved to
-        the front (in cost order), when that match is long enough to stick to."""
+        """``ranked`` with the owners of the longest match under the owner cap and the
+        wait bound moved to the front (in cost order), when that match is long enough
+        to stick to."""
+        weights = self.weights
         best = max(map(_MATCHED, ranked))
-        if best < self.weights.owner_min_share * request.num_prompt_tokens:
+        if best < weights.owner_min_share * request.num_prompt_tokens:
             return ranked
         owners = [v for v in workers if v.num_matched_tokens == best]
         least = min(map(self.adapter_cost, workers))
         owners = [v for v in owners if self.adapter_cost(v) <= least]
         if not owners or len(owners) == len(workers):
             return ranked
-        cap = bounded_load_cap(workers, self.weights.owner_load_cap_factor)
-        owner_ids = {v.worker_id for v in owners if num_active_requests(v) < cap}
+        if weights.owner_load_cap_factor:
+            cap = bounded_load_cap(workers, weights.owner_load_cap_factor)
+            owners = [v for v in owners if num_active_requests(v) < cap]
+        if weights.owner_wait_share:
+            max_wait = min(map(num_queued_prefill_tokens, workers)) + weights.owner_wait_share * best
+            owners = [v for v in owners if num_queued_prefill_tokens(v) <= max_wait]
+        owner_ids = {v.worker_id for v in owners}
         return ([s for s in ranked if s.worker_id in owner_ids]
                 + [s for s in ranked if s.worker_id not in owner_ids])
 

@@ -5,7 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from bench.e2e_timed import DECODE_BATCH, at_load, capacity_rps, tagged
+from bench.e2e_timed import DECODE_BATCH, at_load, capacity_rps, router_cpu, tagged
+from bench.report_timed import readme_tables, slo_crossings
 from bench.workloads import TraceRequest
 from radix.cost_model import CostModel, Profile
 from radix.keys import TOKEN_BYTES
@@ -39,3 +40,31 @@ def test_each_run_tags_its_prompts_differently():
     one, two = tagged([request], 1)[0], tagged([request], 2)[0]
     assert one.prompt.endswith(request.prompt) and one.num_prompt_tokens == 8
     assert one.prompt[: 4 * TOKEN_BYTES] != two.prompt[: 4 * TOKEN_BYTES]
+
+
+def test_router_cpu_leaves_out_the_polls_a_time_scale_multiplies():
+    # 2 CPU s over a 10 s run of 100 requests at time scale 20, 0.1 cores idle (polls):
+    # 1 s is the requests' (10 ms each); in real time they arrive at 100 / 0.5 s = 200/s
+    # (2 cores) and the polls cost 0.1 / 20 cores.
+    cpu = router_cpu(2.0, 0.1, 100, 10.0, 20.0)
+    assert cpu["router_cpu_ms_per_request"] == pytest.approx(10.0)
+    assert cpu["router_cpu_cores_real_time"] == pytest.approx(2.0 + 0.005)
+
+
+def _run(p50_ms: float, p99_ms: float, cached: float, cores: float = 0.0) -> dict:
+    return {"ttft_p50_s": p50_ms / 1e3, "ttft_p99_s": p99_ms / 1e3, "cached_fraction": cached,
+            "goodput_rps": 100.0, "router_cpu_cores_real_time": cores, "router_cpu_ms_per_request": 2.0}
+
+
+def test_readme_tables_put_a_router_per_column_and_mark_the_lowest_p99():
+    results = {"slo_s": 0.25, "setups": ["ours", "peer"], "runs": {
+        "rag/8/0.8/ours": _run(80, 200, 0.41), "rag/8/0.8/peer": _run(90, 300, 0.43),
+        "rag/16/0.8/ours": _run(70, 400, 0.40, 0.5), "rag/16/0.8/peer": _run(60, 150, 0.42),
+        "rag/16/0.5/ours": _run(50, 100, 0.40, 0.75)}}
+    lines = readme_tables(results)
+    assert lines[0] == "Load 0.5: TTFT p50 / p99 ms, cached fraction, goodput req/s under 250 ms"
+    assert "| rag | 16 | 50 / **100**, 0.40, 100 |  |" in lines
+    assert "| rag | 8 | 80 / **200**, 0.41, 100 | 90 / 300, 0.43, 100 |" in lines
+    assert "| rag | 16 | 70 / 400, 0.40, 100 | 60 / **150**, 0.42, 100 |" in lines
+    assert lines[-1].startswith("Router CPU at 16 workers") and "ours 0.75 cores, 2.00 ms" in lines[-1]
+    assert slo_crossings(results) == ["rag, 16 workers: p99 over the SLO from load ours 0.8."]

@@ -100,3 +100,30 @@ def test_the_stepped_worker_runs_the_engines_step_loop_by_hand():
     # The first's last of 9 decode steps ends at 0.196 + 3 * 0.01; the second's 9
     # decode steps after its first token end at 0.196 + 0.09.
     assert results.end_s == pytest.approx(0.286)
+
+
+def test_closed_loop_sends_each_client_its_next_request_when_its_last_ends():
+    cluster = Cluster(SIM_POLICIES["round_robin"], 1, CONFIG)
+    requests = [TraceRequest(5.0 * i, "t", "s", tokens(1000 * i, 100), tokens(9000 + i, 10)) for i in range(3)]
+    results = cluster.run_closed(iter(requests), num_clients=1)
+    # One client: each request is sent when the last ends (prefill 0.1 s, 9 decode
+    # steps of 10 ms), whatever its trace arrival; TTFT counts from the send.
+    assert results.arrival_s == pytest.approx([0.0, 0.19, 0.38])
+    assert results.ttft_s == pytest.approx([0.1, 0.1, 0.1])
+    assert results.end_s == pytest.approx(0.57)
+
+
+def test_a_waiting_prompt_counts_whole_as_the_engine_counts_it():
+    policy = RecordingPolicy()
+    polling = SimConfig(**{**CONFIG.__dict__, "poll_interval_s": 0.0})
+    cluster = Cluster(PolicySpec(lambda seed: policy), 1, polling)
+    first = tokens(0, 100)
+    requests = [TraceRequest(0.0, "t", "s", first, tokens(9000, 4)),
+                TraceRequest(0.15, "t", "s", first + tokens(500, 100), tokens(9100, 4)),
+                TraceRequest(0.16, "t", "s", first + tokens(700, 50), tokens(9200, 4)),
+                TraceRequest(0.17, "t", "s", tokens(800, 10), tokens(9300, 4))]
+    cluster.run(iter(requests))
+    # At 0.17 s the second prefills (0.15-0.25 s) and the third waits: 150 prompt
+    # tokens, 100 of them cached (the engine matches only at admission).
+    assert policy.seen[3][0].num_waiting_tokens == 150
+    assert cluster.results.num_cached_tokens[:3] == [0, 100, 100]

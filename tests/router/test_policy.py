@@ -156,8 +156,9 @@ def test_a_long_match_stays_on_its_owner_under_the_cap_even_when_the_cost_says_m
     # w0 holds 800 of 1000 tokens but has 4,000 tokens queued: cost 200 + 1000 vs 1000.
     workers = views({"num_matched_tokens": 800, "num_waiting_tokens": 4000, "num_in_flight_requests": 2},
                     {"num_matched_tokens": 100, "num_in_flight_requests": 2})
-    assert make_policy("cache_aware", {"owner_load_cap_factor": 0}).choose(request(), workers).chosen == "w1"
-    assert make_policy().choose(request(), workers).ranked == ("w0", "w1")
+    assert make_policy("cache_aware", {"owner_load_cap_factor": 0, "owner_wait_share": 0}
+                       ).choose(request(), workers).chosen == "w1"
+    assert make_policy("cache_aware", {"owner_wait_share": 0}).choose(request(), workers).ranked == ("w0", "w1")
 
 
 def test_owners_at_the_cap_go_by_cost_which_may_replicate():
@@ -166,9 +167,9 @@ def test_owners_at_the_cap_go_by_cost_which_may_replicate():
     workers = views({"num_matched_tokens": 900, "num_in_flight_requests": 5, "num_waiting_tokens": 4000},
                     {"num_matched_tokens": 100, "num_in_flight_requests": 4},
                     {"num_matched_tokens": 100, "num_in_flight_requests": 3})
-    tight = make_policy("cache_aware", {"owner_load_cap_factor": 1.1})
+    tight = make_policy("cache_aware", {"owner_load_cap_factor": 1.1, "owner_wait_share": 0})
     assert tight.choose(request(), workers).ranked == ("w2", "w1", "w0")
-    assert make_policy().choose(request(), workers).chosen == "w0"
+    assert make_policy("cache_aware", {"owner_wait_share": 0}).choose(request(), workers).chosen == "w0"
 
 
 def test_a_short_match_is_not_sticky():
@@ -179,3 +180,24 @@ def test_a_short_match_is_not_sticky():
 def test_owner_cap_below_one_is_refused():
     with pytest.raises(ValueError, match="policy.weights.owner_load_cap_factor"):
         make_policy("cache_aware", {"owner_load_cap_factor": 0.5})
+
+
+def test_an_owner_whose_prefill_queue_outweighs_its_match_loses_stickiness():
+    # w0 holds 800 tokens and is under the count cap. This router sent it 1,800 tokens
+    # still to prefill, more than the least queued worker's (w1: 100) + 2 x the 800 it
+    # saves, so the cost decides (w1: 900 + 100 < w0: 200 + 1800); without the wait
+    # bound (share 0) the count cap alone keeps it on w0.
+    workers = views({"num_matched_tokens": 800, "num_in_flight_prompt_tokens": 1800, "num_in_flight_requests": 2},
+                    {"num_matched_tokens": 100, "num_in_flight_prompt_tokens": 100, "num_in_flight_requests": 2})
+    assert make_policy("cache_aware", {"owner_wait_share": 0}).choose(request(), workers).chosen == "w0"
+    assert make_policy().choose(request(), workers).chosen == "w1"
+    # 1,700 queued is within the default bound, not within share 1's (900).
+    within = [workers[0]._replace(num_in_flight_prompt_tokens=1700), workers[1]]
+    assert make_policy().choose(request(), within).chosen == "w0"
+    assert make_policy("cache_aware", {"owner_wait_share": 1}).choose(request(), within).chosen == "w1"
+    # The polled waiting tokens (whole prompts, cached prefix included) do not count.
+    polled = [within[0]._replace(num_waiting_tokens=50_000), workers[1]]
+    assert make_policy().choose(request(), polled).chosen == "w0"
+    # The bound alone (no count cap) keeps stickiness on.
+    alone = make_policy("cache_aware", {"owner_load_cap_factor": 0})
+    assert alone.choose(request(), within).chosen == "w0"
