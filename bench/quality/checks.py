@@ -100,8 +100,9 @@ def _tool_call(text: str) -> str:
 
 
 def _line_kinds(text: str) -> list[str]:
-    """Each non-empty line's kind: ``fence``, ``code`` (inside a fence), ``bullet``,
-    ``number``, ``heading`` or ``text``."""
+    """The answer's blocks: each non-empty line's kind (``fence``, ``code`` inside a
+    fence, ``bullet``, ``number``, ``heading`` or ``text``), a run of lines of one kind
+    counted once (how many items a list has is content, not structure)."""
     kinds = []
     fenced = False
     for line in (raw.strip() for raw in text.splitlines()):
@@ -118,4 +119,4 @@ def _line_kinds(text: str) -> list[str]:
             kinds.append("number")
         else:
             kinds.append("heading" if line.startswith("#") else "text")
-    return kinds
+    return [kind for i, kind in enumerate(kinds) if i == 0 or kind != kinds[i - 1]]

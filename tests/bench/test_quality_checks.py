@@ -55,11 +55,14 @@ def test_a_refusal_decision_is_refuse_or_answer(text, made):
     assert correct(Check("refusal", ("refuse",)), made) is (made == "refuse")
 
 
-def test_the_format_decision_is_the_line_structure():
+def test_the_format_decision_is_the_block_structure():
     check = Check("format", ("fence",))
-    text = "Here it is:\n\n```python\ndef add(a, b):\n    return a + b\n```\n- done\n2. next\n# end"
+    text = (
+        "Here it is:\n\n```python\ndef add(a, b):\n    return a + b\n```\n- a\n* b\n2. next\n# end"
+    )
     made = decision(check, text)
-    assert made == "text,fence,code,code,fence,bullet,number,heading"
+    assert made == "text,fence,code,fence,bullet,number,heading"
+    assert decision(check, "- a\n- b\n- c") == decision(check, "- a\n\n- b") == "bullet"
     assert correct(check, made) and not correct(Check("format", ("number",)), "text,bullet")
 
 
