@@ -94,7 +94,9 @@ def test_the_smollm2_fp8_config_refuses_the_demo_model_and_fails_on_smollm2():
     with pytest.raises(ValueError, match="was calibrated for weights"):
         run_gate(shipped(BASELINE, "demo", 1 << 20), [shipped(name, "demo", 1 << 20)], DEMO)
     model = load_config(SHIPPED / name).model.name
-    options = GateOptions(categories=("multi_turn",), long_kinds=(), max_new_tokens=16)
+    options = GateOptions(
+        categories=("multi_turn",), long_kinds=(), prompts_per_kind=2, max_new_tokens=16
+    )
     (result,) = run_gate(shipped(BASELINE, model, 64 << 20), [shipped(name, model, 64 << 20)],
                          options)  # fmt: skip
     assert not result.passed
