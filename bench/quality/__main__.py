@@ -18,7 +18,7 @@ from dataclasses import asdict
 from pathlib import Path
 
 from bench.quality.gate import GateOptions, GateResult, run_gate
-from bench.quality.prompts import CATEGORIES, LONG_TARGETS
+from bench.quality.prompts import CATEGORIES, DEPTHS, LONG_TARGETS
 from bench.quality.report import Thresholds, markdown
 from workers.config import WorkerConfig, load_config
 
@@ -34,7 +34,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     add("--categories", default=",".join(CATEGORIES), help="prompt categories to run")
     add("--long", default="1k,4k,max", help=f"long-context lengths, of {','.join(LONG_TARGETS)}"
         " (max: the longest prompt that leaves room for the answer)")  # fmt: skip
-    add("--depths", default="0.05,0.25,0.5,0.75,0.95", help="needle depths in the documents")
+    add("--depths", default=",".join(f"{d:g}" for d in DEPTHS), help="needle depths (0-1)")
     add("--prompts-per-kind", type=int, help="only the first N prompts of each category")
     add("--max-new-tokens", type=int, default=32)
     add("--max-new-tokens-long", type=int, default=16)
@@ -53,6 +53,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
             f"--long takes {', '.join(LONG_TARGETS)}; --categories {', '.join(CATEGORIES)}"
         )
     args.depths = [float(d) for d in args.depths.split(",") if d]
+    if not args.depths or any(not 0.0 <= d <= 1.0 for d in args.depths):
+        parser.error("--depths takes shares of the document between 0 and 1")
     return args
 
 
