@@ -1,4 +1,4 @@
-"""The quality harness's markdown report and its verdict against thresholds."""
+"""The quality gate's verdict per category, against the noise floor, and its report."""
 
 from __future__ import annotations
 
@@ -7,48 +7,60 @@ from dataclasses import dataclass
 
 from bench.quality.compare import BucketSummary, PromptResult
 
-SHORT_BUCKETS = ("short", "multi_turn")
-
 
 @dataclass(frozen=True)
 class Thresholds:
-    """What the candidate must meet. Exact-match rates of the short buckets may fall
-    at most ``max_exact_match_drop`` below the noise floor's; every bucket needs top-1
-    agreement >= ``min_top1`` and mean KL <= ``max_kl``; the must-contain rate may fall
-    at most ``max_must_contain_drop`` below the baseline's. ``require_exact``: greedy
-    exact match in every bucket (a change that must not alter any answer)."""
+    """What the candidate must meet in every bucket (a category or a long-context
+    length), each against that bucket's own noise floor (the baseline rerun).
+    Greedy exact match of a category (long buckets excepted: their answers are a few
+    tokens after thousands) may fall at most ``max_exact_match_drop`` below the
+    floor's; top-1 agreement >= ``min_top1`` and mean KL <= ``max_kl``; the share of
+    task decisions equal to the baseline's may fall at most ``max_decision_drop``
+    below the floor's, and the task score (right decisions) at most
+    ``max_score_drop`` more than the floor's own loss against the baseline.
+    ``require_exact``: greedy exact match everywhere (a change that must not alter
+    any answer)."""
 
     max_exact_match_drop: float = 0.5
     min_top1: float = 0.9
     max_kl: float = 0.05
-    max_must_contain_drop: float = 0.0
+    max_decision_drop: float = 0.0
+    max_score_drop: float = 0.0
     require_exact: bool = False
 
 
 def verdict(
     candidate: Sequence[BucketSummary], noise: Sequence[BucketSummary], limits: Thresholds
-) -> list[str]:
-    """The failed checks, one line each (empty: the candidate passes)."""
+) -> dict[str, list[str]]:
+    """Each bucket's failed checks, one line each (an empty list: the bucket passes);
+    the ``all`` row is not judged."""
     floor = {s.bucket: s for s in noise}
+    return {s.bucket: _failures(s, floor[s.bucket], limits) for s in candidate if s.bucket != "all"}
+
+
+def _failures(s: BucketSummary, n: BucketSummary, limits: Thresholds) -> list[str]:
     failures = []
-    for s in candidate:
-        if s.bucket == "all":
-            continue
-        if limits.require_exact and s.exact_match_rate < 1.0:
-            failures.append(f"{s.bucket}: greedy exact match {s.exact_match_rate:.0%}, need 100%")
-        drop = floor[s.bucket].exact_match_rate - s.exact_match_rate
-        if s.bucket in SHORT_BUCKETS and drop > limits.max_exact_match_drop:
-            failures.append(f"{s.bucket}: exact match {drop:.0%} below the noise floor "
-                            f"(allowed {limits.max_exact_match_drop:.0%})")  # fmt: skip
-        if s.top1_agreement < limits.min_top1:
-            failures.append(f"{s.bucket}: top-1 agreement {s.top1_agreement:.3f} < {limits.min_top1}")
-        if s.mean_kl > limits.max_kl:
-            failures.append(f"{s.bucket}: mean KL {s.mean_kl:.4f} > {limits.max_kl}")
-        if s.baseline_must_contain is not None and s.candidate_must_contain is not None:
-            lost = s.baseline_must_contain - s.candidate_must_contain
-            if lost > limits.max_must_contain_drop:
-                failures.append(f"{s.bucket}: must-contain {s.candidate_must_contain:.0%} vs "
-                                f"baseline {s.baseline_must_contain:.0%}")  # fmt: skip
+    if limits.require_exact and s.exact_match_rate < 1.0:
+        failures.append(f"greedy exact match {s.exact_match_rate:.0%}, need 100%")
+    drop = n.exact_match_rate - s.exact_match_rate
+    if not s.bucket.startswith("long") and drop > limits.max_exact_match_drop + 1e-9:
+        failures.append(f"exact match {s.exact_match_rate:.0%}, {drop:.0%} below the noise "
+                        f"floor (allowed {limits.max_exact_match_drop:.0%})")  # fmt: skip
+    if s.top1_agreement < limits.min_top1:
+        failures.append(f"top-1 agreement {s.top1_agreement:.3f} < {limits.min_top1}")
+    if s.mean_kl > limits.max_kl:
+        failures.append(f"mean KL {s.mean_kl:.4f} > {limits.max_kl}")
+    if s.same_decision is not None and n.same_decision is not None:
+        drop = n.same_decision - s.same_decision
+        if drop > limits.max_decision_drop + 1e-9:
+            failures.append(f"same decision as the baseline {s.same_decision:.0%}, noise "
+                            f"floor {n.same_decision:.0%}")  # fmt: skip
+    if s.baseline_correct is not None and None not in (s.candidate_correct, n.candidate_correct):
+        lost = s.baseline_correct - s.candidate_correct
+        floor_lost = s.baseline_correct - n.candidate_correct
+        if lost > max(floor_lost, 0.0) + limits.max_score_drop + 1e-9:
+            failures.append(f"task score {s.candidate_correct:.0%} vs baseline "
+                            f"{s.baseline_correct:.0%}")  # fmt: skip
     return failures
 
 
@@ -58,33 +70,37 @@ def markdown(
     candidate: Sequence[BucketSummary],
     noise: Sequence[BucketSummary],
     results: Sequence[PromptResult],
-    failures: Sequence[str],
+    failures: dict[str, list[str]],
 ) -> str:
-    """The whole report: setup, the per-bucket table (noise floor | candidate), each
-    prompt's row, and the verdict."""
+    """The whole report: setup, the per-bucket table (noise floor | candidate) with
+    each bucket's verdict, each prompt's row, and the failed checks."""
     floor = {s.bucket: s for s in noise}
     lines = [f"# {title}", "", *(f"- {line}" for line in setup), "",
              "| bucket | prompts | exact match (noise / cand.) | median first divergence "
-             "| top-1 (noise / cand.) | mean KL (noise / cand.) | must-contain (base / cand.) |",
-             "|---|---|---|---|---|---|---|"]  # fmt: skip
+             "| top-1 (noise / cand.) | mean KL (noise / cand.) | same decision (noise / "
+             "cand.) | task score (base / cand.) | verdict |",
+             "|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
     for s in candidate:
         n = floor[s.bucket]
+        judged = "" if s.bucket == "all" else ("FAIL" if failures[s.bucket] else "pass")
         lines.append(
             f"| {s.bucket} | {s.num_prompts} | {n.exact_match_rate:.0%} / {s.exact_match_rate:.0%}"
             f" | {_opt(s.median_first_divergence)} | {n.top1_agreement:.3f} / "
             f"{s.top1_agreement:.3f} | {n.mean_kl:.2e} / {s.mean_kl:.2e} | "
-            f"{_pct(s.baseline_must_contain)} / {_pct(s.candidate_must_contain)} |"
+            f"{_pct(n.same_decision)} / {_pct(s.same_decision)} | "
+            f"{_pct(s.baseline_correct)} / {_pct(s.candidate_correct)} | {judged} |"
         )
     lines += ["", "| prompt | bucket | tokens in / out | exact | first divergence | top-1 | KL "
-              "| must-contain (base / cand.) |", "|---|---|---|---|---|---|---|---|"]  # fmt: skip
+              "| decision (base / cand.) |", "|---|---|---|---|---|---|---|---|"]  # fmt: skip
     for r in results:
         lines.append(
             f"| {r.prompt.prompt_id} | {r.prompt.kind} | {len(r.prompt.token_ids)} / "
             f"{r.num_steps} | {'yes' if r.exact_match else 'no'} | {_opt(r.first_divergence)} | "
-            f"{r.top1_agreement:.3f} | {r.mean_kl:.2e} | {_flag(r.baseline_contains)} / "
-            f"{_flag(r.candidate_contains)} |"
+            f"{r.top1_agreement:.3f} | {r.mean_kl:.2e} | {_decision(r.baseline_decision, r.baseline_correct)}"
+            f" / {_decision(r.candidate_decision, r.candidate_correct)} |"
         )
-    lines += ["", "**PASS**" if not failures else "**FAIL**", *(f"- {f}" for f in failures)]
+    failed = [f"{bucket}: {line}" for bucket, lines_ in failures.items() for line in lines_]
+    lines += ["", "**FAIL**" if failed else "**PASS**", *(f"- {f}" for f in failed)]
     return "\n".join(lines) + "\n"
 
 
@@ -96,5 +112,8 @@ def _pct(value: float | None) -> str:
     return "-" if value is None else f"{value:.0%}"
 
 
-def _flag(value: bool | None) -> str:
-    return "-" if value is None else ("yes" if value else "no")
+def _decision(made: str | None, right: bool | None) -> str:
+    if made is None:
+        return "-"
+    shown = " ".join(made.split()).replace("|", "\\|").replace("`", "'")[:60]
+    return f"`{shown}` ({'right' if right else 'wrong'})"
