@@ -49,7 +49,7 @@ def scripted_stream(pieces: list[bytes]):
         await out.prepare(request)
         for piece in pieces:
             await out.write(piece)
-            await asyncio.sleep(0.02)
+            await asyncio.sleep(0.005)
         return out
 
     return handler
