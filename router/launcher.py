@@ -187,7 +187,11 @@ class RedisServer:
     def start(self, timeout_s: float = 10.0,
               interrupted: Callable[[], bool] = lambda: False) -> None:
         """Start the server and wait until it answers PING; ProcessFailed if it exits
-        or ``timeout_s`` passes, Interrupted as soon as ``interrupted()`` holds."""
+        or ``timeout_s`` passes, Interrupted as soon as ``interrupted()`` holds;
+        RuntimeError while the previous one still runs (a second server could not bind
+        the port, and the first would outlive ``stop``)."""
+        if self.child is not None and self.child.poll() is None:
+            raise RuntimeError(f"redis-server on port {self.port} is already running")
         args = [REDIS_SERVER, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
                 "--appendonly", "no", "--daemonize", "no", "--loglevel", "warning"]
         self.child = ChildProcess(args, self._env, "redis", self._echo, self._supervised,

@@ -17,7 +17,7 @@ from support.aio import eventually
 from router.config import RedisConfig, TenantLimits
 from router.front.auth import Tenant
 from router.front.limits import TenantLimiter
-from router.launcher import RedisServer
+from router.launcher import RedisServer, redis_answers
 from router.state.redis_state import RedisLink, RedisSharedState
 
 FAST = RedisConfig(heartbeat_interval_s=0.2, lease_ttl_s=1.0, command_timeout_s=1.0,
@@ -182,3 +182,14 @@ def test_a_client_gone_mid_admission_or_mid_release_leaks_no_slot(redis_server, 
             await limiter.release(await limiter.admit(alice, 10, 0), 0)
 
     run(main)
+
+
+def test_a_second_start_of_a_running_server_is_refused_and_stop_leaves_none(redis_server) -> None:
+    """A second ``start`` could not bind the port, and would hide the first server
+    from ``stop`` (a leaked redis-server): it is refused instead."""
+    first = redis_server.child
+    with pytest.raises(RuntimeError, match="already running"):
+        redis_server.start()
+    assert redis_server.child is first
+    redis_server.stop()
+    assert first.poll() is not None and not redis_answers(redis_server.port)

@@ -87,8 +87,7 @@ def index_blocks(router: ManagedProcess) -> dict[str, int]:
 
 @pytest.fixture(scope="module")
 def redis() -> Iterator[RedisServer]:
-    server = RedisServer()
-    server.start()
+    server = RedisServer()  # started and answering PING
     yield server
     server.stop()
 
