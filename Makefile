@@ -54,7 +54,7 @@ $(VLLM_STAMP):
 	$(VLLM_HOME)/venv/bin/python -m pip uninstall -y -q torchvision torchaudio torchcodec
 	touch $(VLLM_STAMP)
 
-$(SMOLLM2_HF)/config.json: $(STAMP)
+$(SMOLLM2_HF)/config.json: | $(STAMP)
 	TQDM_DISABLE=1 HF_HUB_DISABLE_PROGRESS_BARS=1 $(PY) -m bench.vllm_servers convert $(SMOLLM2_HF)
 
 vllm: $(VLLM_STAMP) $(SMOLLM2_HF)/config.json

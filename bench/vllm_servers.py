@@ -20,6 +20,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -143,7 +144,8 @@ class VllmServer:
 
 def convert_smollm2(out_dir: Path) -> None:
     """Write the packaged SmolLM2 GGUF as a Hugging Face directory (float32 weights,
-    tokenizer, chat template) at ``out_dir``."""
+    tokenizer, chat template) at ``out_dir``, replacing what is there: written beside
+    it first, so an interrupted conversion leaves no half directory under its name."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from radix.model_source import packaged_model_path
@@ -155,8 +157,10 @@ def convert_smollm2(out_dir: Path) -> None:
     if hasattr(model.config, "quantization_config"):
         del model.config.quantization_config
     partial = out_dir.with_name(out_dir.name + ".partial")
+    shutil.rmtree(partial, ignore_errors=True)
     model.save_pretrained(partial)
     tokenizer.save_pretrained(partial)
+    shutil.rmtree(out_dir, ignore_errors=True)
     partial.rename(out_dir)
 
 
