@@ -184,6 +184,8 @@ def main(argv: list[str] | None = None) -> Path:
         report[name] = run()
         part_s[name] = time.perf_counter() - part_start
         print(f"=== {name}: {part_s[name]:.0f} s ===", flush=True)
+        # After every part, so a part that fails later loses none of what was measured.
+        (out / "results.json").write_text(json.dumps(report, indent=2, default=str))
     report["sglang_radix"] = report["radix"]["sglang_radix"]
     report["wall_s"] = time.perf_counter() - start
     (out / "results.json").write_text(json.dumps(report, indent=2, default=str))
