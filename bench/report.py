@@ -62,19 +62,19 @@ class Plan:
 # round_robin and vllm consistent_hash, run with ``python -m bench e2e --backend timed``).
 TIMED_ROUTERS = ("ours cache_aware", "sglang cache_aware default", "sglang cache_aware tuned",
                  "vllm cache_aware")
-FULL = Plan(workers=(8, 32, 256), workloads=("rag", "chat", "agent", "multitenant"),
+FULL = Plan(workers=(8, 32), workloads=("rag", "chat", "agent", "multitenant"),
             requests_per_worker=100, min_requests=3000, max_requests=4000,
-            scaling_workers=(8, 32, 128, 256), scaling_requests=(2000, 4000, 8000),
-            cache_sizes=(25_000, 50_000, 100_000, 200_000, 400_000),
-            e2e_args=("--workers", "4", "--requests", "300", "--clients", "16"),
+            scaling_workers=(8, 32, 128), scaling_requests=(2000, 4000, 8000),
+            cache_sizes=(50_000, 100_000, 200_000),
+            e2e_args=("--workers", "4", "--requests", "200", "--clients", "16"),
             timed_args=(("--workers", "8", "16", "--workloads", "rag", "chat", "agent", "--loads", "0.8",
                          "--requests", "80", "--routers", *TIMED_ROUTERS),
                         ("--workers", "16", "--workloads", "rag", "--loads", "0.95", "closed",
                          "--requests", "80", "--routers", *TIMED_ROUTERS)),
             sim_check_args=("--workers", "8", "--workloads", "rag", "chat", "--requests", "100"),
             reference_args=("--requests", "5000", "--clients", "64"), radix_requests=20_000,
-            vllm_args=("--requests", "160"), chaos_duration_s=120.0,
-            lora_args=("--requests", "240"))
+            vllm_args=("--requests", "120"), chaos_duration_s=120.0,
+            lora_args=("--requests", "160"))
 QUICK = Plan(workers=(8,), workloads=("rag", "chat"), requests_per_worker=60,
              min_requests=500, max_requests=500, scaling_workers=(4, 8, 16),
              scaling_requests=(250, 500), cache_sizes=(50_000, 200_000),
