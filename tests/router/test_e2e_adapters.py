@@ -107,9 +107,11 @@ def test_adapters_and_the_base_model_never_share_cached_prefixes(cluster) -> Non
     complete(router, POEM, prompt)
     again = complete(router, POEM, prompt)
     assert again.usage.prompt_tokens_details.cached_tokens > 0
+    # Every prompt starts with the same BOS token, so an earlier request under the same
+    # model may have cached that one token; a shared entry would show the whole prompt.
     for model in (CHAT, "demo"):
         before = {n: w["stats"]["num_matched_tokens"] for n, w in admin_workers(router).items()}
         answer = complete(router, model, prompt)
         after = {n: w["stats"]["num_matched_tokens"] for n, w in admin_workers(router).items()}
-        assert answer.usage.prompt_tokens_details.cached_tokens == 0
-        assert after == before
+        assert answer.usage.prompt_tokens_details.cached_tokens <= 1
+        assert all(after[n] - before[n] <= 1 for n in after)
