@@ -113,11 +113,14 @@ def match(router: Router, workers: list[WorkerState], prompt: Prompt,
     whole blocks only (vLLM: ``cache_block_size``), what it will reuse: whole blocks,
     and never the prompt's last token (it computes that one)."""
     matched: dict[str, int] = {}
-    namespaces = {w.lora.namespace(adapter, w.namespace) for w in workers}
-    for namespace in namespaces - {None}:
+    by_namespace: dict[str, list[str]] = {}
+    for w in workers:
+        namespace = w.lora.namespace(adapter, w.namespace)
+        if namespace is not None:
+            by_namespace.setdefault(namespace, []).append(w.worker_id)
+    for namespace, worker_ids in by_namespace.items():
         found = router.index.match(namespace, prompt.key, tenant.tenant_id)
-        matched.update((w.worker_id, found[w.worker_id]) for w in workers
-                       if w.worker_id in found and w.lora.namespace(adapter, w.namespace) == namespace)
+        matched.update((i, found[i]) for i in worker_ids if i in found)
     for worker in workers:
         block_size = worker.cache_block_size
         if block_size is not None and worker.worker_id in matched:
