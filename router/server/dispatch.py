@@ -138,8 +138,9 @@ def choose(router: Router, workers: list[WorkerState], matched: dict[str, int],
     bound are left out; when that is every worker the request is
     refused at once (503 ``saturated`` with Retry-After) instead of queueing. A canary
     pool's request (``fallback``: the baseline's workers) keeps its last attempt for
-    the least busy baseline worker, and goes to the baseline when its pool is
-    saturated: a pool never fails a request the baseline could serve."""
+    the least busy baseline worker, and goes to the baseline (ranked by the baseline's
+    own matches) when its pool is saturated: a pool never fails a request the
+    baseline could serve."""
     if not workers:
         raise ApiError(503, "no ready worker serves this model", code="no_worker",
                        headers={"Retry-After": RETRY_AFTER_S})
@@ -163,7 +164,8 @@ def choose(router: Router, workers: list[WorkerState], matched: dict[str, int],
     ]
     views = [v for v in views if not is_saturated(v)]
     if not views and fallback:
-        return choose(router, fallback, matched, prompt, tenant, [], adapter)
+        return choose(router, fallback, match(router, fallback, prompt, tenant, adapter),
+                      prompt, tenant, [], adapter)
     if not views:
         raise ApiError(503, "every worker is saturated; retry later", code="saturated",
                        headers={"Retry-After": RETRY_AFTER_S})

@@ -13,6 +13,7 @@ from support.aio import running_router, serving
 from test_server import ALICE, make_config
 
 from bench import instant_upstream
+from radix.keys import to_key
 from router.routing.load_cost import is_saturated
 from router.routing.policy import WorkerView
 
@@ -77,3 +78,29 @@ async def test_every_worker_saturated_is_503_at_once() -> None:
             assert r.status == 503 and r.headers["Retry-After"] == "1"
             assert (await r.json())["error"]["code"] == "saturated"
         assert not seen
+
+
+async def test_a_saturated_canary_pool_falls_back_to_the_baseline_worker_holding_the_prefix(
+        ) -> None:
+    seen: list[str] = []
+    async with serving(loaded_upstream(0, 4, seen)) as first, \
+            serving(loaded_upstream(0, 4, seen)) as second, \
+            serving(loaded_upstream(4, 4, seen)) as full:
+        pools = {"pools": {"baseline": {"workers": ["u0", "u1"], "weight": 0},
+                           "canary": {"workers": ["u2"], "weight": 1}},
+                 "canary": {"probe_interval_s": 3600}}
+        config = make_config([first, second, full], policy="cache_aware", model=pools)
+        async with running_router(config) as (url, router), \
+                aiohttp.ClientSession() as session:
+            token_ids = list(range(100, 164))
+            namespace = router.registry.workers()[0].namespace
+            for holder, holder_url in (("u0", first), ("u1", second)):
+                for worker_id in ("u0", "u1"):
+                    router.index.reset_worker(worker_id)
+                router.index.note_routed(namespace, holder, to_key(token_ids), "alice")
+                seen.clear()
+                body = {"model": "demo", "prompt": token_ids, "max_tokens": 2}
+                async with session.post(f"{url}/v1/completions", json=body,
+                                        headers=ALICE) as r:
+                    assert r.status == 200
+                assert seen == [holder_url.removeprefix("http://")]

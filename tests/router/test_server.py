@@ -36,9 +36,13 @@ def anyio_backend() -> str:
 
 
 def make_config(urls: list[str], kind: str = "radix", policy: str = "round_robin",
-                poll_interval_s: float = 0.1, **limits: int) -> RouterConfig:
+                poll_interval_s: float = 0.1, model: dict[str, Any] | None = None,
+                **limits: int) -> RouterConfig:
+    """Model ``demo`` (demo tokenizer, one public prefix, ``model``'s extra fields)
+    served by ``urls`` as u0, u1, ...; tenant alice with ``limits``."""
     return parse_config({
-        "models": {"demo": {"tokenizer": "demo", "public_prefixes": [{"text": "x" * 40}]}},
+        "models": {"demo": {"tokenizer": "demo", "public_prefixes": [{"text": "x" * 40}],
+                            **(model or {})}},
         "workers": [{"id": f"u{i}", "model": "demo", "url": url, "kind": kind}
                     for i, url in enumerate(urls)],
         "policy": {"name": policy},
