@@ -38,6 +38,7 @@ from bench import gpu_lora, gpu_sizing
 from bench.gpu_timing import max_error, median_ms
 from workers.attention import reference
 from workers.attention.metadata import AttentionMetadata
+from workers.config import LoraSettings
 
 DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 TOLERANCE = {torch.bfloat16: 3e-2, torch.float16: 3e-3, torch.float32: 2e-4}
@@ -104,6 +105,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     }
     if args.device == "cuda":
         results["kv_sizing"] = gpu_sizing.check_sizing(args.gpu_memory_utilization)
+        results["kv_sizing_lora"] = gpu_sizing.check_sizing(
+            args.gpu_memory_utilization, lora=LoraSettings(enable=True, max_loras=8, max_lora_rank=64))
     _print(results)
     if args.json:
         args.json.write_text(json.dumps(results, indent=2))

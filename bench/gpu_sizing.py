@@ -6,7 +6,9 @@ F`` with ``kv.cache_bytes`` unset), then serves one request whose prompt is the
 largest step (``engine.max_batched_tokens`` tokens) and reads torch's CUDA memory
 counters: total GPU memory, what torch held before the build, after it (weights and
 KV cache), and the peak while serving. The check passes when the KV cache holds
-exactly the plan's bytes and the peak stays at or below F x total. Part of the
+exactly the plan's bytes and the peak stays at or below F x total; with ``lora`` the
+worker also holds ``max_loras`` adapter slots at ``max_lora_rank``, which the budget
+must leave room for (they are allocated before it is computed). Part of the
 one-call GPU script (``bench.gpu_attention``); needs CUDA.
 """
 
@@ -18,23 +20,25 @@ from typing import Any
 import torch
 
 from radix.namespace import load_secret
-from workers.config import EngineConfig, KVSettings, ModelSettings, WorkerConfig
+from workers.config import EngineConfig, KVSettings, LoraSettings, ModelSettings, WorkerConfig
 from workers.engine.build import build_worker
 from workers.engine.request import GenerationParams, GenerationRequest
 from workers.model.sampler import SamplingParams
 
 
-def check_sizing(fraction: float = 0.5, model: str = "demo",
-                 max_batched_tokens: int = 2048) -> dict[str, Any]:
-    """Build a ``model`` worker on CUDA at ``fraction``, serve its largest step and
-    compare torch's CUDA memory with the plan; SystemExit when it does not fit."""
+def check_sizing(fraction: float = 0.5, model: str = "demo", max_batched_tokens: int = 2048,
+                 lora: LoraSettings | None = None) -> dict[str, Any]:
+    """Build a ``model`` worker on CUDA at ``fraction`` (with ``lora``'s adapter slots),
+    serve its largest step and compare torch's CUDA memory with the plan; SystemExit
+    when it does not fit."""
     device = torch.device("cuda")
     torch.cuda.empty_cache()
     total = torch.cuda.mem_get_info(device)[1]
     before = torch.cuda.memory_allocated(device)
     config = WorkerConfig(model=ModelSettings(name=model, device="cuda"),
                           kv=KVSettings(gpu_memory_utilization=fraction),
-                          engine=EngineConfig(max_batched_tokens=max_batched_tokens))  # fmt: skip
+                          engine=EngineConfig(max_batched_tokens=max_batched_tokens),
+                          lora=lora or LoraSettings())  # fmt: skip
     built = build_worker(config, "gpu-sizing", load_secret("gpu-sizing"))
     plan = built.identity.kv_plan
     after_build = torch.cuda.memory_allocated(device)

@@ -141,8 +141,8 @@ class BuiltWorker:
 class _Backend:
     """What the engine needs from a model, whether a checkpoint or a timed profile:
     identity (tokenizer, digest, RoPE), KV layout and budget, the runner factory, and
-    what adapters must fit and how their slots are made (``make_loader(max_loras,
-    max_rank)``; ``needs_weights`` False: config-only adapters are accepted)."""
+    what adapters must fit and their slots (``loader``, None without ``--enable-lora``;
+    ``needs_weights`` False: config-only adapters are accepted)."""
 
     tokenizer: PromptTokenizer
     weights_digest: str
@@ -156,7 +156,7 @@ class _Backend:
                           ModelRunner | TimedRunner]
     source: str
     lora_shapes: BaseShapes | None
-    make_loader: Callable[[int, int], SlotLoader]
+    loader: SlotLoader | None
     needs_weights: bool
 
 
@@ -171,6 +171,9 @@ def _checkpoint_backend(config: WorkerConfig, device: torch.device) -> _Backend:
         model_config.num_hidden_layers, model_config.hidden_size, model_config.intermediate_size,
         model_config.num_attention_heads, model_config.num_key_value_heads,
         model_config.head_dim, dtype.itemsize)  # fmt: skip
+    # The slots before the KV budget: on CUDA it is what memory torch does not hold yet.
+    slots = (LoraWeights(shapes, config.lora.max_loras, config.lora.max_lora_rank, dtype, device)
+             if config.lora.enable else None)  # fmt: skip
 
     def make_runner(tensors: KVCacheTensors, scales: KVScales,
                     loader: SlotLoader | None) -> ModelRunner:  # fmt: skip
@@ -182,9 +185,7 @@ def _checkpoint_backend(config: WorkerConfig, device: torch.device) -> _Backend:
         loaded.tokenizer, loaded.weights_digest, model_config.rope_fingerprint(),
         model_config.vocab_size, model_config.max_position_embeddings, spec, spec,
         kv_budget(config, device, loaded.model, spec, model_config.max_position_embeddings),
-        make_runner, str(path), shapes,
-        lambda max_loras, max_rank: LoraWeights(shapes, max_loras, max_rank, dtype, device),
-        True)  # fmt: skip
+        make_runner, str(path), shapes, slots, True)  # fmt: skip
 
 
 def _timed_backend(profile: Profile, config: WorkerConfig) -> _Backend:
@@ -202,7 +203,7 @@ def _timed_backend(profile: Profile, config: WorkerConfig) -> _Backend:
         lambda tensors, scales, loader: TimedRunner(profile.cost, vocab_size, letters,
                                                     time_scale=config.model.time_scale),
         f"timed profile {profile.name} ({profile.model})", timed_lora_shapes(profile),
-        lambda max_loras, max_rank: TimedSlotLoader(profile, config.model.time_scale),
+        TimedSlotLoader(profile, config.model.time_scale) if config.lora.enable else None,
         False)  # fmt: skip
 
 
@@ -237,11 +238,9 @@ def build_worker(config: WorkerConfig, worker_id: str, secret: bytes) -> BuiltWo
     model_limit = backend.max_positions
     max_model_len = min(config.model.max_model_len or model_limit, model_limit, plan.num_tokens)
     registry = CollectorRegistry()
-    loader = (backend.make_loader(config.lora.max_loras, config.lora.max_lora_rank)
-              if config.lora.enable else None)  # fmt: skip
-    lora = build_lora(config.lora, backend.lora_shapes, loader, backend.needs_weights,
+    lora = build_lora(config.lora, backend.lora_shapes, backend.loader, backend.needs_weights,
                       namespace, secret, registry)  # fmt: skip
-    runner = backend.make_runner(manager.tensors, scales, loader)
+    runner = backend.make_runner(manager.tensors, scales, backend.loader)
     engine = Engine(manager, runner, backend.tokenizer, config.engine, max_model_len,
                     EngineMetrics(registry), lora.slots)  # fmt: skip
     max_in_flight = config.engine.max_num_seqs + config.engine.max_waiting_requests
