@@ -242,7 +242,7 @@ def build_worker(config: WorkerConfig, worker_id: str, secret: bytes) -> BuiltWo
                       namespace, secret, registry)  # fmt: skip
     runner = backend.make_runner(manager.tensors, scales, backend.loader)
     engine = Engine(manager, runner, backend.tokenizer, config.engine, max_model_len,
-                    EngineMetrics(registry), lora.slots)  # fmt: skip
+                    EngineMetrics(registry), lora.slots, spec.dtype)  # fmt: skip
     max_in_flight = config.engine.max_num_seqs + config.engine.max_waiting_requests
     async_engine = AsyncEngine(engine, KVEventFeed(manager), max_in_flight)
     register_stats(registry, lambda: async_engine.stats)

@@ -53,7 +53,9 @@ class Engine:
 
     Callers (one thread) add and abort requests by id and call ``step`` while
     ``has_work()``; ids must be unique among live requests. ``abort_request``
-    releases a request's blocks before it returns.
+    releases a request's blocks before it returns. ``kv_dtype`` is the KV format's
+    dtype for the request trace (default: the cache tensors'; a timed worker's
+    tensors are placeholders).
     """
 
     def __init__(
@@ -65,8 +67,10 @@ class Engine:
         max_model_len: int,
         metrics: EngineMetrics,
         adapters: AdapterSlots | None = None,
+        kv_dtype: str | None = None,
     ) -> None:
         self.manager = manager
+        self._kv_dtype = kv_dtype or manager.tensors.spec.dtype
         self.adapters = adapters or AdapterSlots.disabled()
         self.scheduler = Scheduler(manager, config, self.adapters,
                                    lambda state: self._fail(state, "loading its LoRA adapter"))
@@ -268,7 +272,7 @@ class Engine:
         del self._requests[state.request_id]
         self._end_adapter(state)
         self._metrics.observe_finished(state.num_prompt_tokens, state.num_completion_tokens())
-        log_finished(state, self.manager.tensors.spec.dtype)
+        log_finished(state, self._kv_dtype)
         usage = Usage(
             prompt_tokens=state.num_prompt_tokens,
             completion_tokens=state.num_completion_tokens(),

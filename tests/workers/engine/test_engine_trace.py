@@ -3,6 +3,7 @@ its KV dtype, cached tokens by medium, blocks evicted to admit it and preemption
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 from dataclasses import replace
@@ -10,7 +11,10 @@ from dataclasses import replace
 import pytest
 from engine_support import make_engine, prompt, request, run
 
+from workers.config import ModelSettings, WorkerConfig
+from workers.engine.build import build_worker
 from workers.engine.engine import Engine
+from workers.server.streaming import collect
 
 
 def traces(caplog: pytest.LogCaptureFixture) -> dict[object, dict]:
@@ -52,3 +56,20 @@ def test_the_callers_request_id_is_traced(caplog):
     engine = make_engine()
     run(engine, {7: replace(request(prompt(20), max_tokens=2), request_id="router-abc")})
     assert list(traces(caplog)) == ["router-abc"]
+
+
+def test_a_timed_worker_traces_its_profiles_kv_dtype_not_its_placeholder_tensors(caplog):
+    caplog.set_level(logging.INFO, logger="worker.trace")
+    config = WorkerConfig(model=ModelSettings(name="timed:llama3-8b-h100", time_scale=0.01))
+    built = build_worker(config, "w", b"secret")
+
+    async def main() -> None:
+        built.engine.start(asyncio.get_running_loop())
+        try:
+            await collect(built.engine, request(prompt(20), max_tokens=2), 30)
+        finally:
+            built.engine.stop()
+
+    asyncio.run(main())
+    assert [line["kv_dtype"] for line in traces(caplog).values()] == ["bfloat16"]
+    assert built.identity.kv_plan.spec.dtype == "bfloat16"
