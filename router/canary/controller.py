@@ -8,6 +8,11 @@ every ``probe_interval_s``; a guard that trips sets the pool's weight to 0 at on
 ``router_canary_fallbacks_total{model,pool,reason}``. Requests already sent to the
 pool finish there; new conversations go by the remaining weights.
 ``router_pool_weight{model,pool}`` always shows the weights in force.
+
+Routers that share Redis share each model's weights and trips (``shared_state``):
+every change made here, by the admin API or a guard, is handed to ``publish``, and
+what another router published arrives through ``adopt``; so a pool one router
+drained is drained on all of them, and a router that restarts keeps it drained.
 """
 
 from __future__ import annotations
@@ -15,8 +20,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable, Mapping, Sequence
-from typing import NamedTuple
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from typing import Any, NamedTuple
 
 import aiohttp
 from prometheus_client import CollectorRegistry, Counter, Gauge
@@ -32,6 +37,7 @@ from router.upstream.registry import WorkerState
 log = logging.getLogger(__name__)
 REASONS = ("error_rate", "ttft_p99", "probe")
 PROBE_RESULTS = ("agree", "diverge", "error")
+Publish = Callable[[str, dict[str, Any]], Awaitable[None]]
 
 
 class PoolRoute(NamedTuple):
@@ -84,6 +90,7 @@ class Canary:
                     for result in PROBE_RESULTS:
                         self._probes.labels(model.pools.model, pool, result)
         self._tasks: list[asyncio.Task[None]] = []
+        self._publish: Publish | None = None
 
     def route(self, model: str, workers: list[WorkerState], tenant_id: str,
               prompt_key: bytes) -> PoolRoute | None:
@@ -95,9 +102,16 @@ class Canary:
         pool, chosen, fallback = canary.pools.split(workers, tenant_id, prompt_key)
         return PoolRoute(chosen, fallback, canary.windows[pool])
 
+    @property
+    def models(self) -> tuple[str, ...]:
+        """The models with pools."""
+        return tuple(self._models)
+
     def start(self, routable: Callable[[str], list[WorkerState]],
-              session: aiohttp.ClientSession) -> None:
-        """Start each model's guard loop (call inside the event loop)."""
+              session: aiohttp.ClientSession, publish: Publish | None = None) -> None:
+        """Start each model's guard loop (call inside the event loop); a guard's trip
+        is handed to ``publish(model, shared_state(model))``."""
+        self._publish = publish
         self._tasks = [asyncio.create_task(self._run(model, routable, session))
                        for model in self._models.values()]
 
@@ -133,6 +147,33 @@ class Canary:
         self._show_weights(canary)
         return canary.pools.weights
 
+    def shared_state(self, model: str) -> dict[str, Any]:
+        """What other routers need of ``model``'s pools, as JSON: ``weights`` (pool ->
+        weight) and ``trips`` (pool -> [reason, detail]). KeyError without pools."""
+        pools = self._models[model].pools
+        return {"weights": dict(pools.weights),
+                "trips": {pool: list(trip) for pool, trip in pools.trips.items()}}
+
+    def adopt(self, model: str, state: Any) -> bool:
+        """Take ``state`` (another router's ``shared_state``) for ``model``; True when
+        something changed here. A model without pools here is ignored; ValueError for
+        a state this router cannot use (nothing changes then)."""
+        canary = self._models.get(model)
+        if canary is None:
+            return False
+        weights, trips = _parse_shared(state)
+        before = (canary.pools.weights, dict(canary.pools.trips))
+        canary.pools.adopt(weights, trips)
+        if (canary.pools.weights, canary.pools.trips) == before:
+            return False
+        for pool, weight in canary.pools.weights.items():
+            if weight and not before[0][pool]:
+                canary.windows[pool].clear()
+        self._show_weights(canary)
+        log.info("model %s canary pools set by another router: weights %s, tripped %s",
+                 model, canary.pools.weights, sorted(canary.pools.trips))
+        return True
+
     def _show_weights(self, model: _ModelCanary) -> None:
         for pool, weight in model.pools.weights.items():
             self._weight.labels(model.pools.model, pool).set(weight)
@@ -153,10 +194,13 @@ class Canary:
         while True:
             await asyncio.sleep(model.config.check_interval_s)
             try:
+                tripped = set(model.pools.trips)
                 self._check_windows(model, time.monotonic())
                 if loop.time() >= next_probe:
                     await self._probe(model, routable(model.pools.model), session)
                     next_probe = loop.time() + model.config.probe_interval_s
+                if set(model.pools.trips) - tripped and self._publish is not None:
+                    await self._publish(model.pools.model, self.shared_state(model.pools.model))
             except Exception:  # a bug here must not stop guarding
                 log.exception("canary guard loop of model %s failed", model.pools.model)
 
@@ -212,3 +256,15 @@ class Canary:
                        session: aiohttp.ClientSession) -> Outputs:
         return await greedy_outputs(session, worker.url, worker.headers, model.probe_prompts,
                                     model.config.probe_max_tokens, model.config.probe_timeout_s)
+
+
+def _parse_shared(state: Any) -> tuple[dict[str, float], dict[str, Trip]]:
+    """(weights, trips) of a shared state; ValueError naming what is malformed."""
+    if not isinstance(state, dict) or not isinstance(state.get("weights"), dict):
+        raise ValueError("weights: must be an object of pool -> number")
+    trips = state.get("trips", {})
+    if not isinstance(trips, dict) or not all(
+            isinstance(t, list) and len(t) == 2 and all(isinstance(x, str) for x in t)
+            for t in trips.values()):
+        raise ValueError("trips: must be an object of pool -> [reason, detail]")
+    return state["weights"], {pool: Trip(*trip) for pool, trip in trips.items()}

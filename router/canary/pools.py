@@ -11,7 +11,8 @@ gets none. The key keeps the split unpredictable to clients.
 
 A pool is ``tripped`` when a guard set its weight to 0 (``trip``); ``set_weights``
 (the admin API) sets weights and clears the trip of every pool it gives a weight
-above 0. The baseline pool is never tripped: it is where the others' traffic goes.
+above 0; ``adopt`` takes the weights and trips another router shared. The baseline
+pool is never tripped: it is where the others' traffic goes.
 """
 
 from __future__ import annotations
@@ -142,6 +143,17 @@ class ModelPools:
             if weight:
                 self.trips.pop(pool, None)
         self._apply(merged)
+
+    def adopt(self, weights: Mapping[str, float], trips: Mapping[str, Trip]) -> None:
+        """Take another router's weights and trips of the pools named (``set_weights``'
+        checks; the others keep theirs): its trips replace this router's, kept only for
+        pools now at weight 0."""
+        for pool in trips:
+            if pool not in self._weights:
+                raise ValueError(f"trips.{pool}: no such pool (pools: {', '.join(self.names)})")
+        self.set_weights(weights)
+        self.trips = {pool: Trip(*trip) for pool, trip in trips.items()
+                      if not self._weights[pool] and pool != self.baseline}
 
     def _apply(self, weights: dict[str, float]) -> None:
         self._weights = weights

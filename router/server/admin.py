@@ -134,8 +134,9 @@ async def canary_state(request: web.Request) -> web.Response:
 
 async def set_canary_weights(request: web.Request) -> web.Response:
     """``POST /admin/canary``: ``{"model", "weights": {pool: weight}}`` sets the named
-    pools' weights; a weight above 0 re-enables a pool a guard tripped. 404 for a
-    model without pools, 400 naming a bad pool or weight."""
+    pools' weights (on every router sharing this one's Redis); a weight above 0
+    re-enables a pool a guard tripped. 404 for a model without pools, 400 naming a
+    bad pool or weight."""
     router = await _admin(request)
     body = decode_json_object(
         await read_body(request, router.config.listen.body_timeout_s))
@@ -148,6 +149,7 @@ async def set_canary_weights(request: web.Request) -> web.Response:
         raise ApiError(404, f"model {model!r} has no canary pools", param="model") from None
     except ValueError as exc:
         raise ApiError(400, str(exc), param="weights") from exc
+    await router.peers.canary_changed(model, router.canary.shared_state(model))
     _log_change(request, "set canary weights of model %s: %s", model, dict(now))
     return web.json_response({"model": model, "weights": dict(now)})
 

@@ -111,8 +111,9 @@ def create_app(router: Router) -> web.Application:
     async def start_workers(app: web.Application) -> None:
         for worker in router.config.workers:
             router.registry.add(worker)
-        await router.peers.start(router.registry, router.models, router.index)
-        router.canary.start(router.registry.routable, router.session)
+        await router.peers.start(router.registry, router.models, router.index, router.canary)
+        router.canary.start(router.registry.routable, router.session,
+                            router.peers.canary_changed)
 
     async def close(app: web.Application) -> None:
         await router.close()

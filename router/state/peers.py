@@ -1,7 +1,7 @@
 """What one router shares with the other routers of its deployment, beyond limits.
 
 The worker registry (changes made through any router's admin API), the public-prefix
-registry, and the routing decisions for ``openai`` workers (approximate mode: each
+registry, the canary pools' weights and trips, and the routing decisions for ``openai`` workers (approximate mode: each
 router applies the others' to its own index). ``Peers`` is the seam; ``NoPeers``
 is the null object of a router that shares nothing (no Redis configured), and
 ``router.state.redis_state.RedisPeers`` the Redis implementation. Limits go through
@@ -11,8 +11,9 @@ every radix worker itself.
 
 from __future__ import annotations
 
-from typing import Protocol
+from typing import Any, Protocol
 
+from router.canary.controller import Canary
 from router.front.tokenization import Models
 from router.routing.index import RouterIndex
 from router.upstream.registry import WorkerRegistry, WorkerState
@@ -28,9 +29,12 @@ class Peers(Protocol):
         """Whether the shared state is reachable (``router_shared_state_up``)."""
         ...
 
-    async def start(self, registry: WorkerRegistry, models: Models, index: RouterIndex) -> None:
+    async def start(self, registry: WorkerRegistry, models: Models, index: RouterIndex,
+                    canary: Canary) -> None:
         """Join: publish what this router holds, load what the others published (workers
-        into ``registry``, prefixes into ``models``), then keep following."""
+        into ``registry``, prefixes into ``models``, pool weights and trips into
+        ``canary``, where shared ones win over this router's config), then keep
+        following."""
         ...
 
     async def close(self) -> None:
@@ -50,6 +54,11 @@ class Peers(Protocol):
         here for ``model``: register it everywhere."""
         ...
 
+    async def canary_changed(self, model: str, state: dict[str, Any]) -> None:
+        """``model``'s pool weights or trips changed here (``Canary.shared_state``):
+        set them everywhere."""
+        ...
+
     def routed(self, worker: WorkerState, key: bytes, scope: str) -> None:
         """``key`` was just routed to ``worker`` under ``scope`` (called for every
         decision; implementations share those of approximate workers)."""
@@ -61,7 +70,8 @@ class NoPeers:
 
     up = True
 
-    async def start(self, registry: WorkerRegistry, models: Models, index: RouterIndex) -> None:
+    async def start(self, registry: WorkerRegistry, models: Models, index: RouterIndex,
+                    canary: Canary) -> None:
         """Nothing to join."""
 
     async def close(self) -> None:
@@ -74,6 +84,9 @@ class NoPeers:
         """Local only."""
 
     async def prefix_added(self, model: str, key: bytes) -> None:
+        """Local only."""
+
+    async def canary_changed(self, model: str, state: dict[str, Any]) -> None:
         """Local only."""
 
     def routed(self, worker: WorkerState, key: bytes, scope: str) -> None:

@@ -203,3 +203,32 @@ async def test_a_guard_drains_its_pool_at_once(caplog, ttft_s: float, code: int,
     text = metrics_text(registry)
     assert f'router_canary_fallbacks_total{{model="demo",pool="fp8",reason="{reason}"}} 1.0' in text
     assert 'router_pool_weight{model="demo",pool="fp8"} 0.0' in text
+
+
+@pytest.mark.parametrize("state", [
+    None, {}, {"weights": []}, {"weights": {"nope": 1}}, {"weights": {"fp8": -1}},
+    {"weights": {"baseline": 0, "fp8": 0}}, {"weights": {}, "trips": {"fp8": "bad"}},
+    {"weights": {"fp8": 0}, "trips": {"nope": ["probe", "x"]}},
+])
+def test_a_shared_state_this_router_cannot_use_changes_nothing(state: object) -> None:
+    registry = CollectorRegistry()
+    guarded = canary(registry)
+    before = guarded.shared_state("demo")
+    with pytest.raises(ValueError):
+        guarded.adopt("demo", state)
+    assert guarded.shared_state("demo") == before
+    assert 'router_pool_weight{model="demo",pool="fp8"} 10.0' in metrics_text(registry)
+
+
+def test_an_adopted_state_sets_weights_trips_and_metrics_and_ignores_other_models() -> None:
+    registry = CollectorRegistry()
+    guarded = canary(registry)
+    tripped = {"weights": {"baseline": 90, "fp8": 0}, "trips": {"fp8": ["probe", "2 of 4"]}}
+    assert guarded.adopt("demo", tripped) and not guarded.adopt("demo", tripped)
+    assert guarded.shared_state("demo") == tripped
+    assert guarded.to_dict()["demo"]["pools"]["fp8"]["tripped"] == {"reason": "probe",
+                                                                     "detail": "2 of 4"}
+    assert 'router_pool_weight{model="demo",pool="fp8"} 0.0' in metrics_text(registry)
+    assert guarded.adopt("demo", {"weights": {"fp8": 5}, "trips": {"fp8": ["probe", "x"]}})
+    assert guarded.shared_state("demo") == {"weights": {"baseline": 90, "fp8": 5}, "trips": {}}
+    assert not guarded.adopt("plain", tripped) and not guarded.adopt("unknown", tripped)

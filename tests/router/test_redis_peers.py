@@ -11,6 +11,7 @@ from typing import Any
 import aiohttp
 import pytest
 import redis.asyncio as redis
+from aiohttp import web
 from support.aio import eventually, key_recording_upstream, running_router, serving
 
 from bench import instant_upstream
@@ -29,11 +30,13 @@ def anyio_backend() -> str:
     return "asyncio"
 
 
-def shared_config(redis_url: str, workers: list[dict[str, str]], **sections: Any
-                  ) -> RouterConfig:
+def shared_config(redis_url: str, workers: list[dict[str, str]],
+                  model: dict[str, Any] | None = None, **sections: Any) -> RouterConfig:
+    """Model ``demo`` (``model``'s extra fields) on ``workers``, Redis at ``redis_url``
+    with fast syncs, tenant alice, and ``sections``."""
     return parse_config({
         **sections,
-        "models": {"demo": {"tokenizer": "demo"}},
+        "models": {"demo": {"tokenizer": "demo", **(model or {})}},
         "workers": workers,
         "registry": {"poll_interval_s": 0.1},
         "redis": {"url": redis_url, "key_prefix": "peers-test", "heartbeat_interval_s": 0.1,
@@ -160,3 +163,51 @@ async def test_a_shared_worker_must_pass_the_admin_rules(redis_server, monkeypat
             finally:
                 await client.aclose()
     assert "Bearer w0-key" not in seen
+
+
+def diverging_upstream() -> web.Application:
+    """The instant upstream whose ``/generate`` answers other tokens than the
+    baseline's: a pool whose KV format changed the greedy output."""
+    async def generate(request: web.Request) -> web.Response:
+        num_tokens = (await request.json())["sampling"]["max_tokens"]
+        return web.json_response({"request_id": "d", "choices": [{
+            "index": 0, "token_ids": [7] * num_tokens, "text": "", "finish_reason": "length"}]})
+
+    app = web.Application()
+    app.add_routes([*instant_upstream.status_routes(), web.post("/generate", generate)])
+    return app
+
+
+def pools(probe_interval_s: float) -> dict[str, Any]:
+    return {"pools": {"baseline": {"workers": ["base"], "weight": 1},
+                      "fp8": {"workers": ["fp8"], "weight": 1}},
+            "canary": {"probe_interval_s": probe_interval_s, "check_interval_s": 0.1}}
+
+
+async def test_canary_weights_and_trips_reach_every_router_and_outlive_a_restart(
+        redis_server) -> None:
+    async with serving(instant_upstream.create_app("base")) as base, \
+            serving(diverging_upstream()) as fp8:
+        workers = [{"id": "base", "model": "demo", "url": base},
+                   {"id": "fp8", "model": "demo", "url": fp8}]
+        quiet = shared_config(redis_server.url, workers, pools(3600))
+        async with running_router(quiet, shared=True) as (url_a, a), \
+                running_router(quiet, shared=True) as (_, b), \
+                aiohttp.ClientSession() as session:
+            status, _ = await post(session, f"{url_a}/admin/canary",
+                                   {"model": "demo", "weights": {"fp8": 3}}, ADMIN)
+            assert status == 200
+            await eventually(lambda: b.canary.to_dict()["demo"]["pools"]["fp8"]["weight"] == 3,
+                             3.0)
+            # A third router probes at once: fp8 diverges, it drains fp8, and so do a and b.
+            probing = shared_config(redis_server.url, workers, pools(0.2))
+            async with running_router(probing, shared=True) as (_, c):
+                for router in (c, a, b):
+                    fp8_pool = await eventually(
+                        lambda r=router: (p := r.canary.to_dict()["demo"]["pools"]["fp8"])[
+                            "tripped"] and p, 5.0)
+                    assert fp8_pool["weight"] == 0 and fp8_pool["tripped"]["reason"] == "probe"
+        # A router started after it all (its config says fp8 1) keeps fp8 drained.
+        async with running_router(quiet, shared=True) as (_, d):
+            fp8_pool = d.canary.to_dict()["demo"]["pools"]["fp8"]
+            assert fp8_pool["weight"] == 0 and fp8_pool["tripped"]["reason"] == "probe"

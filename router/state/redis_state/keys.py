@@ -59,10 +59,21 @@ class Keys:
         return f"{self.prefix}:prefixes"
 
     @property
+    def canary(self) -> str:
+        """HASH model -> its canary pools' weights and trips (JSON)."""
+        return f"{self.prefix}:canary"
+
+    @property
+    def canary_version(self) -> str:
+        """STRING counter, incremented by every canary change."""
+        return f"{self.prefix}:canary:version"
+
+    @property
     def routed(self) -> str:
         """STREAM of routing decisions for ``openai`` (approximate) workers."""
         return f"{self.prefix}:routed"
 
     def long_lived(self) -> list[str]:
         """Keys that outlive requests, refreshed by every heartbeat (``state_ttl_s``)."""
-        return [self.epoch, self.workers, self.workers_version, self.prefixes, self.routed]
+        return [self.epoch, self.workers, self.workers_version, self.prefixes, self.canary,
+                self.canary_version, self.routed]

@@ -12,9 +12,17 @@ that stops answering leaves routing on every router by that router's own probes.
 Prefixes: one hash, ``model:digest`` -> token ids, add-only; a router adds the
 entries it does not know to its models' public prefixes.
 
+Canary pools: one hash, model -> its pools' weights and trips (JSON), and a version
+counter, written together by every change (admin or guard) on any router; every
+``sync_interval_s`` a router whose read shows a new version adopts each model's
+entry (``Canary.adopt``), the last writer winning.
+
 Joining or rejoining (the resync hook) publishes every worker and prefix this
 router holds (its config's, and changes made while Redis was down), then loads the
-rest. Config workers are thus re-asserted by each router that starts.
+rest. Config workers are thus re-asserted by each router that starts. Canary state
+goes the other way: a router publishes a model's pools only where Redis has no entry
+for it, and otherwise adopts the entry, so a restarted router keeps a pool another
+router drained (or that it drained itself before it restarted).
 """
 
 from __future__ import annotations
@@ -30,6 +38,7 @@ from typing import Any
 from radix.api_errors import ApiError
 from radix.keys import TOKEN_BYTES, from_key
 from radix.openai.json_body import decode_json_object
+from router.canary.controller import Canary
 from router.config import WorkerConfig
 from router.config_toml import parse_worker
 from router.front.tokenization import Models
@@ -77,6 +86,8 @@ class RedisPeers:
         self._add_prefix = link.script(scripts.ADD_PREFIX)
         self._version: int | None = None
         self._num_local_changes = 0
+        self._canary_version: int | None = None
+        self._num_canary_changes = 0
         self._prefixes_seen: set[str] = set()
         self._refused: set[tuple[str, str]] = set()
         self._task: asyncio.Task[None] | None = None
@@ -87,9 +98,10 @@ class RedisPeers:
         """See ``Peers.up``."""
         return self._link.up
 
-    async def start(self, registry: WorkerRegistry, models: Models, index: RouterIndex) -> None:
+    async def start(self, registry: WorkerRegistry, models: Models, index: RouterIndex,
+                    canary: Canary) -> None:
         """See ``Peers.start``."""
-        self._registry, self._models = registry, models
+        self._registry, self._models, self._canary = registry, models, canary
         self._stream = RoutedStream(self._link, registry, index)
         self._link.on_resync(self._rejoin)
         await self._link.start()
@@ -122,6 +134,20 @@ class RedisPeers:
         """See ``Peers.prefix_added``."""
         with contextlib.suppress(RedisUnavailable):
             await self._publish_prefix(model, key)
+
+    async def canary_changed(self, model: str, state: dict[str, Any]) -> None:
+        """See ``Peers.canary_changed``."""
+        self._num_canary_changes += 1
+        keys = self._link.keys
+
+        async def write(client) -> None:
+            async with client.pipeline(transaction=True) as pipe:
+                pipe.hset(keys.canary, model, json.dumps(state))
+                pipe.incr(keys.canary_version)
+                await pipe.execute()
+
+        with contextlib.suppress(RedisUnavailable):
+            await self._link.call(write)
 
     def routed(self, worker: WorkerState, key: bytes, scope: str) -> None:
         """See ``Peers.routed``."""
@@ -160,6 +186,14 @@ class RedisPeers:
         self._version = None
         await self._pull_workers()
         await self._pull_prefixes()
+        keys = self._link.keys
+        for model in self._canary.models:
+            state = json.dumps(self._canary.shared_state(model))
+            if await self._link.call(lambda client, m=model, s=state: client.hsetnx(
+                    keys.canary, m, s)):
+                await self._link.call(lambda client: client.incr(keys.canary_version))
+        self._canary_version = None
+        await self._pull_canary()
 
     async def _sync(self) -> None:
         while True:
@@ -169,6 +203,7 @@ class RedisPeers:
             try:
                 await self._pull_workers()
                 await self._pull_prefixes()
+                await self._pull_canary()
             except RedisUnavailable:
                 continue
             except Exception:  # a bug must not end following the registry
@@ -198,7 +233,7 @@ class RedisPeers:
             try:
                 shared[worker_id] = self._parse(worker_id, raw)
             except ValueError as exc:
-                self._refuse(worker_id, raw, str(exc))
+                self._refuse(f"worker {worker_id}", raw, str(exc))
         for worker_id, (config, fields) in shared.items():
             local = self._registry.get(worker_id)
             if local is not None and shared_fields(local) == fields:
@@ -210,7 +245,7 @@ class RedisPeers:
                 log.info("worker %s added from the shared registry (version %d)", worker_id,
                          version)
             except ValueError as exc:
-                self._refuse(worker_id, entries[worker_id.encode()], str(exc))
+                self._refuse(f"worker {worker_id}", entries[worker_id.encode()], str(exc))
         for worker in self._registry.workers():
             if worker.worker_id not in listed:
                 await self._registry.remove(worker.worker_id)
@@ -232,11 +267,34 @@ class RedisPeers:
             raise ValueError(f"{where}.{problem}")
         return config, fields
 
-    def _refuse(self, worker_id: str, raw: bytes, reason: str) -> None:
-        """Log once per (worker, fields) that this router cannot use a shared worker."""
-        if (worker_id, raw.decode(errors="replace")) not in self._refused:
-            self._refused.add((worker_id, raw.decode(errors="replace")))
-            log.warning("shared worker %s not usable here: %s", worker_id, reason)
+    def _refuse(self, what: str, raw: bytes, reason: str) -> None:
+        """Log once per (entry, value) that this router cannot use a shared entry
+        (``what``: "worker ID", "canary of model M")."""
+        if (what, raw.decode(errors="replace")) not in self._refused:
+            self._refused.add((what, raw.decode(errors="replace")))
+            log.warning("shared %s not usable here: %s", what, reason)
+
+    async def _pull_canary(self) -> None:
+        keys = self._link.keys
+        num_changes = self._num_canary_changes
+
+        async def read(client) -> list:
+            async with client.pipeline(transaction=True) as pipe:
+                pipe.get(keys.canary_version)
+                pipe.hgetall(keys.canary)
+                return await pipe.execute()
+
+        raw_version, entries = await self._link.call(read)
+        version = int(raw_version or 0)
+        if num_changes != self._num_canary_changes or version == self._canary_version:
+            return
+        for raw_model, raw in entries.items():
+            model = raw_model.decode(errors="replace")
+            try:
+                self._canary.adopt(model, decode_json_object(raw))
+            except (ApiError, ValueError) as exc:
+                self._refuse(f"canary of model {model}", raw, str(exc))
+        self._canary_version = version
 
     async def _pull_prefixes(self) -> None:
         key = self._link.keys.prefixes
