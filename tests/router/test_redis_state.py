@@ -134,6 +134,23 @@ def test_outage_falls_back_to_local_shares_and_resyncs(redis_server) -> None:
     run(main)
 
 
+def test_connections_from_before_a_redis_restart_reconnect_without_a_fallback(
+        redis_server) -> None:
+    async def main() -> None:
+        async with routers(redis_server, 1) as [(link, state)]:
+            # Eight calls at once leave eight pooled connections; a restart kills them all.
+            assert all(await asyncio.gather(*(state.acquire_slot(f"a{i}", 9) for i in range(8))))
+            redis_server.stop()
+            redis_server.start()
+            await asyncio.sleep(1.0)  # heartbeats: Redis lost its state, resynced
+            assert all(await asyncio.gather(*(state.acquire_slot(f"b{i}", 9) for i in range(8))))
+            assert link.up
+            held = await link.client.hgetall("test:slots:r0")
+            assert {f"b{i}".encode() for i in range(8)} <= held.keys()
+
+    run(main)
+
+
 class Gated:
     """A shared state whose ``method`` waits for ``gate`` (after setting ``entered``)."""
 

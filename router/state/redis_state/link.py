@@ -29,9 +29,10 @@ from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
 from redis.asyncio import Redis
+from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
+from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import RedisError
-from redis.retry import Retry
 
 from router.config import RedisConfig
 from router.state.redis_state import scripts
@@ -67,9 +68,13 @@ class RedisLink:
         self.config = config
         self.keys = Keys(config.key_prefix)
         self.router_id = router_id or new_router_id()
+        # One immediate retry on a new connection for a closed one (a pooled connection
+        # from before a Redis restart), none for a timeout. The asyncio Retry: the sync
+        # one would return the coroutine unawaited and retry nothing.
         self.client: Redis = Redis.from_url(
             config.url, socket_timeout=config.command_timeout_s,
-            socket_connect_timeout=config.connect_timeout_s, retry=Retry(NoBackoff(), 0),
+            socket_connect_timeout=config.connect_timeout_s,
+            retry=Retry(NoBackoff(), 1, supported_errors=(RedisConnectionError,)),
             health_check_interval=0)
         self.up = False
         self.num_routers_alive = 1
