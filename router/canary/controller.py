@@ -214,11 +214,10 @@ class Canary:
     async def _probe(self, model: _ModelCanary, workers: list[WorkerState],
                      session: aiohttp.ClientSession) -> None:
         """Probe every pool no guard tripped (weight 0 too: a check before traffic)
-        against the baseline, on one radix worker of each."""
+        against the baseline, on one worker of each (``router.canary.probe``)."""
         first: dict[str, WorkerState] = {}
         for worker in workers:
-            if worker.kind == "radix":
-                first.setdefault(model.pools.pool_of(worker.worker_id), worker)
+            first.setdefault(model.pools.pool_of(worker.worker_id), worker)
         baseline = first.get(model.pools.baseline)
         pools = [p for p in model.pools.names
                  if p != model.pools.baseline and p not in model.pools.trips and p in first]
@@ -254,8 +253,10 @@ class Canary:
     @staticmethod
     async def _outputs(model: _ModelCanary, worker: WorkerState,
                        session: aiohttp.ClientSession) -> Outputs:
+        openai_model = None if worker.kind == "radix" else worker.served_model or worker.model
         return await greedy_outputs(session, worker.url, worker.headers, model.probe_prompts,
-                                    model.config.probe_max_tokens, model.config.probe_timeout_s)
+                                    model.config.probe_max_tokens, model.config.probe_timeout_s,
+                                    openai_model)
 
 
 def _parse_shared(state: Any) -> tuple[dict[str, float], dict[str, Trip]]:

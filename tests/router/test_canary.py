@@ -9,16 +9,20 @@ import logging
 import time
 
 import pytest
+from aiohttp import web
 from hypothesis import given
 from hypothesis import strategies as st
 from prometheus_client import CollectorRegistry, generate_latest
+from support.aio import eventually, running_router, serving
+from test_server import make_config
 
+from bench import instant_upstream
 from radix.keys import to_key
 from router.canary.config import CanaryConfig, PoolConfig
 from router.canary.controller import Canary
 from router.canary.guards import GuardWindow, WindowSummary, judge
 from router.canary.pools import ModelPools, Trip
-from router.canary.probe import divergences
+from router.canary.probe import Answer, divergences
 from router.config import ModelConfig
 
 SECRET = b"canary-test-secret"
@@ -140,11 +144,22 @@ def test_judge_needs_enough_requests_then_trips_on_errors_before_ttft() -> None:
     assert judge(WindowSummary(10, 10, 99.0), off) is None
 
 
+def answers(*token_ids: tuple[int, ...]) -> tuple[Answer, ...]:
+    return tuple(Answer(ids, "") for ids in token_ids)
+
+
 def test_divergences_name_the_prompt_and_the_first_differing_token() -> None:
-    baseline = ((1, 2, 3), (4, 5, 6), (7, 8))
+    baseline = answers((1, 2, 3), (4, 5, 6), (7, 8))
     assert divergences(baseline, baseline) == []
-    assert divergences(baseline, ((1, 2, 3), (4, 9, 6), (7, 8, 9))) == [
+    assert divergences(baseline, answers((1, 2, 3), (4, 9, 6), (7, 8, 9))) == [
         "prompt 1 differs at token 1", "prompt 2 differs at token 2"]
+
+
+def test_text_is_compared_where_a_side_has_no_token_ids() -> None:
+    baseline = (Answer((1, 2), "ab"), Answer((3,), "cd"))
+    text_only = (Answer(None, "ab"), Answer(None, "cx"))
+    assert divergences(baseline, text_only) == ["prompt 1 differs at character 1"]
+    assert divergences(text_only, (Answer((9, 9), "ab"), Answer((3,), "cx"))) == []
 
 
 def canary(registry: CollectorRegistry, **guards: object) -> Canary:
@@ -232,3 +247,35 @@ def test_an_adopted_state_sets_weights_trips_and_metrics_and_ignores_other_model
     assert guarded.adopt("demo", {"weights": {"fp8": 5}, "trips": {"fp8": ["probe", "x"]}})
     assert guarded.shared_state("demo") == {"weights": {"baseline": 90, "fp8": 5}, "trips": {}}
     assert not guarded.adopt("plain", tripped) and not guarded.adopt("unknown", tripped)
+
+
+def other_text_upstream() -> web.Application:
+    """An OpenAI server whose completions are other text than the instant upstream's."""
+    async def complete(request: web.Request) -> web.Response:
+        num_tokens = (await request.json())["max_tokens"]
+        return web.json_response({"object": "text_completion", "model": "demo", "choices": [
+            {"index": 0, "text": "b" * num_tokens, "finish_reason": "length"}]})
+
+    app = web.Application()
+    app.add_routes([*instant_upstream.status_routes(), web.get("/v1/models", instant_upstream.models),
+                    web.post("/v1/completions", complete)])
+    return app
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])
+async def test_pools_of_openai_workers_are_probed_through_their_completions(anyio_backend
+                                                                          ) -> None:
+    pools = {"pools": {"baseline": {"workers": ["u0"], "weight": 1},
+                       "same": {"workers": ["u1"], "weight": 1},
+                       "other": {"workers": ["u2"], "weight": 1}},
+             "canary": {"probe_interval_s": 0.2, "check_interval_s": 0.1}}
+    async with serving(instant_upstream.create_app("base")) as base, \
+            serving(instant_upstream.create_app("same")) as same, \
+            serving(other_text_upstream()) as other, \
+            running_router(make_config([base, same, other], kind="openai", model=pools)) as (_, r):
+        state = await eventually(lambda: (p := r.canary.to_dict()["demo"]["pools"])[
+            "other"]["tripped"] and p["same"]["last_probe"] and p, 5.0)
+    assert state["other"]["weight"] == 0
+    assert "prompt 0 differs at character 0" in state["other"]["tripped"]["detail"]
+    assert state["same"]["last_probe"] == "agree" and state["same"]["weight"] == 1

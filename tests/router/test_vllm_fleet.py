@@ -163,6 +163,26 @@ def test_a_tokenizer_that_differs_is_routed_approximately(vllm_fleet, tmp_path):
         router.stop()
 
 
+def test_pools_of_vllm_servers_are_probed_token_by_token(vllm_fleet, tmp_path):
+    # What the probe relies on: vLLM returns the greedy completion's token ids.
+    status, body = http_json("POST", f"{vllm_fleet[0].url}/v1/completions", {
+        "model": SERVED_MODEL, "prompt": [1, 504, 3458], "max_tokens": 4, "temperature": 0,
+        "ignore_eos": True, "return_token_ids": True})
+    assert status == 200 and len(body["choices"][0]["token_ids"]) == 4, body
+    path = tmp_path / "router.toml"
+    path.write_text(fleet_config(vllm_fleet) + "\n".join([
+        f"[models.{SERVED_MODEL}.canary]", "probe_interval_s = 0.5", "probe_max_tokens = 4",
+        f"[models.{SERVED_MODEL}.pools.baseline]", 'workers = ["v0"]', "weight = 1",
+        f"[models.{SERVED_MODEL}.pools.candidate]", 'workers = ["v1"]', "weight = 1"]) + "\n")
+    router = start_router(path)
+    try:
+        pool = wait_for(lambda: (p := admin(router, "/admin/canary")["models"][SERVED_MODEL][
+            "pools"]["candidate"])["last_probe"] and p, 60, lambda: admin(router, "/admin/canary"))
+        assert pool["last_probe"] == "agree" and pool["weight"] == 1
+    finally:
+        router.stop()
+
+
 def test_a_killed_server_is_cleared_at_once_and_followed_after_its_restart(fleet_router,
                                                                            vllm_fleet):
     router, _ = fleet_router
