@@ -209,18 +209,22 @@ class RedisPeers:
             except Exception:  # a bug must not end following the registry
                 log.exception("shared registry sync failed")
 
-    async def _pull_workers(self) -> None:
-        keys = self._link.keys
-        num_changes = self._num_local_changes
-
+    async def _read_versioned(self, version_key: str, hash_key: str
+                              ) -> tuple[int, dict[bytes, bytes]]:
+        """(version, entries) of a hash and its version counter, read in one transaction."""
         async def read(client) -> list:
             async with client.pipeline(transaction=True) as pipe:
-                pipe.get(keys.workers_version)
-                pipe.hgetall(keys.workers)
+                pipe.get(version_key)
+                pipe.hgetall(hash_key)
                 return await pipe.execute()
 
         raw_version, entries = await self._link.call(read)
-        version = int(raw_version or 0)
+        return int(raw_version or 0), entries
+
+    async def _pull_workers(self) -> None:
+        keys = self._link.keys
+        num_changes = self._num_local_changes
+        version, entries = await self._read_versioned(keys.workers_version, keys.workers)
         if num_changes != self._num_local_changes or version == self._version:
             return
         await self._apply_workers(version, entries)
@@ -277,15 +281,7 @@ class RedisPeers:
     async def _pull_canary(self) -> None:
         keys = self._link.keys
         num_changes = self._num_canary_changes
-
-        async def read(client) -> list:
-            async with client.pipeline(transaction=True) as pipe:
-                pipe.get(keys.canary_version)
-                pipe.hgetall(keys.canary)
-                return await pipe.execute()
-
-        raw_version, entries = await self._link.call(read)
-        version = int(raw_version or 0)
+        version, entries = await self._read_versioned(keys.canary_version, keys.canary)
         if num_changes != self._num_canary_changes or version == self._canary_version:
             return
         for raw_model, raw in entries.items():
