@@ -1,12 +1,12 @@
 """What one router shares with the other routers of its deployment, beyond limits.
 
 The worker registry (changes made through any router's admin API), the public-prefix
-registry, the canary pools' weights and trips, and the routing decisions for ``openai`` workers (approximate mode: each
-router applies the others' to its own index). ``Peers`` is the seam; ``NoPeers``
-is the null object of a router that shares nothing (no Redis configured), and
-``router.state.redis_state.RedisPeers`` the Redis implementation. Limits go through
-``router.state.shared_state`` instead. KV events are never shared: every router follows
-every radix worker itself.
+registry, the canary pools' weights and trips, and the routing decisions for
+``openai`` workers (approximate mode: each router applies the others' to its own
+index). ``Peers`` is the seam; ``NoPeers`` is the null object of a router that
+shares nothing (no Redis configured), and ``router.state.redis_state.RedisPeers``
+the Redis implementation. Limits go through ``router.state.shared_state`` instead.
+KV events are never shared: every router follows every radix worker itself.
 """
 
 from __future__ import annotations
