@@ -13,8 +13,15 @@ this secret and namespace (in their recorded arrival order) and deletes the othe
 (counted with the read failures). Reading a block opens it again: a file changed
 after the scan is dropped and counted, never written to the device.
 
+Writes and deletions run on a thread of their own (``workers.kv.disk_writer``), so a
+demotion costs the engine thread an encryption and a queue slot, not a synchronous
+write with two ``fsync``s; a hit on a block whose write is still queued is served
+from its bytes in memory (opened and authenticated all the same), and a write that
+fails is reported as a drop by the next ``put``.
+
 A data structure: it reads files and writes device blocks but emits no events; the
-host link reports what ``put`` and ``take`` did. Engine thread only.
+host link reports what ``put`` and ``take`` did. Engine thread only (apart from its
+writer).
 """
 
 from __future__ import annotations
@@ -39,8 +46,8 @@ from workers.kv.disk_files import (
     file_name,
     lock_directory,
     sync_directory,
-    write_atomic,
 )
+from workers.kv.disk_writer import DiskWriter
 from workers.kv.host_crypto import BlockSealer
 from workers.kv.host_tier import HostBlock
 from workers.kv.ids import BlockId
@@ -111,6 +118,10 @@ class DiskTier(ABC):
         """Current gauges and counters."""
 
     @abstractmethod
+    def flush(self) -> None:
+        """Return once every block kept so far is on disk."""
+
+    @abstractmethod
     def close(self) -> None:
         """Release the directory (a later tier may open it); the files stay."""
 
@@ -151,6 +162,9 @@ class NullDiskTier(DiskTier):
         """All zero."""
         return DiskTierStats(0, 0, 0, 0, 0, 0)
 
+    def flush(self) -> None:
+        """Nothing is kept."""
+
     def close(self) -> None:
         """Nothing to release."""
 
@@ -171,7 +185,8 @@ class FileDiskTier(DiskTier):
         self._entries: OrderedDict[BlockHash, DiskEntry] = OrderedDict()
         self._next_arrival = 0
         self._next_expiry = math.inf
-        self._num_hits = self._bytes_written = self._bytes_read = self._num_failures = 0
+        self._num_hits = self._bytes_read = self._num_failures = 0
+        self._writer = DiskWriter(self.directory)
         self._scan()
 
     @property
@@ -214,31 +229,31 @@ class FileDiskTier(DiskTier):
             data = path.read_bytes()
         except OSError:
             return None
-        record = decode(data, self._sealer)
-        if record is None or file_name(record.block_hash) != path.name:
-            return None
         self._bytes_read += len(data)
+        return self._record(data, path.name)
+
+    def _record(self, data: bytes, name: str) -> DiskRecord | None:
+        """The record ``data`` holds if its meta authenticates under ``name``."""
+        record = decode(data, self._sealer)
+        if record is None or file_name(record.block_hash) != name:
+            return None
         return record
 
     def put(self, block_hash: BlockHash, block: HostBlock) -> list[tuple[BlockHash, DiskEntry]]:
-        """See ``DiskTier.put``; a hash already present is rewritten as the newest. A
-        block that cannot be written (disk full) is logged and dropped at once."""
+        """See ``DiskTier.put``; a hash already present is rewritten as the newest. The
+        write is queued; blocks whose writes failed since (disk full) are among the
+        entries returned, as drops."""
         entry = DiskEntry(block.scope, block.parent, block.tokens, block.expires_at)
         record = DiskRecord(block_hash, block.scope, self._next_arrival, block.expires_at,
                             block.parent, block.tokens, block.sealed)  # fmt: skip
-        data = encode(record, self._sealer)
         self._entries.pop(block_hash, None)
-        try:
-            write_atomic(self.directory, file_name(block_hash), data)
-        except OSError as exc:
-            log.warning("disk tier: cannot write block %s: %s", block_hash.hex(), exc)
-            self._unlink(block_hash)
-            return [(block_hash, entry)]
+        self._writer.write(block_hash, encode(record, self._sealer))
         self._next_arrival += 1
-        self._bytes_written += len(data)
         self._entries[block_hash] = entry
         self._next_expiry = min(self._next_expiry, entry.expires_at or math.inf)
-        return self._drop_over_budget()
+        failed = [(h, e) for h in self._writer.failed()
+                  if (e := self._entries.pop(h, None)) is not None]  # fmt: skip
+        return failed + self._drop_over_budget()
 
     def _drop_over_budget(self) -> list[tuple[BlockHash, DiskEntry]]:
         dropped = []
@@ -254,13 +269,15 @@ class FileDiskTier(DiskTier):
         return entry is not None and entry.scope == scope and entry.tokens == tokens
 
     def take(self, block_hash: BlockHash, device_block: BlockId) -> DiskEntry | None:
-        """See ``DiskTier.take``: the file is read and opened again, and must still be
-        the block the scan or ``put`` recorded."""
+        """See ``DiskTier.take``: the file (or its bytes, while its write is queued) is
+        read and opened again, and must still be the block the scan or ``put``
+        recorded."""
         entry = self._entries.pop(block_hash, None)
         if entry is None:
             return None
-        path = self.directory / file_name(block_hash)
-        record = self._read(path)
+        queued = self._writer.pending(block_hash)
+        record = (self._read(self.directory / file_name(block_hash)) if queued is None
+                  else self._record(queued, file_name(block_hash)))  # fmt: skip
         data = None
         if record is not None and DiskEntry(
             record.scope, record.parent, record.tokens, record.expires_at
@@ -297,7 +314,11 @@ class FileDiskTier(DiskTier):
         return expired
 
     def _unlink(self, block_hash: BlockHash) -> None:
-        (self.directory / file_name(block_hash)).unlink(missing_ok=True)
+        self._writer.unlink(block_hash)
+
+    def flush(self) -> None:
+        """See ``DiskTier.flush``: every write and deletion queued so far is done."""
+        self._writer.flush()
 
     def entries(self) -> list[tuple[BlockHash, DiskEntry]]:
         """See ``DiskTier.entries``."""
@@ -309,14 +330,16 @@ class FileDiskTier(DiskTier):
             num_disk_blocks_total=self.num_blocks,
             num_disk_blocks_used=len(self._entries),
             disk_hit_blocks_total=self._num_hits,
-            disk_bytes_written_total=self._bytes_written,
+            disk_bytes_written_total=self._writer.num_bytes_written,
             disk_bytes_read_total=self._bytes_read,
             disk_auth_failures_total=self._num_failures,
         )
 
     def close(self) -> None:
-        """See ``DiskTier.close``: the directory is synced and unlocked."""
+        """See ``DiskTier.close``: queued writes finish, the directory is synced and
+        unlocked."""
         if self._lock_fd is not None:
+            self._writer.close()
             sync_directory(self.directory)
             os.close(self._lock_fd)
             self._lock_fd = None

@@ -125,7 +125,8 @@ class PrefixCache(ABC):
     def spill_to_disk(self) -> int:
         """Move every evictable cached block down to the disk tier, the host tier's
         blocks included, in LRU order (a worker stopping, so its cache outlives it);
-        returns the device blocks freed. Without a disk tier nothing moves."""
+        returns the device blocks freed, once every block is on disk. Without a disk tier
+        nothing moves."""
 
     @abstractmethod
     def snapshot(self) -> tuple[int, list[KVEvent]]:

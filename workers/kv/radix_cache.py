@@ -288,6 +288,7 @@ class RadixPrefixCache(PrefixCache):
             return 0
         num_freed = self.evict(self._pool.num_total_blocks)
         self._link.spill_host()
+        self.disk.flush()
         return num_freed
 
     def _path(self, node: Node | None) -> Iterator[Node]:

@@ -4,6 +4,7 @@ or tampered file is dropped and counted, never used."""
 
 from __future__ import annotations
 
+import threading
 import time
 from pathlib import Path
 
@@ -12,7 +13,8 @@ from kv_test_support import EventConsumer, assert_reads, make_manager, serve
 
 from workers.cli import _parser, config_from_args
 from workers.config import WorkerConfig
-from workers.kv.disk_files import SUFFIX
+from workers.kv import disk_writer
+from workers.kv.disk_files import SUFFIX, write_atomic
 
 B = 4
 A = [1, 2, 3, 4, 5, 6, 7, 8, 9]  # two full blocks and one token
@@ -31,6 +33,8 @@ def pushed_to_disk(disk_dir: Path, num_disk_blocks: int = 16, host_ttl_s: float 
 
 
 def files(manager) -> list[Path]:
+    """The block files on disk once the writes queued so far have landed."""
+    manager.prefix_cache.disk.flush()
     return sorted(manager.prefix_cache.disk.directory.glob("*" + SUFFIX))
 
 
@@ -188,3 +192,44 @@ def test_the_disk_flags_and_their_config_checks(tmp_path):
         WorkerConfig().with_overrides({"kv": {"disk_cache_dir": "d", "disk_cache_bytes": 1}})
     with pytest.raises(ValueError, match="kv.disk_cache_dir: .* go together"):
         WorkerConfig().with_overrides({"kv": {"host_cache_bytes": 1, "disk_cache_bytes": 1}})
+
+
+def test_a_block_whose_write_is_still_queued_is_served_from_memory(tmp_path, monkeypatch):
+    gate = threading.Event()
+
+    def held(directory: Path, name: str, data: bytes) -> None:
+        gate.wait(30)
+        write_atomic(directory, name, data)
+
+    monkeypatch.setattr(disk_writer, "write_atomic", held)
+    manager = pushed_to_disk(tmp_path)
+    disk = manager.prefix_cache.disk
+    assert not list(disk.directory.glob("*" + SUFFIX)) and len(disk.entries()) >= 2
+    num_cached = manager.admit(99, A + [7], "t1")
+    assert num_cached == 2 * B  # from the queued bytes: nothing is on disk yet
+    assert_reads(manager, 99, A + [7], num_cached)
+    gate.set()
+    assert len(files(manager)) == len(disk.entries())  # A's files: written, then deleted
+    manager.free(99)
+    manager.check_invariants()
+
+
+def test_blocks_that_cannot_be_written_are_dropped_by_the_next_put(tmp_path, monkeypatch):
+    def full(directory: Path, name: str, data: bytes) -> None:
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(disk_writer, "write_atomic", full)
+    manager = pushed_to_disk(tmp_path)
+    disk = manager.prefix_cache.disk
+    disk.flush()
+    log = manager.event_log
+    events = EventConsumer(B)
+    events.apply(log.since(-1, log.epoch))
+    assert events.disk_hashes  # announced, then found unwritable
+    serve(manager, 98, [90 + j for j in range(2 * B)])  # pushes more blocks down
+    entries = disk.entries()
+    assert len(entries) <= 2 and not files(manager)  # at most this put's, not yet failed
+    events.apply(log.since(events.last_seq, log.epoch))
+    assert events.disk_hashes == {h.hex() for h, _ in entries}
+    assert serve(manager, 99, A + [7]) == 0
+    manager.check_invariants()

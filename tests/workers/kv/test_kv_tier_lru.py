@@ -120,5 +120,6 @@ def check(tiers: Tiers, moved_at: dict[int, int]) -> None:
         (time_of[h] for h in disk), default=-1)  # fmt: skip
     assert [h for h, _ in tiers.disk.entries()] == sorted(disk, key=time_of.__getitem__)
     assert tiers.replayed() == ({h.hex() for h in host}, {h.hex() for h in disk})
+    tiers.disk.flush()  # the files once the queued writes have landed
     assert len(list(tiers.disk.directory.glob("*.kv"))) == len(disk)
 
