@@ -12,8 +12,8 @@ the prediction to what the worker reported, keeping adapters routed since the pr
 was sent (the worker may not have loaded them when it answered).
 
 A request for an adapter that is not (predicted) resident on a worker pays its load
-there: ``load_ms`` (the worker's measured mean, or the policy's default until it has
-measured one), which the policy turns into prefill-token equivalents, and a swap
+there: ``WorkerLora.load_ms`` (the worker's measured mean, or the policy's default
+until it has measured one), which the policy turns into prefill-token equivalents, and a swap
 where the load evicts another adapter, in proportion to how busy the worker is
 (``swap_share``): its running requests pin their adapters' slots, so on a busy worker
 the load may wait for a slot to free, and the evicted adapter is likely wanted again.
@@ -62,6 +62,11 @@ class Residency:
         """The predicted resident adapters, least recently used first."""
         return list(self._resident)
 
+    @property
+    def num_resident(self) -> int:
+        """How many adapters are predicted resident."""
+        return len(self._resident)
+
     def observe(self, resident: Iterable[str], max_loras: int, probe_sent_at: float) -> None:
         """A probe sent at ``probe_sent_at`` (the ``route`` clock) reported ``resident``
         and ``max_loras`` slots: predict those, plus the adapters routed here since the
@@ -83,16 +88,6 @@ class Residency:
         keep = ordered[-self.max_loras:] if self.max_loras else []
         self._routed_at = {n: self._routed_at[n] for n in keep if n in self._routed_at}
         return keep
-
-
-def load_ms(residency: Residency, adapter: str | None, measured_ms: float | None,
-            default_ms: float) -> float:
-    """Milliseconds a request for ``adapter`` waits for its load on a worker: 0 for the
-    base model (``None``) and for a resident adapter, else the worker's measured mean
-    load time, or ``default_ms`` until it has measured one."""
-    if adapter is None or residency.is_resident(adapter):
-        return 0.0
-    return default_ms if measured_ms is None else measured_ms
 
 
 class WorkerLora:
@@ -142,8 +137,12 @@ class WorkerLora:
         return worker_namespace
 
     def load_ms(self, adapter: str | None, default_ms: float) -> float:
-        """``load_ms`` on this worker (module docstring)."""
-        return load_ms(self.residency, adapter, self.measured_load_ms, default_ms)
+        """Milliseconds a request for ``adapter`` waits for its load here: 0 for the
+        base model (``None``) and for a resident adapter, else the measured mean load
+        time, or ``default_ms`` until one is measured."""
+        if adapter is None or self.residency.is_resident(adapter):
+            return 0.0
+        return default_ms if self.measured_load_ms is None else self.measured_load_ms
 
     def swap_share(self, adapter: str | None, num_active_requests: int) -> float:
         """The share of a swap that loading ``adapter`` here costs: 0 when it is
@@ -151,6 +150,6 @@ class WorkerLora:
         its slots, at most 1."""
         residency = self.residency
         if (adapter is None or residency.is_resident(adapter)
-                or len(residency.resident()) < residency.max_loras):
+                or residency.num_resident < residency.max_loras):
             return 0.0
         return min(1.0, num_active_requests / residency.max_loras)

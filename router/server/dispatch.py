@@ -156,9 +156,10 @@ def choose(router: Router, workers: list[WorkerState], matched: dict[str, int],
             kv_cache_usage_ratio=w.load.kv_cache_usage_ratio,
             max_num_requests=w.load.max_num_requests,
             num_matched_tokens=matched.get(w.worker_id, 0),
-            adapter_load_ms=w.lora.load_ms(adapter, default_load_ms),
-            adapter_swap_share=w.lora.swap_share(
-                adapter, max(w.load.num_requests_running, w.num_in_flight_requests)),
+            adapter_load_ms=(0.0 if adapter is None
+                             else w.lora.load_ms(adapter, default_load_ms)),
+            adapter_swap_share=(0.0 if adapter is None else w.lora.swap_share(
+                adapter, max(w.load.num_requests_running, w.num_in_flight_requests))),
         )
         for w in workers
     ]

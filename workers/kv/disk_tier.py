@@ -275,9 +275,9 @@ class FileDiskTier(DiskTier):
         entry = self._entries.pop(block_hash, None)
         if entry is None:
             return None
-        queued = self._writer.pending(block_hash)
-        record = (self._read(self.directory / file_name(block_hash)) if queued is None
-                  else self._record(queued, file_name(block_hash)))  # fmt: skip
+        name, queued = file_name(block_hash), self._writer.pending(block_hash)
+        record = (self._read(self.directory / name) if queued is None
+                  else self._record(queued, name))  # fmt: skip
         data = None
         if record is not None and DiskEntry(
             record.scope, record.parent, record.tokens, record.expires_at
