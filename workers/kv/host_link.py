@@ -47,6 +47,8 @@ class HostLink:
     ) -> None:  # fmt: skip
         self.host = host
         self.disk = disk or NullDiskTier()
+        self._tiers: tuple[tuple[HostTier | DiskTier, Medium], ...] = (
+            (self.host, "host"), (self.disk, "disk"))  # fmt: skip
         if self.disk.enabled and not host.enabled:
             raise ValueError("a disk tier needs a host tier")
         self._pool = pool
@@ -101,9 +103,7 @@ class HostLink:
 
     def forget(self, scope: str, blocks: Sequence[EventBlock]) -> None:
         """The device caches ``blocks`` again: drop any host or disk copy of them."""
-        tiers: tuple[tuple[HostTier | DiskTier, Medium], ...] = (
-            (self.host, "host"), (self.disk, "disk"))  # fmt: skip
-        for tier, medium in tiers:
+        for tier, medium in self._tiers:
             gone = [b for b in blocks if tier.discard(BlockHash(bytes.fromhex(b.hash)))]
             self._emit("removed", [(scope, block) for block in gone], medium)
 
@@ -137,11 +137,11 @@ class HostLink:
         restored: list[BlockId] = []
         num_public = 0
         for block_hash, block_scope, block_key in found:
-            in_host = self.host.holds(block_hash, block_scope, block_key)
-            tier: HostTier | DiskTier = self.host if in_host else self.disk
-            medium: Medium = "host" if in_host else "disk"
-            if not tier.holds(block_hash, block_scope, block_key):
+            held = next(((tier, medium) for tier, medium in self._tiers
+                         if tier.holds(block_hash, block_scope, block_key)), None)
+            if held is None:
                 break
+            tier, medium = held
             device_block = self._pool.allocate()
             entry = tier.take(block_hash, device_block)
             if entry is None:
@@ -160,11 +160,9 @@ class HostLink:
         """The tiers' blocks as ``stored`` lines at the log's head: the host tier's,
         then the disk tier's, each newest first (a block moves down after its
         descendants, so parents come first)."""
-        tiers: tuple[tuple[HostTier | DiskTier, Medium], ...] = (
-            (self.host, "host"), (self.disk, "disk"))  # fmt: skip
         return [
             self._log.at_head("stored", entry.scope, [_event_block(block_hash, entry)], medium)
-            for tier, medium in tiers
+            for tier, medium in self._tiers
             for block_hash, entry in reversed(tier.entries())
         ]
 
