@@ -55,7 +55,7 @@ $(VLLM_STAMP):
 	touch $(VLLM_STAMP)
 
 $(SMOLLM2_HF)/config.json: | $(STAMP)
-	TQDM_DISABLE=1 HF_HUB_DISABLE_PROGRESS_BARS=1 $(PY) -m bench.vllm_servers convert $(SMOLLM2_HF)
+	TQDM_DISABLE=1 HF_HUB_DISABLE_PROGRESS_BARS=1 $(PY) -m harness.vllm_servers convert $(SMOLLM2_HF)
 
 vllm: $(VLLM_STAMP) $(SMOLLM2_HF)/config.json
 

@@ -16,6 +16,7 @@ from bench import (
     canary_bench,
     chaos,
     e2e,
+    e2e_timed,
     e2e_worker_bench,
     engine_overhead,
     fuzz,
@@ -38,6 +39,20 @@ from bench import (
     vllm_bench,
 )
 
+
+def run_e2e(argv: list[str]) -> dict:
+    """``e2e`` on demo workers, or ``--backend timed``: the timed cluster
+    (``bench.e2e_timed``, built on ``bench.e2e``)."""
+    if "--backend" in argv:
+        at = argv.index("--backend")
+        backend = argv[at + 1] if at + 1 < len(argv) else ""
+        if backend not in ("demo", "timed"):
+            raise SystemExit(f"--backend: choose demo or timed, not {backend!r}")
+        rest = argv[:at] + argv[at + 2:]
+        return e2e_timed.main(rest) if backend == "timed" else e2e.main(rest)
+    return e2e.main(argv)
+
+
 BENCHMARKS: dict[str, Callable[[list[str]], dict]] = {
     "radix": radix_bench.main,
     "kv": kv_bench.main,
@@ -55,13 +70,15 @@ BENCHMARKS: dict[str, Callable[[list[str]], dict]] = {
     "multi_router": multi_router.main,
     "sim": sim.main,
     "sim_check": sim_check.main,
-    "e2e": e2e.main,
+    "e2e": run_e2e,
     "reference": reference.main,
     "vllm": vllm_bench.main,
     "chaos": chaos.main,
     "lora": lora_bench.main,
     "canary": canary_bench.main,
 }
+
+
 # Not a benchmark: run by name only (`python -m bench fuzz --examples N`).
 ON_REQUEST: dict[str, Callable[[list[str]], dict]] = {"fuzz": fuzz.main}
 

@@ -18,10 +18,9 @@ from typing import Any
 from prometheus_client import CollectorRegistry
 
 from radix.keys import to_key
-from router.canary.config import PoolConfig
 from router.canary.controller import Canary
-from router.config import ModelConfig, WorkerConfig
-from router.upstream.registry import WorkerState
+from router.config import ModelSpec, PoolConfig, WorkerSpec
+from router.fleet.registry import WorkerState
 
 NUM_WORKERS = 8
 NUM_PROMPT_TOKENS = 2000
@@ -34,12 +33,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--requests", type=int, default=100_000)
     args = parser.parse_args(argv)
     ids = [f"w{i}" for i in range(NUM_WORKERS)]
-    workers = [WorkerState(WorkerConfig(worker_id=i, model="demo", url="http://127.0.0.1:1"),
+    workers = [WorkerState(WorkerSpec(worker_id=i, model="demo", url="http://127.0.0.1:1"),
                            "http://127.0.0.1:1", {}) for i in ids]
     pools = {"baseline": PoolConfig(workers=tuple(ids[:6]), weight=95),
              "candidate": PoolConfig(workers=tuple(ids[6:]), weight=5)}
-    models = {"pooled": ModelConfig(name="pooled", tokenizer="demo", pools=pools),
-              "plain": ModelConfig(name="plain", tokenizer="demo")}
+    models = {"pooled": ModelSpec(name="pooled", tokenizer="demo", pools=pools),
+              "plain": ModelSpec(name="plain", tokenizer="demo")}
     canary = Canary(models, b"bench-secret", lambda model, text: [1], CollectorRegistry())
     keys = [to_key([i % 50_000, *range(NUM_PROMPT_TOKENS - 1)]) for i in range(1000)]
     results = {}

@@ -35,7 +35,7 @@ import redis
 
 from bench.chaos_faults import FAULTS, ROUTERS, WORKERS, Deployment, wait_healthy
 from bench.chaos_traffic import Outcome, Request, send
-from bench.up_process import TENANT_KEYS, alive, all_pids
+from harness.up_process import TENANT_KEYS, alive, all_pids
 
 NUM_PROMPTS = 6
 SETTLE_S = 20.0

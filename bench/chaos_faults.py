@@ -20,7 +20,7 @@ from pathlib import Path
 import aiohttp
 
 from bench.chaos_traffic import Slowloris, close_all, open_non_reading
-from bench.up_process import TENANT_KEYS, UpProcess, up_config
+from harness.up_process import TENANT_KEYS, UpProcess, up_config
 
 NUM_WORKERS = 3
 WORKERS = tuple(f"w{i}" for i in range(NUM_WORKERS))
@@ -84,7 +84,7 @@ async def healthy(session: aiohttp.ClientSession, deployment: Deployment) -> boo
                                     timeout=timeout) as response:
                 if response.status != 200:
                     return False
-    except (aiohttp.ClientError, asyncio.TimeoutError, ValueError, KeyError):
+    except (TimeoutError, aiohttp.ClientError, ValueError, KeyError):
         return False
     return True
 

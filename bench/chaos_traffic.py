@@ -128,7 +128,7 @@ async def send(session: aiohttp.ClientSession, router: str, request: Request,
         return outcome("refused", None, str(exc))
     except aiohttp.ClientError as exc:
         return outcome("lost" if answered else "dropped", None, f"{type(exc).__name__}: {exc}")
-    except (asyncio.TimeoutError, ValueError, KeyError) as exc:
+    except (TimeoutError, ValueError, KeyError) as exc:
         return outcome("lost", None, f"{type(exc).__name__}: {exc}")
     if reference is not None and text != reference:
         return outcome("mismatch", 200, f"{text!r} != {reference!r}")

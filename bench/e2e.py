@@ -16,8 +16,8 @@ requests per worker (each worker's own ``request_prompt_tokens`` count from its
 ``/metrics``) and their max/mean. All processes share this machine's cores.
 
 Run: ``python -m bench e2e [--workers K] [--requests N] [--clients C]``;
-``python -m bench e2e --backend timed ...`` runs ``bench.e2e_timed`` (timed workers at
-cluster scale, open and closed loop).
+``python -m bench e2e --backend timed ...`` runs ``bench.e2e_timed`` instead (timed
+workers at cluster scale, open and closed loop; ``bench.__main__`` picks it).
 """
 
 from __future__ import annotations
@@ -37,8 +37,8 @@ from openai import AsyncOpenAI
 from tqdm import tqdm
 
 from bench import peers
-from bench.procs import ManagedProcess, http_json, router_args, start_process, start_worker
 from bench.workloads import TraceRequest, WorkloadConfig, generate
+from harness.procs import ManagedProcess, http_json, router_args, start_process, start_worker
 from router.front.auth import hash_key
 
 WORKER_KEY = "e2e-worker-key"
@@ -202,15 +202,9 @@ def run_setup(setup: str, requests: list[TraceRequest], args: argparse.Namespace
 
 
 def main(argv: list[str] | None = None) -> dict:
-    """Ours and every installed peer setup on the same trace; prints a table. With
-    ``--backend timed``, the cluster-scale run of ``bench.e2e_timed`` instead."""
+    """Ours and every installed peer setup on the same trace; prints a table."""
     argv = sys.argv[1:] if argv is None else argv
-    if "timed" in argv and "--backend" in argv:
-        from bench import e2e_timed  # it builds on this module
-
-        return e2e_timed.main(argv)
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--backend", default="demo", choices=["demo", "timed"])
     parser.add_argument("--workers", type=int, default=4)
     parser.add_argument("--workload", default="chat")
     parser.add_argument("--requests", type=int, default=200)

@@ -41,8 +41,8 @@ from openai import AsyncOpenAI
 
 from bench import peers
 from bench.e2e import WORKER_KEY, drive, requests_served, router, stream_completion, workers
-from bench.procs import http_json, process_cpu_s
 from bench.workloads import TraceRequest, WorkloadConfig, generate
+from harness.procs import http_json, process_cpu_s
 from radix.cost_model import Profile, get_profile
 from radix.keys import to_key
 from radix.tree import PUBLIC, RadixTree

@@ -23,7 +23,7 @@ from dataclasses import asdict, dataclass
 
 import aiohttp
 
-from bench.procs import start_worker
+from harness.procs import start_worker
 
 CONCURRENCY = (1, 8, 32)
 MODES = {"cache on": (), "cache off": ("--no-prefix-cache",)}
@@ -52,7 +52,7 @@ async def one_request(
 ) -> tuple[float, list[int]]:
     """(TTFT in s, output token ids) of one streamed ``/generate``."""
     body = {"token_ids": token_ids, "stream": True,
-            "sampling": {"max_tokens": max_tokens, "temperature": 0, "ignore_eos": True}}  # fmt: skip
+            "sampling": {"max_tokens": max_tokens, "temperature": 0, "ignore_eos": True}}
     started = time.perf_counter()
     ttft, token_ids_out = None, []
     async with session.post(f"{url}/generate", json=body) as response:
@@ -139,7 +139,7 @@ def main(argv: list[str] | None = None) -> dict:
         for level in levels.values():
             print(f"{mode:<10}{level.num_clients:>8}{level.num_requests:>10}"
                   f"{level.output_tokens_per_s:>11.1f}{level.ttft_p50_ms:>9.1f}ms"
-                  f"{level.ttft_p99_ms:>9.1f}ms")  # fmt: skip
+                  f"{level.ttft_p99_ms:>9.1f}ms")
     ratios = {}
     print(f"\n{'clients':>8}{'throughput on/off':>19}{'TTFT p50 off/on':>17}{'TTFT p99 off/on':>17}")
     for num_clients in CONCURRENCY:
@@ -151,7 +151,7 @@ def main(argv: list[str] | None = None) -> dict:
         }
         r = ratios[num_clients]
         print(f"{num_clients:>8}{r['throughput_on_over_off']:>18.2f}x"
-              f"{r['ttft_p50_off_over_on']:>16.2f}x{r['ttft_p99_off_over_on']:>16.2f}x")  # fmt: skip
+              f"{r['ttft_p50_off_over_on']:>16.2f}x{r['ttft_p99_off_over_on']:>16.2f}x")
     return {
         "config": vars(args),
         **{mode: {n: asdict(level) for n, level in levels.items()} for mode, levels in results.items()},

@@ -77,14 +77,14 @@ def _engine(num_blocks: int, max_batched_tokens: int) -> tuple[Engine, _Stopwatc
     loaded, model_time = _load()
     spec = kv_spec(loaded.config, BLOCK_SIZE)
     manager = build_kv_cache_manager(spec, num_blocks, namespace_digest=b"bench",
-                                     worker_id="bench")  # fmt: skip
+                                     worker_id="bench")
     commit_time = _Stopwatch()
     manager.commit = commit_time.wrap(manager.commit)  # type: ignore[method-assign]
     runner = ModelRunner(loaded.model, manager.tensors.key_caches,
-                         manager.tensors.value_caches, BLOCK_SIZE)  # fmt: skip
+                         manager.tensors.value_caches, BLOCK_SIZE)
     config = EngineConfig(max_batched_tokens=max_batched_tokens, max_num_seqs=64)
     engine = Engine(manager, runner, loaded.tokenizer, config, num_blocks * BLOCK_SIZE,
-                    EngineMetrics(CollectorRegistry()))  # fmt: skip
+                    EngineMetrics(CollectorRegistry()))
     return engine, model_time, commit_time
 
 
@@ -172,7 +172,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         row = decode_overhead(batch, args.steps)
         results["decode"][batch] = row
         print(f"{batch:>6}{row['wall_step_us']:>10,.0f}{row['step_us']:>10,.0f}"
-              f"{row['model_us']:>10,.0f}{row['overhead_us_per_token']:>20,.1f}")  # fmt: skip
+              f"{row['model_us']:>10,.0f}{row['overhead_us_per_token']:>20,.1f}")
     prefill = chunked_prefill(args.prefill_tokens, args.chunk_tokens)
     results["chunked_prefill"] = prefill
     print(f"chunked prefill of {args.prefill_tokens:,} tokens in {prefill['num_chunks']} chunks "

@@ -52,7 +52,7 @@ from schemathesis.specs.openapi.checks import (
     status_code_conformance,
 )
 
-from bench.procs import ManagedProcess, http_json, start_router, start_worker
+from harness.procs import ManagedProcess, http_json, start_router, start_worker
 from router.front.auth import hash_key
 
 TENANT_KEY, ADMIN_KEY, WORKER_KEY = "fuzz-tenant-key", "fuzz-admin-key", "fuzz-worker-key"

@@ -51,7 +51,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--dtype", choices=sorted(DTYPES), default="bfloat16")
     parser.add_argument("--kv-dtype", choices=sorted(KV_DTYPES), default="auto",
-                        help="KV cache dtype (auto: --dtype)")  # fmt: skip
+                        help="KV cache dtype (auto: --dtype)")
     parser.add_argument("--block-size", type=int, default=16)
     parser.add_argument("--heads", type=int, default=32)
     parser.add_argument("--kv-heads", type=int, default=8)
@@ -73,7 +73,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     if args.heads % args.kv_heads or args.block_size < 1 or not args.decode_batches:
         parser.error("need heads % kv-heads == 0, block-size >= 1 and at least one batch")
     lora_sizes = (args.lora_hidden, args.lora_rank, args.lora_adapters, args.lora_decode_rows,
-                  args.lora_prefill_tokens)  # fmt: skip
+                  args.lora_prefill_tokens)
     if min(lora_sizes) < 1:
         parser.error("the --lora-* sizes must be >= 1")
     if args.device == "cpu" and os.environ.get("TRITON_INTERPRET") != "1":
@@ -117,7 +117,7 @@ class _Problem:
     """Random caches and a batch layout; sequences get scrambled, disjoint block tables."""
 
     def __init__(self, args: argparse.Namespace, dtype: torch.dtype, query_lens: list[int],
-                 computed: list[int]) -> None:  # fmt: skip
+                 computed: list[int]) -> None:
         bs = args.block_size
         blocks_per_seq = [-(-(c + q) // bs) for c, q in zip(computed, query_lens, strict=True)]
         num_blocks = sum(blocks_per_seq)
@@ -133,7 +133,7 @@ class _Problem:
             reference.quantize(torch.randn(shape, device=args.device, dtype=dtype),
                                self.kv_scale, kv_dtype or dtype)
             for _ in range(2)
-        )  # fmt: skip
+        )
         self.metadata = AttentionMetadata.build(
             query_lens, computed, tables, bs, num_blocks, args.device
         )
@@ -158,7 +158,7 @@ class _Problem:
     def prefill_args(self) -> tuple:
         m = self.metadata
         return (self.query, self.key_cache, self.value_cache, m.query_start_loc, m.seq_lens,
-                m.block_tables, m.max_query_len, self.scale, self.kv_scale, self.kv_scale)  # fmt: skip
+                m.block_tables, m.max_query_len, self.scale, self.kv_scale, self.kv_scale)
 
 
 def _check_correctness(
@@ -173,7 +173,7 @@ def _check_correctness(
     scales = (prefill.kv_scale, prefill.kv_scale)
     reference.write_kv(*expected, store_keys, -store_keys, slots, *scales)
     kernels.store_kv(prefill.key_cache, prefill.value_cache, store_keys, -store_keys, slots,
-                     *scales)  # fmt: skip
+                     *scales)
     errors = {
         "store_kv": max(max_error(a, b) for a, b in
                         zip(expected, (prefill.key_cache, prefill.value_cache), strict=True)),
@@ -183,7 +183,7 @@ def _check_correctness(
                                       reference.paged_decode(*decode.decode_args())),
         "prefill": max_error(kernels.paged_prefill(*prefill.prefill_args()),
                               reference.paged_prefill(*prefill.prefill_args())),
-    }  # fmt: skip
+    }
     bad = {name: e for name, e in errors.items() if not e <= TOLERANCE[dtype]}
     if bad:
         raise SystemExit(f"Triton differs from the reference beyond {TOLERANCE[dtype]}: {bad}")
@@ -204,13 +204,13 @@ def _time_decode(
             args.iters,
         ),
         "reference_ms": median_ms(lambda: reference.paged_decode(*problem.decode_args()), args.iters),
-    }  # fmt: skip
+    }
     kv_bytes = (
         2 * batch * args.context * args.kv_heads * args.head_dim * problem.key_cache.element_size()
     )
     return {"batch": batch, "context": args.context, **times,
             "triton_kv_GBps": round(kv_bytes / times["triton_ms"] / 1e6, 1),
-            "sdpa_kv_GBps": round(kv_bytes / times["sdpa_contiguous_ms"] / 1e6, 1)}  # fmt: skip
+            "sdpa_kv_GBps": round(kv_bytes / times["sdpa_contiguous_ms"] / 1e6, 1)}
 
 
 def _time_prefill(kernels: Any, args: argparse.Namespace, dtype: torch.dtype) -> dict[str, Any]:
@@ -228,13 +228,13 @@ def _time_prefill(kernels: Any, args: argparse.Namespace, dtype: torch.dtype) ->
                                                    scale=problem.scale, enable_gqa=True),
             args.iters,
         ),
-    }  # fmt: skip
+    }
     # Useful FLOPs: QK^T and PV over the visible (prefix + causal) keys only.
     visible = batch * args.heads * (new * cached + new * (new + 1) / 2)
     flops = 4 * visible * args.head_dim
     return {"batch": batch, "new_tokens": new, "cached_tokens": cached, **times,
             "triton_TFLOPs": round(flops / times["triton_ms"] / 1e9, 1),
-            "sdpa_TFLOPs": round(flops / times["sdpa_contiguous_ms"] / 1e9, 1)}  # fmt: skip
+            "sdpa_TFLOPs": round(flops / times["sdpa_contiguous_ms"] / 1e9, 1)}
 
 
 def _time_store(kernels: Any, args: argparse.Namespace, dtype: torch.dtype) -> dict[str, Any]:
@@ -245,12 +245,12 @@ def _time_store(kernels: Any, args: argparse.Namespace, dtype: torch.dtype) -> d
     caches = (problem.key_cache, problem.value_cache)
     scales = (problem.kv_scale, problem.kv_scale)
     triton_ms = median_ms(lambda: kernels.store_kv(*caches, keys, keys, slots, *scales),
-                           args.iters)  # fmt: skip
+                           args.iters)
     torch_ms = median_ms(lambda: reference.write_kv(*caches, keys, keys, slots, *scales),
-                          args.iters)  # fmt: skip
+                          args.iters)
     moved = 2 * keys.numel() * (keys.element_size() + problem.key_cache.element_size())
     return {"tokens": tokens, "triton_ms": triton_ms, "torch_index_put_ms": torch_ms,
-            "triton_GBps": round(moved / triton_ms / 1e6, 1)}  # fmt: skip
+            "triton_GBps": round(moved / triton_ms / 1e6, 1)}
 
 
 def _contiguous_kv(problem: _Problem, batch: int, length: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -271,18 +271,18 @@ def _print(results: dict[str, Any]) -> None:
     print(f"{results['device']}  {results['shape']}")
     print("max |triton - reference|:", {k: f"{v:.2e}" for k, v in results["correctness"].items()})
     print(f"\n{'decode batch':>12} {'context':>8} {'triton ms':>10} {'sdpa ms':>9} {'ref ms':>9} "
-          f"{'triton GB/s':>12} {'sdpa GB/s':>10}")  # fmt: skip
+          f"{'triton GB/s':>12} {'sdpa GB/s':>10}")
     for row in results["decode"]:
         print(f"{row['batch']:>12} {row['context']:>8} {row['triton_ms']:>10.3f} "
               f"{row['sdpa_contiguous_ms']:>9.3f} {row['reference_ms']:>9.3f} "
-              f"{row['triton_kv_GBps']:>12.1f} {row['sdpa_kv_GBps']:>10.1f}")  # fmt: skip
+              f"{row['triton_kv_GBps']:>12.1f} {row['sdpa_kv_GBps']:>10.1f}")
     p = results["prefill"]
     print(f"\nprefill {p['batch']} x {p['new_tokens']} new over {p['cached_tokens']} cached: "
           f"triton {p['triton_ms']:.3f} ms ({p['triton_TFLOPs']} TFLOP/s), "
-          f"sdpa {p['sdpa_contiguous_ms']:.3f} ms ({p['sdpa_TFLOPs']} TFLOP/s)")  # fmt: skip
+          f"sdpa {p['sdpa_contiguous_ms']:.3f} ms ({p['sdpa_TFLOPs']} TFLOP/s)")
     s = results["store_kv"]
     print(f"store_kv {s['tokens']} tokens: triton {s['triton_ms']:.3f} ms ({s['triton_GBps']} GB/s), "
-          f"torch index_put {s['torch_index_put_ms']:.3f} ms")  # fmt: skip
+          f"torch index_put {s['torch_index_put_ms']:.3f} ms")
     gpu_lora.print_results(results)
     if "kv_sizing" in results:
         print(gpu_sizing.describe(results["kv_sizing"]))

@@ -38,7 +38,7 @@ class _Batch:
     holds an adapter of rank ``rank >> s``, zero-padded) and one batch's rows."""
 
     def __init__(self, args: argparse.Namespace, dtype: torch.dtype, row_counts: list[int],
-                 row_slots: list[int | None], in_features: int, out_features: int) -> None:  # fmt: skip
+                 row_slots: list[int | None], in_features: int, out_features: int) -> None:
         device, rank, slots = args.device, args.lora_rank, args.lora_adapters
         self.x = torch.randn(sum(row_counts), in_features, device=device, dtype=dtype)
         self.segments = segments_from_rows(row_counts, row_slots, device)
@@ -64,7 +64,7 @@ def _batches(args: argparse.Namespace, dtype: torch.dtype) -> dict[str, _Batch]:
         "decode_interleaved": _Batch(args, dtype, [1] * rows,
                                      [i % adapters for i in range(rows)], hidden, hidden),
         "prefill": _Batch(args, dtype, [per_run] * adapters, list(range(adapters)), hidden, hidden),
-    }  # fmt: skip
+    }
 
 
 def check(args: argparse.Namespace, dtype: torch.dtype, tolerance: float) -> dict[str, float]:
@@ -74,7 +74,7 @@ def check(args: argparse.Namespace, dtype: torch.dtype, tolerance: float) -> dic
 
     hidden = args.lora_hidden
     ragged = _Batch(args, dtype, [3, 2, 40, 1, 5], [0, None, args.lora_adapters - 1, None, 0],
-                    hidden * 3 // 4 + 3, hidden + 5)  # fmt: skip
+                    hidden * 3 // 4 + 3, hidden + 5)
     errors = {}
     for name, batch in {**_batches(args, dtype), "ragged": ragged}.items():
         expected = lora_delta_reference(*batch.args())
@@ -101,17 +101,17 @@ def timings(args: argparse.Namespace, dtype: torch.dtype) -> list[dict[str, Any]
         }
         rows.append({"batch": name, "rows": batch.x.shape[0],
                      "runs": batch.segments.num_segments, **times,
-                     "triton_over_base": round(times["triton_ms"] / times["base_matmul_ms"], 3)})  # fmt: skip
+                     "triton_over_base": round(times["triton_ms"] / times["base_matmul_ms"], 3)})
     return rows
 
 
 def print_results(results: dict[str, Any]) -> None:
     """The LoRA section of the script's table (``lora_correctness`` and ``lora``)."""
     print("\nLoRA delta, max |triton - reference| / max |reference|:",
-          {k: f"{v:.2e}" for k, v in results["lora_correctness"].items()})  # fmt: skip
+          {k: f"{v:.2e}" for k, v in results["lora_correctness"].items()})
     print(f"{'lora batch':>20} {'rows':>6} {'runs':>5} {'triton ms':>10} {'ref ms':>9} "
-          f"{'base mm ms':>11} {'triton/base':>12}")  # fmt: skip
+          f"{'base mm ms':>11} {'triton/base':>12}")
     for row in results["lora"]:
         print(f"{row['batch']:>20} {row['rows']:>6} {row['runs']:>5} {row['triton_ms']:>10.3f} "
               f"{row['reference_ms']:>9.3f} {row['base_matmul_ms']:>11.3f} "
-              f"{row['triton_over_base']:>12.3f}")  # fmt: skip
+              f"{row['triton_over_base']:>12.3f}")

@@ -38,7 +38,7 @@ def check_sizing(fraction: float = 0.5, model: str = "demo", max_batched_tokens:
     config = WorkerConfig(model=ModelSettings(name=model, device="cuda"),
                           kv=KVSettings(gpu_memory_utilization=fraction),
                           engine=EngineConfig(max_batched_tokens=max_batched_tokens),
-                          lora=lora or LoraSettings())  # fmt: skip
+                          lora=lora or LoraSettings())
     built = build_worker(config, "gpu-sizing", load_secret("gpu-sizing"))
     plan = built.identity.kv_plan
     after_build = torch.cuda.memory_allocated(device)
@@ -53,7 +53,7 @@ def check_sizing(fraction: float = 0.5, model: str = "demo", max_batched_tokens:
         "allocated_before": before, "allocated_after_build": after_build,
         "peak_serving": peak, "limit_bytes": int(fraction * total),
         "headroom_bytes": int(fraction * total) - peak,
-    }  # fmt: skip
+    }
     if not plan.sizing_rule.startswith("gpu_memory_utilization"):
         raise SystemExit(f"the worker was not sized by gpu_memory_utilization: {plan.sizing_rule}")
     if peak > fraction * total:

@@ -67,7 +67,7 @@ def trace(num_requests: int, seed: int) -> list[GenerationRequest]:
     for _ in range(num_requests):
         prompt = tuple(rng.randrange(3, 256) for _ in range(rng.randint(64, 512)))
         sampling = SamplingParams(temperature=0.0, max_tokens=rng.randint(64, 512),
-                                  ignore_eos=True)  # fmt: skip
+                                  ignore_eos=True)
         requests.append(GenerationRequest(prompt, GenerationParams(sampling)))
     return requests
 
@@ -77,12 +77,12 @@ def run_trace(requests: list[GenerationRequest], num_blocks: int, watermark: flo
     """Run every request to completion at ``watermark``; the counts of the run."""
     manager = build_kv_cache_manager(timed_tensor_spec(BLOCK_SIZE), num_blocks,
                                      namespace_digest=b"headroom", worker_id="headroom",
-                                     watermark=watermark)  # fmt: skip
+                                     watermark=watermark)
     runner = _CountingRunner(demo_config()["vocab_size"])
     config = EngineConfig(max_batched_tokens=2048, max_num_seqs=64,
-                          max_waiting_requests=len(requests))  # fmt: skip
+                          max_waiting_requests=len(requests))
     engine = Engine(manager, runner, PromptTokenizer.demo(), config, num_blocks * BLOCK_SIZE,
-                    EngineMetrics(CollectorRegistry()))  # fmt: skip
+                    EngineMetrics(CollectorRegistry()))
     for request_id, request in enumerate(requests):
         engine.add_request(request_id, request)
     num_steps = num_running = 0
@@ -114,11 +114,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     rows = [run_trace(requests, args.num_blocks, float(w)) for w in args.watermarks.split(",")]
     print(f"{args.requests} requests, {args.num_blocks} blocks of {BLOCK_SIZE}, {PROFILE} costs")
     print(f"{'watermark':>10}{'blocks':>8}{'preempt/1k':>12}{'recomputed':>12}"
-          f"{'running':>9}{'modelled s':>12}")  # fmt: skip
+          f"{'running':>9}{'modelled s':>12}")
     for row in rows:
         print(f"{row['watermark']:>10}{row['num_watermark_blocks']:>8}"
               f"{row['preemptions_per_1000_requests']:>12.1f}{row['recomputed_tokens']:>12,}"
-              f"{row['mean_running']:>9.1f}{row['modelled_seconds']:>12.2f}")  # fmt: skip
+              f"{row['mean_running']:>9.1f}{row['modelled_seconds']:>12.2f}")
     return {"requests": args.requests, "num_blocks": args.num_blocks, "rows": rows}
 
 

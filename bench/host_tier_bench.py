@@ -34,14 +34,14 @@ from pathlib import Path
 
 import aiohttp
 
-from bench.procs import (
+from harness.procs import (
     ManagedProcess,
     router_args,
     start_process,
     start_worker,
     wait_routable,
 )
-from router.launcher import stop_all
+from router.up.launcher import stop_all
 
 DEMO_KV_BYTES_PER_TOKEN = 2 * 4 * 4 * 32 * 4  # layers x kv heads x head dim x fp32, K and V
 QUESTION_TOKENS = 24
@@ -60,7 +60,7 @@ def prompts(args: argparse.Namespace) -> list[list[int]]:
 
 @contextlib.contextmanager
 def cluster(kv_bytes: int, host_bytes: int, disk_bytes: int = 0,
-            disk_root: Path | None = None) -> Iterator[ManagedProcess]:  # fmt: skip
+            disk_root: Path | None = None) -> Iterator[ManagedProcess]:
     """Two demo workers (``host_bytes`` 0: no tier; ``disk_bytes`` > 0: a disk tier
     each, in ``disk_root/w<i>``) and a cache-aware router."""
     started: list[ManagedProcess] = []
@@ -71,7 +71,7 @@ def cluster(kv_bytes: int, host_bytes: int, disk_bytes: int = 0,
         for i in range(2):
             disk_dir = ["--disk-cache-dir", str(disk_root / f"w{i}")] if disk_root else []
             started.append(start_worker(*flags, *disk_dir, kv_cache_bytes=str(kv_bytes),
-                                        wait=False))  # fmt: skip
+                                        wait=False))
         urls = [worker.wait_ready(READY_TIMEOUT_S) for worker in started]
         lines = ["[models.demo]", 'tokenizer = "demo"', "[auth]", "allow_anonymous = true"]
         for i, url in enumerate(urls):
@@ -92,7 +92,7 @@ async def one_request(
 ) -> tuple[float, int, int]:
     """(TTFT s, prompt tokens, cached tokens) of one streamed completion."""
     body = {"model": "demo", "prompt": token_ids, "max_tokens": max_tokens, "stream": True,
-            "temperature": 0, "ignore_eos": True, "stream_options": {"include_usage": True}}  # fmt: skip
+            "temperature": 0, "ignore_eos": True, "stream_options": {"include_usage": True}}
     started = time.perf_counter()
     ttft, usage = None, None
     async with session.post(f"{url}/v1/completions", json=body) as response:
@@ -119,7 +119,7 @@ async def drive(url: str, sequence: list[list[int]], args: argparse.Namespace) -
     async def client(session: aiohttp.ClientSession) -> None:
         while pending:
             ttft, num_prompt, num_cached = await one_request(session, url, pending.pop(),
-                                                             args.max_tokens)  # fmt: skip
+                                                             args.max_tokens)
             ttfts.append(ttft)
             totals[0] += num_prompt
             totals[1] += num_cached
@@ -159,7 +159,7 @@ def main(argv: list[str] | None = None) -> dict:
     sizes = {name: int(fraction * working_set * DEMO_KV_BYTES_PER_TOKEN) for name, fraction in (
         ("kv_cache_bytes", args.device_fraction), ("host_cache_bytes", args.host_fraction),
         ("disk_host_cache_bytes", args.disk_host_fraction),
-        ("disk_cache_bytes", args.disk_fraction))}  # fmt: skip
+        ("disk_cache_bytes", args.disk_fraction))}
     kv_bytes = sizes["kv_cache_bytes"]
     sequence = prompts(args)
     once = list({tuple(p[: args.doc_tokens]): p for p in sequence}.values())  # each doc once
@@ -175,11 +175,11 @@ def main(argv: list[str] | None = None) -> dict:
             results["restart"] = asyncio.run(drive(router.url, once, args))
     print(f"working set {working_set} tokens ({args.docs} docs x {args.doc_tokens}); per worker "
           f"(bytes): {sizes}; {len(sequence)} requests ({len(once)} after the restart), "
-          f"{args.clients} clients")  # fmt: skip
+          f"{args.clients} clients")
     print(f"{'mode':<10}{'cached':>9}{'TTFT p50':>11}{'TTFT p99':>11}")
     for mode, row in results.items():
         print(f"{mode:<10}{row['cached_fraction']:>9.1%}{row['ttft_p50_ms']:>9.1f}ms"
-              f"{row['ttft_p99_ms']:>9.1f}ms")  # fmt: skip
+              f"{row['ttft_p99_ms']:>9.1f}ms")
     return {"config": vars(args), **sizes, **results}
 
 

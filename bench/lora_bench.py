@@ -47,9 +47,9 @@ from bench.e2e_timed import (
     tagged,
     warm_up,
 )
-from bench.lora_adapters import lora_module_flags, write_config_adapters
-from bench.procs import ManagedProcess
 from bench.workloads import TraceRequest
+from harness.lora_adapters import lora_module_flags, write_config_adapters
+from harness.procs import ManagedProcess
 from radix.cost_model import get_profile
 from radix.keys import TOKEN_BYTES, to_key
 from router.routing.load_cost import PolicyWeights

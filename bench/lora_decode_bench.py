@@ -19,7 +19,7 @@ from typing import Any
 
 import torch
 
-from bench.lora_adapters import model_shapes, write_peft_adapter
+from harness.lora_adapters import model_shapes, write_peft_adapter
 from workers.lora.peft_files import read_adapter
 from workers.lora.weights import LoraWeights
 from workers.model.demo import ensure_demo_checkpoint
@@ -48,7 +48,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     shape = (num_blocks, BLOCK_SIZE, loaded.config.num_key_value_heads, loaded.config.head_dim)
     dtype = loaded.model.lm_head.weight.dtype
     caches = [[torch.zeros(shape, dtype=dtype) for _ in range(loaded.config.num_hidden_layers)]
-              for _ in range(2)]  # fmt: skip
+              for _ in range(2)]
     weights = _adapter_slots(model_dir, args.rank, dtype)
     runner = ModelRunner(loaded.model, caches[0], caches[1], BLOCK_SIZE, lora=weights)
     tables = [list(range(i * blocks_per_seq, (i + 1) * blocks_per_seq)) for i in range(BATCH)]
@@ -59,7 +59,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     for _ in range(args.steps):
         for with_lora, times in ((False, base_s), (True, lora_s)):
             step = [StepInput([11], n, t, slot if with_lora else None)
-                    for n, t, slot in zip(lengths, tables, slots, strict=True)]  # fmt: skip
+                    for n, t, slot in zip(lengths, tables, slots, strict=True)]
             start = time.perf_counter()
             runner.execute(step)
             times.append(time.perf_counter() - start)
@@ -68,7 +68,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     results = {"model": str(model_dir), "batch": BATCH, "adapters": NUM_ADAPTERS,
                "rank": args.rank, "threads": args.threads, "steps": args.steps,
                "base_ms_per_step": round(base_ms, 3), "lora_ms_per_step": round(lora_ms, 3),
-               "ratio": round(lora_ms / base_ms, 3)}  # fmt: skip
+               "ratio": round(lora_ms / base_ms, 3)}
     print(f"decode batch {BATCH}, {NUM_ADAPTERS} adapters of rank {args.rank}: base "
           f"{base_ms:.2f} ms/step, LoRA {lora_ms:.2f} ms/step, ratio {lora_ms / base_ms:.2f}")
     return results

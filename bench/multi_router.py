@@ -32,7 +32,8 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-from bench.procs import (
+from bench.routing_real import ADMIN_KEY, TENANTS, build_jobs, drive, router_config, tenant_key
+from harness.procs import (
     ManagedProcess,
     http_json,
     router_args,
@@ -40,8 +41,7 @@ from bench.procs import (
     start_worker,
     wait_routable,
 )
-from bench.routing_real import ADMIN_KEY, TENANTS, build_jobs, drive, router_config, tenant_key
-from router.launcher import RedisServer, stop_all
+from router.up.launcher import RedisServer, stop_all
 
 READY_TIMEOUT_S = 60.0
 POLL_S = 0.005

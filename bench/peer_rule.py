@@ -21,7 +21,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from router.routing.index import WorkerId
-from router.routing.policy import NoWorkerError, Policy, RouteDecision, RouteRequest, WorkerView
+from router.routing.policy import NoWorkerError, Policy, RouteDecision
+from router.routing.views import RouteRequest, WorkerView
 
 DEFAULT_THRESHOLDS = {"cache_threshold": 0.3, "balance_abs_threshold": 64, "balance_rel_threshold": 1.5}
 TUNED_THRESHOLDS = {"cache_threshold": 0.3, "balance_abs_threshold": 8, "balance_rel_threshold": 1.2}

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from bench.peer_rule import DEFAULT_THRESHOLDS, TUNED_THRESHOLDS
-from router.launcher import free_port
+from router.up.launcher import free_port
 
 PEERS_ENV = Path(__file__).resolve().parent / ".peers"
 PEERS_PYTHON = PEERS_ENV / "bin" / "python"

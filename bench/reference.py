@@ -1,8 +1,8 @@
 """The reference harness: our router and the peer routers side by side on stand-in workers.
 
-Four stand-in OpenAI workers (``bench.instant_upstream --delay-ms 20 --lru-tokens N``:
+Four stand-in OpenAI workers (``harness.instant_upstream --delay-ms 20 --lru-tokens N``:
 a completion answers after 20 ms; each worker records the longest prefix of every
-prompt it had already seen, ``bench.reuse``) behind, in turn, our router
+prompt it had already seen, ``harness.reuse``) behind, in turn, our router
 (``cache_aware``; the stand-ins are ``kind = "openai"`` workers, so our index is in
 approximate mode: what it routed, no KV events), sglang-router cache_aware and
 vllm-router cache_aware (``bench.peers``; skipped, and said so, when not installed).
@@ -36,18 +36,18 @@ import aiohttp
 
 from bench import peers
 from bench.e2e import prompt_text
-from bench.procs import (
+from bench.workloads import TraceRequest, WorkloadConfig, generate
+from harness.procs import (
     ManagedProcess,
     http_json,
     start_process,
     start_router,
     wait_routable,
 )
-from bench.reuse import ReuseMeter
-from bench.workloads import TraceRequest, WorkloadConfig, generate
+from harness.reuse import ReuseMeter
 from radix.tokenizer import PromptTokenizer
 from router.front.auth import hash_key
-from router.launcher import stop_all
+from router.up.launcher import stop_all
 
 KEY = "reference-key"
 NUM_WORKERS = 4
@@ -149,7 +149,7 @@ async def drive(url: str, requests: list[TraceRequest], prompts: list[str], num_
 
 
 def _start_workers(lru_tokens: int) -> list[ManagedProcess]:
-    args = [sys.executable, "-m", "bench.instant_upstream", "--delay-ms", str(DELAY_MS),
+    args = [sys.executable, "-m", "harness.instant_upstream", "--delay-ms", str(DELAY_MS),
             "--lru-tokens", str(lru_tokens)]
     started = [start_process(args, wait=False) for _ in range(NUM_WORKERS)]
     for worker in started:

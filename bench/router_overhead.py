@@ -1,6 +1,6 @@
 """Router overhead: what a router adds on top of an upstream that answers instantly.
 
-Starts four ``bench.instant_upstream`` processes (a stand-in that answers ``/generate``
+Starts four ``harness.instant_upstream`` processes (a stand-in that answers ``/generate``
 and the OpenAI routes at once: it measures the router, not a model) and, in turn,
 our router (cache-aware policy) and each peer router installed in bench/.peers
 (sglang-router and vllm-router, cache_aware, ``bench.peers``) in front of them. Each
@@ -34,15 +34,15 @@ from typing import Any
 
 from bench import peers
 from bench.overhead_load import PROMPT_BYTES, drive, prompts
-from bench.procs import ManagedProcess, process_cpu_s, start_process, start_router
 from bench.router_stages import NUM_CLIENTS as NUM_CLIENTS_STAGES
 from bench.router_stages import stage_breakdown, stage_table
+from harness.procs import ManagedProcess, process_cpu_s, start_process, start_router
 from radix.model_source import DEMO_MODEL, load_tokenizer
 from radix.openai.prompt import encode_messages
 from router.front.auth import hash_key
 
 KEY = "bench-key"
-UPSTREAM_ARGS = [sys.executable, "-m", "bench.instant_upstream"]
+UPSTREAM_ARGS = [sys.executable, "-m", "harness.instant_upstream"]
 NUM_UPSTREAMS = 4
 MAX_TOKENS = 16
 # name, concurrent clients, streaming, prompt sent as token ids (no router tokenization),

@@ -16,8 +16,8 @@ from pathlib import Path
 from typing import Any
 
 from bench.overhead_load import drive, prompts
-from bench.procs import start_process
 from bench.stage_profile import read_totals
+from harness.procs import start_process
 
 STAGE_ORDER = ("parse", "auth", "tokenize", "limits", "match", "choose", "forward", "relay",
                "learn", "metrics", "access log", "http+loop")

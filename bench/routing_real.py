@@ -21,7 +21,7 @@ router's own prediction of it (``predicted``: matched / prompt tokens, from
 TTFT include the client's and router's CPU time.
 
 Run from the repository root: ``python -m bench.routing_real [--workers 2 4]
-[--policies ...] [--requests N]``. Processes start through ``bench.procs``
+[--policies ...] [--requests N]``. Processes start through ``harness.procs``
 (plain Python, shared with the integration tests).
 """
 
@@ -40,7 +40,8 @@ from pathlib import Path
 import numpy as np
 from openai import AsyncOpenAI
 
-from bench.procs import (
+from bench.workloads import TraceRequest, WorkloadConfig, generate
+from harness.procs import (
     ManagedProcess,
     http_json,
     router_args,
@@ -48,11 +49,10 @@ from bench.procs import (
     start_worker,
     wait_routable,
 )
-from bench.workloads import TraceRequest, WorkloadConfig, generate
 from radix.keys import TOKEN_BYTES
 from router.front.auth import hash_key
-from router.launcher import stop_all
 from router.routing.policy import POLICIES
+from router.up.launcher import stop_all
 
 ADMIN_KEY = "bench-admin"
 READY_TIMEOUT_S = 60.0
@@ -63,7 +63,7 @@ CONFIG = WorkloadConfig(
     num_docs=24, doc_tokens=(128, 512), message_tokens=(16, 64), output_tokens=(16, 48),
     system_tokens=(128, 129), num_turns=(2, 6), docs_per_request=(1, 2),
     chat_session_share=0.3, vocab_size=256,
-)  # fmt: skip
+)
 TENANTS = [f"tenant-{i}" for i in range(CONFIG.num_tenants)]
 
 

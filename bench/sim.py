@@ -43,7 +43,8 @@ from radix.cost_model import PROFILES, CostModel
 from radix.events import KVEvent
 from radix.keys import TOKEN_BYTES
 from radix.tree import PUBLIC, RadixTree, Scope
-from router.routing.index import IndexConfig, RouterIndex, WorkerId
+from router.config import IndexConfig
+from router.routing.index import RouterIndex, WorkerId
 from router.routing.policy import (
     POLICIES,
     Policy,

@@ -25,7 +25,7 @@ import aiohttp
 import torch
 
 from bench.e2e_worker_bench import one_request
-from bench.procs import start_worker
+from harness.procs import start_worker
 from radix.model_source import load_tokenizer, packaged_model_path
 
 MODEL = "SmolLM2-135M-Instruct"
@@ -69,13 +69,13 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     print(f"{'transformers':14} {t['ttft_p50_ms']:>12.1f} {t['decode_tokens_per_s']:>13.1f}")
     print(f"decode ratio {o['decode_tokens_per_s'] / t['decode_tokens_per_s']:.2f}x, "
           f"greedy tokens equal on {same}/{len(prompts)} prompts; "
-          f"{QUESTIONS[0]!r} -> {results['answer']!r}")  # fmt: skip
+          f"{QUESTIONS[0]!r} -> {results['answer']!r}")
     return results
 
 
 def _worker_runs(prompts: list[list[int]], args: argparse.Namespace) -> list[dict[str, Any]]:
     worker = start_worker("--model", MODEL, "--num-threads", str(args.threads),
-                          kv_cache_bytes="128MiB", timeout_s=300)  # fmt: skip
+                          kv_cache_bytes="128MiB", timeout_s=300)
     try:
         return asyncio.run(_stream_all(worker.url, prompts, args.decode_tokens))
     finally:
@@ -98,7 +98,7 @@ def _transformers_runs(path, prompts: list[list[int]], args: argparse.Namespace)
 
     torch.set_num_threads(args.threads)
     model = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name,
-                                                 dtype=torch.float32).eval()  # fmt: skip
+                                                 dtype=torch.float32).eval()
     model.generation_config.eos_token_id = None
     model.generation_config.pad_token_id = 0
     runs = []
@@ -112,7 +112,7 @@ def _transformers_runs(path, prompts: list[list[int]], args: argparse.Namespace)
             out = model.generate(ids, max_new_tokens=args.decode_tokens, do_sample=False)
             total = time.perf_counter() - started
         runs.append({"ttft_s": ttft, "decode_s": total - ttft,
-                     "token_ids": out[0, len(prompt):].tolist()})  # fmt: skip
+                     "token_ids": out[0, len(prompt):].tolist()})
     return runs
 
 

@@ -8,7 +8,7 @@ frame that names one (``STAGES``: a module, or a module's function); a stack tha
 names none is the HTTP server and event loop (``http+loop``). The totals (CPU seconds
 by stage) are rewritten to OUT.json every 200 ms, so a caller takes the difference
 over a run. No code in the router knows it is measured. Long prompts tokenized on
-the executor's threads (``router.server.dispatch.tokenize``) are charged to whatever
+the executor's threads (``router.dispatch.tokenize``) are charged to whatever
 the main thread runs meanwhile: the scenarios here tokenize on the loop.
 """
 
@@ -31,20 +31,20 @@ STAGES: dict[tuple[str, str | None], str] = {
     ("radix/token_cache.py", None): "tokenize",
     ("radix/openai/prompt.py", None): "tokenize",
     ("router/front/limits.py", None): "limits",
-    ("router/server/dispatch.py", "match"): "match",
+    ("router/dispatch.py", "match"): "match",
     ("router/routing/index/", None): "match",
-    ("router/server/dispatch.py", "choose"): "choose",
+    ("router/dispatch.py", "choose"): "choose",
     ("router/routing/policy.py", None): "choose",
     ("router/routing/load_cost.py", None): "choose",
-    ("router/server/dispatch.py", "forward"): "forward",
-    ("router/upstream/attempt.py", "post"): "forward",
-    ("router/upstream/proxy.py", "generate_body"): "forward",
-    ("router/upstream/relay.py", None): "relay",
-    ("router/upstream/proxy.py", "_relay_stream"): "relay",
-    ("router/upstream/attempt.py", "line_batches"): "relay",
-    ("router/upstream/attempt.py", "sse_batches"): "relay",
-    ("router/server/dispatch.py", "learn"): "learn",
-    ("router/server/metrics.py", None): "metrics",
+    ("router/dispatch.py", "forward"): "forward",
+    ("router/forward/attempt.py", "post"): "forward",
+    ("router/forward/proxy.py", "generate_request"): "forward",
+    ("router/forward/relay.py", None): "relay",
+    ("router/forward/proxy.py", "_relay_stream"): "relay",
+    ("router/forward/attempt.py", "line_batches"): "relay",
+    ("router/forward/attempt.py", "sse_batches"): "relay",
+    ("router/dispatch.py", "learn"): "learn",
+    ("router/metrics.py", None): "metrics",
     ("prometheus_client/", None): "metrics",
     ("logging/__init__.py", None): "access log",
 }

@@ -56,18 +56,18 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     results: dict[str, Any] = {"tokenizer": name}
     print(f"tokenizer {name}")
     print(f"{'workload':8} {'requests':>8} {'chars':>7} {'encode µs':>10} {'cached µs':>10} "
-          f"{'ratio':>6} {'reused':>7}")  # fmt: skip
+          f"{'ratio':>6} {'reused':>7}")
     for label, make in workloads.items():
         row = _run(tokenizer, make(random.Random(0)), args.requests)
         results[label] = row
         print(f"{label:8} {row['requests']:>8} {row['mean_chars']:>7} {row['encode_us']:>10.0f} "
               f"{row['cached_us']:>10.0f} {row['encode_us'] / row['cached_us']:>5.1f}x "
-              f"{row['reused_fraction']:>6.0%}")  # fmt: skip
+              f"{row['reused_fraction']:>6.0%}")
     return results
 
 
 def _run(tokenizer: PromptTokenizer, requests: Iterator[Callable[[Any], list[int]]],
-         num_requests: int) -> dict[str, Any]:  # fmt: skip
+         num_requests: int) -> dict[str, Any]:
     cache = PrefixTokenCache(tokenizer)
     scoped = cache.scoped(SCOPE)
     plain_s = cached_s = 0.0
@@ -96,11 +96,11 @@ def _words(tokenizer: PromptTokenizer) -> list[str]:
     plain lowercase words for a byte tokenizer."""
     vocab = tokenizer.vocabulary()
     words = [t[1:] for t in sorted(vocab, key=vocab.__getitem__)
-             if t.startswith("Ġ") and t[1:].isalpha() and t[1:].isascii()]  # fmt: skip
+             if t.startswith("Ġ") and t[1:].isalpha() and t[1:].isascii()]
     if len(words) < 500:
         rng = random.Random(1)
         words = ["".join(rng.choice("etaoinshrdlucmfwyp") for _ in range(rng.randint(2, 9)))
-                 for _ in range(3000)]  # fmt: skip
+                 for _ in range(3000)]
     return words[:5000]
 
 
@@ -121,7 +121,7 @@ def _rag(rng: random.Random, words: list[str]) -> Iterator[Callable[[Any], list[
     weights = [1 / (rank + 1) for rank in range(len(documents))]
     while True:
         prompt = (rng.choices(documents, weights)[0] + "\n\nQuestion: "
-                  + _text(rng, words, 80) + "?\nAnswer:")  # fmt: skip
+                  + _text(rng, words, 80) + "?\nAnswer:")
         yield lambda encoder, prompt=prompt: encoder.encode(prompt)
 
 

@@ -1,6 +1,6 @@
 """Routers in front of two real vLLM CPU servers: ours exact, ours approximate, the peers.
 
-Two vLLM servers (``bench.vllm_servers``: SmolLM2-135M-Instruct, 128-token blocks, KV
+Two vLLM servers (``harness.vllm_servers``: SmolLM2-135M-Instruct, 128-token blocks, KV
 events on, each bound to its own core, ``--num-gpu-blocks-override`` small enough that
 the documents do not all fit: eviction pressure) serve every router setup in turn;
 between setups their prefix caches are reset (``POST /reset_prefix_cache``, which also
@@ -37,8 +37,8 @@ import aiohttp
 import numpy as np
 
 from bench import peers
-from bench.procs import ManagedProcess, http_json, router_args, start_process
-from bench.vllm_servers import SERVED_MODEL, SMOLLM2_DIR, VllmServer, available
+from harness.procs import ManagedProcess, http_json, router_args, start_process
+from harness.vllm_servers import SERVED_MODEL, SMOLLM2_DIR, VllmServer, available
 from router.front.auth import hash_key
 
 TENANT_KEY = "vllm-bench-key"

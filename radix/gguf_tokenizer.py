@@ -130,7 +130,7 @@ def _byte_level_bpe(tokens: list[str], merges: list[str], pre: str | None) -> To
     tokenizer = Tokenizer(
         models.BPE(vocab=vocab, merges=pairs, continuing_subword_prefix="",
                    end_of_word_suffix="", fuse_unk=False)
-    )  # fmt: skip
+    )
     split = SPLIT_REGEXES.get(pre or "")
     if split is None:
         tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)

@@ -146,7 +146,7 @@ class PrefixTokenCache:
     """Exact token ids of text, reusing cached prefixes (see the module docstring)."""
 
     def __init__(self, tokenizer: PromptTokenizer, max_chars: int = 4_000_000,
-                 chunk_chars: int = 128) -> None:  # fmt: skip
+                 chunk_chars: int = 128) -> None:
         self._tokenizer = tokenizer
         self._max_chars = max_chars
         self._chunk_chars = chunk_chars
@@ -186,7 +186,7 @@ class PrefixTokenCache:
         return self._tokenizer.encode_chat(
             messages, add_generation_prompt,
             encode_text=lambda text: self.encode(text, scope, add_special_tokens=False),
-        )  # fmt: skip
+        )
 
     def scoped(self, scope: Scope) -> TextEncoder:
         """A ``TextEncoder`` that encodes through this cache in ``scope``."""
@@ -227,7 +227,7 @@ class PrefixTokenCache:
         return entry.cut_chars[index], entry, index
 
     def _encode_with(self, text: str, key: bytes, scope: Scope, entry: _Entry | None,
-                     index: int | None) -> list[int]:  # fmt: skip
+                     index: int | None) -> list[int]:
         start, cut_chars, cut_tokens, ids = 0, array("i"), array("i"), []
         if entry is not None and index is not None:
             start = entry.cut_chars[index]

@@ -127,7 +127,7 @@ def _run_router(args: argparse.Namespace) -> int:
 
 
 def _run_up(args: argparse.Namespace) -> int:
-    from router.cluster import run_cluster
+    from router.up.cluster import run_cluster
 
     return run_cluster(load_config(args.config), args.config, args.port, args.metrics_port)
 

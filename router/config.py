@@ -17,8 +17,6 @@ from types import MappingProxyType
 
 from radix.config_schema import DIGEST, ENV_NAME, NAME, FieldError, Pattern, Section, setting
 from radix.tree import RESERVED_SCOPES
-from router.canary.config import CanaryConfig, PoolConfig
-from router.routing.index import IndexConfig
 
 DEFAULT_CONFIG = Path(__file__).resolve().parent.parent / "configs" / "local.toml"
 WORKER_KINDS = ("radix", "vllm", "openai")
@@ -27,6 +25,13 @@ WORKER_KEY_ENV_PREFIX = "RADIX_WORKER_KEY_"
 REDIS_KEY_PREFIX = Pattern(re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,63}$"),
                            "a key prefix (letters, digits, '.', '_', ':', '-')")
 _REDIS_SCHEMES = ("redis", "rediss", "unix")
+MAX_POOLS = 8
+DEFAULT_PROBE_PROMPTS = (
+    "The capital of France is",
+    "Write a Python function that returns the sum of a list of integers.",
+    "List three prime numbers greater than ten:",
+    "Translate to German: The weather is nice today.",
+)
 
 
 @dataclass(frozen=True)
@@ -60,7 +65,7 @@ class MetricsConfig(Section, section="metrics"):
 class AdminConfig(Section, section="admin"):
     """Rules for workers added at run time (``POST /admin/workers``, the shared
     registry): a worker ``x`` may take its key only from ``worker_key_env_prefix``
-    plus ``X`` (``router.worker_keys``), so an admin request cannot send another
+    plus ``X`` (``router.fleet.worker_keys``), so an admin request cannot send another
     worker's key, or the deployment secret, to a host it names."""
 
     worker_key_env_prefix: str = setting(WORKER_KEY_ENV_PREFIX, pattern=ENV_NAME)
@@ -86,12 +91,62 @@ class PublicPrefixSpec(Section):
 
 
 @dataclass(frozen=True)
-class ModelConfig(Section):
+class PoolConfig(Section):
+    """One pool of a model: its workers (ids of ``[[workers]]`` of that model) and its
+    share of new conversations, relative to the other pools' weights."""
+
+    workers: tuple[str, ...] = setting(pattern=NAME)
+    weight: float = setting(low=0)
+
+    def check(self) -> None:
+        """At least one worker, none twice."""
+        if not self.workers:
+            raise FieldError("workers", "give at least one worker id")
+        if len(set(self.workers)) != len(self.workers):
+            raise FieldError("workers", "each worker at most once")
+
+
+@dataclass(frozen=True)
+class CanaryConfig(Section):
+    """The guards of a model's pools (``[models.M.canary]``) and the pool they fall
+    back to. A model with pools (``[models.M.pools.P]``) sends each conversation to one
+    pool, picked by weight (``router.canary.pools``); the ``baseline`` pool is where a
+    tripped pool's traffic goes. The guards judge every other pool over the last
+    ``window_s`` seconds (its latest ``router.canary.guards.MAX_OUTCOMES`` requests at
+    most) once it has ``min_requests`` requests there: a 5xx share above
+    ``max_error_rate`` or a TTFT p99 above ``max_ttft_p99_s`` (None turns a guard off)
+    trips it, and so does a probe (every ``probe_interval_s``: each of ``probe_prompts``
+    run greedily for ``probe_max_tokens`` tokens on one worker of each pool) in which
+    more than ``probe_max_diverged`` prompts differ from the baseline's tokens."""
+
+    baseline: str = setting("baseline", pattern=NAME)
+    window_s: float = setting(60.0, above=0)
+    min_requests: int = setting(20, low=1)
+    max_error_rate: float | None = setting(0.05, low=0, high=1)
+    max_ttft_p99_s: float | None = setting(None, above=0)
+    check_interval_s: float = setting(1.0, above=0)
+    probe_interval_s: float = setting(60.0, above=0)
+    probe_prompts: tuple[str, ...] = DEFAULT_PROBE_PROMPTS
+    probe_max_tokens: int = setting(16, low=1, high=4096)
+    probe_max_diverged: int = setting(0, low=0)
+    probe_timeout_s: float = setting(30.0, above=0)
+
+    def check(self) -> None:
+        """Some probe prompts, and fewer allowed divergences than prompts."""
+        if not self.probe_prompts:
+            raise FieldError("probe_prompts", "give at least one prompt")
+        if self.probe_max_diverged >= len(self.probe_prompts):
+            raise FieldError("probe_max_diverged", "must be below the number of probe_prompts "
+                                                   "(else the probe can never trip)")
+
+
+@dataclass(frozen=True)
+class ModelSpec(Section):
     """A served model: its tokenizer (``"demo"``, a packaged model name, a GGUF file or
     a local Hugging Face directory: ``radix.model_source``), KV block size, public
     prefixes registered at start, the character budget of its token cache
     (``radix.token_cache``; 0 turns it off), and its canary pools with their guards
-    (``router.canary.config``; no pools: every worker takes any request)."""
+    (``PoolConfig``, ``CanaryConfig``; no pools: every worker takes any request)."""
 
     name: str = setting(pattern=NAME)
     tokenizer: str
@@ -110,7 +165,7 @@ class ModelConfig(Section):
 
 
 @dataclass(frozen=True)
-class WorkerConfig(Section):
+class WorkerSpec(Section):
     """A worker: ``radix`` (our worker, exact KV events over HTTP), ``vllm`` (a vLLM
     server: exact from its ZMQ KV events when ``kv_events`` names its publisher
     endpoint, with ``kv_events_replay`` its replay endpoint; approximate without) or
@@ -241,7 +296,7 @@ class ProxyConfig(Section, section="proxy"):
     ``first_byte_timeout_s`` for the headers and again for the first event (queueing
     and prefill included),
     ``idle_timeout_s`` between two reads of a stream, ``request_timeout_s`` in all;
-    a timed-out attempt is a failed one (``router.upstream.attempt``). A write to the
+    a timed-out attempt is a failed one (``router.forward.attempt``). A write to the
     client that does not complete within ``client_write_timeout_s`` (a client that
     stopped reading) ends the request as closed by the client."""
 
@@ -275,7 +330,7 @@ class LaunchConfig(Section, section="launch"):
     (router ``i`` on ``listen.port + i`` and ``metrics.port + i``), and a demo key
     shown in the start banner (leave it out of real configs).
 
-    The restart policy (``router.supervisor``): a child that exits is started again
+    The restart policy (``router.up.supervisor``): a child that exits is started again
     after ``restart_backoff_initial_s``, doubled at each further crash within
     ``crash_window_s`` up to ``restart_backoff_max_s``; its ``max_crashes``-th crash
     within ``crash_window_s`` leaves it down for good."""
@@ -342,11 +397,28 @@ class RedisConfig(Section, section="redis"):
 
 
 @dataclass(frozen=True)
+class IndexConfig(Section, section="index"):
+    """Ageing of routed prefixes. Speculative entries (every worker, at decision time)
+    live ``speculative_ttl_s``; approximate ones (workers without KV events) live
+    ``approximate_ttl_s``; each worker keeps at most the given tokens per namespace.
+    ``host_hit_weight`` (in (0, 1]) is what a token found only in a worker's host
+    tier counts for, against 1 for a token on its device; ``disk_hit_weight`` what a
+    token found only on its disk tier counts for (never more than a host token)."""
+
+    speculative_ttl_s: float = setting(2.0, above=0)
+    speculative_capacity_tokens: int = setting(262_144, low=1)
+    approximate_ttl_s: float = setting(300.0, above=0)
+    approximate_capacity_tokens: int = setting(1_048_576, low=1)
+    host_hit_weight: float = setting(0.5, above=0, high=1)
+    disk_hit_weight: float = setting(0.25, above=0, high=1)
+
+
+@dataclass(frozen=True)
 class RouterConfig(Section):
     """The whole router configuration."""
 
-    models: Mapping[str, ModelConfig]
-    workers: tuple[WorkerConfig, ...]
+    models: Mapping[str, ModelSpec]
+    workers: tuple[WorkerSpec, ...]
     listen: ListenConfig = ListenConfig()
     policy: PolicyConfig = PolicyConfig()
     auth: AuthConfig = AuthConfig()

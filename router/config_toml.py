@@ -9,26 +9,26 @@ unique worker ids and key digests, launched workers' key variables.
 
 from __future__ import annotations
 
+import tomllib
 from collections.abc import Mapping
 from dataclasses import replace
 from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
-import tomllib
-
 from radix.config_schema import NAME, named_tables, read_section, table_array
-from router.canary.config import MAX_POOLS, PoolConfig
 from router.config import (
     DEFAULT_CONFIG,
+    MAX_POOLS,
     WORKER_KEY_ENV_PREFIX,
     AuthConfig,
-    ModelConfig,
+    ModelSpec,
+    PoolConfig,
     PublicPrefixSpec,
     RouterConfig,
     TenantConfig,
     TenantLimits,
-    WorkerConfig,
+    WorkerSpec,
     default_key_env,
 )
 
@@ -62,7 +62,7 @@ def parse_config(data: Mapping[str, Any]) -> RouterConfig:
     return replace(config, workers=workers)
 
 
-def _models(data: Mapping[str, Any]) -> dict[str, ModelConfig]:
+def _models(data: Mapping[str, Any]) -> dict[str, ModelSpec]:
     models = {name: _model(name, table, where)
               for name, table, where in named_tables(data, "models", "")}
     if not models:
@@ -70,7 +70,7 @@ def _models(data: Mapping[str, Any]) -> dict[str, ModelConfig]:
     return models
 
 
-def _model(name: str, table: Any, where: str) -> ModelConfig:
+def _model(name: str, table: Any, where: str) -> ModelSpec:
     """One ``[models.NAME]`` table with its table of named ``pools``."""
     if not isinstance(table, Mapping):
         raise ValueError(f"{where}: must be a table")
@@ -86,10 +86,10 @@ def _model(name: str, table: Any, where: str) -> ModelConfig:
     if pools and not sum(p.weight for p in pools.values()):
         raise ValueError(f"{where}.pools: at least one pool needs a weight above 0")
     rest = {k: v for k, v in table.items() if k != "pools"}
-    return read_section(ModelConfig, rest, where, name=name, pools=pools)
+    return read_section(ModelSpec, rest, where, name=name, pools=pools)
 
 
-def _check_pools(models: Mapping[str, ModelConfig], workers: tuple[WorkerConfig, ...]) -> None:
+def _check_pools(models: Mapping[str, ModelSpec], workers: tuple[WorkerSpec, ...]) -> None:
     """Each pool names workers of its own model, no worker is in two pools, and every
     configured worker of a model with pools is in one (run-time workers join the
     baseline: ``router.canary.pools``)."""
@@ -120,11 +120,11 @@ def parse_public_prefix(data: Mapping[str, Any], path: str) -> PublicPrefixSpec:
 
 
 def parse_worker(data: Mapping[str, Any], models: Mapping[str, Any], path: str,
-                 key_env_prefix: str = WORKER_KEY_ENV_PREFIX) -> WorkerConfig:
+                 key_env_prefix: str = WORKER_KEY_ENV_PREFIX) -> WorkerSpec:
     """Validate one worker table (config ``[[workers]]`` or ``POST /admin/workers``)
     whose model is one of ``models``; a launched worker without ``api_key_env`` gets
     ``default_key_env``."""
-    worker = read_section(WorkerConfig, data, path)
+    worker = read_section(WorkerSpec, data, path)
     if worker.model not in models:
         raise ValueError(f"{path}.model: unknown model {worker.model!r}")
     if worker.api_key_env is None and worker.launch is not None:

@@ -1,5 +1,5 @@
-"""Shared fixtures. Processes are started by ``router.launcher`` (the launcher
-``radix-router up`` uses) through the test conveniences in ``bench.procs``."""
+"""Shared fixtures. Processes are started by ``router.up.launcher`` (the launcher
+``radix-router up`` uses) through the test conveniences in ``harness.procs``."""
 
 from __future__ import annotations
 
@@ -7,9 +7,9 @@ from collections.abc import Callable, Iterator
 
 import pytest
 
-from bench.procs import ManagedProcess, start_worker
-from bench.vllm_servers import VllmServer, available
-from router.launcher import RedisServer
+from harness.procs import ManagedProcess, start_worker
+from harness.vllm_servers import VllmServer, available
+from router.up.launcher import RedisServer
 
 
 @pytest.fixture
@@ -40,15 +40,6 @@ _VLLM_FLEET = pytest.StashKey[list[VllmServer]]()
 VLLM_FLEET_SIZE = 2
 
 
-def pytest_collection_finish(session: pytest.Session) -> None:
-    """Start the real vLLM servers as soon as the run is known to need them: they take
-    most of a minute to start, and start in parallel with the tests before theirs."""
-    if available() is None and any("vllm_fleet" in getattr(item, "fixturenames", ())
-                                   for item in session.items):
-        session.config.stash[_VLLM_FLEET] = [VllmServer().start()
-                                             for _ in range(VLLM_FLEET_SIZE)]
-
-
 def pytest_unconfigure(config: pytest.Config) -> None:
     """Stop the vLLM servers (by process group) whatever happened to the run."""
     for server in config.stash.get(_VLLM_FLEET, []):
@@ -57,8 +48,10 @@ def pytest_unconfigure(config: pytest.Config) -> None:
 
 @pytest.fixture(scope="session")
 def vllm_fleet(request: pytest.FixtureRequest) -> list[VllmServer]:
-    """Two real vLLM CPU servers (SmolLM2, KV events on), shared by the whole run;
-    skipped where ``make vllm`` has not built their environment."""
+    """Two real vLLM CPU servers (SmolLM2, KV events on), started together the first
+    time a test asks and shared by the rest of the run (under xdist, the tests that use
+    them share one ``xdist_group``, so one worker starts them); skipped where ``make
+    vllm`` has not built their environment."""
     problem = available()
     if problem is not None:
         pytest.skip(problem)

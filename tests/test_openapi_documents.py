@@ -12,15 +12,19 @@ import pytest
 from aiohttp import web
 from support.aio import TEST_SECRET, running_router, serving
 
+from radix.generate import PATH as GENERATE_PATH
+from radix.generate import WIRE_FIELDS, GenerateRequest
 from radix.http_api import load_document
+from radix.keys import to_key
+from radix.openai.sampling import Sampling
 from router.config_toml import parse_config
+from router.context import Router
 from router.server.app import create_app as create_router_app
-from router.server.context import Router
 from router.state.shared_state import InProcessSharedState
 from workers.config import KVSettings, WorkerConfig
 from workers.engine.build import build_worker
 from workers.server.app import create_app as create_worker_app
-from workers.server.state import WorkerState
+from workers.server.state import ServerState
 
 METHODS = {"get", "post", "put", "patch", "delete"}
 
@@ -40,9 +44,9 @@ def router_config():
     return parse_config({"models": {"demo": {"tokenizer": "demo"}}})
 
 
-def worker_state(api_key: str | None = None) -> WorkerState:
+def worker_state(api_key: str | None = None) -> ServerState:
     config = WorkerConfig(kv=KVSettings(cache_bytes=2 * 2**20))
-    return WorkerState(config.server, build_worker(config, "w", b"secret"), api_key=api_key)
+    return ServerState(config.server, build_worker(config, "w", b"secret"), api_key=api_key)
 
 
 def test_router_document_lists_exactly_the_routes_the_router_registers():
@@ -58,6 +62,16 @@ def test_router_document_lists_exactly_the_routes_the_router_registers():
 
 def test_worker_document_lists_exactly_the_routes_the_worker_registers():
     assert registered(create_worker_app(worker_state())) == documented(load_document("worker"))
+
+
+def test_the_generate_body_documented_is_the_one_radix_generate_defines():
+    schema = (load_document("worker")["paths"][GENERATE_PATH]["post"]["requestBody"]
+              ["content"]["application/json"]["schema"])
+    assert sorted(schema["properties"]) == sorted(WIRE_FIELDS)
+    request = GenerateRequest(to_key([1, 2]), "t", Sampling(max_tokens=3), stream=True,
+                              num_public_tokens=16, num_resumed_tokens=1,
+                              max_cached_tokens=4, request_id="r", adapter="a")
+    assert set(request.to_wire()) <= set(schema["properties"])
 
 
 def test_both_apps_serve_their_document_without_a_key():

@@ -67,7 +67,7 @@ def _parser() -> argparse.ArgumentParser:
                         "Hugging Face model directory")
     add("--served-model-name", nargs="+", metavar="NAME",
         help="names clients send as 'model' (the first is used in responses; default: --model "
-             "exactly as given)")  # fmt: skip
+             "exactly as given)")
     add("--device", choices=DEVICES)
     add("--max-model-len", type=int, help="cap on prompt + output tokens")
     add("--num-threads", type=int, help="torch CPU threads (default: torch's choice)")
@@ -94,7 +94,7 @@ def _parser() -> argparse.ArgumentParser:
     add("--kv-cache-dtype", choices=KV_CACHE_DTYPES,
         help="KV cache dtype (auto: the model's dtype)")
     add("--kv-scales", metavar="FILE",
-        help="per-layer FP8 K/V scales from python -m workers.kv.calibrate (default: 1.0)")
+        help="per-layer FP8 K/V scales from python -m workers.model.calibrate (default: 1.0)")
     add("--host-cache-bytes", type=parse_bytes,
         help="host-memory KV tier, e.g. 4GiB (default 0: off; evicted blocks are dropped)")
     add("--disk-cache-dir", metavar="DIR",
@@ -104,18 +104,18 @@ def _parser() -> argparse.ArgumentParser:
     add("--preemption-mode", choices=PREEMPTION_MODES,
         help="preempted sequences: recompute later, swap to the host tier, or by length")
     add("--no-prefix-cache", dest="prefix_cache", action="store_const", const=False,
-        help="use the null prefix cache (nothing shared; for comparisons)")  # fmt: skip
+        help="use the null prefix cache (nothing shared; for comparisons)")
     add("--max-batched-tokens", type=int, help="tokens computed per engine step")
     add("--max-num-seqs", type=int, help="sequences running at once")
     add("--max-waiting-requests", type=int, help="queue bound; beyond it requests get 429")
     add("--enable-lora", action="store_const", const=True, help="serve LoRA adapters")
     add("--lora-modules", nargs="+", metavar="NAME=PATH",
         help="adapters to register at start: NAME=PATH or vLLM's JSON form "
-             "'{\"name\": ..., \"path\": ..., \"base_model_name\": ...}'")  # fmt: skip
+             "'{\"name\": ..., \"path\": ..., \"base_model_name\": ...}'")
     add("--max-loras", type=int, help="adapters resident in slots at once (default 1)")
     add("--max-lora-rank", type=int, help="largest adapter rank; slots are this size (default 16)")
     add("--allow-runtime-lora-updates", action="store_const", const=True,
-        help="allow POST /v1/load_lora_adapter and /v1/unload_lora_adapter")  # fmt: skip
+        help="allow POST /v1/load_lora_adapter and /v1/unload_lora_adapter")
     add("--log-level", default="INFO", choices=("DEBUG", "INFO", "WARNING", "ERROR"))
     return parser
 
@@ -142,7 +142,7 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(
         level=args.log_level, stream=sys.stderr,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-    )  # fmt: skip
+    )
     log = logging.getLogger("workers")
     try:
         api_key = load_api_key(config.server)

@@ -10,12 +10,11 @@ unknown section or key is an error.
 from __future__ import annotations
 
 import json
+import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
-
-import tomllib
 
 from radix.config_schema import FieldError, Section, read_section, setting
 
@@ -96,7 +95,7 @@ class KVSettings(Section, section="kv"):
     ``prefix_cache`` False selects the null prefix cache (nothing is ever shared).
     ``cache_dtype`` ``auto`` stores K/V in the model's dtype; ``fp8_e4m3`` and
     ``fp8_e5m2`` store them in one byte with per-layer scales from ``scales_file``
-    (a ``workers.kv.calibrate`` record; unset: unit scales, with a warning).
+    (a ``workers.model.calibrate`` record; unset: unit scales, with a warning).
     ``host_cache_bytes`` > 0 adds the host-memory tier of that size (whole blocks;
     needs the prefix cache): evicted blocks move there, sealed, instead of vanishing;
     ``host_ttl_s`` (None: none) drops host entries that long after they arrived.
@@ -203,7 +202,7 @@ def parse_lora_module(entry: str) -> tuple[str, str]:
         unknown = set(data) - {"name", "path", "base_model_name"}
         if not isinstance(name, str) or not isinstance(path, str) or unknown:
             raise FieldError("modules", f"{entry!r} needs string name and path, and nothing "
-                             "but base_model_name besides")  # fmt: skip
+                             "but base_model_name besides")
     else:
         name, _, path = text.partition("=")
     if not name or not path:

@@ -29,11 +29,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     add = parser.add_argument
     add("--baseline", required=True, help="worker TOML config of the reference KV path")
     add("--candidate", required=True, action="append",
-        help="worker TOML config of a changed KV path (repeat to gate several)")  # fmt: skip
+        help="worker TOML config of a changed KV path (repeat to gate several)")
     add("--model", help="model for both configs (demo, SmolLM2-135M-Instruct, a path)")
     add("--categories", default=",".join(CATEGORIES), help="prompt categories to run")
     add("--long", default="1k,4k,max", help=f"long-context lengths, of {','.join(LONG_TARGETS)}"
-        " (max: the longest prompt that leaves room for the answer)")  # fmt: skip
+        " (max: the longest prompt that leaves room for the answer)")
     add("--depths", default=",".join(f"{d:g}" for d in DEPTHS), help="needle depths (0-1)")
     add("--prompts-per-kind", type=int, help="only the first N prompts of each category")
     add("--max-new-tokens", type=int, default=32)
@@ -43,7 +43,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     add("--require-exact", action="store_true", help="every greedy answer must be identical")
     defaults = Thresholds()
     for name in ("max_exact_match_drop", "min_top1", "max_kl", "max_decision_drop",
-                 "max_score_drop"):  # fmt: skip
+                 "max_score_drop"):
         add(f"--{name.replace('_', '-')}", type=float, default=getattr(defaults, name))
     args = parser.parse_args(argv)
     args.categories = [c for c in args.categories.split(",") if c]
@@ -66,15 +66,15 @@ def main(argv: list[str] | None = None) -> int:
     if any(c.model != baseline.model for c in candidates):
         raise SystemExit("baseline and candidates must serve the same model (see --model)")
     limits = Thresholds(args.max_exact_match_drop, args.min_top1, args.max_kl,
-                        args.max_decision_drop, args.max_score_drop, args.require_exact)  # fmt: skip
+                        args.max_decision_drop, args.max_score_drop, args.require_exact)
     options = GateOptions(args.categories, args.long, args.depths, args.prompts_per_kind,
-                          args.max_new_tokens, args.max_new_tokens_long, limits)  # fmt: skip
+                          args.max_new_tokens, args.max_new_tokens_long, limits)
     results = run_gate(baseline, candidates, options)
     texts, verdicts = [], {}
     for path, result in zip(args.candidate, results, strict=True):
         setup = [f"baseline `{args.baseline}`, candidate `{path}`", *result.setup]
         texts.append(markdown(f"KV quality: `{path}` vs baseline", setup, result.candidate,
-                              result.noise, result.results, result.failures))  # fmt: skip
+                              result.noise, result.results, result.failures))
         verdicts[path] = summary_json(result, setup)
     text = "\n".join(texts)
     print(text)
@@ -96,7 +96,7 @@ def summary_json(result: GateResult, setup: list[str]) -> dict[str, object]:
                    "candidate": asdict(s), "noise_floor": asdict(floor[s.bucket])}
         for s in result.candidate
         if s.bucket != "all"
-    }  # fmt: skip
+    }
     return {"setup": setup, "passed": result.passed, "buckets": buckets}
 
 

@@ -89,7 +89,7 @@ def run_gate(
                  f"({options.max_new_tokens_long} for long prompts), greedy; needles at depths "
                  f"{', '.join(f'{d:g}' for d in options.depths)}; noise floor: the baseline "
                  f"again, prompts reversed; {time.monotonic() - started:.0f} s so far on "
-                 f"{torch.get_num_threads()} threads"]  # fmt: skip
+                 f"{torch.get_num_threads()} threads"]
         failures = verdict(summary, noise, options.thresholds)
         results.append(GateResult(summary, noise, rows, failures, setup))
     return results
@@ -98,12 +98,12 @@ def run_gate(
 def _prompts(loaded: LoadedModel, options: GateOptions) -> list[QualityPrompt]:
     """The selected categories and long lengths, each prompt leaving room for its answer."""
     max_len = loaded.config.max_position_embeddings - max(options.max_new_tokens,
-                                                          options.max_new_tokens_long)  # fmt: skip
+                                                          options.max_new_tokens_long)
     return [
         p
         for p in load_prompt_set(
             loaded.tokenizer, options.long_kinds, max_len, options.prompts_per_kind, options.depths
-        )  # fmt: skip
+        )
         if p.kind in options.categories or p.kind.startswith("long")
     ]
 
@@ -134,13 +134,13 @@ def _against(
         forced = session.generate(prompt.token_ids, 0, forced=baseline.token_ids)
         decode = loaded.tokenizer.decode
         by_id[prompt.prompt_id] = compare(prompt, baseline, forced, own,
-                                          decode(baseline.token_ids), decode(own.token_ids))  # fmt: skip
+                                          decode(baseline.token_ids), decode(own.token_ids))
     return [by_id[prompt_id] for prompt_id in paths if prompt_id in by_id]
 
 
 def _progress(run: str, prompt: QualityPrompt) -> None:
     print(f"[{time.strftime('%H:%M:%S')}] {run}: {prompt.prompt_id} ({len(prompt.token_ids)} "
-          "tokens)", file=sys.stderr, flush=True)  # fmt: skip
+          "tokens)", file=sys.stderr, flush=True)
 
 
 def _max_new(options: GateOptions, prompt: QualityPrompt) -> int:

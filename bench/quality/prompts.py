@@ -57,7 +57,7 @@ def load_prompt_set(
                       Check.from_json(item["check"]))
         for kind in CATEGORIES
         for item in data[kind][:per_kind]
-    ]  # fmt: skip
+    ]
     for kind in long_kinds:
         target = LONG_TARGETS[kind] or max_prompt_tokens
         if target <= max_prompt_tokens:
@@ -83,7 +83,7 @@ def needle_prompts(
                       tuple(encode(tokenizer, [_message(document, city)])),
                       Check("contains", (code,)))
         for depth, (city, code) in zip(depths, needles, strict=True)
-    ]  # fmt: skip
+    ]
 
 
 def encode(tokenizer: PromptTokenizer, messages: Sequence[dict[str, str]]) -> list[int]:

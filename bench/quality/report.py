@@ -45,7 +45,7 @@ def _failures(s: BucketSummary, n: BucketSummary, limits: Thresholds) -> list[st
     drop = n.exact_match_rate - s.exact_match_rate
     if not s.bucket.startswith("long") and drop > limits.max_exact_match_drop + 1e-9:
         failures.append(f"exact match {s.exact_match_rate:.0%}, {drop:.0%} below the noise "
-                        f"floor (allowed {limits.max_exact_match_drop:.0%})")  # fmt: skip
+                        f"floor (allowed {limits.max_exact_match_drop:.0%})")
     if s.top1_agreement < limits.min_top1:
         failures.append(f"top-1 agreement {s.top1_agreement:.3f} < {limits.min_top1}")
     if s.mean_kl > limits.max_kl:
@@ -54,13 +54,13 @@ def _failures(s: BucketSummary, n: BucketSummary, limits: Thresholds) -> list[st
         drop = n.same_decision - s.same_decision
         if drop > limits.max_decision_drop + 1e-9:
             failures.append(f"same decision as the baseline {s.same_decision:.0%}, noise "
-                            f"floor {n.same_decision:.0%}")  # fmt: skip
+                            f"floor {n.same_decision:.0%}")
     if s.baseline_correct is not None and None not in (s.candidate_correct, n.candidate_correct):
         lost = s.baseline_correct - s.candidate_correct
         floor_lost = s.baseline_correct - n.candidate_correct
         if lost > max(floor_lost, 0.0) + limits.max_score_drop + 1e-9:
             failures.append(f"task score {s.candidate_correct:.0%} vs baseline "
-                            f"{s.baseline_correct:.0%}")  # fmt: skip
+                            f"{s.baseline_correct:.0%}")
     return failures
 
 
@@ -79,7 +79,7 @@ def markdown(
              "| bucket | prompts | exact match (noise / cand.) | median first divergence "
              "| top-1 (noise / cand.) | mean KL (noise / cand.) | same decision (noise / "
              "cand.) | task score (base / cand.) | verdict |",
-             "|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
+             "|---|---|---|---|---|---|---|---|---|"]
     for s in candidate:
         n = floor[s.bucket]
         judged = "" if s.bucket == "all" else ("FAIL" if failures[s.bucket] else "pass")
@@ -91,7 +91,7 @@ def markdown(
             f"{_pct(s.baseline_correct)} / {_pct(s.candidate_correct)} | {judged} |"
         )
     lines += ["", "| prompt | bucket | tokens in / out | exact | first divergence | top-1 | KL "
-              "| decision (base / cand.) |", "|---|---|---|---|---|---|---|---|"]  # fmt: skip
+              "| decision (base / cand.) |", "|---|---|---|---|---|---|---|---|"]
     for r in results:
         lines.append(
             f"| {r.prompt.prompt_id} | {r.prompt.kind} | {len(r.prompt.token_ids)} / "

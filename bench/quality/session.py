@@ -49,7 +49,7 @@ class Session:
         self.manager = build_kv_cache_manager(
             spec, plan.num_blocks, namespace_digest=b"quality", worker_id="quality",
             device=loaded.model.lm_head.weight.device, prefix_caching=config.kv.prefix_cache,
-        )  # fmt: skip
+        )
         tensors = self.manager.tensors
         self.runner = ModelRunner(
             loaded.model, tensors.key_caches, tensors.value_caches, spec.block_size, scales

@@ -26,13 +26,12 @@ from typing import Any, NamedTuple
 import aiohttp
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
-from router.canary.config import CanaryConfig
 from router.canary.guards import GuardWindow, judge
 from router.canary.pools import ModelPools, Trip
 from router.canary.probe import Outputs, ProbeError, divergences, greedy_outputs
-from router.config import ModelConfig
+from router.config import CanaryConfig, ModelSpec
+from router.fleet.registry import WorkerState
 from router.tasks import cancel_and_wait
-from router.upstream.registry import WorkerState
 
 log = logging.getLogger(__name__)
 REASONS = ("error_rate", "ttft_p99", "probe")
@@ -52,7 +51,7 @@ class PoolRoute(NamedTuple):
 class _ModelCanary:
     """One model's pools, guard config, windows and probe prompts."""
 
-    def __init__(self, config: ModelConfig, secret: bytes,
+    def __init__(self, config: ModelSpec, secret: bytes,
                  probe_prompts: Sequence[Sequence[int]]) -> None:
         self.config: CanaryConfig = config.canary
         self.pools = ModelPools(config.name, config.pools, config.canary.baseline,
@@ -66,7 +65,7 @@ class _ModelCanary:
 class Canary:
     """The canary state of every model with pools (see the module docstring)."""
 
-    def __init__(self, models: Mapping[str, ModelConfig], secret: bytes,
+    def __init__(self, models: Mapping[str, ModelSpec], secret: bytes,
                  encode: Callable[[str, str], list[int]], registry: CollectorRegistry) -> None:
         """``encode(model, text)`` tokenizes a probe prompt for ``model``."""
         self._models = {

@@ -14,8 +14,8 @@ import math
 from collections import deque
 from dataclasses import dataclass
 
-from router.canary.config import CanaryConfig
 from router.canary.pools import Trip
+from router.config import CanaryConfig
 
 
 @dataclass(frozen=True)

@@ -24,7 +24,7 @@ from collections.abc import Mapping, Sequence
 from typing import NamedTuple, Protocol, TypeVar
 
 from radix.keys import TOKEN_BYTES
-from router.canary.config import MAX_POOLS, PoolConfig
+from router.config import MAX_POOLS, PoolConfig
 
 _DRAW_BYTES = 8
 _DRAW_SCALE = float(2 ** (8 * _DRAW_BYTES) + 1)

@@ -15,10 +15,14 @@ from chance. Where either side returned text only (an OpenAI server without
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any, NamedTuple
+from typing import NamedTuple
 
 import aiohttp
 
+from radix.generate import PATH as GENERATE_PATH
+from radix.generate import GenerateRequest
+from radix.keys import to_key
+from radix.openai.sampling import Sampling
 from radix.tree import DIRECT
 
 
@@ -45,16 +49,15 @@ async def greedy_outputs(session: aiohttp.ClientSession, url: str, headers: Mapp
     ``/v1/completions`` for that model; ProbeError when one is not answered within
     ``timeout_s``."""
     outputs = []
-    sampling = {"temperature": 0.0, "ignore_eos": True, "max_tokens": max_tokens}
+    sampling = Sampling(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
     for token_ids in prompts:
         if openai_model is None:
-            path = "/generate"
-            body: dict[str, Any] = {"token_ids": list(token_ids), "scope": DIRECT,
-                                    "stream": False, "sampling": {"n": 1, **sampling}}
+            path = GENERATE_PATH
+            body = GenerateRequest(to_key(token_ids), DIRECT, sampling).to_wire()
         else:
             path = "/v1/completions"
             body = {"model": openai_model, "prompt": list(token_ids), "return_token_ids": True,
-                    **sampling}
+                    **sampling.to_wire(max_tokens)}
         try:
             async with session.post(f"{url}{path}", json=body, headers=headers,
                                     timeout=aiohttp.ClientTimeout(total=timeout_s)) as resp:

@@ -24,7 +24,7 @@ from radix.openai.sampling import SamplingBounds
 from radix.token_cache import CacheStats, token_cache
 from radix.tokenizer import PromptTokenizer
 from radix.tree import PUBLIC, RadixTree, Scope
-from router.config import ModelConfig, PublicPrefixSpec, TenantLimits
+from router.config import ModelSpec, PublicPrefixSpec, TenantLimits
 
 
 @dataclass(frozen=True)
@@ -78,7 +78,7 @@ class PublicPrefixes:
 class ModelTokenizer:
     """One served model: its tokenizer, block size and public prefixes."""
 
-    def __init__(self, config: ModelConfig, tokenizer: PromptTokenizer) -> None:
+    def __init__(self, config: ModelSpec, tokenizer: PromptTokenizer) -> None:
         self.name = config.name
         self.block_size = config.block_size
         self.tokenizer = tokenizer
@@ -135,7 +135,7 @@ class Models:
         self._models = dict(models)
 
     @classmethod
-    def from_config(cls, configs: Mapping[str, ModelConfig]) -> Models:
+    def from_config(cls, configs: Mapping[str, ModelSpec]) -> Models:
         """Load every model's tokenizer; ValueError naming ``models.<name>`` on failure."""
         models = {}
         for name, config in configs.items():

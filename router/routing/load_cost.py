@@ -11,14 +11,12 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, fields
-from typing import TYPE_CHECKING, Protocol, TypeVar
+from typing import Protocol, TypeVar
 
 import xxhash
 
 from radix.keys import TOKEN_BYTES
-
-if TYPE_CHECKING:
-    from router.routing.policy import WorkerView
+from router.routing.views import WorkerView
 
 
 @dataclass(frozen=True)

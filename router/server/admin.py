@@ -4,10 +4,10 @@ canary pool weights.
 Every change is logged (logger ``router.admin``) with who made it (the caller's
 address and request id; there is one admin key), what changed, and when (the log
 record's time). A worker added here may take its key only from the variable named
-for its id (``router.worker_keys``): otherwise an admin request could have the
+for its id (``router.fleet.worker_keys``): otherwise an admin request could have the
 router send another worker's key, or the deployment secret, to a host it names.
 With several routers sharing Redis, each change is also published to the others
-(``router.state.peers``).
+(``router.siblings.protocol``).
 """
 
 from __future__ import annotations
@@ -20,10 +20,10 @@ from radix.api_errors import ApiError
 from radix.keys import to_key
 from radix.openai.json_body import decode_json_object
 from router.config_toml import parse_public_prefix, parse_worker
-from router.server.context import ROUTER, Router
+from router.context import ROUTER, Router
+from router.fleet.worker_keys import runtime_key_problem
 from router.server.request_ids import request_id
 from router.server.slow_clients import read_body
-from router.worker_keys import runtime_key_problem
 
 audit = logging.getLogger("router.admin")
 
@@ -68,7 +68,7 @@ async def change_workers(request: web.Request) -> web.Response:
             state = router.registry.add(config)
         except ValueError as exc:
             raise ApiError(400, str(exc), param="worker") from exc
-        await router.peers.worker_added(state)
+        await router.siblings.worker_added(state)
         _log_change(request, "added worker %s (%s, %s, key from %s)", config.worker_id,
                     config.kind, config.url, config.api_key_env or "no key")
         return web.json_response({"added": state.to_dict()})
@@ -76,7 +76,7 @@ async def change_workers(request: web.Request) -> web.Response:
         worker_id = body.get("id")
         if not isinstance(worker_id, str) or not await router.registry.remove(worker_id):
             raise ApiError(404, f"no worker {worker_id!r}", param="id")
-        await router.peers.worker_removed(worker_id)
+        await router.siblings.worker_removed(worker_id)
         _log_change(request, "removed worker %s", worker_id)
         return web.json_response({"removed": worker_id})
     raise ApiError(400, "action must be 'add' or 'remove'", param="action")
@@ -96,7 +96,7 @@ async def add_public_prefix(request: web.Request) -> web.Response:
         raise ApiError(400, str(exc)) from exc
     token_ids = model.prefix_tokens(spec)
     num_public = model.public_prefixes.add(token_ids)
-    await router.peers.prefix_added(model.name, to_key(token_ids))
+    await router.siblings.prefix_added(model.name, to_key(token_ids))
     _log_change(request, "registered a public prefix of %d tokens for model %s",
                 len(token_ids), model.name)
     return web.json_response({"model": model.name, "num_tokens": len(token_ids),
@@ -149,7 +149,7 @@ async def set_canary_weights(request: web.Request) -> web.Response:
         raise ApiError(404, f"model {model!r} has no canary pools", param="model") from None
     except ValueError as exc:
         raise ApiError(400, str(exc), param="weights") from exc
-    await router.peers.canary_changed(model, router.canary.shared_state(model))
+    await router.siblings.canary_changed(model, router.canary.shared_state(model))
     _log_change(request, "set canary weights of model %s: %s", model, dict(now))
     return web.json_response({"model": model, "weights": dict(now)})
 

@@ -17,10 +17,11 @@ from aiohttp import web
 
 from radix.api_errors import ApiError
 from radix.http_api import load_document
+from router.client import error_answer
+from router.context import ROUTER, Router
+from router.dispatch import ENDPOINTS, serve_openai
 from router.server.admin import add_admin_routes
-from router.server.client import AiohttpClient, error_answer
-from router.server.context import ROUTER, Router
-from router.server.dispatch import ENDPOINTS, serve_openai
+from router.server.aiohttp_client import AiohttpClient
 from router.server.request_ids import add_request_id_header, request_id, request_id_middleware
 
 MAX_BODY_BYTES = 32 * 2**20
@@ -48,7 +49,7 @@ async def error_middleware(request: web.Request, handler) -> web.StreamResponse:
 
 
 def openai_handler(endpoint: str):
-    """The aiohttp handler of an OpenAI route: the pipeline of ``router.server.dispatch``
+    """The aiohttp handler of an OpenAI route: the pipeline of ``router.dispatch``
     on an ``AiohttpClient``."""
 
     async def handler(request: web.Request) -> web.StreamResponse:
@@ -111,9 +112,9 @@ def create_app(router: Router) -> web.Application:
     async def start_workers(app: web.Application) -> None:
         for worker in router.config.workers:
             router.registry.add(worker)
-        await router.peers.start(router.registry, router.models, router.index, router.canary)
+        await router.siblings.start(router.registry, router.models, router.index, router.canary)
         router.canary.start(router.registry.routable, router.session,
-                            router.peers.canary_changed)
+                            router.siblings.canary_changed)
 
     async def close(app: web.Application) -> None:
         await router.close()

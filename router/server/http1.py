@@ -38,7 +38,7 @@ from typing import cast
 import orjson
 
 from radix.api_errors import ApiError
-from router.server.client import JSON_HEADERS, error_answer
+from router.client import JSON_HEADERS, error_answer
 from router.server.http1_client import CONTINUE, Http1Client, head
 from router.server.http1_requests import Message, RequestParser
 

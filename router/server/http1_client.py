@@ -13,14 +13,12 @@ import asyncio
 import os
 from collections.abc import Mapping
 from http import HTTPStatus
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from radix.api_errors import ApiError
-from router.server.client import SSE_HEADERS, Client
+from router.client import SSE_HEADERS, Client
+from router.server.http1_requests import Message
 from router.server.request_ids import HEADER, VALID_ID
-
-if TYPE_CHECKING:
-    from router.server.http1 import Http1Connection, Message
 
 CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
 _END_CHUNKS = b"0\r\n\r\n"
@@ -40,10 +38,38 @@ def head(status: int, headers: Mapping[str, str], request_id: str, close: bool) 
     return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")
 
 
+class Connection(Protocol):
+    """What a client needs of its connection (``router.server.http1.Http1Connection``)."""
+
+    lost: bool
+
+    @property
+    def write_paused(self) -> bool:
+        """The transport's buffer is over its high-water mark."""
+
+    def send(self, data: bytes) -> None:
+        """Write ``data`` to the transport (dropped once the connection is lost)."""
+
+    async def drain(self) -> None:
+        """Return once the transport's buffer is below its low-water mark again."""
+
+    def send_continue(self, message: Message) -> None:
+        """``100 Continue`` when ``message`` asked for it and nothing was sent yet."""
+
+    def closes_after(self, message: Message) -> bool:
+        """The connection closes after the answer to ``message``."""
+
+    def close_after_answer(self) -> None:
+        """Close the connection once the current answer is sent."""
+
+    def abort(self) -> None:
+        """Drop the connection at once."""
+
+
 class Http1Client(Client):
     """One request (``message``) of ``connection``; see ``Client`` for the contract."""
 
-    def __init__(self, connection: Http1Connection, message: Message) -> None:
+    def __init__(self, connection: Connection, message: Message) -> None:
         self._connection = connection
         self._message = message
         given = message.headers.get(b"x-request-id", b"").decode("latin-1")

@@ -28,12 +28,11 @@ import uvloop
 from aiohttp import web
 
 from router.config import RouterConfig
+from router.context import Router, shared_backends
+from router.dispatch import ENDPOINTS, serve_openai
 from router.server.app import MAX_BODY_BYTES, bind_socket, create_app, create_metrics_app
-from router.server.context import Router
-from router.server.dispatch import ENDPOINTS, serve_openai
 from router.server.http1 import Http1Connection, Http1Settings
 from router.server.slow_clients import runner_options
-from router.state.redis_state import shared_backends
 
 _PR_SET_PDEATHSIG = 1
 _GC_YOUNG_THRESHOLD = 20_000

@@ -1,2 +1,2 @@
-"""State several routers share: tenant limits, the worker registry, public prefixes
-and routed inserts, in process (one router) or in Redis."""
+"""Tenant counters (concurrency, tokens per minute) kept in process for one router, or
+in Redis for several (``redis_state``, with the link and scripts both use)."""

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from bench import peers
-from bench.procs import http_json, start_worker
+from harness.procs import http_json, start_worker
 
 pytestmark = pytest.mark.slow
 KEY = "peer-test-key"

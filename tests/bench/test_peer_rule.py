@@ -6,7 +6,8 @@ import pytest
 
 from bench.peer_rule import DEFAULT_THRESHOLDS, TUNED_THRESHOLDS, ThresholdPolicy
 from router.routing.index import WorkerId
-from router.routing.policy import NoWorkerError, RouteRequest, WorkerView
+from router.routing.policy import NoWorkerError
+from router.routing.views import RouteRequest, WorkerView
 
 NS = "ab" * 32
 

@@ -83,7 +83,7 @@ def summary(bucket: str, **fields: float | None) -> BucketSummary:
 def test_each_bucket_is_judged_against_its_own_noise_floor():
     noise = [summary("tool_call", same_decision=5 / 6), summary("rag"), summary("all")]
     candidate = [summary("tool_call", same_decision=5 / 6), summary("rag", same_decision=5 / 6),
-                 summary("all")]  # fmt: skip
+                 summary("all")]
     failures = verdict(candidate, noise, Thresholds())
     assert failures["tool_call"] == [] and "all" not in failures
     assert failures["rag"] == ["same decision as the baseline 83%, noise floor 100%"]

@@ -98,6 +98,6 @@ def test_the_smollm2_fp8_config_refuses_the_demo_model_and_fails_on_smollm2():
         categories=("multi_turn",), long_kinds=(), prompts_per_kind=2, max_new_tokens=16
     )
     (result,) = run_gate(shipped(BASELINE, model, 64 << 20), [shipped(name, model, 64 << 20)],
-                         options)  # fmt: skip
+                         options)
     assert not result.passed
     assert result.failures["multi_turn"], result.failures

@@ -5,7 +5,7 @@ from __future__ import annotations
 import collections
 
 from bench import reference
-from bench.reuse import ReuseMeter
+from harness.reuse import ReuseMeter
 
 
 def test_meter_counts_the_longest_prefix_seen_before_unlimited_and_under_lru():

@@ -9,7 +9,8 @@ from bench.sim import SIM_POLICIES, Cluster, PolicySpec, SimConfig, simulate, su
 from bench.sim_stepped import SteppedSimWorker
 from bench.workloads import TraceRequest, WorkloadConfig
 from radix.cost_model import CostModel
-from router.routing.policy import RoundRobinPolicy, WorkerView
+from router.routing.policy import RoundRobinPolicy
+from router.routing.views import WorkerView
 
 # 1 ms per prompt token, 10 ms per decode step, nothing else.
 CONFIG = SimConfig(kv_capacity_tokens=1_000_000, cost=CostModel(a=0.0, b=0.001, c=0.0, d=0.01, e=0.0, f=0.0),

@@ -11,14 +11,14 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from support.promql import metric_names, used_metric_names
 
-from bench.procs import ManagedProcess, http_json, start_router, start_worker
+from harness.procs import ManagedProcess, http_json, start_router, start_worker
 from router.front.auth import hash_key
 
 ALICE = "key-alice"
 # Exported by a feature still on its way; remove a name once a live process exports it.
 NOT_YET_EXPORTED = frozenset({
     "router_shared_state_up",  # the Redis shared state (another branch)
-})  # fmt: skip
+})
 
 
 def exported(text: str) -> set[str]:

@@ -56,7 +56,7 @@ def test_construction_validates_and_coerces() -> None:
     ({"id": "x", "items": [{}, {"size": "2"}]}, "top.items[1].size: must be an integer"),
     ({"id": "x", "items": {}}, "top.items: must be an array of tables"),
     ({"id": "x", "limit": 2}, "top.limit: must be at least inner.size"),
-])  # fmt: skip
+])
 def test_read_section_names_the_dotted_path(data: dict, message: str) -> None:
     with pytest.raises(ValueError) as info:
         read_section(Outer, data, "top")

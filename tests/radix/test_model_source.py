@@ -20,14 +20,14 @@ def test_a_path_is_returned_as_given(tmp_path):
 
 def test_a_missing_distribution_says_how_to_install_it(monkeypatch):
     monkeypatch.setitem(model_source.PACKAGED_MODELS, "Tiny",
-                        PackagedModel("radix-no-such-dist", "x/tiny.gguf"))  # fmt: skip
+                        PackagedModel("radix-no-such-dist", "x/tiny.gguf"))
     with pytest.raises(ValueError, match="needs the package radix-no-such-dist: make install"):
         resolve_model_path("Tiny")
 
 
 def test_a_distribution_without_the_file_is_named(monkeypatch):
     monkeypatch.setitem(model_source.PACKAGED_MODELS, "Tiny",
-                        PackagedModel("pytest", "pytest/missing.gguf"))  # fmt: skip
+                        PackagedModel("pytest", "pytest/missing.gguf"))
     with pytest.raises(ValueError, match="pytest/missing.gguf is missing from pytest"):
         resolve_model_path("Tiny")
 

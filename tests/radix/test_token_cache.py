@@ -20,7 +20,7 @@ from radix.tree import PUBLIC, Scope
 CORPUS = [f"Document {i}: the quick brown fox's {i * 37} jumps, over 'lazy' dogs!\n" for i in range(300)]
 PIECES = [" ", "  ", "   ", "\n", "\n\n", "\t", "\r\n", " \n", "\xa0", "\x85", "\u2009", "\u3000",
           "\x1c", "the", " the", "fox", "'s", "'ll", "123", "4567", "1", ".", "!!", "é", "日本",
-          "😀", "👩\u200d💻", "e\u0301", "<|", "|>", *DEMO_SPECIAL_TOKENS]  # fmt: skip
+          "😀", "👩\u200d💻", "e\u0301", "<|", "|>", *DEMO_SPECIAL_TOKENS]
 WORDS = st.lists(st.sampled_from(PIECES) | st.text(max_size=4), max_size=40).map("".join)
 
 
@@ -28,7 +28,7 @@ def _split_bpe(pattern: str) -> PromptTokenizer:
     bpe = Tokenizer(models.BPE())
     bpe.pre_tokenizer = pre_tokenizers.Sequence([
         pre_tokenizers.Split(Regex(pattern), behavior="isolated"),
-        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])  # fmt: skip
+        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
     bpe.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(vocab_size=420, special_tokens=list(DEMO_SPECIAL_TOKENS),
                                   initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
@@ -59,7 +59,7 @@ def tokenizer(request):
 
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(base=WORDS, tails=st.lists(st.tuples(st.integers(0, 400), WORDS), min_size=1, max_size=6),
-       bos=st.booleans())  # fmt: skip
+       bos=st.booleans())
 def test_every_encode_equals_a_full_encode(tokenizer, base, tails, bos):
     cache = PrefixTokenCache(tokenizer, chunk_chars=8)
     texts = [base]
@@ -144,7 +144,7 @@ def test_memory_is_bounded_by_the_budget_for_a_long_shared_prefix():
 
 @settings(max_examples=60, deadline=None)
 @given(texts=st.lists(st.tuples(st.integers(0, 300), WORDS), min_size=1, max_size=12),
-       budget=st.integers(1, 3_000))  # fmt: skip
+       budget=st.integers(1, 3_000))
 def test_what_the_cache_holds_never_exceeds_its_budget(texts, budget):
     tokenizer = TOKENIZERS["gpt2-bpe"]
     cache = PrefixTokenCache(tokenizer, max_chars=budget, chunk_chars=8)

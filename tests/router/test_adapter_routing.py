@@ -15,12 +15,13 @@ from radix.api_errors import ApiError
 from radix.keys import to_key
 from radix.namespace import CacheNamespace
 from radix.openai.requests import COMPLETIONS
-from router.config import ModelConfig, TenantLimits
+from router.config import ModelSpec, TenantLimits
+from router.fleet.probes import radix_adapters
 from router.front.requests import parse_request
 from router.front.tokenization import Models
 from router.routing.adapters import Residency, WorkerAdapter, WorkerLora
-from router.routing.policy import RouteRequest, WorkerView, make_policy
-from router.upstream.probes import radix_adapters
+from router.routing.policy import make_policy
+from router.routing.views import RouteRequest, WorkerView
 
 NS = "cd" * 32
 SECRET = b"adapter-test-secret"
@@ -196,7 +197,7 @@ def test_probed_adapters_get_the_routers_digest_of_the_base_namespace_with_the_a
 
 
 def test_an_adapter_name_resolves_to_its_model_and_an_unknown_name_is_404():
-    models = Models.from_config({"demo": ModelConfig("demo", "demo")})
+    models = Models.from_config({"demo": ModelSpec("demo", "demo")})
     limits, adapters = TenantLimits(), {"sql": "demo"}
     body = b'{"model": "%s", "prompt": "hello", "max_tokens": 2}'
     model, adapter, parsed = parse_request(body % b"sql", COMPLETIONS, models, limits, adapters)

@@ -12,10 +12,10 @@ from aiohttp import web
 from support.aio import running_router, serving
 from test_server import ALICE, make_config
 
-from bench import instant_upstream
+from harness import instant_upstream
 from radix.keys import to_key
 from router.routing.load_cost import is_saturated
-from router.routing.policy import WorkerView
+from router.routing.views import WorkerView
 
 pytestmark = pytest.mark.anyio
 

@@ -16,14 +16,13 @@ from prometheus_client import CollectorRegistry, generate_latest
 from support.aio import eventually, running_router, serving
 from test_server import make_config
 
-from bench import instant_upstream
+from harness import instant_upstream
 from radix.keys import to_key
-from router.canary.config import CanaryConfig, PoolConfig
 from router.canary.controller import Canary
 from router.canary.guards import GuardWindow, WindowSummary, judge
 from router.canary.pools import ModelPools, Trip
 from router.canary.probe import Answer, divergences
-from router.config import ModelConfig
+from router.config import CanaryConfig, ModelSpec, PoolConfig
 
 SECRET = b"canary-test-secret"
 BLOCK_SIZE = 4
@@ -90,7 +89,7 @@ def test_a_tripped_pool_takes_no_conversation_until_re_enabled() -> None:
     ({"fp8": True}, "weights.fp8: must be a number >= 0"),
     ({"fp8": float("nan")}, "weights.fp8: must be a number >= 0"),
     ({"baseline": 0, "fp8": 0}, "weights: at least one pool needs a weight above 0"),
-])  # fmt: skip
+])
 def test_bad_weights_are_refused_and_change_nothing(weights: dict, message: str) -> None:
     pools = make_pools({"baseline": 90, "fp8": 10})
     with pytest.raises(ValueError, match=message):
@@ -167,8 +166,8 @@ def canary(registry: CollectorRegistry, **guards: object) -> Canary:
                           **guards)  # type: ignore[arg-type]
     pools = {"baseline": PoolConfig(workers=("w0",), weight=90),
              "fp8": PoolConfig(workers=("w1",), weight=10)}
-    models = {"demo": ModelConfig(name="demo", tokenizer="demo", pools=pools, canary=config),
-              "plain": ModelConfig(name="plain", tokenizer="demo")}
+    models = {"demo": ModelSpec(name="demo", tokenizer="demo", pools=pools, canary=config),
+              "plain": ModelSpec(name="plain", tokenizer="demo")}
     return Canary(models, SECRET, lambda model, text: list(text.encode()), registry)
 
 

@@ -10,8 +10,8 @@ from radix.tokenizer import PromptTokenizer
 from router.cli import limits_for_processes, with_overrides
 from router.config import DEFAULT_CONFIG
 from router.config_toml import load_config, parse_config
+from router.forward.proxy import Call, generate_request
 from router.front.tokenization import ModelTokenizer
-from router.upstream.proxy import Call, generate_body
 
 BASE = {
     "models": {"demo": {"tokenizer": "demo"}},
@@ -22,7 +22,7 @@ BASE = {
 @pytest.mark.parametrize(("path", "model"), [
     (DEFAULT_CONFIG, "SmolLM2-135M-Instruct"),
     (DEFAULT_CONFIG.with_name("demo.toml"), "demo"),
-])  # fmt: skip
+])
 def test_embedded_configs_load(path, model) -> None:
     config = load_config(path)
     assert [w.worker_id for w in config.workers] == ["w0", "w1"]
@@ -182,13 +182,13 @@ def test_tenant_cache_quota_is_parsed_and_sent_with_each_generate() -> None:
     assert limits == {"a": 4096, "b": None}
     model = ModelTokenizer(config.models["demo"], PromptTokenizer.demo())
     request = parse_openai_request({"model": "demo", "prompt": "hi", "max_tokens": 8},
-                                   COMPLETIONS, model.bounds)  # fmt: skip
+                                   COMPLETIONS, model.bounds)
     prompt = model.prompt(request, "a")
     call = Call(request, "demo", prompt, "a", 8, "salt", limits["a"])
     render = RenderSpec(COMPLETIONS, "cmpl-1", 0, "demo", False, False)
-    assert generate_body(call, render)["max_cached_tokens"] == 4096
+    assert generate_request(call, render).to_wire()["max_cached_tokens"] == 4096
     unlimited = Call(request, "demo", prompt, "b", 8, "salt", limits["b"])
-    assert "max_cached_tokens" not in generate_body(unlimited, render)
+    assert "max_cached_tokens" not in generate_request(unlimited, render).to_wire()
 
 
 def pooled(pools: dict, canary: dict | None = None, workers: tuple[str, ...] = ("w0", "w1")
@@ -243,7 +243,7 @@ def test_canary_pools_are_read_in_order_with_their_guards() -> None:
     (pooled(POOLS, {"max_error_rate": 1.5}), "models.demo.canary.max_error_rate: must be at most"),
     (pooled(POOLS, {"probe_interval_s": 0}), "models.demo.canary.probe_interval_s: must be "
                                              "positive"),
-])  # fmt: skip
+])
 def test_canary_errors_name_the_field(config: dict, message: str) -> None:
     with pytest.raises(ValueError) as error:
         parse_config(config)

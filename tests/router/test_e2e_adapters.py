@@ -20,8 +20,8 @@ from test_e2e_routing import (
     wait_until_ready,
 )
 
-from bench.lora_adapters import lora_module_flags, write_config_adapters
-from bench.procs import ManagedProcess, http_json, start_worker
+from harness.lora_adapters import lora_module_flags, write_config_adapters
+from harness.procs import ManagedProcess, http_json, start_worker
 
 pytestmark = pytest.mark.slow
 WORKER_KEY = "e2e-worker-key"

@@ -29,8 +29,8 @@ from test_e2e_routing import (
     wait_until_ready,
 )
 
-from bench.procs import ManagedProcess, http_json, start_router, start_worker
-from router.launcher import stop_all
+from harness.procs import ManagedProcess, http_json, start_router, start_worker
+from router.up.launcher import stop_all
 
 pytestmark = pytest.mark.slow
 POOLS = {"baseline": ("w0", ()), "fp8": ("w1", ("--kv-cache-dtype", "fp8_e5m2")),

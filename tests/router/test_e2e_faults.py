@@ -29,9 +29,9 @@ from typing import Any
 import pytest
 from test_e2e_routing import ADMIN, ALICE, WORKER_KEY, WORKER_KEY_ENV, admin, wait_for
 
-from bench.procs import ManagedProcess, start_router, start_worker
+from harness.procs import ManagedProcess, start_router, start_worker
 from router.front.auth import hash_key
-from router.launcher import RedisServer
+from router.up.launcher import RedisServer
 
 pytestmark = pytest.mark.slow
 RETRYABLE = {429, 502, 503}
@@ -57,7 +57,7 @@ class Cluster:
     or ``num_routers`` sharing state through ``redis``."""
 
     def __init__(self, tmp_path: Path, num_workers: int, num_routers: int = 1,
-                 redis: RedisServer | None = None) -> None:  # fmt: skip
+                 redis: RedisServer | None = None) -> None:
         self.redis = redis
         self.workers = {f"w{i}": start_worker(*WORKER_FLAGS, kv_cache_bytes=KV_CACHE_BYTES,
                                               wait=False, api_key=WORKER_KEY)
@@ -114,7 +114,7 @@ def cluster_of(tmp_path: Path) -> Iterator[Any]:
     clusters: list[Cluster] = []
 
     def make(num_workers: int, num_routers: int = 1, redis: RedisServer | None = None
-             ) -> Cluster:  # fmt: skip
+             ) -> Cluster:
         clusters.append(Cluster(tmp_path, num_workers, num_routers, redis))
         return clusters[-1]
 

@@ -22,9 +22,9 @@ from typing import Any
 
 import pytest
 
-from bench.procs import ManagedProcess, http_json, start_router, start_worker
+from harness.procs import ManagedProcess, http_json, start_router, start_worker
 from router.front.auth import hash_key
-from router.launcher import RedisServer
+from router.up.launcher import RedisServer
 
 pytestmark = pytest.mark.slow
 ALICE, BOB, ADMIN = "key-alice", "key-bob", "key-admin"

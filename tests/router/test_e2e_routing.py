@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 from openai import OpenAI
 
-from bench.procs import ManagedProcess, http_json, start_router, start_worker, stream_lines
+from harness.procs import ManagedProcess, http_json, start_router, start_worker, stream_lines
 from radix.events import KVEvent, decode_event
 from router.front.auth import hash_key
 from router.routing.index import RouterIndex

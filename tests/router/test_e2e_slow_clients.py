@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from bench.procs import start_router, start_worker
+from harness.procs import start_router, start_worker
 from router.front.auth import hash_key
 
 pytestmark = pytest.mark.slow

@@ -25,7 +25,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from bench.procs import ManagedProcess, start_router, start_worker
+from harness.procs import ManagedProcess, start_router, start_worker
 from radix.tokenizer import PromptTokenizer
 from router.front.auth import hash_key
 

@@ -16,9 +16,9 @@ from pathlib import Path
 
 import pytest
 
-from bench.procs import REPO_ROOT, child_env, http_json
+from harness.procs import REPO_ROOT, child_env, http_json
 from radix.model_source import packaged_model_path
-from router.launcher import redis_answers
+from router.up.launcher import redis_answers
 
 pytestmark = pytest.mark.slow
 

@@ -20,8 +20,8 @@ from bench.sim_cache import SimCache
 from radix.events import KVEvent, encode_event
 from radix.keys import to_key
 from radix.tree import PUBLIC
+from router.fleet.events.follower import FollowerConfig, KVEventFollower
 from router.routing.index import RouterIndex
-from router.upstream.kv_events import FollowerConfig, KVEventFollower
 
 NS = "7a" * 32
 ROUTER_NS = "b1" * 32
@@ -213,7 +213,7 @@ def test_a_malformed_line_is_logged_and_resyncs_without_crashing(caplog):
     async def test(server, index, follower):
         server.insert([1, 2, 3, 4, 5])
         await wait_for(caught_up(server, follower))
-        with caplog.at_level(logging.WARNING, logger="router.upstream.kv_events"):
+        with caplog.at_level(logging.WARNING, logger="router.fleet.events.follower"):
             server.inject(b'{"type": "stored", "seq": "x"}\n')
             await wait_for(lambda: follower.status().num_resyncs == 1)
         assert "malformed event" in caplog.text and "event.seq" in caplog.text

@@ -18,8 +18,8 @@ import pytest
 from radix.events import decode_event
 from radix.keys import to_key
 from radix.tree import PUBLIC
+from router.fleet.events.follower import FollowerConfig, KVEventFollower
 from router.routing.index import RouterIndex
-from router.upstream.kv_events import FollowerConfig, KVEventFollower
 
 pytestmark = pytest.mark.slow
 SCOPES = ("tenant-a", "tenant-b", PUBLIC)

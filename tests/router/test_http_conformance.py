@@ -14,7 +14,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from bench.procs import ManagedProcess, http_json, start_process, start_router
+from harness.procs import ManagedProcess, http_json, start_process, start_router
 from router.front.auth import hash_key
 
 pytestmark = pytest.mark.slow
@@ -24,7 +24,7 @@ BODY = json.dumps({"model": "demo", "prompt": "hello world", "max_tokens": 2}).e
 
 @pytest.fixture(scope="module")
 def router(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ManagedProcess]:
-    upstream = start_process([sys.executable, "-m", "bench.instant_upstream"])
+    upstream = start_process([sys.executable, "-m", "harness.instant_upstream"])
     path = tmp_path_factory.mktemp("router") / "router.toml"
     path.write_text("\n".join([
         "[models.demo]", 'tokenizer = "demo"',

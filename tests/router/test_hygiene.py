@@ -14,9 +14,9 @@ from aiohttp import web
 from support.aio import eventually, key_recording_upstream, running_router, serving
 from test_server import ADMIN, ALICE, call, failing_upstream, make_config
 
-from bench import instant_upstream
+from harness import instant_upstream
 from radix.openai.rendered import rendered_answer
-from router.config import WorkerConfig
+from router.config import WorkerSpec
 
 pytestmark = pytest.mark.anyio
 PROMPT = {"model": "demo", "prompt": "hello"}
@@ -100,7 +100,7 @@ async def test_an_admin_cannot_send_a_config_workers_key_elsewhere(monkeypatch) 
     async with serving(instant_upstream.create_app()) as up, \
             serving(key_recording_upstream(seen)) as elsewhere:
         config = make_config([])
-        config = replace(config, workers=(WorkerConfig(worker_id="w0", model="demo", url=up,
+        config = replace(config, workers=(WorkerSpec(worker_id="w0", model="demo", url=up,
                                                        api_key_env="RADIX_WORKER_KEY_W0"),))
         async with running_router(config) as (url, _), aiohttp.ClientSession() as session:
             async def add(worker_id: str) -> tuple[int, dict]:

@@ -7,7 +7,8 @@ import pytest
 from radix.events import EventBlock, KVEvent
 from radix.keys import to_key
 from radix.tree import PUBLIC
-from router.routing.index import IndexConfig, RouterIndex
+from router.config import IndexConfig
+from router.routing.index import RouterIndex
 
 NS = "ab" * 32
 OTHER_NS = "cd" * 32

@@ -11,7 +11,8 @@ from support.prefixes import common_prefix_length
 
 from radix.keys import to_key
 from radix.tree import PUBLIC
-from router.routing.index import IndexConfig, RouterIndex
+from router.config import IndexConfig
+from router.routing.index import RouterIndex
 
 NS = "ab" * 32
 CONFIG = IndexConfig(speculative_ttl_s=2.0, approximate_ttl_s=5.0)

@@ -9,7 +9,8 @@ from dataclasses import replace
 from radix.events import EventBlock, KVEvent, decode_event, encode_event
 from radix.keys import to_key
 from radix.tree import PUBLIC
-from router.routing.index import IndexConfig, RouterIndex
+from router.config import IndexConfig
+from router.routing.index import RouterIndex
 
 NS = "ab" * 32
 A0, A1, A2 = ("a0", None, [1, 2, 3, 4]), ("a1", "a0", [5, 6, 7, 8]), ("a2", "a1", [9, 10, 11, 12])
@@ -19,7 +20,7 @@ PROMPT = to_key([1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13])
 def event(kind: str, *blocks: tuple, medium: str = "device") -> KVEvent:
     return KVEvent("w", "e", 1, kind, NS, PUBLIC,  # type: ignore[arg-type]
                    tuple(EventBlock(h, p, tuple(t) if kind == "stored" else None)
-                         for h, p, t in blocks), medium)  # type: ignore[arg-type]  # fmt: skip
+                         for h, p, t in blocks), medium)  # type: ignore[arg-type]
 
 
 def test_device_host_and_disk_tokens_count_with_falling_weights():

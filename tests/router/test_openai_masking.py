@@ -14,7 +14,7 @@ from support.aio import running_router, serving
 from test_server import ALICE, make_config
 from test_stream_relay import STREAM, data_lines, scripted_stream
 
-from bench import instant_upstream
+from harness import instant_upstream
 from radix.openai.responses import sse_frame
 
 pytestmark = pytest.mark.anyio
@@ -65,7 +65,7 @@ async def test_a_backend_refusal_is_our_own_error(caplog) -> None:
                        "vllm 0.9.1 at 10.0.0.7)", "type": "BadRequestError",
             "param": "max_tokens", "code": 400}}, status=400)
 
-    caplog.set_level(logging.INFO, logger="router.upstream.proxy")
+    caplog.set_level(logging.INFO, logger="router.forward.proxy")
     async with serving(backend(refuse)) as up, \
             running_router(make_config([up], kind="openai")) as (url, _), \
             aiohttp.ClientSession() as session:

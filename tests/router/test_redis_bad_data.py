@@ -10,7 +10,7 @@ import redis.asyncio as redis
 from support.aio import eventually, running_router, serving
 from test_redis_peers import ALICE, post, shared_config
 
-from bench import instant_upstream
+from harness import instant_upstream
 from radix.keys import to_key
 
 pytestmark = pytest.mark.anyio
@@ -55,13 +55,13 @@ async def test_deeply_nested_json_in_the_worker_hash_does_not_wedge_the_link(red
         async with serving(instant_upstream.create_app("x")) as up:
             config = shared_config(redis_server.url, [])
             async with running_router(config, shared=True) as (_, router):
-                assert router.peers.up  # the resync at start read every entry
+                assert router.siblings.up  # the resync at start read every entry
                 await client.hset("peers-test:workers", mapping={
                     "deep": DEEP + b" ", "fine": f'{{"id": "fine", "model": "demo", '
                                                  f'"url": "{up}"}}'})
                 await client.incr("peers-test:workers:version")
                 await eventually(lambda: router.registry.get("fine") is not None, 3.0)
                 assert [w.worker_id for w in router.registry.workers()] == ["fine"]
-                assert router.peers.up
+                assert router.siblings.up
     finally:
         await client.aclose()

@@ -14,7 +14,7 @@ import redis.asyncio as redis
 from aiohttp import web
 from support.aio import eventually, key_recording_upstream, running_router, serving
 
-from bench import instant_upstream
+from harness import instant_upstream
 from radix.keys import to_key
 from router.config import RouterConfig
 from router.config_toml import parse_config

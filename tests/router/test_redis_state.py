@@ -17,8 +17,9 @@ from support.aio import eventually
 from router.config import RedisConfig, TenantLimits
 from router.front.auth import Tenant
 from router.front.limits import TenantLimiter
-from router.launcher import RedisServer, redis_answers
-from router.state.redis_state import RedisLink, RedisSharedState
+from router.state.redis_state.limits import RedisSharedState
+from router.state.redis_state.link import RedisLink
+from router.up.launcher import RedisServer, redis_answers
 
 FAST = RedisConfig(heartbeat_interval_s=0.2, lease_ttl_s=1.0, command_timeout_s=1.0,
                    connect_timeout_s=0.5, key_prefix="test")

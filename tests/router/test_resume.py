@@ -17,7 +17,7 @@ from aiohttp import web
 from support.aio import running_router, serving
 from test_server import ALICE, sse_objects
 
-from bench import instant_upstream
+from harness import instant_upstream
 from radix.keys import from_key
 from radix.openai.rendered import rendered_answer
 from radix.openai.responses import TokenUsage, sse_frame

@@ -2,7 +2,7 @@
 
 Two fake backends on loopback report ``cached_tokens`` for a repeated prompt: one keyed
 by (salt, prompt) like vLLM, one by the prompt alone like an engine that ignores the
-salt. The router checks each as it becomes ready (``router.upstream.salt_probe``).
+salt. The router checks each as it becomes ready (``router.fleet.salt_probe``).
 """
 
 from __future__ import annotations
@@ -12,9 +12,9 @@ from aiohttp import web
 from support.aio import TEST_SECRET, eventually, serving
 from test_server import make_config
 
-from bench import instant_upstream
+from harness import instant_upstream
+from router.context import Router
 from router.server.app import create_app
-from router.server.context import Router
 from router.state.shared_state import InProcessSharedState
 
 pytestmark = pytest.mark.anyio

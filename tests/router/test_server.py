@@ -1,6 +1,6 @@
 """The router over HTTP against small real upstream servers in this process.
 
-Upstreams are ``bench.instant_upstream`` (answers at once) and small aiohttp apps
+Upstreams are ``harness.instant_upstream`` (answers at once) and small aiohttp apps
 that fail in chosen ways; real workers are exercised in test_e2e_*.py.
 """
 
@@ -16,7 +16,7 @@ import pytest
 from aiohttp import web
 from support.aio import eventually, running_router, serving
 
-from bench import instant_upstream
+from harness import instant_upstream
 from radix.keys import from_key
 from radix.openai.rendered import rendered_answer
 from radix.openai.requests import COMPLETIONS, parse_openai_request

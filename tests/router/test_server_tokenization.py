@@ -17,15 +17,15 @@ from radix.openai.requests import (
 )
 from radix.openai.sampling import SamplingBounds
 from radix.tokenizer import PromptTokenizer
-from router.config import ModelConfig, PublicPrefixSpec, TenantLimits
+from router.config import ModelSpec, PublicPrefixSpec, TenantLimits
+from router.dispatch import tokenize
 from router.front.tokenization import Models, ModelTokenizer, PublicPrefixes
-from router.server.dispatch import tokenize
 
 SYSTEM = ({"role": "system", "content": "You are a helpful assistant."},)
 
 
 def demo_model(*prefixes: PublicPrefixSpec, block_size: int = 4) -> ModelTokenizer:
-    config = ModelConfig("demo", "demo", block_size, prefixes)
+    config = ModelSpec("demo", "demo", block_size, prefixes)
     return ModelTokenizer(config, PromptTokenizer.demo())
 
 
@@ -91,7 +91,7 @@ def test_prompt_text_bound_comes_from_the_token_limit() -> None:
 
 
 def test_models_lookup() -> None:
-    models = Models.from_config({"demo": ModelConfig("demo", "demo")})
+    models = Models.from_config({"demo": ModelSpec("demo", "demo")})
     assert models.names() == ["demo"]
     assert models.get("demo").digest == PromptTokenizer.demo().digest
     with pytest.raises(ApiError) as info:
@@ -104,9 +104,9 @@ def test_models_lookup() -> None:
 
 def test_bad_tokenizer_source_names_the_model(tmp_path) -> None:
     with pytest.raises(ValueError, match="models.m: .*tokenizer.json: missing"):
-        Models.from_config({"m": ModelConfig("m", str(tmp_path))})
+        Models.from_config({"m": ModelSpec("m", str(tmp_path))})
     with pytest.raises(ValueError, match="models.m: token_ids must hold"):
-        Models.from_config({"m": ModelConfig("m", "demo", 16, (PublicPrefixSpec(
+        Models.from_config({"m": ModelSpec("m", "demo", 16, (PublicPrefixSpec(
             token_ids=(10**6,)),))})
 
 

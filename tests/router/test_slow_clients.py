@@ -11,7 +11,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from bench.procs import ManagedProcess, http_json, start_router
+from harness.procs import ManagedProcess, http_json, start_router
 from router.front.auth import hash_key
 
 pytestmark = pytest.mark.slow

@@ -14,7 +14,7 @@ from aiohttp import web
 from support.aio import eventually, running_router, serving
 from test_server import ALICE, make_config, sse_objects
 
-from bench import instant_upstream
+from harness import instant_upstream
 from radix.openai.rendered import RenderedAnswer, RenderSpec
 from radix.openai.requests import CHAT, COMPLETIONS
 from radix.openai.responses import ResponseShape, TokenUsage, sse_frame

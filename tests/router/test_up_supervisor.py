@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from bench.procs import http_json
-from bench.up_process import ADMIN_KEY, TENANT_KEYS, UpProcess, alive, all_pids, up_config
+from harness.procs import http_json
+from harness.up_process import ADMIN_KEY, TENANT_KEYS, UpProcess, alive, all_pids, up_config
 
 pytestmark = pytest.mark.slow
 POLICY = {"restart_backoff_initial_s": 0.2, "restart_backoff_max_s": 1.0, "max_crashes": 3,

@@ -1,4 +1,4 @@
-"""``router.upstream.pool`` against scripted upstream servers on loopback: bodies
+"""``router.forward.pool`` against scripted upstream servers on loopback: bodies
 framed by ``Content-Length`` and by chunks, keep-alive reuse, a connection the
 upstream closed while idle (the request goes again on a new one, once), a body cut
 short, a refused connection and the total timeout."""
@@ -11,7 +11,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 
 import pytest
 
-from router.upstream.pool import UpstreamConnectError, UpstreamError, UpstreamPool
+from router.forward.pool import UpstreamConnectError, UpstreamError, UpstreamPool
 
 pytestmark = pytest.mark.anyio
 Script = Callable[[asyncio.StreamReader, asyncio.StreamWriter, int], Awaitable[None]]

@@ -17,12 +17,12 @@ from typing import Any
 import pytest
 from test_e2e_routing import wait_for
 
-from bench.procs import ManagedProcess, http_json, start_router
-from bench.vllm_servers import SERVED_MODEL, SMOLLM2_DIR, VllmServer
+from harness.procs import ManagedProcess, http_json, start_router
+from harness.vllm_servers import SERVED_MODEL, SMOLLM2_DIR, VllmServer
 from router.front.auth import hash_key
-from router.launcher import RedisServer
+from router.up.launcher import RedisServer
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("vllm_fleet")]
 ALICE, BOB, ADMIN = "key-alice", "key-bob", "key-admin"
 BLOCK = 128
 DOCUMENT = " ".join(f"Clause {i}: the tenant shall keep the premises in good repair."

@@ -17,9 +17,9 @@ import zmq.asyncio
 from prometheus_client import CollectorRegistry
 
 from radix.keys import to_key
+from router.fleet.events.vllm.follower import Endpoints, KVEventMetrics, VllmEventFollower
+from router.fleet.events.vllm.translate import VllmTranslator
 from router.routing.index import RouterIndex
-from router.upstream.vllm.follower import Endpoints, KVEventMetrics, VllmEventFollower
-from router.upstream.vllm.translate import VllmTranslator
 from tests.support.aio import eventually
 from tests.support.vllm_publisher import VllmPublisher, chain_hashes
 

@@ -12,9 +12,8 @@ import msgspec
 import pytest
 
 from radix.keys import to_key
-from router.routing.index import RouterIndex
-from router.upstream.vllm.translate import VllmTranslator
-from router.upstream.vllm.wire import (
+from router.fleet.events.vllm.translate import VllmTranslator
+from router.fleet.events.vllm.wire import (
     AllCleared,
     BlocksRemoved,
     BlocksStored,
@@ -22,6 +21,7 @@ from router.upstream.vllm.wire import (
     block_hash,
     decode_batch,
 )
+from router.routing.index import RouterIndex
 from tests.support.vllm_publisher import chain_hashes
 
 BLOCK = 4

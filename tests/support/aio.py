@@ -14,12 +14,11 @@ from collections.abc import AsyncIterator
 
 from aiohttp import web
 
-from bench import instant_upstream
+from harness import instant_upstream
 from router.config import RouterConfig
+from router.context import Router, shared_backends
 from router.server.app import bind_socket
-from router.server.context import Router
 from router.server.serve import Listener
-from router.state.redis_state import shared_backends
 from router.state.shared_state import InProcessSharedState
 
 TEST_SECRET = b"radix-router-test-secret"
@@ -45,9 +44,9 @@ async def running_router(config: RouterConfig, wait_ready_s: float = 10.0,
                          shared: bool = False) -> AsyncIterator[tuple[str, Router]]:
     """A real router for ``config``; waits until every configured worker is ready
     (when there are any) and yields (URL, Router). With ``shared`` its limits and
-    peers are ``config.redis``'s (``shared_backends``), else in process."""
-    state, peers = shared_backends(config) if shared else (InProcessSharedState(), None)
-    router = Router.build(config, TEST_SECRET, state, peers)
+    siblings are ``config.redis``'s (``shared_backends``), else in process."""
+    state, siblings = shared_backends(config) if shared else (InProcessSharedState(), None)
+    router = Router.build(config, TEST_SECRET, state, siblings)
     sock = bind_socket("127.0.0.1", 0)
     listener = await Listener.start(router, sock)
     try:

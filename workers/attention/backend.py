@@ -59,7 +59,7 @@ def paged_attention(
         return impl.paged_decode(
             query, cache.key, cache.value, metadata.seq_lens, metadata.block_tables, scale,
             cache.k_scale, cache.v_scale,
-        )  # fmt: skip
+        )
     return impl.paged_prefill(
         query,
         cache.key,

@@ -64,7 +64,7 @@ def paged_decode(
     return paged_prefill(
         query, key_cache, value_cache, query_start_loc, seq_lens, block_tables, 1, scale,
         k_scale, v_scale,
-    )  # fmt: skip
+    )
 
 
 def paged_prefill(
@@ -89,7 +89,7 @@ def paged_prefill(
     out = _paged_prefill(
         query, key_cache, value_cache, query_start_loc, seq_lens, block_tables, max_query_len,
         scale * k_scale,
-    )  # fmt: skip
+    )
     return out if v_scale == 1.0 else out * v_scale
 
 
@@ -109,7 +109,7 @@ def _paged_prefill(
         return _split_decodes(
             query, key_cache, value_cache, query_start_loc, seq_lens, block_tables, max_query_len,
             scale, is_decode,
-        )  # fmt: skip
+        )
     seq_lens = seq_lens.long()
     keys, values, key_pos = _gather(key_cache, value_cache, block_tables, seq_lens, query.dtype)
     if max_query_len == 1:  # one query per sequence, at its last position
@@ -149,7 +149,7 @@ def _split_decodes(
     out[rows] = _paged_prefill(
         query[rows], key_cache, value_cache, decode_start_loc, seq_lens[decodes],
         block_tables[decodes], 1, scale,
-    )  # fmt: skip
+    )
     prefills = (~is_decode).nonzero().flatten()
     starts, ends = query_start_loc[prefills].long(), query_start_loc[prefills + 1].long()
     spans = zip(starts.tolist(), ends.tolist(), strict=True)
@@ -159,7 +159,7 @@ def _split_decodes(
     out[token_rows] = _paged_prefill(
         query[token_rows], key_cache, value_cache, sub_start_loc.to(query.device),
         seq_lens[prefills], block_tables[prefills], max_query_len, scale,
-    )  # fmt: skip
+    )
     return out
 
 

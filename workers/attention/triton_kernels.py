@@ -38,7 +38,7 @@ def _store_kv_kernel(
     stride_kt, stride_kh, stride_vt, stride_vh,
     NUM_KV_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr,
     HEADS_P: tl.constexpr, DIM_P: tl.constexpr, FP8_MAX: tl.constexpr,
-):  # fmt: skip
+):
     token = tl.program_id(0).to(tl.int64)
     slot = tl.load(slot_ptr + token).to(tl.int64)
     heads = tl.arange(0, HEADS_P)[:, None]
@@ -61,7 +61,7 @@ def _attend_tile(
     stride_cb, stride_cs, stride_ch,
     HEAD_DIM: tl.constexpr, BLOCK_SIZE: tl.constexpr, DIM_P: tl.constexpr,
     BLOCK_N: tl.constexpr, PRECISION: tl.constexpr,
-):  # fmt: skip
+):
     """One online-softmax step of a row tile over keys [tile_start, tile_start + BLOCK_N).
 
     Each key finds its page through the block table, so a tile may span several
@@ -78,7 +78,7 @@ def _attend_tile(
     k_t = tl.load(
         key_cache_ptr + kv_offsets[None, :] + dims[:, None],
         mask=dim_ok[:, None] & in_seq[None, :], other=0.0,
-    ).to(q.dtype)  # fmt: skip
+    ).to(q.dtype)
     scores = tl.dot(q, k_t, input_precision=PRECISION) * qk_scale
     visible = (key_pos[None, :] <= query_pos[:, None]) & in_seq[None, :]
     scores = tl.where(visible, scores, float("-inf"))
@@ -89,7 +89,7 @@ def _attend_tile(
     v = tl.load(
         value_cache_ptr + kv_offsets[:, None] + dims[None, :],
         mask=in_seq[:, None] & dim_ok[None, :], other=0.0,
-    ).to(q.dtype)  # fmt: skip
+    ).to(q.dtype)
     acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
     return acc, m_new, l_i * alpha + tl.sum(p, 1)
 
@@ -103,7 +103,7 @@ def _paged_prefill_kernel(
     GROUP: tl.constexpr, GROUP_P: tl.constexpr, HEAD_DIM: tl.constexpr, DIM_P: tl.constexpr,
     BLOCK_SIZE: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_N: tl.constexpr,
     PRECISION: tl.constexpr,
-):  # fmt: skip
+):
     seq = tl.program_id(0)
     tile = tl.program_id(1)
     kv_head = tl.program_id(2)
@@ -133,7 +133,7 @@ def _paged_prefill_kernel(
             q, acc, m_i, l_i, key_cache_ptr, value_cache_ptr, block_table_ptr, tile_start,
             kv_head, query_pos, seq_len, qk_scale, stride_cb, stride_cs, stride_ch,
             HEAD_DIM, BLOCK_SIZE, DIM_P, BLOCK_N, PRECISION,
-        )  # fmt: skip
+        )
     out = acc * v_scale / tl.where(l_i == 0.0, 1.0, l_i)[:, None]
     o_offsets = (query_start + token)[:, None].to(tl.int64) * stride_ot + head[:, None] * stride_oh
     tl.store(out_ptr + o_offsets + dims[None, :], out.to(out_ptr.dtype.element_ty), mask=io_mask)
@@ -148,7 +148,7 @@ def _paged_decode_kernel(
     NUM_HEADS: tl.constexpr, NUM_SPLITS: tl.constexpr,
     GROUP: tl.constexpr, GROUP_P: tl.constexpr, HEAD_DIM: tl.constexpr, DIM_P: tl.constexpr,
     BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr, PRECISION: tl.constexpr,
-):  # fmt: skip
+):
     seq = tl.program_id(0)
     kv_head = tl.program_id(1)
     split = tl.program_id(2)
@@ -173,7 +173,7 @@ def _paged_decode_kernel(
             q, acc, m_i, l_i, key_cache_ptr, value_cache_ptr, block_table_ptr, tile_start,
             kv_head, query_pos, seq_len, qk_scale, stride_cb, stride_cs, stride_ch,
             HEAD_DIM, BLOCK_SIZE, DIM_P, BLOCK_N, PRECISION,
-        )  # fmt: skip
+        )
     acc = acc * v_scale
     if NUM_SPLITS == 1:
         out = acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]
@@ -191,7 +191,7 @@ def _decode_reduce_kernel(
     out_ptr, part_acc_ptr, part_ml_ptr, stride_ot, stride_oh,
     NUM_HEADS: tl.constexpr, NUM_SPLITS: tl.constexpr, SPLITS_P: tl.constexpr,
     HEAD_DIM: tl.constexpr, DIM_P: tl.constexpr,
-):  # fmt: skip
+):
     seq = tl.program_id(0)
     head = tl.program_id(1)
     splits = tl.arange(0, SPLITS_P)
@@ -207,7 +207,7 @@ def _decode_reduce_kernel(
     weight = tl.where(m == float("-inf"), 0.0, tl.exp2(m - m_max))
     out = tl.sum(acc * weight[:, None], 0) / tl.sum(l_part * weight, 0)
     tl.store(out_ptr + seq * stride_ot + head * stride_oh + dims, out.to(out_ptr.dtype.element_ty),
-             mask=dims < HEAD_DIM)  # fmt: skip
+             mask=dims < HEAD_DIM)
 
 
 def store_kv(
@@ -225,7 +225,7 @@ def store_kv(
     num_kv_heads, head_dim = key_cache.shape[2:]
     for name, tensor in (("key", key), ("value", value)):
         _check(tensor.dim() == 3 and tuple(tensor.shape[1:]) == (num_kv_heads, head_dim),
-               f"{name} must be [T, {num_kv_heads}, {head_dim}], got {tuple(tensor.shape)}")  # fmt: skip
+               f"{name} must be [T, {num_kv_heads}, {head_dim}], got {tuple(tensor.shape)}")
         _check(
             tensor.dtype == key_cache.dtype or key_cache.dtype in _FP8_DTYPES,
             f"{name} dtype {tensor.dtype} != cache {key_cache.dtype}",
@@ -233,7 +233,7 @@ def store_kv(
         _check(tensor.stride(2) == 1, f"{name} must have a unit stride on head_dim")
         _check(tensor.device == key_cache.device, f"{name} is not on the cache's device")
     _check(slot_mapping.dtype == torch.int64 and slot_mapping.shape == (key.shape[0],),
-           "slot_mapping must be int64 [T]")  # fmt: skip
+           "slot_mapping must be int64 [T]")
     _check(value.shape[0] == key.shape[0], "key and value must have the same number of tokens")
     if key.shape[0] == 0:
         return
@@ -245,7 +245,7 @@ def store_kv(
         NUM_KV_HEADS=num_kv_heads, HEAD_DIM=head_dim,
         HEADS_P=triton.next_power_of_2(num_kv_heads), DIM_P=triton.next_power_of_2(head_dim),
         FP8_MAX=fp8_max,
-    )  # fmt: skip
+    )
 
 
 def paged_prefill(
@@ -271,10 +271,10 @@ def paged_prefill(
     group = _check_attention(query, key_cache, value_cache, seq_lens, block_tables, block_n)
     _check_scales(key_cache, k_scale, v_scale)
     _check(query_start_loc.dtype == torch.int32 and query_start_loc.shape == (seq_lens.shape[0] + 1,),
-           "query_start_loc must be int32 [B + 1]")  # fmt: skip
+           "query_start_loc must be int32 [B + 1]")
     out = torch.empty_like(query)
     _check(rows_per_tile >= 16 and rows_per_tile & (rows_per_tile - 1) == 0,
-           "rows_per_tile must be a power of two >= 16")  # fmt: skip
+           "rows_per_tile must be a power of two >= 16")
     group_p = triton.next_power_of_2(group)
     block_q = max(1, rows_per_tile // group_p)
     block_size, num_kv_heads, head_dim = key_cache.shape[1:]
@@ -286,7 +286,7 @@ def paged_prefill(
         GROUP=group, GROUP_P=group_p, HEAD_DIM=head_dim,
         DIM_P=max(16, triton.next_power_of_2(head_dim)), BLOCK_SIZE=block_size, BLOCK_Q=block_q,
         BLOCK_N=block_n, PRECISION=_precision(query.dtype),
-    )  # fmt: skip
+    )
     return out
 
 
@@ -330,13 +330,13 @@ def paged_decode(
         NUM_HEADS=num_heads, NUM_SPLITS=num_splits, GROUP=group,
         GROUP_P=max(16, triton.next_power_of_2(group)), HEAD_DIM=head_dim, DIM_P=dim_p,
         BLOCK_SIZE=block_size, BLOCK_N=block_n, PRECISION=_precision(query.dtype),
-    )  # fmt: skip
+    )
     if num_splits > 1:
         _decode_reduce_kernel[(num_seqs, num_heads)](
             out, part_acc, part_ml, out.stride(0), out.stride(1),
             NUM_HEADS=num_heads, NUM_SPLITS=num_splits,
             SPLITS_P=triton.next_power_of_2(num_splits), HEAD_DIM=head_dim, DIM_P=dim_p,
-        )  # fmt: skip
+        )
     return out
 
 
@@ -352,36 +352,36 @@ def _check_attention(
     _check_cache(key_cache, value_cache)
     num_kv_heads, head_dim = key_cache.shape[2:]
     _check(query.dim() == 3 and query.shape[2] == head_dim,
-           f"query must be [T, num_heads, {head_dim}], got {tuple(query.shape)}")  # fmt: skip
+           f"query must be [T, num_heads, {head_dim}], got {tuple(query.shape)}")
     _check(query.shape[1] % num_kv_heads == 0,
-           f"{query.shape[1]} query heads are not a multiple of {num_kv_heads} KV heads")  # fmt: skip
+           f"{query.shape[1]} query heads are not a multiple of {num_kv_heads} KV heads")
     _check(query.dtype in _DTYPES, f"query dtype must be one of {_DTYPES}")
     _check(query.dtype == key_cache.dtype or key_cache.dtype in _FP8_DTYPES,
-           f"query dtype {query.dtype} != cache {key_cache.dtype}")  # fmt: skip
+           f"query dtype {query.dtype} != cache {key_cache.dtype}")
     _check(query.stride(2) == 1, "query must have a unit stride on head_dim")
     _check(query.device == key_cache.device, "query is not on the cache's device")
     _check(seq_lens.dtype == torch.int32 and seq_lens.dim() == 1, "seq_lens must be int32 [B]")
     _check(block_tables.dtype == torch.int32 and block_tables.dim() == 2
            and block_tables.shape[0] == seq_lens.shape[0] and block_tables.stride(1) == 1,
-           "block_tables must be int32 [B, max_blocks] with unit stride on blocks")  # fmt: skip
+           "block_tables must be int32 [B, max_blocks] with unit stride on blocks")
     _check(block_n >= 16 and block_n & (block_n - 1) == 0,
-           f"block_n must be a power of two >= 16, got {block_n}")  # fmt: skip
+           f"block_n must be a power of two >= 16, got {block_n}")
     return query.shape[1] // num_kv_heads
 
 
 def _check_cache(key_cache: torch.Tensor, value_cache: torch.Tensor) -> None:
     _check(key_cache.dim() == 4, "caches must be [num_blocks, block_size, num_kv_heads, head_dim]")
     _check(key_cache.shape == value_cache.shape and key_cache.dtype == value_cache.dtype,
-           "key and value caches must have the same shape and dtype")  # fmt: skip
+           "key and value caches must have the same shape and dtype")
     _check(key_cache.is_contiguous() and value_cache.is_contiguous(), "caches must be contiguous")
     _check(key_cache.dtype in _DTYPES + _FP8_DTYPES,
-           f"cache dtype must be one of {_DTYPES + _FP8_DTYPES}")  # fmt: skip
+           f"cache dtype must be one of {_DTYPES + _FP8_DTYPES}")
 
 
 def _check_scales(key_cache: torch.Tensor, k_scale: float, v_scale: float) -> None:
     _check(k_scale > 0 and v_scale > 0, "k_scale and v_scale must be positive")
     _check(key_cache.dtype in _FP8_DTYPES or k_scale == v_scale == 1.0,
-           "k_scale and v_scale other than 1.0 need an FP8 cache")  # fmt: skip
+           "k_scale and v_scale other than 1.0 need an FP8 cache")
 
 
 def _precision(dtype: torch.dtype) -> str:

@@ -170,22 +170,22 @@ def _checkpoint_backend(config: WorkerConfig, device: torch.device) -> _Backend:
     shapes = BaseShapes.llama(
         model_config.num_hidden_layers, model_config.hidden_size, model_config.intermediate_size,
         model_config.num_attention_heads, model_config.num_key_value_heads,
-        model_config.head_dim, dtype.itemsize)  # fmt: skip
+        model_config.head_dim, dtype.itemsize)
     # The slots before the KV budget: on CUDA it is what memory torch does not hold yet.
     slots = (LoraWeights(shapes, config.lora.max_loras, config.lora.max_lora_rank, dtype, device)
-             if config.lora.enable else None)  # fmt: skip
+             if config.lora.enable else None)
 
     def make_runner(tensors: KVCacheTensors, scales: KVScales,
-                    loader: SlotLoader | None) -> ModelRunner:  # fmt: skip
+                    loader: SlotLoader | None) -> ModelRunner:
         lora = loader if isinstance(loader, LoraWeights) else None
         return ModelRunner(loaded.model, tensors.key_caches, tensors.value_caches,
-                           spec.block_size, scales, lora)  # fmt: skip
+                           spec.block_size, scales, lora)
 
     return _Backend(
         loaded.tokenizer, loaded.weights_digest, model_config.rope_fingerprint(),
         model_config.vocab_size, model_config.max_position_embeddings, spec, spec,
         kv_budget(config, device, loaded.model, spec, model_config.max_position_embeddings),
-        make_runner, str(path), shapes, slots, True)  # fmt: skip
+        make_runner, str(path), shapes, slots, True)
 
 
 def _timed_backend(profile: Profile, config: WorkerConfig) -> _Backend:
@@ -204,7 +204,7 @@ def _timed_backend(profile: Profile, config: WorkerConfig) -> _Backend:
                                                     time_scale=config.model.time_scale),
         f"timed profile {profile.name} ({profile.model})", timed_lora_shapes(profile),
         TimedSlotLoader(profile, config.model.time_scale) if config.lora.enable else None,
-        False)  # fmt: skip
+        False)
 
 
 def build_worker(config: WorkerConfig, worker_id: str, secret: bytes) -> BuiltWorker:
@@ -215,7 +215,7 @@ def build_worker(config: WorkerConfig, worker_id: str, secret: bytes) -> BuiltWo
         torch.set_num_threads(config.model.num_threads)
     profile = timed_profile(config.model.name)
     backend = (_checkpoint_backend(config, device) if profile is None
-               else _timed_backend(profile, config))  # fmt: skip
+               else _timed_backend(profile, config))
     served_names = config.model.served_names
     spec = backend.spec
     plan = plan_kv_cache(spec, backend.kv_budget.num_bytes, sizing_rule=backend.kv_budget.rule)
@@ -232,17 +232,17 @@ def build_worker(config: WorkerConfig, worker_id: str, secret: bytes) -> BuiltWo
         num_host_blocks=num_host_blocks, secret=secret, watermark=config.kv.watermark,
         host_ttl_s=config.kv.host_ttl_s, num_disk_blocks=num_disk_blocks,
         disk_dir=None if config.kv.disk_cache_dir is None else Path(config.kv.disk_cache_dir),
-    )  # fmt: skip
+    )
     if num_host_blocks and not disable_core_dumps():
         log.warning("host KV tier on, but the process could not be marked not dumpable")
     model_limit = backend.max_positions
     max_model_len = min(config.model.max_model_len or model_limit, model_limit, plan.num_tokens)
     registry = CollectorRegistry()
     lora = build_lora(config.lora, backend.lora_shapes, backend.loader, backend.needs_weights,
-                      namespace, secret, registry)  # fmt: skip
+                      namespace, secret, registry)
     runner = backend.make_runner(manager.tensors, scales, backend.loader)
     engine = Engine(manager, runner, backend.tokenizer, config.engine, max_model_len,
-                    EngineMetrics(registry), lora.slots, spec.dtype)  # fmt: skip
+                    EngineMetrics(registry), lora.slots, spec.dtype)
     max_in_flight = config.engine.max_num_seqs + config.engine.max_waiting_requests
     async_engine = AsyncEngine(engine, KVEventFeed(manager), max_in_flight)
     register_stats(registry, lambda: async_engine.stats)
@@ -264,9 +264,9 @@ def build_worker(config: WorkerConfig, worker_id: str, secret: bytes) -> BuiltWo
     if num_disk_blocks:
         log.info("disk KV tier: %d blocks in %s (AES-256-GCM), %d taken back from a previous "
                  "run", num_disk_blocks, config.kv.disk_cache_dir,
-                 manager.stats().disk.num_disk_blocks_used)  # fmt: skip
+                 manager.stats().disk.num_disk_blocks_used)
     return BuiltWorker(identity, async_engine, backend.tokenizer, registry, config.engine,
-                       config.kv.prefix_cache, lora)  # fmt: skip
+                       config.kv.prefix_cache, lora)
 
 
 def _tier_blocks(field: str, num_bytes: int, spec: KVCacheSpec) -> int:
@@ -275,29 +275,29 @@ def _tier_blocks(field: str, num_bytes: int, spec: KVCacheSpec) -> int:
     num_blocks = num_bytes // spec.kv_bytes_per_block
     if num_bytes and not num_blocks:
         raise ValueError(f"kv.{field}={num_bytes} holds no block of "
-                         f"{spec.kv_bytes_per_block} bytes")  # fmt: skip
+                         f"{spec.kv_bytes_per_block} bytes")
     return num_blocks
 
 
 def _log_plan(identity: WorkerIdentity, source: str, device: torch.device,
               config: WorkerConfig, num_host_blocks: int) -> None:
     log.info("model %s from %s on %s (max_model_len %d)", ", ".join(identity.served_model_names),
-             source, device, identity.max_model_len)  # fmt: skip
+             source, device, identity.max_model_len)
     log.info("KV plan:\n%s", describe(identity.kv_plan, None))
     log.info("KV cache dtype %s, scales: %s", identity.kv_plan.spec.dtype,
-             identity.kv_scales.describe())  # fmt: skip
+             identity.kv_scales.describe())
     ttl = config.kv.host_ttl_s
     log.info("host KV tier: %s", f"{num_host_blocks} blocks (AES-256-GCM, TTL "
              f"{'none' if ttl is None else f'{ttl:g} s'}, core dumps off)" if num_host_blocks
-             else "off")  # fmt: skip
+             else "off")
     log.info("namespace fingerprint %s (prefix cache %s)", identity.namespace_digest,
-             "on" if config.kv.prefix_cache else "off")  # fmt: skip
+             "on" if config.kv.prefix_cache else "off")
 
 
 def cache_namespace(
     served_name: str, weights_digest: str, tokenizer: PromptTokenizer,
     rope: Mapping[str, object], spec: KVCacheSpec, scales: KVScales,
-) -> CacheNamespace:  # fmt: skip
+) -> CacheNamespace:
     """What makes this worker's KV blocks mean what they mean (no adapter yet): the
     KV dtype and, for FP8, the scale file's digest are part of it."""
     return CacheNamespace(
@@ -332,7 +332,7 @@ def kv_scales(spec: KVCacheSpec, scales_file: str | None, weights_digest: str) -
         return load_scales(scales_file, spec.dtype, spec.num_layers, weights_digest)
     if spec.is_fp8:
         log.warning("KV cache dtype %s without a scales file: unit scales (run "
-                    "python -m workers.kv.calibrate)", spec.dtype)  # fmt: skip
+                    "python -m workers.model.calibrate)", spec.dtype)
     return KVScales.unit(spec.num_layers)
 
 

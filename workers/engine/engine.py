@@ -104,7 +104,7 @@ class Engine:
                                           "registered on this worker") from None
         self._requests[request_id] = state
         seq = self._new_sequence(state, 0, list(request.prompt_token_ids),
-                                 request.prompt_key or b"")  # fmt: skip
+                                 request.prompt_key or b"")
         self.scheduler.add(seq)
 
     def abort_request(self, request_id: int) -> None:
@@ -303,7 +303,7 @@ class Engine:
         family = [parent]
         for index in range(1, state.request.params.n):
             child = self._new_sequence(state, index, list(parent.token_ids),
-                                       parent.key(len(parent.token_ids)))  # fmt: skip
+                                       parent.key(len(parent.token_ids)))
             self.manager.fork(parent.seq_id, child.seq_id)
             self.scheduler.add_running(child)
             family.append(child)

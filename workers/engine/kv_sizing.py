@@ -53,7 +53,7 @@ def profile_peak_activation(model: LlamaForCausalLM, spec: KVCacheSpec, num_toke
     num_blocks = math.ceil(num_tokens / spec.block_size)
     tensors = KVCacheTensors(spec, num_blocks, device)
     runner = ModelRunner(model, tensors.key_caches, tensors.value_caches, spec.block_size,
-                         KVScales.unit(spec.num_layers))  # fmt: skip
+                         KVScales.unit(spec.num_layers))
     torch.cuda.synchronize(device)
     torch.cuda.reset_peak_memory_stats(device)
     before = torch.cuda.memory_allocated(device)

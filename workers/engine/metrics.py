@@ -24,10 +24,10 @@ from workers.kv.manager import KVCacheManager
 _LATENCY_BUCKETS = (
     0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.15, 0.2, 0.3, 0.5,
     0.75, 1.0, 1.5, 2.0, 3.0, 5.0, 10.0, 20.0, 40.0,
-)  # fmt: skip
+)
 _TOKEN_COUNT_BUCKETS = (
     1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 10000, 20000, 50000, 100000,
-)  # fmt: skip
+)
 # Upper bounds (tokens) of the ``prompt_len_bucket`` label of the TTFT histogram.
 PROMPT_LEN_BOUNDS = (128, 512, 2048, 8192, 32768)
 

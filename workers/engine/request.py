@@ -67,7 +67,7 @@ class GenerationRequest:
         key = self.prompt_key
         if key is not None and len(key) != TOKEN_BYTES * len(self.prompt_token_ids):
             raise ValueError(f"prompt_key has {len(key)} bytes for "
-                             f"{len(self.prompt_token_ids)} prompt tokens")  # fmt: skip
+                             f"{len(self.prompt_token_ids)} prompt tokens")
 
 
 @dataclass(frozen=True)

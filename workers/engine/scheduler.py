@@ -66,7 +66,7 @@ class Scheduler:
 
     def __init__(self, manager: KVCacheManager, config: EngineConfig,
                  adapters: AdapterSlots | None = None,
-                 on_load_failure: Callable[[RequestState], None] | None = None) -> None:  # fmt: skip
+                 on_load_failure: Callable[[RequestState], None] | None = None) -> None:
         self._manager = manager
         self._config = config
         self._adapters = adapters or AdapterSlots.disabled()
@@ -222,7 +222,7 @@ class Scheduler:
         num_cached = manager.admit(
             seq.seq_id, seq.key(len(seq.token_ids)), request.scope,
             request.num_public_tokens, request.max_cached_tokens, state.namespace,
-        )  # fmt: skip
+        )
         state.num_admission_evicted_blocks += manager.num_evicted_blocks_total - evicted_before
         if num_cached is not None and state.num_cached_tokens is None:
             state.num_cached_tokens = num_cached

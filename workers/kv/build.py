@@ -73,7 +73,7 @@ def build_kv_cache_manager(
 
         def make_cache(digest: bytes) -> PrefixCache:
             return RadixPrefixCache(pool, BlockHasher(digest, hash_algorithm),
-                                    log.for_namespace(digest))  # fmt: skip
+                                    log.for_namespace(digest))
     elif num_host_blocks or num_disk_blocks:
         raise ValueError("host and disk tiers need the prefix cache")
     else:

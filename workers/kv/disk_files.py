@@ -68,7 +68,7 @@ def encode(record: DiskRecord, sealer: BlockSealer) -> bytes:
         MAGIC, struct.pack(">H", len(scope)), scope,
         struct.pack(">H", len(record.block_hash)), record.block_hash,
         struct.pack(">I", len(sealed_meta)), sealed_meta, record.sealed_kv,
-    ))  # fmt: skip
+    ))
 
 
 def decode(data: bytes, sealer: BlockSealer) -> DiskRecord | None:
@@ -93,7 +93,7 @@ def decode(data: bytes, sealer: BlockSealer) -> DiskRecord | None:
     return DiskRecord(
         BlockHash(block_hash), scope, arrival, expires_at or None,
         BlockHash(parent) if parent else None, tokens, data[at:],
-    )  # fmt: skip
+    )
 
 
 def _field(data: bytes, at: int, length_format: str) -> tuple[bytes, int]:

@@ -173,7 +173,7 @@ class FileDiskTier(DiskTier):
     """Up to ``num_blocks`` sealed block files under ``root/<namespace digest hex>``."""
 
     def __init__(self, root: Path, num_blocks: int, tensors: KVCacheTensors, sealer: BlockSealer,
-                 namespace_digest: bytes) -> None:  # fmt: skip
+                 namespace_digest: bytes) -> None:
         if num_blocks <= 0:
             raise ValueError(f"num_blocks must be positive, got {num_blocks}")
         self.num_blocks = num_blocks
@@ -204,7 +204,7 @@ class FileDiskTier(DiskTier):
                 record = self._read(path)
                 if record is None or self._sealer.open(
                     record.scope, record.block_hash, record.sealed_kv
-                ) is None:  # fmt: skip
+                ) is None:
                     self._num_failures += 1
                     path.unlink(missing_ok=True)
                 else:
@@ -220,7 +220,7 @@ class FileDiskTier(DiskTier):
             log.info("disk tier over its budget after the scan: dropped %s", block_hash.hex())
         if records or self._num_failures:
             log.info("disk tier %s: kept %d blocks, dropped %d that failed authentication",
-                     self.directory, len(self._entries), self._num_failures)  # fmt: skip
+                     self.directory, len(self._entries), self._num_failures)
 
     def _read(self, path: Path) -> DiskRecord | None:
         """The record in ``path`` if it reads and its meta authenticates under the
@@ -245,14 +245,14 @@ class FileDiskTier(DiskTier):
         entries returned, as drops."""
         entry = DiskEntry(block.scope, block.parent, block.tokens, block.expires_at)
         record = DiskRecord(block_hash, block.scope, self._next_arrival, block.expires_at,
-                            block.parent, block.tokens, block.sealed)  # fmt: skip
+                            block.parent, block.tokens, block.sealed)
         self._entries.pop(block_hash, None)
         self._writer.write(block_hash, encode(record, self._sealer))
         self._next_arrival += 1
         self._entries[block_hash] = entry
         self._next_expiry = min(self._next_expiry, entry.expires_at or math.inf)
         failed = [(h, e) for h in self._writer.failed()
-                  if (e := self._entries.pop(h, None)) is not None]  # fmt: skip
+                  if (e := self._entries.pop(h, None)) is not None]
         return failed + self._drop_over_budget()
 
     def _drop_over_budget(self) -> list[tuple[BlockHash, DiskEntry]]:
@@ -277,11 +277,11 @@ class FileDiskTier(DiskTier):
             return None
         name, queued = file_name(block_hash), self._writer.pending(block_hash)
         record = (self._read(self.directory / name) if queued is None
-                  else self._record(queued, name))  # fmt: skip
+                  else self._record(queued, name))
         data = None
         if record is not None and DiskEntry(
             record.scope, record.parent, record.tokens, record.expires_at
-        ) == entry:  # fmt: skip
+        ) == entry:
             data = self._sealer.open(entry.scope, block_hash, record.sealed_kv)
         self._unlink(block_hash)
         if data is None:
@@ -305,12 +305,12 @@ class FileDiskTier(DiskTier):
         if now < self._next_expiry:
             return []
         expired = [(h, e) for h, e in self._entries.items()
-                   if e.expires_at is not None and e.expires_at <= now]  # fmt: skip
+                   if e.expires_at is not None and e.expires_at <= now]
         for block_hash, _ in expired:
             del self._entries[block_hash]
             self._unlink(block_hash)
         self._next_expiry = min((e.expires_at for e in self._entries.values()
-                                 if e.expires_at is not None), default=math.inf)  # fmt: skip
+                                 if e.expires_at is not None), default=math.inf)
         return expired
 
     def _unlink(self, block_hash: BlockHash) -> None:

@@ -100,7 +100,7 @@ class KVEventLog:
         namespace: str | None,
     ) -> KVEvent:
         return KVEvent(self.worker_id, self.epoch, seq, kind, namespace or self.namespace, scope,
-                       tuple(blocks), medium)  # fmt: skip
+                       tuple(blocks), medium)
 
 
 class NamespaceEventLog(KVEventLog):

@@ -44,11 +44,11 @@ class HostLink:
     def __init__(
         self, host: HostTier, pool: BlockPool, chainer: BlockChainer, event_log: KVEventLog,
         disk: DiskTier | None = None,
-    ) -> None:  # fmt: skip
+    ) -> None:
         self.host = host
         self.disk = disk or NullDiskTier()
         self._tiers: tuple[tuple[HostTier | DiskTier, Medium], ...] = (
-            (self.host, "host"), (self.disk, "disk"))  # fmt: skip
+            (self.host, "host"), (self.disk, "disk"))
         if self.disk.enabled and not host.enabled:
             raise ValueError("a disk tier needs a host tier")
         self._pool = pool
@@ -70,7 +70,7 @@ class HostLink:
             dropped += self.host.put(
                 BlockHash(bytes.fromhex(block.hash)), scope, parent, to_key(block.tokens or ()),
                 slots,
-            )  # fmt: skip
+            )
         self._emit("stored", [(scope, block) for block, _ in blocks], "host")
         self._move_to_disk(dropped)
 
@@ -167,7 +167,7 @@ class HostLink:
         ]
 
     def _emit(self, kind: EventType, blocks: Sequence[tuple[str, EventBlock]], medium: Medium
-              ) -> None:  # fmt: skip
+              ) -> None:
         by_scope: dict[str, list[EventBlock]] = {}
         for scope, block in blocks:
             by_scope.setdefault(scope, []).append(block)
@@ -176,7 +176,7 @@ class HostLink:
 
 
 def _scoped(entries: Sequence[tuple[BlockHash, HostBlock | DiskEntry]]
-            ) -> list[tuple[str, EventBlock]]:  # fmt: skip
+            ) -> list[tuple[str, EventBlock]]:
     return [(entry.scope, _event_block(block_hash, entry)) for block_hash, entry in entries]
 
 

@@ -70,7 +70,7 @@ class HostTier(ABC):
     def put(
         self, block_hash: BlockHash, scope: str, parent: BlockHash | None, tokens: bytes,
         slots: Sequence[int],
-    ) -> list[tuple[BlockHash, HostBlock]]:  # fmt: skip
+    ) -> list[tuple[BlockHash, HostBlock]]:
         """Copy the K/V at device ``slots`` (one block's positions) into the pool as
         ``block_hash`` of ``scope``. Returns the entries dropped to make room, oldest
         first (with the null tier: none, and nothing is kept)."""
@@ -120,7 +120,7 @@ class NullHostTier(HostTier):
     def put(
         self, block_hash: BlockHash, scope: str, parent: BlockHash | None, tokens: bytes,
         slots: Sequence[int],
-    ) -> list[tuple[BlockHash, HostBlock]]:  # fmt: skip
+    ) -> list[tuple[BlockHash, HostBlock]]:
         """Keeps nothing."""
         return []
 
@@ -176,7 +176,7 @@ class HostMemoryTier(HostTier):
     def put(
         self, block_hash: BlockHash, scope: str, parent: BlockHash | None, tokens: bytes,
         slots: Sequence[int],
-    ) -> list[tuple[BlockHash, HostBlock]]:  # fmt: skip
+    ) -> list[tuple[BlockHash, HostBlock]]:
         """See ``HostTier.put``; a hash already present is refreshed, not duplicated."""
         data = self._tensors.read_slots(slots)
         sealed = self._sealer.seal(scope, block_hash, data)

@@ -107,7 +107,7 @@ class KVCacheManager:
     def __init__(
         self, pool: BlockPool, tensors: KVCacheTensors, prefix_cache: PrefixCache,
         num_watermark_blocks: int = 0, make_cache: Callable[[bytes], PrefixCache] | None = None,
-    ):  # fmt: skip
+    ):
         if pool.num_total_blocks != tensors.num_blocks or pool.block_size != tensors.block_size:
             raise ValueError("pool and tensors disagree on num_blocks or block_size")
         if not 0 <= num_watermark_blocks < pool.num_total_blocks:

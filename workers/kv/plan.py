@@ -25,7 +25,7 @@ _UNITS = {
     "": 1, "b": 1,
     "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
     "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40,
-}  # fmt: skip
+}
 
 
 @dataclass(frozen=True)
@@ -80,7 +80,7 @@ def gpu_kv_budget(total_bytes: int, fraction: float, weights_bytes: int,
         raise ValueError(
             f"gpu_memory_utilization {fraction} of {format_bytes(total_bytes)} leaves no KV "
             f"memory after {format_bytes(weights_bytes)} of weights and "
-            f"{format_bytes(peak_activation_bytes)} of peak activation")  # fmt: skip
+            f"{format_bytes(peak_activation_bytes)} of peak activation")
     return budget
 
 

@@ -224,7 +224,7 @@ class RadixPrefixCache(PrefixCache):
             self._link.demote(node.scope, [
                 (block, self._path_slots(node, end - block_size, end))
                 for end, block in zip(ends, blocks, strict=False)  # the full blocks come first
-            ])  # fmt: skip
+            ])
         num_freed = 0
         for block, count in self._runs(node):
             num_freed += self._pool.unref_tree_slots(block, count)

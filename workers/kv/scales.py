@@ -1,7 +1,7 @@
 """Per-layer K and V scales of an FP8 KV cache, and the calibration file they come from.
 
 An FP8 cache stores ``x / scale`` (saturated to the format's range) and attention
-reads ``stored * scale``. A calibration file (written by ``workers.kv.calibrate``)
+reads ``stored * scale``. A calibration file (written by ``workers.model.calibrate``)
 records, per layer, the largest absolute K and V value seen over a prompt set, the
 model's weights digest, the prompt set's digest and a sha256 of its own canonical
 content; the scale of a layer is that maximum over the format's largest finite

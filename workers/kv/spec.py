@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 ELEMENT_BYTES = {
     "float32": 4, "float16": 2, "bfloat16": 2, "float8_e4m3fn": 1, "float8_e5m2": 1,
-}  # fmt: skip
+}
 FP8_DTYPES = ("float8_e4m3fn", "float8_e5m2")
 DTYPE_ALIASES = {
     "fp32": "float32",

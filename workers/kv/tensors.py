@@ -90,7 +90,7 @@ class KVCacheTensors:
         index = torch.tensor(list(slots), dtype=torch.long, device=self.device)
         gathered = self._raw.flatten(2, 3).index_select(2, index)
         staging = torch.empty(gathered.shape, dtype=torch.uint8,
-                              pin_memory=self.device.type == "cuda")  # fmt: skip
+                              pin_memory=self.device.type == "cuda")
         staging.copy_(gathered)
         return staging.numpy().tobytes()
 

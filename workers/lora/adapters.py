@@ -71,7 +71,7 @@ class AdapterSlots:
 
     def __init__(self, max_loras: int, loader: SlotLoader | None,
                  namespace_of: Callable[[AdapterSpec], bytes],
-                 on_load: Callable[[float], None] = lambda seconds: None) -> None:  # fmt: skip
+                 on_load: Callable[[float], None] = lambda seconds: None) -> None:
         self.max_loras = max_loras
         self._loader = loader
         self._namespace_of = namespace_of
@@ -210,7 +210,7 @@ class AdapterSlots:
     def _publish(self) -> None:
         self.published = tuple(
             AdapterInfo(name, a.spec.digest, a.namespace.hex(), a.slot is not None, a.spec.path)
-            for name, a in self._adapters.items() if not a.removed)  # fmt: skip
+            for name, a in self._adapters.items() if not a.removed)
 
     def check_invariants(self) -> None:
         """Slots and LRU agree with the adapters; no count is negative."""

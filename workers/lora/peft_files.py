@@ -31,7 +31,7 @@ MLP_MODULES = ("gate_proj", "up_proj", "down_proj")
 TARGET_MODULES = ATTENTION_MODULES + MLP_MODULES
 # PEFT fields that change the arithmetic and are not supported: their neutral values.
 _NEUTRAL = {"use_dora": False, "bias": "none", "layers_to_transform": None,
-            "rank_pattern": {}, "alpha_pattern": {}, "modules_to_save": None}  # fmt: skip
+            "rank_pattern": {}, "alpha_pattern": {}, "modules_to_save": None}
 
 
 class AdapterError(ValueError):
@@ -60,7 +60,7 @@ class BaseShapes:
             "q_proj": (hidden, q), "k_proj": (hidden, kv), "v_proj": (hidden, kv),
             "o_proj": (q, hidden), "gate_proj": (hidden, intermediate),
             "up_proj": (hidden, intermediate), "down_proj": (intermediate, hidden),
-        }, bytes_per_element)  # fmt: skip
+        }, bytes_per_element)
 
 
 @dataclass(frozen=True)
@@ -109,7 +109,7 @@ def read_adapter(name: str, path: str | Path, shapes: BaseShapes, max_rank: int,
     num_elements = sum(rank * sum(shapes.projections[m]) for m in targets) * shapes.num_layers
     return AdapterSpec(name, str(directory), rank, scale, targets,
                        str(weights_path) if weights_path.exists() else None, digest.hexdigest(),
-                       num_elements * shapes.bytes_per_element)  # fmt: skip
+                       num_elements * shapes.bytes_per_element)
 
 
 def _check_config(config: dict, shapes: BaseShapes, max_rank: int
@@ -133,11 +133,11 @@ def _check_config(config: dict, shapes: BaseShapes, max_rank: int
         targets = [targets]
     if not isinstance(targets, list) or not targets or not all(isinstance(t, str) for t in targets):
         raise AdapterError("target_modules must be a non-empty list of module names",
-                           "target_modules")  # fmt: skip
+                           "target_modules")
     unknown = sorted(set(targets) - set(shapes.projections))
     if unknown:
         raise AdapterError(f"target_modules {unknown} are not among this model's projections "
-                           f"{sorted(shapes.projections)}", "target_modules")  # fmt: skip
+                           f"{sorted(shapes.projections)}", "target_modules")
     scale = alpha / (math.sqrt(rank) if config.get("use_rslora") else rank)
     return rank, float(scale), tuple(m for m in TARGET_MODULES if m in targets)
 
@@ -161,10 +161,10 @@ def _check_tensors(weights_path: Path, shapes: BaseShapes, rank: int,
                     raise AdapterError(f"tensor {key} is missing", key)
                 if shape != expected:
                     raise AdapterError(f"tensor {key} has shape {list(shape)}, expected "
-                                       f"{list(expected)}", key)  # fmt: skip
+                                       f"{list(expected)}", key)
     if found:
         raise AdapterError(f"tensor {min(found)} does not belong to a target module of this "
-                           "model", min(found))  # fmt: skip
+                           "model", min(found))
 
 
 def load_tensors(spec: AdapterSpec) -> dict[str, torch.Tensor]:

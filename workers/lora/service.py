@@ -43,7 +43,7 @@ class LoraService:
         if not name:
             raise AdapterError("lora_name must not be empty", "lora_name")
         return read_adapter(name, path, self.shapes, self.settings.max_lora_rank,
-                            self.needs_weights)  # fmt: skip
+                            self.needs_weights)
 
     def describe(self) -> dict[str, object]:
         """The ``/ready`` and ``/info`` fields (docs/adapters.md, "The /ready contract")."""
@@ -53,17 +53,17 @@ class LoraService:
             "lora_load_ms": slots.mean_load_ms,
             "adapters": [{"name": a.name, "digest": a.digest, "namespace": a.namespace,
                           "resident": a.resident} for a in slots.published],
-        }  # fmt: skip
+        }
 
 
 def build_lora(settings: LoraSettings, shapes: BaseShapes | None, loader: SlotLoader | None,
                needs_weights: bool, base: CacheNamespace, secret: bytes,
-               registry: CollectorRegistry) -> LoraService:  # fmt: skip
+               registry: CollectorRegistry) -> LoraService:
     """The worker's LoRA service with its start-up modules registered; ValueError
     naming the module and the field for an adapter that does not fit."""
     loads = Counter("worker_lora_loads", "LoRA adapter loads into a slot.", registry=registry)
     seconds = Histogram("worker_lora_load_seconds", "Time to load a LoRA adapter into a slot.",
-                        buckets=LOAD_SECONDS_BUCKETS, registry=registry)  # fmt: skip
+                        buckets=LOAD_SECONDS_BUCKETS, registry=registry)
 
     def on_load(elapsed_s: float) -> None:
         loads.inc()
@@ -77,7 +77,7 @@ def build_lora(settings: LoraSettings, shapes: BaseShapes | None, loader: SlotLo
     else:
         slots = AdapterSlots.disabled()
     resident = Gauge("worker_lora_resident_adapters", "LoRA adapters resident in slots now.",
-                     registry=registry)  # fmt: skip
+                     registry=registry)
     resident.set_function(lambda: slots.num_resident)
     service = LoraService(settings, shapes, needs_weights, slots)
     for name, path in settings.module_paths():
@@ -87,7 +87,7 @@ def build_lora(settings: LoraSettings, shapes: BaseShapes | None, loader: SlotLo
             raise ValueError(f"lora.modules {name}: {exc.param}: {exc}") from None
     if settings.enable:
         log.info("LoRA: %d slots of rank %d, %d adapters registered", settings.max_loras,
-                 settings.max_lora_rank, len(slots.published))  # fmt: skip
+                 settings.max_lora_rank, len(slots.published))
     return service
 
 

@@ -53,7 +53,7 @@ _LONG_RUN_ROWS = 64  # runs this long on average get tiles of this many rows
 
 @triton.jit
 def _row_tile(starts_ptr, ends_ptr, slots_ptr, num_segments,
-              SEGMENTS_P: tl.constexpr, BLOCK_M: tl.constexpr):  # fmt: skip
+              SEGMENTS_P: tl.constexpr, BLOCK_M: tl.constexpr):
     """This program's run (``num_segments`` past the last tile), its slot, the
     tile's rows and which of them lie inside the run."""
     segment_ids = tl.arange(0, SEGMENTS_P)
@@ -80,7 +80,7 @@ def _shrink_kernel(
     IN_FEATURES: tl.constexpr, MAX_RANK: tl.constexpr, K_PER_SPLIT: tl.constexpr,
     SEGMENTS_P: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_R: tl.constexpr,
     BLOCK_K: tl.constexpr, PRECISION: tl.constexpr, DOT_FP32: tl.constexpr,
-):  # fmt: skip
+):
     segment, slot, rows, row_ok = _row_tile(
         starts_ptr, ends_ptr, slots_ptr, num_segments, SEGMENTS_P, BLOCK_M
     )
@@ -97,9 +97,9 @@ def _shrink_kernel(
         ks = k0 + tl.arange(0, BLOCK_K)
         k_ok = ks < k_end
         x = tl.load(x_ptr + rows[:, None] * stride_xt + ks[None, :],
-                    mask=row_ok[:, None] & k_ok[None, :], other=0.0)  # fmt: skip
+                    mask=row_ok[:, None] & k_ok[None, :], other=0.0)
         a_t = tl.load(a_rows[None, :] + ks[:, None], mask=k_ok[:, None] & rank_ok[None, :],
-                      other=0.0)  # fmt: skip
+                      other=0.0)
         if DOT_FP32:
             x = x.to(tl.float32)
             a_t = a_t.to(tl.float32)
@@ -115,7 +115,7 @@ def _expand_kernel(
     OUT_FEATURES: tl.constexpr, MAX_RANK: tl.constexpr, NUM_SPLITS: tl.constexpr,
     SEGMENTS_P: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_R: tl.constexpr,
     BLOCK_N: tl.constexpr, PRECISION: tl.constexpr, DOT_FP32: tl.constexpr,
-):  # fmt: skip
+):
     segment, slot, rows, row_ok = _row_tile(
         starts_ptr, ends_ptr, slots_ptr, num_segments, SEGMENTS_P, BLOCK_M
     )
@@ -133,9 +133,9 @@ def _expand_kernel(
             shrunk += tl.load(
                 partial_ptr + split * stride_ps + rows[:, None] * stride_pt + ranks[None, :],
                 mask=row_ok[:, None] & rank_ok[None, :], other=0.0,
-            )  # fmt: skip
+            )
         b_t = tl.load(b_cols[None, :] + ranks[:, None], mask=rank_ok[:, None] & col_ok[None, :],
-                      other=0.0)  # fmt: skip
+                      other=0.0)
         rounded = shrunk.to(b_t.dtype)
         if DOT_FP32:
             rounded = rounded.to(tl.float32)
@@ -171,7 +171,7 @@ def lora_delta_triton(
     tiles = {"block_m": block_m or _MIN_TILE, "block_n": block_n, "block_k": block_k}
     for name, size in tiles.items():
         _check(size >= _MIN_TILE and size & (size - 1) == 0,
-               f"{name} must be a power of two >= {_MIN_TILE}")  # fmt: skip
+               f"{name} must be a power of two >= {_MIN_TILE}")
     _check(num_splits is None or num_splits >= 1, "num_splits must be >= 1")
     num_tokens, in_features = x.shape
     num_segments = segments.num_segments
@@ -185,17 +185,17 @@ def lora_delta_triton(
     dot_fp32 = x.dtype == torch.bfloat16 and os.environ.get("TRITON_INTERPRET") == "1"
     common = dict(MAX_RANK=max_rank, SEGMENTS_P=max(_MIN_TILE, triton.next_power_of_2(num_segments)),
                   BLOCK_M=t.block_m, BLOCK_R=t.block_r, DOT_FP32=dot_fp32,
-                  PRECISION="ieee" if x.dtype == torch.float32 or dot_fp32 else "tf32")  # fmt: skip
+                  PRECISION="ieee" if x.dtype == torch.float32 or dot_fp32 else "tf32")
     _shrink_kernel[(t.row_tiles, t.rank_tiles, t.num_splits)](
         x, lora_a, partials, *run_args,
         x.stride(0), lora_a.stride(0), lora_a.stride(1), partials.stride(0), partials.stride(1),
         IN_FEATURES=in_features, K_PER_SPLIT=t.k_per_split, BLOCK_K=block_k, **common,
-    )  # fmt: skip
+    )
     _expand_kernel[(t.row_tiles, triton.cdiv(out.shape[1], block_n))](
         partials, lora_b, scales, out, *run_args,
         partials.stride(0), partials.stride(1), lora_b.stride(0), lora_b.stride(1), out.stride(0),
         OUT_FEATURES=out.shape[1], NUM_SPLITS=t.num_splits, BLOCK_N=block_n, **common,
-    )  # fmt: skip
+    )
     return out
 
 
@@ -211,7 +211,7 @@ class _Tiling(NamedTuple):
 
 
 def _tiling(num_tokens: int, num_segments: int, in_features: int, max_rank: int,
-            block_m: int | None, block_k: int, num_splits: int | None) -> _Tiling:  # fmt: skip
+            block_m: int | None, block_k: int, num_splits: int | None) -> _Tiling:
     """Tile sizes and grid extents from shapes alone (no device sync). Splits cover
     whole ``block_k`` tiles, so fewer may remain than were asked for."""
     if block_m is None:
@@ -241,10 +241,10 @@ def _check_arguments(
     _check(x.dtype in _DTYPES, f"x dtype must be one of {_DTYPES}, got {x.dtype}")
     _check(x.stride(1) == 1 or x.shape[1] <= 1, "x must have a unit stride on in_features")
     _check(lora_a.dim() == 3 and lora_a.shape[2] == x.shape[1] and lora_a.shape[1] >= 1,
-           f"lora_a must be [num_slots, max_rank >= 1, {x.shape[1]}], got {tuple(lora_a.shape)}")  # fmt: skip
+           f"lora_a must be [num_slots, max_rank >= 1, {x.shape[1]}], got {tuple(lora_a.shape)}")
     num_slots, max_rank = lora_a.shape[:2]
     _check(lora_b.dim() == 3 and lora_b.shape[0] == num_slots and lora_b.shape[2] == max_rank,
-           f"lora_b must be [{num_slots}, out_features, {max_rank}], got {tuple(lora_b.shape)}")  # fmt: skip
+           f"lora_b must be [{num_slots}, out_features, {max_rank}], got {tuple(lora_b.shape)}")
     _check(scales.shape == (num_slots,), f"scales must be [{num_slots}], got {tuple(scales.shape)}")
     _check(scales.dtype in _DTYPES, f"scales dtype must be one of {_DTYPES}, got {scales.dtype}")
     for name, weights in (("lora_a", lora_a), ("lora_b", lora_b)):
@@ -256,7 +256,7 @@ def _check_arguments(
         tensors[f"segments.{field}"] = index
         _check(index.dtype == torch.int64 and index.shape == (segments.num_segments,)
                and index.is_contiguous(),
-               f"segments.{field} must be contiguous int64 [{segments.num_segments}]")  # fmt: skip
+               f"segments.{field} must be contiguous int64 [{segments.num_segments}]")
     for name, tensor in tensors.items():
         _check(tensor.device == x.device, f"{name} is on {tensor.device}, x on {x.device}")
 

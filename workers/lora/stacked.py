@@ -18,7 +18,7 @@ from workers.lora.segments import LoraSegments
 
 
 def row_mask(segments: LoraSegments, scales: torch.Tensor, num_rows: int,
-             max_rank: int) -> torch.Tensor:  # fmt: skip
+             max_rank: int) -> torch.Tensor:
     """``[num_rows, num_slots * max_rank]``: a run's rows hold its slot's scale in that
     slot's ``max_rank`` columns, zero elsewhere; base-model rows are all zero."""
     num_slots = scales.shape[0]

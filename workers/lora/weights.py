@@ -27,7 +27,7 @@ class LoraWeights:
     """Every slot's weights on the model's device (a ``SlotLoader``)."""
 
     def __init__(self, shapes: BaseShapes, max_loras: int, max_rank: int,
-                 dtype: torch.dtype, device: torch.device | str) -> None:  # fmt: skip
+                 dtype: torch.dtype, device: torch.device | str) -> None:
         self.shapes = shapes
         self.max_rank = max_rank
         self.lora_a: dict[tuple[int, str], torch.Tensor] = {}
@@ -91,6 +91,6 @@ class LoraBatch:
         weights = self.weights
         if self.mask is not None and weights.lora_b_stacked is not None:
             return add_lora_stacked(out, x, self.mask, weights.lora_a[layer, module],
-                                    weights.lora_b_stacked[layer, module])  # fmt: skip
+                                    weights.lora_b_stacked[layer, module])
         return out + lora_delta(x, self.segments, weights.lora_a[layer, module],
-                                weights.lora_b[layer, module], weights.scales)  # fmt: skip
+                                weights.lora_b[layer, module], weights.scales)

@@ -73,7 +73,7 @@ def write_demo_checkpoint(path: str | Path) -> Path:
     for name, text in texts.items():
         (root / name).write_bytes(text.encode())
     save_file(_demo_weights(ModelConfig.from_dict(config)), root / "model.safetensors",
-              metadata={"format": "pt"})  # fmt: skip
+              metadata={"format": "pt"})
     return root
 
 

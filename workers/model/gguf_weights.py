@@ -29,7 +29,7 @@ SUPPORTED_TYPES = frozenset(
     GGMLQuantizationType[name]
     for name in ("F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1",
                  "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K")
-)  # fmt: skip
+)
 
 _GLOBAL_NAMES = {
     "token_embd.weight": "model.embed_tokens.weight",

@@ -112,7 +112,7 @@ class ModelRunner:
             self.device,
         )
         input_ids = int_tensor("q", list(chain.from_iterable(step.token_ids for step in batch)),
-                               self.device)  # fmt: skip
+                               self.device)
         lora_batch = None
         if self.lora is not None and any(step.lora_slot is not None for step in batch):
             segments = segments_from_rows([len(step.token_ids) for step in batch],

@@ -46,7 +46,7 @@ def timed_profile(model_name: str) -> Profile | None:
 def timed_kv_spec(profile: Profile, block_size: int) -> KVCacheSpec:
     """The KV layout of the profile's model: what its plan, namespace and events use."""
     return KVCacheSpec(profile.num_layers, profile.num_kv_heads, profile.head_dim,
-                       profile.kv_dtype, block_size)  # fmt: skip
+                       profile.kv_dtype, block_size)
 
 
 def timed_tensor_spec(block_size: int) -> KVCacheSpec:
@@ -63,7 +63,7 @@ def timed_lora_shapes(profile: Profile) -> BaseShapes | None:
     bytes_per_element = 4 if profile.kv_dtype == "float32" else 2
     return BaseShapes.llama(profile.num_layers, profile.hidden_size, profile.intermediate_size,
                             profile.num_attention_heads, profile.num_kv_heads, profile.head_dim,
-                            bytes_per_element)  # type: ignore[arg-type]  # fmt: skip
+                            bytes_per_element)  # type: ignore[arg-type]
 
 
 class TimedSlotLoader:
@@ -71,7 +71,7 @@ class TimedSlotLoader:
     adapter's bytes (times ``time_scale``); no weights exist."""
 
     def __init__(self, profile: Profile, time_scale: float = 1.0,
-                 sleep: Callable[[float], None] = time.sleep) -> None:  # fmt: skip
+                 sleep: Callable[[float], None] = time.sleep) -> None:
         self.profile = profile
         self.time_scale = time_scale
         self._sleep = sleep

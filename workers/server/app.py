@@ -30,7 +30,7 @@ from workers.server import (
     routes_status,
 )
 from workers.server.errors import ApiError, error_body, error_response
-from workers.server.state import STATE, WorkerState
+from workers.server.state import STATE, ServerState
 
 log = logging.getLogger(__name__)
 MAX_BODY_BYTES = 32 * 2**20
@@ -65,7 +65,7 @@ async def auth_middleware(request: web.Request, handler: Handler) -> web.StreamR
     return await handler(request)
 
 
-def create_app(state: WorkerState) -> web.Application:
+def create_app(state: ServerState) -> web.Application:
     """The worker's application over ``state``."""
     app = web.Application(
         middlewares=[error_middleware, auth_middleware], client_max_size=MAX_BODY_BYTES

@@ -34,7 +34,7 @@ async def kv_events(request: web.Request) -> web.StreamResponse:
     feed = state.engine.kv_feed
     subscription = await state.engine.call(lambda _engine: feed.open(since, epoch))
     response = web.StreamResponse(headers={"Content-Type": "application/x-ndjson",
-                                           "Cache-Control": "no-cache"})  # fmt: skip
+                                           "Cache-Control": "no-cache"})
     heartbeat_s = state.config.kv_events_heartbeat_s
     try:
         await response.prepare(request)

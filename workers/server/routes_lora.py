@@ -19,20 +19,20 @@ from aiohttp import web
 from radix.api_errors import ApiError
 from workers.lora.peft_files import AdapterError
 from workers.server.errors import bad_request
-from workers.server.state import STATE, WorkerState, read_fields
+from workers.server.state import STATE, ServerState, read_fields
 
 MAX_NAME_LEN = 256
 
 
-def adapter_names(state: WorkerState) -> tuple[str, ...]:
+def adapter_names(state: ServerState) -> tuple[str, ...]:
     """The adapters requests may name now."""
     return tuple(info.name for info in state.worker.lora.slots.published)
 
 
-def _runtime_updates(state: WorkerState) -> None:
+def _runtime_updates(state: ServerState) -> None:
     if not state.worker.lora.settings.allow_runtime_updates:
         raise ApiError(404, "runtime LoRA updates are off on this worker "
-                       "(--allow-runtime-lora-updates)", code="not_found")  # fmt: skip
+                       "(--allow-runtime-lora-updates)", code="not_found")
 
 
 async def load_lora_adapter(request: web.Request) -> web.Response:
@@ -69,7 +69,7 @@ async def unload_lora_adapter(request: web.Request) -> web.Response:
         await state.engine.call(lambda engine: engine.adapters.unregister(name))
     except KeyError:
         raise ApiError(404, f"the LoRA adapter {name!r} cannot be found", param="lora_name",
-                       code="model_not_found") from None  # fmt: skip
+                       code="model_not_found") from None
     return web.Response(text=f"Success: LoRA adapter '{name}' removed successfully.")
 
 

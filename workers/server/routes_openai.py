@@ -43,7 +43,7 @@ async def models(request: web.Request) -> web.Response:
     return web.json_response({"object": "list", "data": [
         {"id": name, "object": "model", "created": 0, "owned_by": "radix-router",
          "root": root, "parent": parent, "max_model_len": identity.max_model_len}
-        for name, root, parent in cards]})  # fmt: skip
+        for name, root, parent in cards]})
 
 
 async def completions(request: web.Request) -> web.StreamResponse:
@@ -71,9 +71,9 @@ async def _serve(request: web.Request, endpoint: str) -> web.StreamResponse:
     tokenizer = state.worker.tokenizer
     served = state.identity.served_model_names
     parsed = openai_schema.parse(body, endpoint, state.limits, served, tokenizer,
-                                 routes_lora.adapter_names(state))  # fmt: skip
+                                 routes_lora.adapter_names(state))
     engine_request = openai_schema.engine_request(parsed, await _token_ids(parsed, request),
-                                                  state.limits, served)  # fmt: skip
+                                                  state.limits, served)
     shape = ResponseShape(endpoint, parsed.model or state.identity.model)
     timeout_s = state.config.request_timeout_s
     if not parsed.stream:

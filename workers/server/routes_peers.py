@@ -28,7 +28,7 @@ from radix.openai.json_body import decode_json_object
 from radix.openai.prompt import prompt_token_ids
 from radix.openai.requests import CHAT, COMPLETIONS
 from workers.server import openai_schema
-from workers.server.state import STATE, WorkerState
+from workers.server.state import STATE, ServerState
 
 PEER_NEUTRAL_FIELDS: dict[str, object] = {
     "no_stop_trim": False, "skip_special_tokens": True,
@@ -45,7 +45,7 @@ def strip_peer_fields(body: dict[str, Any]) -> dict[str, Any]:
             if not (name in PEER_NEUTRAL_FIELDS and value == PEER_NEUTRAL_FIELDS[name])}
 
 
-def _model_limits(state: WorkerState) -> dict[str, object]:
+def _model_limits(state: ServerState) -> dict[str, object]:
     identity = state.identity
     engine = state.worker.engine_config
     return {

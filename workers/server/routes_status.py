@@ -13,7 +13,7 @@ from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from radix.http_api import load_document
-from workers.server.state import STATE, WorkerState
+from workers.server.state import STATE, ServerState
 
 
 async def health(request: web.Request) -> web.Response:
@@ -23,14 +23,14 @@ async def health(request: web.Request) -> web.Response:
     return web.json_response({"status": "ok"})
 
 
-def is_ready(state: WorkerState) -> bool:
+def is_ready(state: ServerState) -> bool:
     """The last self-test passed, no batched step failed since, the engine runs and
     admits requests (not draining)."""
     engine = state.engine
     return state.ready.is_set() and not engine.failed and engine.admitting
 
 
-def _ready_body(state: WorkerState) -> dict[str, object]:
+def _ready_body(state: ServerState) -> dict[str, object]:
     stats = state.engine.stats
     return {
         "ready": is_ready(state),
@@ -71,7 +71,7 @@ async def info(request: web.Request) -> web.Response:
             "max_waiting_requests": engine_config.max_waiting_requests,
         },
         "load": stats.load(),
-    })  # fmt: skip
+    })
 
 
 async def metrics(request: web.Request) -> web.Response:

@@ -50,11 +50,12 @@ def generation_request(
     max_cached_tokens: int | None = None,
     prompt_key: bytes | None = None,
     adapter: str | None = None,
+    request_id: str | None = None,
 ) -> GenerationRequest:
     """The engine request; 413 when the prompt leaves no room, 400 when ``max_tokens``
     does not fit the context or is already used up by ``num_resumed_tokens``.
     ``prompt_key`` is the prompt's radix key when the request carried it; ``adapter``
-    the LoRA adapter to run (None: the base model)."""
+    the LoRA adapter to run (None: the base model); ``request_id`` the caller's id."""
     num_prompt_tokens = len(prompt_token_ids) - num_resumed_tokens
     room = limits.max_model_len - num_prompt_tokens
     if room < 1:
@@ -90,4 +91,5 @@ def generation_request(
         max_cached_tokens=max_cached_tokens,
         prompt_key=prompt_key,
         adapter=adapter,
+        request_id=request_id,
     )

@@ -33,7 +33,7 @@ from workers.engine.async_engine import AsyncEngine
 from workers.engine.build import build_worker
 from workers.engine.selftest import keep_ready, run_self_test
 from workers.server.app import create_app
-from workers.server.state import WorkerState
+from workers.server.state import ServerState
 
 log = logging.getLogger(__name__)
 SHUTDOWN_TIMEOUT_S = 5.0
@@ -59,7 +59,7 @@ async def serve(config: WorkerConfig, secret: bytes, api_key: str | None,
     url = base_url(server_config.host, port)
     worker_id = server_config.worker_id or f"{server_config.host}:{port}"
     worker = await asyncio.to_thread(build_worker, config, worker_id, secret)
-    state = WorkerState(server_config, worker, api_key)
+    state = ServerState(server_config, worker, api_key)
     runner = web.AppRunner(create_app(state), handler_cancellation=True, access_log=None)
     await runner.setup()
     stop = asyncio.Event()

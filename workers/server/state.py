@@ -17,7 +17,7 @@ from workers.server.sampling import RequestLimits
 
 
 @dataclass(frozen=True)
-class WorkerState:
+class ServerState:
     """Per-process server state (one per app). ``api_key`` is required on every route
     but ``/health`` and ``/openapi.json`` (None: no key, loopback only). ``ready`` is set while the last
     self-test passed and no batched step has failed since; ``unhandled_errors``
@@ -61,7 +61,7 @@ class WorkerState:
         )
 
 
-STATE = web.AppKey("state", WorkerState)
+STATE = web.AppKey("state", ServerState)
 
 
 async def read_fields(request: web.Request) -> Fields:

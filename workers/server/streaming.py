@@ -34,7 +34,7 @@ def submit(engine: AsyncEngine, request: GenerationRequest) -> RequestStream:
         return engine.submit(request)
     except QueueFullError as exc:
         raise ApiError(429, f"the worker queue is full ({exc})", code="queue_full",
-                       headers={"Retry-After": "1"}) from exc  # fmt: skip
+                       headers={"Retry-After": "1"}) from exc
     except DrainingError as exc:
         raise ApiError(503, str(exc), code="draining", headers={"Retry-After": "1"}) from exc
     except EngineError as exc:

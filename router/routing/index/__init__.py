@@ -5,6 +5,6 @@
 """
 
 from router.routing.index.ids import NamespaceDigest, WorkerId
-from router.routing.index.router_index import IndexConfig, IndexStats, RouterIndex
+from router.routing.index.router_index import IndexStats, RouterIndex
 
-__all__ = ["IndexConfig", "IndexStats", "NamespaceDigest", "RouterIndex", "WorkerId"]
+__all__ = ["IndexStats", "NamespaceDigest", "RouterIndex", "WorkerId"]

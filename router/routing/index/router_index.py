@@ -26,30 +26,13 @@ import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 
-from radix.config_schema import Section, setting
 from radix.events import KVEvent
 from radix.keys import TOKEN_BYTES
 from radix.tree import Scope
+from router.config import IndexConfig
 from router.routing.index.approx import ApproxIndex, Limits
 from router.routing.index.exact import ExactIndex, raise_to
 from router.routing.index.ids import NamespaceDigest, WorkerId
-
-
-@dataclass(frozen=True)
-class IndexConfig(Section, section="index"):
-    """Ageing of routed prefixes. Speculative entries (every worker, at decision time)
-    live ``speculative_ttl_s``; approximate ones (workers without KV events) live
-    ``approximate_ttl_s``; each worker keeps at most the given tokens per namespace.
-    ``host_hit_weight`` (in (0, 1]) is what a token found only in a worker's host
-    tier counts for, against 1 for a token on its device; ``disk_hit_weight`` what a
-    token found only on its disk tier counts for (never more than a host token)."""
-
-    speculative_ttl_s: float = setting(2.0, above=0)
-    speculative_capacity_tokens: int = setting(262_144, low=1)
-    approximate_ttl_s: float = setting(300.0, above=0)
-    approximate_capacity_tokens: int = setting(1_048_576, low=1)
-    host_hit_weight: float = setting(0.5, above=0, high=1)
-    disk_hit_weight: float = setting(0.25, above=0, high=1)
 
 
 @dataclass(frozen=True)
@@ -159,7 +142,7 @@ class RouterIndex:
             num_host = max(num_device, host.get(worker_id, 0))
             num_disk = max(num_host, disk.get(worker_id, 0))
             credit = (num_device + host_weight * (num_host - num_device)
-                      + disk_weight * (num_disk - num_host))  # fmt: skip
+                      + disk_weight * (num_disk - num_host))
             if num_disk > num_device:
                 found[worker_id] = int(credit)
         approx = self._approx.get(namespace)

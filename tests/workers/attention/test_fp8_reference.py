@@ -43,7 +43,7 @@ def test_fp8_attention_equals_dense_attention_over_the_dequantized_cache(dtype):
     value_fp8 = reference.quantize(c.value_cache, v_scale, dtype)
     m = c.metadata
     got = reference.paged_prefill(c.query, key_fp8, value_fp8, m.query_start_loc, m.seq_lens,
-                                  m.block_tables, m.max_query_len, c.scale, k_scale, v_scale)  # fmt: skip
+                                  m.block_tables, m.max_query_len, c.scale, k_scale, v_scale)
     dequantized = replace(
         c, key_cache=key_fp8.float() * k_scale, value_cache=value_fp8.float() * v_scale
     )
@@ -63,5 +63,5 @@ def test_decode_with_fp8_cache_matches_prefill_path():
         c.query, key_fp8, value_fp8, m.seq_lens, m.block_tables, c.scale, 0.02, 0.02
     )
     prefill = reference.paged_prefill(c.query, key_fp8, value_fp8, m.query_start_loc,
-                                      m.seq_lens, m.block_tables, 1, c.scale, 0.02, 0.02)  # fmt: skip
+                                      m.seq_lens, m.block_tables, 1, c.scale, 0.02, 0.02)
     assert torch.equal(decode, prefill)

@@ -49,10 +49,10 @@ def test_smoke_run_on_cpu_through_the_triton_interpreter(tmp_path):
             "--head-dim", "16", "--context", "64", "--decode-batches", "2", "--prefill-batch", "1",
             "--prefill-new", "16", "--prefill-cached", "16", "--store-tokens", "8", "--iters", "1",
             "--lora-hidden", "24", "--lora-rank", "4", "--lora-adapters", "2",
-            "--lora-decode-rows", "4", "--lora-prefill-tokens", "20", "--json", str(out)]  # fmt: skip
+            "--lora-decode-rows", "4", "--lora-prefill-tokens", "20", "--json", str(out)]
     env = {**os.environ, "TRITON_INTERPRET": "1"}
     subprocess.run([sys.executable, "-m", "bench.gpu_attention", *argv], env=env, check=True,
-                   cwd=Path(__file__).resolve().parents[3], capture_output=True, timeout=120)  # fmt: skip
+                   cwd=Path(__file__).resolve().parents[3], capture_output=True, timeout=120)
     results = json.loads(out.read_text())
     assert max(results["correctness"].values()) < 1e-5
     assert [row["batch"] for row in results["decode"]] == [2]

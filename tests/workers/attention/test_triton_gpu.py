@@ -28,15 +28,15 @@ def kernels():
 )
 def test_prefill_and_decode_match_reference(dtype, block_size, num_heads, num_kv_heads, head_dim):
     prefill = make_case([70, 1, 300, 17], [500, 47, 0, 1000], block_size, num_heads, num_kv_heads,
-                        head_dim, dtype=dtype, device="cuda")  # fmt: skip
+                        head_dim, dtype=dtype, device="cuda")
     m = prefill.metadata
     args = (prefill.query, prefill.key_cache, prefill.value_cache, m.query_start_loc, m.seq_lens,
-            m.block_tables, m.max_query_len, prefill.scale)  # fmt: skip
+            m.block_tables, m.max_query_len, prefill.scale)
     error = (kernels().paged_prefill(*args).float() - reference.paged_prefill(*args).float()).abs()
     assert error.max().item() < TOLERANCE[dtype]
 
     decode = make_case([1] * 6, [0, 15, 16, 333, 2000, 4095], block_size, num_heads, num_kv_heads,
-                       head_dim, dtype=dtype, device="cuda")  # fmt: skip
+                       head_dim, dtype=dtype, device="cuda")
     m = decode.metadata
     args = (
         decode.query,
@@ -97,10 +97,10 @@ def test_fp8_store_and_attention_match_reference(fp8):
     for a, b in zip(ref, ours, strict=True):
         assert torch.equal(a.float(), b.float())
     case = make_case([70, 1, 300], [500, 47, 1000], 16, 32, 8, 128, dtype=torch.bfloat16,
-                     device="cuda")  # fmt: skip
+                     device="cuda")
     caches = [reference.quantize(c, 0.02, fp8) for c in (case.key_cache, case.value_cache)]
     m = case.metadata
     args = (case.query, *caches, m.query_start_loc, m.seq_lens, m.block_tables,
-            m.max_query_len, case.scale, 0.02, 0.02)  # fmt: skip
+            m.max_query_len, case.scale, 0.02, 0.02)
     error = (kernels().paged_prefill(*args).float() - reference.paged_prefill(*args).float()).abs()
     assert error.max().item() < TOLERANCE[torch.bfloat16]

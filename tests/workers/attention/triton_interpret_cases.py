@@ -38,7 +38,7 @@ def prefill_error(
     c = make_case([5, 1, 40, 17], [30, 47, 0, 16], block_size, num_heads, num_kv_heads, head_dim)
     m = c.metadata
     args = (c.query, c.key_cache, c.value_cache, m.query_start_loc, m.seq_lens, m.block_tables,
-            m.max_query_len, c.scale)  # fmt: skip
+            m.max_query_len, c.scale)
     got = triton_kernels.paged_prefill(*args, block_n=block_n)
     return (got - reference.paged_prefill(*args)).abs().max().item()
 
@@ -90,7 +90,7 @@ def stale_nan() -> float:
     c.value_cache[table[1], 5:] = float("nan")
     m = c.metadata
     out = triton_kernels.paged_decode(c.query, c.key_cache, c.value_cache, m.seq_lens,
-                                      m.block_tables, c.scale, num_splits=2)  # fmt: skip
+                                      m.block_tables, c.scale, num_splits=2)
     return 0.0 if bool(torch.isfinite(out).all()) else float("inf")
 
 
@@ -99,7 +99,7 @@ def rejects() -> float:
     c = make_case([1], [20], 16)
     try:
         triton_kernels.paged_decode(c.query, c.key_cache.transpose(2, 3), c.value_cache,
-                                    c.metadata.seq_lens, c.metadata.block_tables, c.scale)  # fmt: skip
+                                    c.metadata.seq_lens, c.metadata.block_tables, c.scale)
     except ValueError as exc:
         return 0.0 if "triton paged attention" in str(exc) else float("inf")
     return float("inf")
@@ -120,7 +120,7 @@ def fp8_prefill_error(fmt: str) -> float:
     key_cache, value_cache = fp8_caches(c, FP8[fmt][0], 0.02, 0.01)
     m = c.metadata
     args = (c.query, key_cache, value_cache, m.query_start_loc, m.seq_lens, m.block_tables,
-            m.max_query_len, c.scale, 0.02, 0.01)  # fmt: skip
+            m.max_query_len, c.scale, 0.02, 0.01)
     return (triton_kernels.paged_prefill(*args) - reference.paged_prefill(*args)).abs().max().item()
 
 

@@ -60,7 +60,7 @@ def make_engine(
         spec, num_blocks, namespace_digest=b"engine-test", worker_id="engine-test",
         prefix_caching=prefix_caching, num_host_blocks=num_host_blocks, secret=b"engine-test",
         host_ttl_s=host_ttl_s,
-    )  # fmt: skip
+    )
     runner: ModelRunner | TimedRunner
     if timed is None:
         runner = ModelRunner(
@@ -69,11 +69,11 @@ def make_engine(
     else:
         runner = TimedRunner(timed, loaded.config.vocab_size, range(97, 123), sleep=sleep or time.sleep)
     config = EngineConfig(max_batched_tokens=max_batched_tokens, max_num_seqs=max_num_seqs,
-                          preemption_mode=preemption_mode)  # fmt: skip
+                          preemption_mode=preemption_mode)
     return Engine(
         manager, runner, loaded.tokenizer, config, min(4096, num_blocks * BLOCK_SIZE),
         EngineMetrics(registry or CollectorRegistry()),
-    )  # fmt: skip
+    )
 
 
 def prompt(length: int, salt: int = 0) -> tuple[int, ...]:
@@ -85,12 +85,12 @@ def request(
     prompt_ids: tuple[int, ...], max_tokens: int = 8, *, temperature: float = 0.0,
     seed: int | None = None, n: int = 1, stop: tuple[str, ...] = (),
     stop_token_ids: tuple[int, ...] = (), ignore_eos: bool = True, scope: str = "anonymous",
-) -> GenerationRequest:  # fmt: skip
+) -> GenerationRequest:
     """A request with the given sampling (greedy, EOS ignored by default)."""
     sampling = SamplingParams(
         temperature=temperature, seed=seed, max_tokens=max_tokens,
         stop_token_ids=stop_token_ids, ignore_eos=ignore_eos,
-    )  # fmt: skip
+    )
     return GenerationRequest(prompt_ids, GenerationParams(sampling, n, stop), scope=scope)
 
 

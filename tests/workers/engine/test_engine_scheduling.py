@@ -39,7 +39,7 @@ def test_decodes_batch_together_and_go_before_prefill_chunks():
     chunks = engine.scheduler.schedule()
     assert [(c.seq.request.request_id, c.num_new_tokens) for c in chunks] == [
         (0, 1), (1, 1), (2, 1), (3, 37)
-    ]  # fmt: skip
+    ]
 
 
 def test_waiting_request_is_admitted_when_blocks_free_up():

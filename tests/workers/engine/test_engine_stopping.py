@@ -10,11 +10,11 @@ from workers.model.sampler import SamplingParams
 
 
 def checker(stop: tuple[str, ...] = (), max_tokens: int = 100, ignore_eos: bool = False,
-            stop_token_ids: tuple[int, ...] = (), max_total_tokens: int = 1000) -> StopChecker:  # fmt: skip
+            stop_token_ids: tuple[int, ...] = (), max_total_tokens: int = 1000) -> StopChecker:
     tokenizer = demo_model().tokenizer
     sampling = SamplingParams(max_tokens=max_tokens, ignore_eos=ignore_eos, stop_token_ids=stop_token_ids)
     return StopChecker(tokenizer, GenerationParams(sampling, 1, stop), tokenizer.eos_token_ids,
-                       max_total_tokens)  # fmt: skip
+                       max_total_tokens)
 
 
 def feed(stop_checker: StopChecker, text: str) -> list[StepText]:

@@ -48,7 +48,7 @@ def test_an_engine_run_waits_exactly_the_chunked_prefill_and_decode_costs():
         0.004 + 8 * 3e-5 + 8 * 40 * 1e-9,    # chunk 2: tokens 32-39, samples token 1
         0.007 + 2e-5 + 41 * 5e-8,            # decode: token 2
         0.007 + 2e-5 + 42 * 5e-8,            # decode: token 3
-    ], rel=1e-12)  # fmt: skip
+    ], rel=1e-12)
 
 
 def test_a_cached_prefix_is_context_not_new_tokens():
@@ -76,7 +76,7 @@ def _trace() -> dict:
 
 def _kv_record(max_tokens: int | None, timed: bool):
     engine = make_engine(num_blocks=14, max_batched_tokens=64, timed=COST if timed else None,
-                         sleep=lambda s: None)  # fmt: skip
+                         sleep=lambda s: None)
     trace = _trace()
     if max_tokens is not None:
         trace = {i: request(r.prompt_token_ids, max_tokens=max_tokens) for i, r in trace.items()}

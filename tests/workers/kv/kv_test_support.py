@@ -32,7 +32,7 @@ def make_manager(
     num_blocks: int, block_size: int, prefix_caching: bool = True, num_host_blocks: int = 0,
     watermark: float = 0.0, host_ttl_s: float | None = None,
     disk_dir: Path | None = None, num_disk_blocks: int = 0, secret: bytes = b"kv-test-secret",
-) -> KVCacheManager:  # fmt: skip
+) -> KVCacheManager:
     """A CPU manager with small float32 tensors (values below 2**24 stay exact), with a
     host tier of ``num_host_blocks`` when > 0 (entries kept ``host_ttl_s``), a disk
     tier of ``num_disk_blocks`` under ``disk_dir`` when > 0, and admission's

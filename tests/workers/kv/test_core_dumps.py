@@ -22,6 +22,6 @@ print("ok")
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="prctl is Linux-only")
 def test_disable_core_dumps_sets_the_limit_and_the_dumpable_flag():
     done = subprocess.run([sys.executable, "-c", CHECK], capture_output=True, text=True,
-                          timeout=60)  # fmt: skip
+                          timeout=60)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "ok"

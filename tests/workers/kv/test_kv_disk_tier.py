@@ -25,7 +25,7 @@ def pushed_to_disk(disk_dir: Path, num_disk_blocks: int = 16, host_ttl_s: float 
     """A 6-block pool and a 2-block host tier where A was cached, then pushed by six
     fillers through the host tier down to disk."""
     manager = make_manager(6, B, num_host_blocks=2, disk_dir=disk_dir,
-                           num_disk_blocks=num_disk_blocks, host_ttl_s=host_ttl_s)  # fmt: skip
+                           num_disk_blocks=num_disk_blocks, host_ttl_s=host_ttl_s)
     assert serve(manager, 1, A) == 0
     for i, filler in enumerate(FILLER):
         serve(manager, 10 + i, filler)
@@ -43,7 +43,7 @@ def restart(manager, disk_dir: Path, secret: bytes = b"kv-test-secret"):
     manager.spill_to_disk()
     manager.prefix_cache.disk.close()
     return make_manager(6, B, num_host_blocks=2, disk_dir=disk_dir, num_disk_blocks=16,
-                        secret=secret)  # fmt: skip
+                        secret=secret)
 
 
 def test_blocks_the_host_tier_drops_move_to_disk_and_come_back_as_cached(tmp_path):
@@ -104,7 +104,7 @@ def test_disk_entries_keep_their_host_expiry_and_are_dropped_when_it_comes(tmp_p
     num_host = len(manager.prefix_cache.host.entries())
     assert manager.expire_host(time.time() + 61) == len(held) + num_host
     removed_from_disk = {b.hash for e in log.since(head, log.epoch) if e.medium == "disk"
-                         for b in e.blocks}  # fmt: skip
+                         for b in e.blocks}
     assert removed_from_disk == held and disk.entries() == [] and files(manager) == []
     assert manager.admit(99, A + [7], "t1") == 0, "an expired prefix is not served"
     manager.free(99)
@@ -120,7 +120,7 @@ def test_blocks_that_expired_while_the_worker_was_down_are_dropped_at_the_scan(t
     assert files(manager) != []
     time.sleep(max(0.0, last_expiry - time.time()) + 0.05)
     manager = make_manager(6, B, num_host_blocks=2, disk_dir=tmp_path, num_disk_blocks=16,
-                           host_ttl_s=2.0)  # fmt: skip
+                           host_ttl_s=2.0)
     assert manager.prefix_cache.disk.entries() == [] and files(manager) == []
     assert manager.stats().disk.disk_auth_failures_total == 0
 
@@ -185,7 +185,7 @@ def test_a_disk_tier_needs_a_host_tier(tmp_path):
 
 def test_the_disk_flags_and_their_config_checks(tmp_path):
     flags = ["--host-cache-bytes", "1MiB", "--disk-cache-dir", str(tmp_path),
-             "--disk-cache-bytes", "2GiB"]  # fmt: skip
+             "--disk-cache-bytes", "2GiB"]
     kv = config_from_args(_parser().parse_args(flags)).kv
     assert (kv.disk_cache_dir, kv.disk_cache_bytes) == (str(tmp_path), 2 * 2**30)
     with pytest.raises(ValueError, match="kv.disk_cache_bytes: must be 0 without a host tier"):

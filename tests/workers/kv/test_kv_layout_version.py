@@ -19,5 +19,5 @@ def test_the_current_layout_is_the_one_recorded_for_the_current_version():
 
 def test_worker_namespaces_carry_the_current_version():
     namespace = cache_namespace("m", "w", PromptTokenizer.demo(), {}, KVCacheSpec(1, 1, 2),
-                                KVScales.unit(1))  # fmt: skip
+                                KVScales.unit(1))
     assert namespace.kv_layout_version == KV_LAYOUT_VERSION

@@ -93,7 +93,7 @@ class KVManagerMachine(RuleBasedStateMachine):
     def __init__(self) -> None:
         super().__init__()
         self.manager = make_manager(self.num_blocks, BLOCK_SIZE,
-                                    num_host_blocks=self.num_host_blocks)  # fmt: skip
+                                    num_host_blocks=self.num_host_blocks)
         self.cache = self.manager.prefix_cache
         self.consumer = EventConsumer(BLOCK_SIZE)
         self.consumer.apply(self.manager.event_log.since(-1, self.manager.event_log.epoch))

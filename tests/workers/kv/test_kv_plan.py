@@ -104,7 +104,7 @@ def test_gpu_budget_is_the_fraction_of_total_less_weights_and_peak_activation():
      (80 * GIB, 0.0, 0, 0, r"must be in \(0, 1\]"),
      (80 * GIB, 1.5, 0, 0, r"must be in \(0, 1\]"),
      (80 * GIB, 0.9, -1, 0, "negative")],
-)  # fmt: skip
+)
 def test_gpu_budget_refuses_what_leaves_nothing(total, fraction, weights, peak, message):
     with pytest.raises(ValueError, match=message):
         gpu_kv_budget(total, fraction, weights, peak)

@@ -9,10 +9,10 @@ import torch
 
 from radix.namespace import CacheNamespace
 from workers.engine.build import cache_namespace, kv_scales, kv_spec
-from workers.kv.calibrate import calibrate
 from workers.kv.plan import plan_kv_cache
 from workers.kv.scales import KVScales, calibration_record, fp8_max, load_scales
 from workers.kv.spec import KVCacheSpec
+from workers.model.calibrate import calibrate
 from workers.model.demo import ensure_demo_checkpoint
 from workers.model.loader import load_model
 
@@ -81,7 +81,7 @@ def test_an_fp8_namespace_never_equals_one_without(demo, record, tmp_path):
         cache_namespace("demo", *ids, fp8, calibrated),
         cache_namespace("demo", *ids, e5m2, kv_scales(e5m2, write(tmp_path, record),
                                                       demo.weights_digest)),
-    ]  # fmt: skip
+    ]
     assert namespaces[2].kv_scales_digest == record["sha256"]
     digests = {ns.fingerprint(secret) for ns in namespaces}
     assert len(digests) == len(namespaces)
@@ -97,7 +97,7 @@ def test_runner_with_an_fp8_cache_tracks_the_fp32_logits(demo, record, tmp_path)
     for dtype in ("auto", "fp8_e4m3"):
         spec = kv_spec(demo.config, 16, dtype)
         scales = kv_scales(spec, write(tmp_path, record) if spec.is_fp8 else None,
-                           demo.weights_digest)  # fmt: skip
+                           demo.weights_digest)
         tensors = KVCacheTensors(spec, 8)
         runner = ModelRunner(demo.model, tensors.key_caches, tensors.value_caches, 16, scales)
         first = runner.execute([StepInput(prompt, 0, [3, 1, 5, 7])])

@@ -63,7 +63,7 @@ def block_of(n: int) -> tuple[EventBlock, bytes]:
 
 operations = st.lists(
     st.tuples(st.sampled_from(["down"] * 6 + ["take", "take", "forget", "restart"]),
-              st.integers(0, 9)),  # fmt: skip
+              st.integers(0, 9)),
     min_size=8, max_size=50,
 )
 
@@ -91,7 +91,7 @@ def test_host_and_disk_keep_the_newest_blocks_in_one_lru_order(ops):
                 assert bool(restored) == (n in moved_at)
                 if restored:
                     assert tensors.read_slots(range(restored[0] * B, restored[0] * B + B)) == \
-                        bytes([n + 1]) * spec.kv_bytes_per_block  # fmt: skip
+                        bytes([n + 1]) * spec.kv_bytes_per_block
                     pool.decref(restored)
                 moved_at.pop(n, None)
             elif op == "forget":
@@ -117,7 +117,7 @@ def check(tiers: Tiers, moved_at: dict[int, int]) -> None:
     assert host | disk == {block_of(n)[1] for n in moved_at}
     time_of = {block_of(n)[1]: t for n, t in moved_at.items()}
     assert min((time_of[h] for h in host), default=1 << 30) > max(
-        (time_of[h] for h in disk), default=-1)  # fmt: skip
+        (time_of[h] for h in disk), default=-1)
     assert [h for h, _ in tiers.disk.entries()] == sorted(disk, key=time_of.__getitem__)
     assert tiers.replayed() == ({h.hex() for h in host}, {h.hex() for h in disk})
     tiers.disk.flush()  # the files once the queued writes have landed

@@ -34,7 +34,7 @@ def test_prefix_cache_off_gives_exactly_the_same_answers(tmp_path):
     report = tmp_path / "report.md"
     status = main(["--baseline", config(tmp_path, "on", ""),
                    "--candidate", config(tmp_path, "off", "prefix_cache = false"),
-                   "--require-exact", "--report", str(report), *SMALL])  # fmt: skip
+                   "--require-exact", "--report", str(report), *SMALL])
     text = report.read_text()
     assert status == 0, text
     assert "| short | 2 | 100% / 100% |" in text and "**PASS**" in text
@@ -45,7 +45,7 @@ def test_an_fp8_candidate_is_scored_and_a_strict_threshold_fails(tmp_path):
     fp8 = config(tmp_path, "fp8", f'cache_dtype = "fp8_e4m3"\nscales_file = "{scales}"')
     report, verdicts = tmp_path / "report.md", tmp_path / "report.json"
     status = main(["--baseline", config(tmp_path, "on", ""), "--candidate", fp8, *SMALL,
-                   "--max-kl", "1e-12", "--report", str(report), "--json", str(verdicts)])  # fmt: skip
+                   "--max-kl", "1e-12", "--report", str(report), "--json", str(verdicts)])
     text = report.read_text()
     assert "float8_e4m3fn KV" in text and "**FAIL**" in text and "mean KL" in text
     assert status == 1

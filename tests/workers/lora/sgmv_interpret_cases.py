@@ -47,7 +47,7 @@ def problems(draw: st.DrawFn) -> dict:
                   "block_n": draw(st.sampled_from([16, 32])),
                   "block_k": draw(st.sampled_from([16, 32])),
                   "num_splits": draw(st.sampled_from([None, 1, 2]))},
-    }  # fmt: skip
+    }
 
 
 EXAMPLES = [
@@ -63,7 +63,7 @@ EXAMPLES = [
     # A long run over several row tiles, with the default tiling.
     {"row_counts": [1, 70, 2], "row_slots": [None, 1, 1], "ranks": [3, 20, 7], "max_rank": 20,
      "in_features": 33, "out_features": 17, "seed": 4, "tiles": {}},
-]  # fmt: skip
+]
 
 
 def check(dtype: torch.dtype, case: dict) -> None:
@@ -71,7 +71,7 @@ def check(dtype: torch.dtype, case: dict) -> None:
     problem = make_problem(
         case["row_counts"], case["row_slots"], case["ranks"], case["max_rank"],
         case["in_features"], case["out_features"], dtype, seed=case["seed"],
-    )  # fmt: skip
+    )
     error = error_in_ulps(lora_delta_triton(*problem, **case["tiles"]), problem)
     assert error <= MAX_ULPS, f"{error} ulps"
 

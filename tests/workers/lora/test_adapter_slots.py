@@ -36,7 +36,7 @@ def spec(name: str) -> AdapterSpec:
 
 @settings(max_examples=150, deadline=None)
 @given(st.lists(st.tuples(st.sampled_from(("begin", "admit", "end", "unload", "register")),
-                          st.sampled_from(NAMES)), max_size=60))  # fmt: skip
+                          st.sampled_from(NAMES)), max_size=60))
 def test_slots_follow_the_rules(ops):
     loader = RecordingLoader()
     slots = AdapterSlots(MAX_LORAS, loader, lambda s: s.name.encode())

@@ -8,7 +8,7 @@ import json
 import pytest
 from safetensors.torch import load_file, save_file
 
-from bench.lora_adapters import (
+from harness.lora_adapters import (
     adapter_config,
     model_shapes,
     write_config_adapters,
@@ -19,7 +19,7 @@ from workers.lora.peft_files import AdapterError, read_adapter, weight_key
 from workers.model.timed import TimedSlotLoader, timed_lora_shapes
 
 TINY = {"hidden_size": 32, "intermediate_size": 48, "num_hidden_layers": 2,
-        "num_attention_heads": 4, "num_key_value_heads": 2}  # fmt: skip
+        "num_attention_heads": 4, "num_key_value_heads": 2}
 
 
 @pytest.fixture
@@ -50,7 +50,7 @@ def edit_tensors(path, edit):
     ("shape", weight_key(1, "v_proj", "lora_B")),
     ("missing", weight_key(0, "down_proj", "lora_A")),
     ("weights", "lora_path"),
-])  # fmt: skip
+])
 def test_an_adapter_that_does_not_fit_is_refused_naming_the_field(model_dir, tmp_path, breakage,
                                                                   param):
     path = write_peft_adapter(tmp_path / "a", model_dir, 4, 8, seed=1)

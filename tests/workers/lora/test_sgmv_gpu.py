@@ -19,7 +19,7 @@ pytestmark = [
     ("row_counts", "row_slots"),
     [([1] * 16, [0, 1, None, 2, 3, 3, 0, None, 1, 1, 2, 0, None, 3, 2, 1]),
      ([700, 3, 500, 845], [2, None, 0, 2])],
-)  # fmt: skip
+)
 def test_lora_delta_on_cuda_matches_reference(dtype, row_counts, row_slots):
     problem = make_problem(row_counts, row_slots, [16, 8, 4, 16], 16, 1024, 1536, dtype, "cuda")
     got = lora_delta(*problem)

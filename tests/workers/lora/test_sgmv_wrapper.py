@@ -44,7 +44,7 @@ BAD: dict[str, tuple[Callable[[LoraProblem], LoraProblem], str]] = {
     "starts-length": (with_segments("starts", torch.tensor([0])), "segments.starts"),
     "b-device": (lambda p: p._replace(lora_b=p.lora_b.to("meta")), "lora_b is on meta"),
     "ends-device": (with_segments("ends", torch.tensor([3, 9], device="meta")), "segments.ends is on"),
-}  # fmt: skip
+}
 
 
 @pytest.mark.parametrize("name", list(BAD))

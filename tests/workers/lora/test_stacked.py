@@ -18,7 +18,7 @@ NUM_SLOTS, MAX_RANK, IN, OUT = 3, 4, 12, 10
 @given(rows=st.lists(st.tuples(st.integers(0, 5), st.none() | st.integers(0, NUM_SLOTS - 1)),
                      min_size=1, max_size=8),
        ranks=st.lists(st.integers(1, MAX_RANK), min_size=NUM_SLOTS, max_size=NUM_SLOTS),
-       seed=st.integers(0, 2**16))  # fmt: skip
+       seed=st.integers(0, 2**16))
 def test_stacked_delta_equals_the_reference(rows, ranks, seed):
     generator = torch.Generator().manual_seed(seed)
     lora_a = torch.zeros(NUM_SLOTS, MAX_RANK, IN, dtype=torch.float64)

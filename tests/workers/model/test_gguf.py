@@ -29,7 +29,7 @@ def tiny_llama(vocab_size: int, seed: int = 0, **overrides: object) -> LlamaForC
         vocab_size=vocab_size, hidden_size=64, intermediate_size=160, num_hidden_layers=2,
         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
         initializer_range=0.2, rope_theta=10000.0, **overrides,
-    )  # fmt: skip
+    )
     return LlamaForCausalLM(config).eval()
 
 
@@ -47,7 +47,7 @@ def gguf_file(tmp_path, bpe):
 def test_all_f32_file_loads_exactly_the_original_weights(tmp_path, bpe):
     model = tiny_llama(bpe.get_vocab_size(), tie_word_embeddings=True)
     path = write_llama_gguf(tmp_path / "f32.gguf", model, bpe,
-                            tensor_type=lambda _: GGMLQuantizationType.F32)  # fmt: skip
+                            tensor_type=lambda _: GGMLQuantizationType.F32)
     loaded = load_model(path)
     assert loaded.config.tie_word_embeddings
     ours = loaded.model.state_dict()

@@ -15,7 +15,7 @@ from peft import PeftModel
 from prometheus_client import CollectorRegistry
 from transformers import LlamaForCausalLM
 
-from bench.lora_adapters import model_shapes, write_peft_adapter
+from harness.lora_adapters import model_shapes, write_peft_adapter
 from radix.namespace import CacheNamespace
 from workers.config import EngineConfig, KVSettings, LoraSettings, WorkerConfig
 from workers.engine.build import build_worker, kv_spec
@@ -75,17 +75,17 @@ def lora_engine(checkpoint, max_loras: int, num_blocks: int = 64, max_num_seqs: 
     spec = kv_spec(loaded.config, BLOCK_SIZE)
     base = CacheNamespace("tiny", loaded.weights_digest, loaded.tokenizer.digest)
     manager = build_kv_cache_manager(spec, num_blocks, namespace_digest=base.digest(b"s"),
-                                     worker_id="lora-test", secret=b"s")  # fmt: skip
+                                     worker_id="lora-test", secret=b"s")
     shapes = model_shapes(model_dir)
     weights = LoraWeights(shapes, max_loras, MAX_RANK, torch.float32, "cpu")
     slots = AdapterSlots(max_loras, weights, lambda s: adapter_namespace(base, s).digest(b"s"))
     for name, path in paths.items():
         slots.register(read_adapter(name, path, shapes, MAX_RANK))
     runner = ModelRunner(loaded.model, manager.tensors.key_caches, manager.tensors.value_caches,
-                         BLOCK_SIZE, lora=weights)  # fmt: skip
+                         BLOCK_SIZE, lora=weights)
     config = EngineConfig(max_num_seqs=max_num_seqs)
     return Engine(manager, runner, loaded.tokenizer, config, 256,
-                  EngineMetrics(CollectorRegistry()), slots)  # fmt: skip
+                  EngineMetrics(CollectorRegistry()), slots)
 
 
 def prompt_ids(length: int, seed: int) -> list[int]:
@@ -188,7 +188,7 @@ def test_a_worker_built_from_its_config_serves_the_adapter_exactly(tmp_path):
     model_dir = ensure_demo_checkpoint()
     path = write_peft_adapter(tmp_path / "demo-lora", model_dir, 8, 16, seed=7)
     config = WorkerConfig(kv=KVSettings(cache_bytes=2 * 2**20), lora=LoraSettings(
-        enable=True, modules=(f"demo-lora={path}",), max_lora_rank=8))  # fmt: skip
+        enable=True, modules=(f"demo-lora={path}",), max_lora_rank=8))
     built = build_worker(config, "w", b"secret")
     prompt = prompt_ids(30, seed=5)
 
@@ -204,7 +204,7 @@ def test_a_worker_built_from_its_config_serves_the_adapter_exactly(tmp_path):
     hf_model = LlamaForCausalLM.from_pretrained(model_dir).eval()
     assert base == hf_greedy(hf_model, prompt, NUM_TOKENS)
     assert with_adapter == hf_greedy(PeftModel.from_pretrained(hf_model, str(path)).eval(), prompt,
-                                     NUM_TOKENS)  # fmt: skip
+                                     NUM_TOKENS)
     assert with_adapter != base
     assert [a.resident for a in built.lora.slots.published] == [True]
 

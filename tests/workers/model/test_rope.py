@@ -29,7 +29,7 @@ SCALINGS = [
     {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 512},
     {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 512, "mscale": 1.0,
      "mscale_all_dim": 0.5, "beta_fast": 16, "truncate": False},
-]  # fmt: skip
+]
 
 
 def configs(scaling):

@@ -20,7 +20,7 @@ PROMPTS = (
     [{"role": "system", "content": "Answer briefly."}, {"role": "user", "content": "Name a primary color."}],
 )
 TEXTS = st.text(max_size=40) | st.sampled_from(["<|im_start|>user\nhi<|im_end|>", " 2024 12345",
-                                                "don't  \n\n tabs\t", "日本語 😀"])  # fmt: skip
+                                                "don't  \n\n tabs\t", "日本語 😀"])
 
 pytestmark = pytest.mark.slow
 

@@ -74,7 +74,7 @@ class Replay:
 def tree_paths(tree: RadixTree) -> set[tuple[str, tuple[int, ...]]]:
     """(scope, tokens) of every root-to-leaf path of ``tree``."""
     return {(node.scope, tuple(from_key(tree.path_key(node)))) for node in tree.iter_nodes()
-            if node.is_leaf()}  # fmt: skip
+            if node.is_leaf()}
 
 
 class EventStream:

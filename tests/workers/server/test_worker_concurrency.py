@@ -8,7 +8,7 @@ import openai
 import pytest
 from worker_checks import metric, used_blocks_settle
 
-from bench.procs import start_worker
+from harness.procs import start_worker
 
 NUM_CLIENTS = 32
 MAX_TOKENS = 10
@@ -36,7 +36,7 @@ async def stream_one(client: openai.AsyncOpenAI, i: int, max_tokens: int = MAX_T
     stream = await client.completions.create(
         model="demo", prompt=prompt(i), max_tokens=max_tokens, temperature=0, stream=True,
         stream_options={"include_usage": True}, extra_body={"ignore_eos": True},
-    )  # fmt: skip
+    )
     text, completion_tokens = "", None
     async for chunk in stream:
         if chunk.choices:
@@ -81,7 +81,7 @@ def test_disconnected_streams_free_their_blocks(big):
         stream = await client.completions.create(
             model="demo", prompt=prompt(100 + i) * 8, max_tokens=1700, stream=True,
             extra_body={"ignore_eos": True},
-        )  # fmt: skip
+        )
         seen = 0
         async for _ in stream:
             seen += 1

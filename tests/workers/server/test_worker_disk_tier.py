@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 import urllib.request
 
-from bench.procs import start_worker, stream_lines
+from harness.procs import start_worker, stream_lines
 
 DOC = [(13 * i + 5) % 251 for i in range(64)]  # 4 blocks of 16
 
@@ -15,12 +15,12 @@ DOC = [(13 * i + 5) % 251 for i in range(64)]  # 4 blocks of 16
 def disk_worker(directory):
     # demo KV is 64 KiB a block: a 16-block host tier, a 64-block disk tier
     return start_worker("--host-cache-bytes", "1MiB", "--disk-cache-dir", str(directory),
-                        "--disk-cache-bytes", "4MiB")  # fmt: skip
+                        "--disk-cache-bytes", "4MiB")
 
 
 def generate(worker, token_ids: list[int]) -> dict:
     status, body = worker.post_json("/generate", {
-        "token_ids": token_ids, "sampling": {"max_tokens": 2, "temperature": 0}})  # fmt: skip
+        "token_ids": token_ids, "sampling": {"max_tokens": 2, "temperature": 0}})
     assert status == 200, body
     return body
 
@@ -41,10 +41,10 @@ def test_a_restarted_worker_serves_a_prompt_from_its_disk_tier(tmp_path):
     worker = disk_worker(tmp_path)
     try:
         snapshot = [json.loads(line) for line in stream_lines(f"{worker.url}/kv/events")
-                    if line.strip()]  # fmt: skip
+                    if line.strip()]
         assert snapshot[0]["type"] == "cleared" and snapshot[0]["epoch"] != first_epoch
         disk_tokens = [token for event in snapshot if event.get("medium") == "disk"
-                       for block in event["blocks"] for token in block["tokens"]]  # fmt: skip
+                       for block in event["blocks"] for token in block["tokens"]]
         assert set(DOC) <= set(disk_tokens)
         assert generate(worker, DOC + [9, 9, 9])["usage"]["cached_tokens"] == 64
         assert metric(worker, "kv_disk_hit_blocks_total") >= 4  # the self-test's may add

@@ -9,7 +9,7 @@ import signal
 import time
 import urllib.request
 
-from bench.procs import http_json
+from harness.procs import http_json
 
 NUM_TOKENS = 900
 

@@ -10,7 +10,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from bench.procs import ManagedProcess, start_worker
+from harness.procs import ManagedProcess, start_worker
 from radix.keys import to_key
 
 PROMPT = [5, 17, 200, 3, 99, 261, 0, 42]
@@ -32,7 +32,7 @@ def worker() -> Iterator[ManagedProcess]:
 def stream_events(worker: ManagedProcess, body: dict[str, object]) -> list[dict[str, object]]:
     request = urllib.request.Request(
         f"{worker.url}/generate", data=json.dumps({**body, "stream": True}).encode(),
-        headers={"Content-Type": "application/json"})  # fmt: skip
+        headers={"Content-Type": "application/json"})
     raw = urllib.request.urlopen(request).read().decode()
     frames = [line[6:] for line in raw.splitlines() if line.startswith("data: ")]
     assert frames[-1] == "[DONE]"
@@ -61,7 +61,7 @@ def test_b64_prompt_generates_what_the_id_list_does(worker):
     ({"token_ids_b64": b64([1, 320])}, "token_ids_b64", "token ids in [0, 320)"),
     ({"token_ids_b64": b64([1, 2**32 - 1])}, "token_ids_b64", "token ids in [0, 320)"),
     ({"token_ids_b64": b64([1, 2]), "num_public_tokens": 3}, "num_public_tokens", "[0, 2]"),
-])  # fmt: skip
+])
 def test_malformed_b64_prompts_are_400_naming_the_field(worker, body, param, message):
     status, error = worker.post_json("/generate", body)
     assert status == 400, error

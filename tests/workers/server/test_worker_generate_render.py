@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from bench.procs import ManagedProcess, start_worker
+from harness.procs import ManagedProcess, start_worker
 from radix.openai.rendered import TOKENS_PREFIX, USAGE_PREFIX
 
 PROMPT = list(range(60, 90))

@@ -9,7 +9,7 @@ from support.bpe import trained_bpe
 from support.gguf_files import write_llama_gguf
 from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM
 
-from bench.procs import start_worker
+from harness.procs import start_worker
 
 pytestmark = pytest.mark.slow
 BLOCK_SIZE = 4
@@ -24,7 +24,7 @@ def gguf_path(tmp_path_factory):
     torch.manual_seed(0)
     config = LlamaConfig(vocab_size=bpe.get_vocab_size(), hidden_size=64, intermediate_size=160,
                          num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-                         max_position_embeddings=256, initializer_range=0.2)  # fmt: skip
+                         max_position_embeddings=256, initializer_range=0.2)
     path = tmp_path_factory.mktemp("gguf") / "tiny.gguf"
     return write_llama_gguf(path, LlamaForCausalLM(config).eval(), bpe)
 
@@ -32,7 +32,7 @@ def gguf_path(tmp_path_factory):
 @pytest.fixture(scope="module")
 def worker(gguf_path):
     process = start_worker("--model", str(gguf_path), "--served-model-name", "tiny", "alias",
-                           "--block-size", str(BLOCK_SIZE))  # fmt: skip
+                           "--block-size", str(BLOCK_SIZE))
     yield process
     process.stop()
 
@@ -44,7 +44,7 @@ def test_models_lists_every_served_name_with_its_context(worker, gguf_path):
     assert {m["root"] for m in body["data"]} == {str(gguf_path)}
     assert all(m["max_model_len"] == 256 for m in body["data"])
     status, body = worker.post_json("/v1/completions", {"model": "alias", "prompt": "report",
-                                                        "max_tokens": 1})  # fmt: skip
+                                                        "max_tokens": 1})
     assert status == 200 and body["model"] == "alias"
 
 
@@ -67,6 +67,6 @@ def test_greedy_equals_transformers_after_a_mid_block_prefix_hit(worker, gguf_pa
         assert status == 200
         with torch.no_grad():
             expected = hf_model.generate(torch.tensor([prompt]), max_new_tokens=NUM_TOKENS,
-                                         do_sample=False)[0, len(prompt):].tolist()  # fmt: skip
+                                         do_sample=False)[0, len(prompt):].tolist()
         assert body["choices"][0]["token_ids"] == expected
     assert body["usage"]["cached_tokens"] == len(SHARED)

@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from bench.procs import REPO_ROOT, child_env, http_json, stream_lines
+from harness.procs import REPO_ROOT, child_env, http_json, stream_lines
 from workers.config import ServerConfig
 from workers.server.access import check_listen_address, is_loopback, load_api_key
 
@@ -41,7 +41,7 @@ def test_key_from_file_guards_every_route_but_health(worker_factory, tmp_path):
 def test_keyless_worker_refuses_to_listen_off_loopback(host):
     done = subprocess.run([sys.executable, "-m", "workers", "--model", "demo", "--host", host],
                           cwd=REPO_ROOT, env=child_env(), capture_output=True, text=True,
-                          timeout=60)  # fmt: skip
+                          timeout=60)
     assert done.returncode == 2
     lines = done.stderr.strip().splitlines()
     assert len(lines) == 1 and "is not loopback and no worker API key is set" in lines[0]

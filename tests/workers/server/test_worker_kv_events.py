@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from kv_replay import EventStream, Replay, tree_paths
 
-from bench.procs import start_worker
+from harness.procs import start_worker
 
 BLOCK_SIZE = 16
 
@@ -43,7 +43,7 @@ def generate(worker, token_ids, max_tokens=4, scope="anonymous", num_public_toke
     status, body = worker.post_json("/generate", {
         "token_ids": token_ids, "scope": scope, "num_public_tokens": num_public_tokens,
         "sampling": {"max_tokens": max_tokens, "temperature": 0, "ignore_eos": True},
-    })  # fmt: skip
+    })
     assert status == 200, body
     return body
 

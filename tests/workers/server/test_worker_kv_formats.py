@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from bench.procs import start_worker
+from harness.procs import start_worker
 from workers.kv.tensors import KV_LAYOUT_VERSION
 
 REPO = Path(__file__).resolve().parents[3]
@@ -23,14 +23,14 @@ def worker():
     # 11 FP8 device blocks of 16 KiB (after the margin); a host tier of 64 blocks
     process = start_worker("--kv-cache-dtype", "fp8_e4m3", "--kv-scales", str(SCALES),
                            "--host-cache-bytes", str(64 * 16 * 1024), "--host-ttl-s", "3600",
-                           kv_cache_bytes=str(12 * 16 * 1024))  # fmt: skip
+                           kv_cache_bytes=str(12 * 16 * 1024))
     yield process
     process.stop()
 
 
 def generate(worker, token_ids: list[int], **fields) -> dict:
     status, body = worker.post_json("/generate", {
-        "token_ids": token_ids, "sampling": {"max_tokens": 2, "temperature": 0}, **fields})  # fmt: skip
+        "token_ids": token_ids, "sampling": {"max_tokens": 2, "temperature": 0}, **fields})
     assert status == 200, body
     return body
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from worker_checks import metric, used_blocks_settle
 
-from bench.procs import start_worker
+from harness.procs import start_worker
 
 
 def document(i: int) -> str:

@@ -12,8 +12,8 @@ import openai
 import pytest
 from worker_checks import used_blocks_settle
 
-from bench.procs import REPO_ROOT, child_env, http_json
-from router.launcher import free_port
+from harness.procs import REPO_ROOT, child_env, http_json
+from router.up.launcher import free_port
 from workers.config import WorkerConfig, load_config
 
 KEY = "worker-key"
@@ -23,7 +23,7 @@ AUTH = {"Authorization": f"Bearer {KEY}"}
 def test_ready_is_503_until_the_self_test_passed_and_keys_are_checked(worker_factory):
     port = free_port()
     worker = worker_factory("--port", str(port), "--self-test-delay-s", "1.5", wait=False,
-                            api_key=KEY)  # fmt: skip
+                            api_key=KEY)
     url = f"http://127.0.0.1:{port}"
     statuses = []
     deadline = time.monotonic() + 60
@@ -68,7 +68,7 @@ def test_cli_rejects_bad_config_naming_the_field(tmp_path, flags, toml, message)
         path.write_text(toml)
         flags = [*flags, "--config", str(path)]
     done = subprocess.run([sys.executable, "-m", "workers", *flags], cwd=REPO_ROOT, env=child_env(),
-                          capture_output=True, text=True, timeout=60)  # fmt: skip
+                          capture_output=True, text=True, timeout=60)
     assert done.returncode == 2
     assert message in done.stderr
 
@@ -90,7 +90,7 @@ def test_toml_values_and_flag_overrides():
      ({"gpu_memory_utilization": 0}, "kv.gpu_memory_utilization: must be positive"),
      ({"gpu_memory_utilization": 1.5}, "kv.gpu_memory_utilization: must be at most 1"),
      ({"host_ttl_s": 60.0}, "kv.host_ttl_s: must be unset without a host tier")],
-)  # fmt: skip
+)
 def test_kv_operation_settings_are_checked(kv, message):
     with pytest.raises(ValueError, match=message):
         WorkerConfig().with_overrides({"kv": kv})
@@ -106,7 +106,7 @@ def test_requests_past_the_timeout_are_cancelled(worker_factory, tmp_path):
     assert status == 504 and error["error"]["code"] == "timeout"
     raw = urllib.request.urlopen(urllib.request.Request(
         f"{worker.url}/generate", data=json.dumps({**body, "stream": True}).encode(),
-        headers={"Content-Type": "application/json"})).read().decode()  # fmt: skip
+        headers={"Content-Type": "application/json"})).read().decode()
     events = [line[len("data: "):] for line in raw.splitlines() if line.startswith("data: ")]
     assert json.loads(events[-2])["error"]["code"] == "timeout" and events[-1] == "[DONE]"
     used_blocks_settle(worker)

@@ -11,12 +11,12 @@ import json
 import pytest
 from support.aio import serving
 
-from bench.lora_adapters import adapter_config, lora_module_flags, write_config_adapters
-from bench.procs import http_json, start_worker
+from harness.lora_adapters import adapter_config, lora_module_flags, write_config_adapters
+from harness.procs import http_json, start_worker
 from workers.config import LoraSettings, ModelSettings, WorkerConfig
 from workers.engine.build import build_worker
 from workers.server.app import create_app
-from workers.server.state import WorkerState
+from workers.server.state import ServerState
 
 pytestmark = pytest.mark.slow
 PROFILE = "timed:llama3-8b-h100"
@@ -34,14 +34,14 @@ def worker(adapters):
         "--model", PROFILE, "--time-scale", "0.01", "--max-loras", "1",
         *lora_module_flags([("lora-0", adapters["lora-0"])]),
         json.dumps({"name": "lora-1", "path": str(adapters["lora-1"]), "base_model_name": "x"}),
-        "--allow-runtime-lora-updates", api_key=KEY)  # fmt: skip
+        "--allow-runtime-lora-updates", api_key=KEY)
     yield process
     process.stop()
 
 
 def complete(worker, model: str, prompt: str) -> dict:
     status, body = worker.post_json("/v1/completions", {
-        "model": model, "prompt": prompt, "max_tokens": 4, "temperature": 0})  # fmt: skip
+        "model": model, "prompt": prompt, "max_tokens": 4, "temperature": 0})
     assert status == 200, body
     return body
 
@@ -58,7 +58,7 @@ def test_ready_lists_every_adapter_and_requests_select_one(worker):
     assert [(m["id"], m["parent"]) for m in models] == [
         (PROFILE, None), ("lora-0", PROFILE), ("lora-1", PROFILE)]
     status, body = worker.post_json("/generate", {"token_ids": [5, 6, 7], "adapter": "lora-0",
-                                                  "sampling": {"max_tokens": 2}})  # fmt: skip
+                                                  "sampling": {"max_tokens": 2}})
     assert status == 200, body
     ready = worker.get_json("/ready")[1]
     assert [a["resident"] for a in ready["adapters"]] == [True, False]
@@ -108,7 +108,7 @@ def test_runtime_load_checks_the_adapter_first_and_unload_hides_it(worker, tmp_p
 
 def test_runtime_routes_are_off_without_the_flag():
     config = WorkerConfig(model=ModelSettings(name=PROFILE), lora=LoraSettings(enable=True))
-    state = WorkerState(config.server, build_worker(config, "w", b"secret"))
+    state = ServerState(config.server, build_worker(config, "w", b"secret"))
 
     async def main() -> tuple[int, object]:
         async with serving(create_app(state)) as url:

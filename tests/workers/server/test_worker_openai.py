@@ -5,7 +5,7 @@ from __future__ import annotations
 import openai
 import pytest
 
-from bench.procs import start_worker
+from harness.procs import start_worker
 
 
 @pytest.fixture(scope="module")
@@ -25,7 +25,7 @@ NO_EOS = {"ignore_eos": True}
 
 def test_completion(client):
     response = client.completions.create(model="demo", prompt="Hello", max_tokens=5,
-                                         temperature=0, extra_body=NO_EOS)  # fmt: skip
+                                         temperature=0, extra_body=NO_EOS)
     assert response.object == "text_completion" and response.model == "demo"
     assert response.choices[0].finish_reason == "length"
     usage = response.usage
@@ -35,7 +35,7 @@ def test_completion(client):
 
 def test_completion_stream_matches_non_stream(client):
     kwargs = {"model": "demo", "prompt": [72, 105, 33], "max_tokens": 7, "temperature": 0,
-              "extra_body": NO_EOS}  # fmt: skip
+              "extra_body": NO_EOS}
     whole = client.completions.create(**kwargs)
     chunks = list(client.completions.create(stream=True, stream_options={"include_usage": True}, **kwargs))
     text = "".join(c.choices[0].text for c in chunks if c.choices)
@@ -48,13 +48,13 @@ def test_completion_stream_matches_non_stream(client):
 def test_chat_stream_and_not(client):
     messages = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "hi"}]
     whole = client.chat.completions.create(model="demo", messages=messages, max_tokens=4,
-                                           temperature=0, n=2, extra_body=NO_EOS)  # fmt: skip
+                                           temperature=0, n=2, extra_body=NO_EOS)
     assert [c.index for c in whole.choices] == [0, 1]
     assert whole.choices[0].message.role == "assistant"
     assert whole.usage.completion_tokens == 8
     stream = client.chat.completions.create(model="demo", messages=messages, max_tokens=4,
                                             temperature=0, stream=True, extra_body=NO_EOS,
-                                            stream_options={"include_usage": True})  # fmt: skip
+                                            stream_options={"include_usage": True})
     chunks = list(stream)
     assert chunks[0].choices[0].delta.role == "assistant"
     text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)

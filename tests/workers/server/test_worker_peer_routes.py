@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from bench.procs import http_json
+from harness.procs import http_json
 
 KEY = "peer-key"
 AUTH = {"Authorization": f"Bearer {KEY}"}
@@ -18,7 +18,7 @@ MESSAGES = [{"role": "user", "content": "hello there"}]
 
 @pytest.fixture(scope="module")
 def worker(request):
-    from bench.procs import start_worker
+    from harness.procs import start_worker
     process = start_worker(api_key=KEY)
     request.addfinalizer(process.stop)
     return process.url

@@ -12,7 +12,7 @@ from workers.config import KVSettings, WorkerConfig
 from workers.engine.build import build_worker
 from workers.engine.selftest import run_self_test
 from workers.server.app import create_app
-from workers.server.state import WorkerState
+from workers.server.state import ServerState
 
 
 @pytest.mark.filterwarnings("ignore::pytest.PytestUnhandledThreadExceptionWarning")
@@ -24,7 +24,7 @@ def test_ready_and_health_answer_503_once_the_engine_thread_died():
         raise SystemExit("the engine thread stops here")
 
     async def main() -> None:
-        state = WorkerState(config.server, worker)
+        state = ServerState(config.server, worker)
         worker.engine.start(asyncio.get_running_loop())
         try:
             await run_self_test(worker.engine, worker.identity.vocab_size, 16)

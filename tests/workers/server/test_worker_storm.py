@@ -8,7 +8,7 @@ import json
 import aiohttp
 from worker_checks import metric, used_blocks_settle
 
-from bench.procs import start_worker
+from harness.procs import start_worker
 
 CHAT = "/v1/chat/completions"
 COMPLETIONS = "/v1/completions"
@@ -63,7 +63,7 @@ async def send(session: aiohttp.ClientSession, url: str, method: str, path: str,
 
 async def cancel_mid_stream(session: aiohttp.ClientSession, url: str, i: int) -> None:
     body = {"token_ids": [i % 200] * (20 + i), "stream": True,
-            "sampling": {"max_tokens": 300, "ignore_eos": True, "n": 1 + i % 3}}  # fmt: skip
+            "sampling": {"max_tokens": 300, "ignore_eos": True, "n": 1 + i % 3}}
     async with session.post(url + "/generate", json=body) as response:
         assert response.status == 200
         await response.content.readline()

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 
-from bench.procs import ManagedProcess
+from harness.procs import ManagedProcess
 
 
 def used_blocks_settle(worker: ManagedProcess, timeout_s: float = 10.0) -> dict:

@@ -1,0 +1,3 @@
+"""Real processes on loopback for the tests and the benchmarks: demo and timed workers,
+routers, ``redis-server`` (through ``router.up.launcher``) and real vLLM CPU servers.
+Never imported by product code."""

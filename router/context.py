@@ -1,0 +1,119 @@
+"""``Router``: everything one router app owns, built once per app (no globals).
+
+Handlers reach it as ``request.app[ROUTER]``. It is built inside the running event
+loop (the shared ``aiohttp.ClientSession`` and the poll tasks need one) and closed
+by the app's cleanup.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import aiohttp
+from aiohttp import web
+
+from radix.openai.salt import CacheSalts
+from router.canary.controller import Canary
+from router.config import RouterConfig
+from router.fleet.events.follower import KVEventFollower
+from router.fleet.events.vllm.attach import VllmAttacher
+from router.fleet.registry import WorkerRegistry, WorkerState
+from router.forward.pool import UpstreamPool
+from router.forward.proxy import Proxy
+from router.front.auth import Authenticator
+from router.front.limits import TenantLimiter
+from router.front.tokenization import Models
+from router.metrics import RouterMetrics
+from router.routing.index import NamespaceDigest, RouterIndex, WorkerId
+from router.routing.policy import Policy, make_policy
+from router.siblings.protocol import NoSiblings, Siblings
+from router.siblings.redis_siblings import RedisSiblings
+from router.state.redis_state.limits import RedisSharedState
+from router.state.redis_state.link import RedisLink
+from router.state.shared_state import InProcessSharedState, SharedState
+
+
+@dataclass
+class Router:
+    """The parts of one router, wired together. Only ``registry`` changes its
+    membership at run time; the other references are fixed for the app's life."""
+
+    config: RouterConfig
+    models: Models
+    auth: Authenticator
+    limiter: TenantLimiter
+    index: RouterIndex
+    policy: Policy
+    session: aiohttp.ClientSession
+    registry: WorkerRegistry
+    proxy: Proxy
+    pool: UpstreamPool
+    metrics: RouterMetrics
+    cache_salts: CacheSalts
+    siblings: Siblings
+    vllm: VllmAttacher
+    canary: Canary
+
+    @classmethod
+    def build(cls, config: RouterConfig, secret: bytes, state: SharedState,
+              siblings: Siblings | None = None) -> Router:
+        """Load tokenizers, resolve the policy and wire the parts; ValueError naming
+        the config field when something is unusable. Call inside the event loop.
+        ``state`` holds the tenant counters, ``siblings`` (default ``NoSiblings``) the
+        registry shared with other routers; the app's startup starts it."""
+        models = Models.from_config(config.models)
+        policy = make_policy(config.policy.name, config.policy.weights)
+        index = RouterIndex(config.index)
+        session = aiohttp.ClientSession(
+            connector=aiohttp.TCPConnector(limit=0, keepalive_timeout=60),
+            auto_decompress=False)
+
+        metrics = RouterMetrics(models.token_cache_stats)
+        auth = Authenticator(config.auth)
+        salts = CacheSalts(secret)
+        vllm = VllmAttacher(index, session, secret, salts, auth.tenant_ids(), metrics.kv_events,
+                            config.registry.probe_timeout_s)
+
+        async def follow(worker: WorkerState) -> None:
+            if worker.kind == "vllm":
+                await vllm.follow(worker, models.get(worker.model))
+                return
+            base = NamespaceDigest(worker.namespace or "")
+            await KVEventFollower(
+                index, WorkerId(worker.worker_id), worker.url, session, worker.headers,
+                lambda namespace: worker.lora.event_namespace(namespace, base,
+                                                              worker.worker_namespace)).run()
+
+        registry = WorkerRegistry(config.registry, models, secret, session, index, follow)
+        siblings = siblings or NoSiblings()
+        metrics.shared_state_up.set_function(lambda: float(siblings.up))
+        pool = UpstreamPool(config.proxy.connect_timeout_s, config.proxy.request_timeout_s)
+        canary = Canary(config.models, secret, lambda model, text: models.get(model).tokenizer
+                        .encode(text, add_special_tokens=False), metrics.registry)
+        return cls(config, models, auth, TenantLimiter(state), index, policy, session, registry,
+                   Proxy(pool, config.proxy), pool, metrics, salts, siblings, vllm, canary)
+
+    async def close(self) -> None:
+        """Leave the siblings, stop the canary's guards, stop polling and following every
+        worker, then close the request path's idle connections and the client
+        session."""
+        await self.siblings.close()
+        await self.canary.close()
+        await self.registry.close()
+        self.vllm.close()
+        self.pool.close()
+        await self.session.close()
+
+
+def shared_backends(config: RouterConfig) -> tuple[SharedState, Siblings]:
+    """(limits, siblings) for ``config``: in process when ``redis.url`` is None, else on
+    Redis, sharing one ``RedisLink``. Build inside the event loop; ``siblings.start``
+    connects."""
+    if config.redis.url is None:
+        return InProcessSharedState(), NoSiblings()
+    link = RedisLink(config.redis)
+    return RedisSharedState(link), RedisSiblings(link, config.admin.worker_key_env_prefix,
+                                                  config.workers)
+
+
+ROUTER = web.AppKey("router", Router)

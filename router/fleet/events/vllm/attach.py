@@ -1,0 +1,72 @@
+"""Attach a ready vLLM worker to the router index: token parity, then its events.
+
+``follow_vllm`` is the body of the worker's follower task (``WorkerRegistry`` starts
+it when the worker becomes ready and cancels it when it leaves). A worker whose
+tokenization differs from the router's is routed approximately for as long as it stays
+ready, with the reason in ``GET /admin/workers``; one that agrees is routed exactly
+from its ZMQ KV events.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+from collections.abc import Iterable
+
+import aiohttp
+import zmq.asyncio
+
+from radix.openai.salt import CacheSalts
+from router.fleet.events.vllm.follower import Endpoints, KVEventMetrics, VllmEventFollower
+from router.fleet.events.vllm.parity import token_parity_problem
+from router.fleet.events.vllm.translate import VllmTranslator
+from router.fleet.probes import openai_namespace
+from router.fleet.registry import WorkerState
+from router.front.tokenization import ModelTokenizer
+from router.routing.index import RouterIndex, WorkerId
+
+log = logging.getLogger(__name__)
+
+
+class VllmAttacher:
+    """What every vLLM worker's follower shares: the index, the HTTP session, the
+    salts the router issues (mapped back to tenant scopes), the metrics and the ZMQ
+    context. ``tenants`` are every tenant id a request can run as."""
+
+    def __init__(self, index: RouterIndex, session: aiohttp.ClientSession, secret: bytes,
+                 salts: CacheSalts, tenants: Iterable[str], metrics: KVEventMetrics,
+                 probe_timeout_s: float) -> None:
+        self._index = index
+        self._session = session
+        self._secret = secret
+        self._scopes = {salts.salt(tenant): tenant for tenant in tenants}
+        self._metrics = metrics
+        self._probe_timeout_s = probe_timeout_s
+        self._context = zmq.asyncio.Context()
+
+    async def follow(self, worker: WorkerState, model: ModelTokenizer) -> None:
+        """Check token parity, then follow the worker's events until cancelled."""
+        assert worker.config.kv_events is not None and worker.served_model is not None
+        problem = await token_parity_problem(self._session, worker.url, worker.headers,
+                                             worker.served_model, model.tokenizer,
+                                             self._probe_timeout_s)
+        if problem is not None:
+            log.warning("worker %s routed approximately: %s", worker.worker_id, problem)
+            worker.index_mode, worker.index_reason = "approximate", problem
+            self._index.set_approximate(WorkerId(worker.worker_id))
+            return
+        worker.index_mode, worker.index_reason = "exact", ""
+        self._index.set_exact(WorkerId(worker.worker_id))
+        translator = VllmTranslator(worker.worker_id, self._scopes.get,
+                                    functools.lru_cache(maxsize=256)(
+                                        functools.partial(self._namespace, model)))
+        endpoints = Endpoints(worker.config.kv_events, worker.config.kv_events_replay)
+        await VllmEventFollower(self._index, translator, endpoints, self._metrics,
+                                self._context).run()
+
+    def _namespace(self, model: ModelTokenizer, lora_name: str | None) -> str:
+        return openai_namespace(model, self._secret, "vllm", lora_name or "")
+
+    def close(self) -> None:
+        """Close the ZMQ context (after every follower task ended)."""
+        self._context.destroy(linger=0)

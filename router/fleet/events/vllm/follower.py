@@ -1,0 +1,258 @@
+"""Follow one vLLM server's KV events (ZMQ) into the router index.
+
+vLLM publishes on a PUB socket and answers replays on a ROUTER socket
+(``router.fleet.events.vllm.wire``); it has no epoch and no snapshot: a restarted server
+starts ``seq`` at 0 with an empty cache. The rules, so that the index never claims a
+block the server may not hold:
+
+- **Start, or after a clear:** replay from seq 0. vLLM keeps its last batches (10,000
+  by default); a replay that starts at 0 is the whole history, a later start is the
+  tail, and the index then holds the subset it can prove (a block whose store fell
+  out of the buffer is not claimed; its chain's later blocks are orphans, skipped).
+- **Live:** a batch at ``last + 1`` is applied; at or below ``last`` it is a
+  duplicate (the replay already applied it) and skipped; above it is a gap, filled
+  by a replay from ``last + 1``. A replay that no longer reaches ``last + 1`` clears
+  the worker and applies what the buffer still has.
+- **Restart:** the PUB connection dropping (a ZMQ socket monitor sees it) clears the
+  worker's entries at once and discards the messages queued before it, even if the
+  server then stays idle and sends nothing. A live ``seq`` at or below the previous
+  live one (the server restarted between two messages) clears it too. A failed probe
+  ends this task and clears the worker (``WorkerRegistry``).
+- **Garbage:** a malformed message or event is counted and skipped; it never stops
+  the follower.
+
+Cancelling the task closes its sockets.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+import zmq
+import zmq.asyncio
+from prometheus_client import CollectorRegistry, Counter, Histogram
+from zmq.utils.monitor import parse_monitor_message
+
+from radix.events import KVEvent
+from router.fleet.events.vllm.translate import VllmTranslator
+from router.fleet.events.vllm.wire import END_OF_REPLAY, WireError, decode_batch, decode_seq
+from router.routing.index import WorkerId
+
+log = logging.getLogger(__name__)
+_LAG_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1.0, 5.0)
+_MONITORED = zmq.EVENT_CONNECTED | zmq.EVENT_DISCONNECTED
+_REPLAY_YIELD_EVERY = 64
+
+
+class KVEventMetrics:
+    """Counters of every worker's event stream, labelled by worker:
+    ``router_kv_events_total`` (batches applied), ``router_kv_event_gaps_total``,
+    ``router_kv_event_replays_total``, ``router_kv_event_resyncs_total`` (the worker's
+    entries cleared), ``router_kv_event_decode_errors_total`` and the lag from the
+    engine's batch timestamp to the index, ``router_kv_event_lag_seconds``."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        def counter(name: str, text: str) -> Counter:
+            return Counter(name, text, ["worker"], registry=registry)
+
+        self.events = counter("router_kv_events", "KV event batches applied to the index")
+        self.gaps = counter("router_kv_event_gaps", "Gaps seen in a worker's event sequence")
+        self.replays = counter("router_kv_event_replays", "Replays asked of a worker")
+        self.resyncs = counter("router_kv_event_resyncs",
+                               "Times a worker's index entries were cleared and rebuilt")
+        self.decode_errors = counter("router_kv_event_decode_errors",
+                                     "Malformed KV event messages or events, skipped")
+        self.lag = Histogram("router_kv_event_lag_seconds",
+                             "Engine batch timestamp to applied in the index",
+                             buckets=_LAG_BUCKETS, registry=registry)
+
+
+class EventSink(Protocol):
+    """What the follower needs of the router index (``RouterIndex`` has both)."""
+
+    def apply_event(self, worker_id: WorkerId, event: KVEvent) -> None:
+        """Apply one translated event."""
+
+    def reset_worker(self, worker_id: WorkerId) -> None:
+        """Drop everything held for the worker."""
+
+
+@dataclass(frozen=True)
+class Endpoints:
+    """A vLLM server's ``endpoint`` (its PUB socket) and ``replay_endpoint`` (its
+    ROUTER socket; None when it has none: gaps then clear the worker)."""
+
+    events: str
+    replay: str | None
+    replay_timeout_s: float = 2.0
+
+
+class VllmEventFollower:
+    """Streams one vLLM server's KV events into ``sink`` under ``translator``'s worker."""
+
+    def __init__(self, sink: EventSink, translator: VllmTranslator, endpoints: Endpoints,
+                 metrics: KVEventMetrics, context: zmq.asyncio.Context) -> None:
+        self._sink = sink
+        self._translator = translator
+        self._worker_id = WorkerId(translator.worker_id)
+        self._endpoints = endpoints
+        self._context = context
+        self._last_seq: int | None = None
+        self._last_live_seq: int | None = None
+        self._synced = False
+        self._events = metrics.events.labels(self._worker_id)
+        self._gaps = metrics.gaps.labels(self._worker_id)
+        self._replays = metrics.replays.labels(self._worker_id)
+        self._resyncs = metrics.resyncs.labels(self._worker_id)
+        self._decode_errors = metrics.decode_errors.labels(self._worker_id)
+        self._lag = metrics.lag
+
+    @property
+    def last_seq(self) -> int | None:
+        """The last sequence number applied (None: nothing since the last clear)."""
+        return self._last_seq
+
+    async def run(self) -> None:
+        """Follow until cancelled."""
+        sub = self._context.socket(zmq.SUB)
+        sub.setsockopt(zmq.LINGER, 0)
+        sub.setsockopt(zmq.SUBSCRIBE, b"")
+        monitor = sub.get_monitor_socket(_MONITORED)
+        sub.connect(self._endpoints.events)
+        poller = zmq.asyncio.Poller()
+        poller.register(sub, zmq.POLLIN)
+        poller.register(monitor, zmq.POLLIN)
+        queued = zmq.Socket.shadow(sub.underlying)
+        try:
+            while True:
+                ready = dict(await poller.poll())
+                if monitor in ready:
+                    await self._on_monitor(await monitor.recv_multipart(), queued)
+                if sub in ready and (frames := _recv_now(queued)) is not None:
+                    await self._on_live(frames)
+        finally:
+            sub.disable_monitor()
+            monitor.close(linger=0)
+            sub.close(linger=0)
+
+    async def _on_monitor(self, frames: list[bytes], queued: zmq.Socket) -> None:
+        event = parse_monitor_message(frames)["event"]
+        if event == zmq.EVENT_DISCONNECTED:
+            self._clear("event connection dropped (the server may have restarted)")
+            while _recv_now(queued) is not None:
+                pass  # sent before the drop: the replay after reconnecting supersedes them
+        elif event == zmq.EVENT_CONNECTED and not self._synced:
+            await self._sync()
+
+    async def _on_live(self, frames: Sequence[bytes]) -> None:
+        try:
+            seq = decode_seq(frames[-2]) if len(frames) >= 2 else -1
+        except WireError:
+            seq = -1
+        if seq < 0:
+            self._decode_errors.inc()
+            return
+        if self._last_live_seq is not None and seq <= self._last_live_seq:
+            self._clear(f"seq went back from {self._last_live_seq} to {seq} (a restart)")
+        self._last_live_seq = seq
+        if not self._synced:
+            await self._sync()
+        if self._last_seq is not None and seq > self._last_seq + 1:
+            self._gaps.inc()
+            await self._fill(self._last_seq + 1)
+            if self._last_seq is not None and seq > self._last_seq + 1:
+                self._clear(f"gap before seq {seq} that no replay covers")
+                self._synced = True  # from here on, what comes live is the whole truth
+        if self._last_seq is None or seq == self._last_seq + 1:
+            self._apply(seq, frames[-1], live=True)
+
+    async def _sync(self) -> None:
+        """Catch up from seq 0 (after a start or a clear)."""
+        self._synced = True
+        batches = await self._replay(0)
+        if batches:
+            self._resyncs.inc()
+            await self._apply_all(batches)
+
+    async def _fill(self, start: int) -> None:
+        """Replay from ``start``; a buffer that no longer reaches it clears the worker
+        and applies what it has."""
+        batches = await self._replay(start)
+        if batches is None:
+            return
+        if not batches or batches[0][0] != start:
+            self._clear(f"replay buffer no longer holds seq {start}")
+            self._synced = True
+        await self._apply_all(batches)
+
+    async def _apply_all(self, batches: list[tuple[int, bytes]]) -> None:
+        for i, (seq, payload) in enumerate(batches):
+            if self._last_seq is None or seq == self._last_seq + 1:
+                self._apply(seq, payload, live=False)
+            if i % _REPLAY_YIELD_EVERY == _REPLAY_YIELD_EVERY - 1:
+                await asyncio.sleep(0)
+
+    def _apply(self, seq: int, payload: bytes, live: bool) -> None:
+        self._last_seq = seq
+        try:
+            batch = decode_batch(seq, payload)
+        except WireError as exc:
+            self._decode_errors.inc()
+            log.warning("kv events of %s: seq %d skipped: %s", self._worker_id, seq, exc)
+            return
+        if batch.num_malformed:
+            self._decode_errors.inc(batch.num_malformed)
+        for event in batch.events:
+            translated = self._translator.translate(seq, event)
+            if translated is not None:
+                self._sink.apply_event(self._worker_id, translated)
+        self._events.inc()
+        if live:
+            self._lag.observe(max(time.time() - batch.ts, 0.0))
+
+    def _clear(self, reason: str) -> None:
+        log.warning("kv events of %s: %s; clearing its index entries", self._worker_id, reason)
+        self._sink.reset_worker(self._worker_id)
+        self._translator.reset()
+        self._resyncs.inc()
+        self._last_seq = self._last_live_seq = None
+        self._synced = False
+
+    async def _replay(self, start: int) -> list[tuple[int, bytes]] | None:
+        """The buffered batches from ``start`` on, or None without a replay endpoint or
+        when the server does not finish answering in time."""
+        if self._endpoints.replay is None:
+            return None
+        self._replays.inc()
+        dealer = self._context.socket(zmq.DEALER)
+        dealer.setsockopt(zmq.LINGER, 0)
+        dealer.connect(self._endpoints.replay)
+        timeout_ms = int(self._endpoints.replay_timeout_s * 1000)
+        batches: list[tuple[int, bytes]] = []
+        try:
+            await dealer.send_multipart([b"", start.to_bytes(8, "big")])
+            while await dealer.poll(timeout_ms):
+                frames = await dealer.recv_multipart()
+                if len(frames) < 3 or frames[-2] == END_OF_REPLAY:
+                    return batches
+                try:
+                    batches.append((decode_seq(frames[-2]), frames[-1]))
+                except WireError:
+                    self._decode_errors.inc()
+            log.warning("kv events of %s: replay from %d timed out", self._worker_id, start)
+            return None
+        finally:
+            dealer.close(linger=0)
+
+
+def _recv_now(sock: zmq.Socket) -> list[bytes] | None:
+    """One message if one is queued, else None (never waits)."""
+    try:
+        return sock.recv_multipart(zmq.NOBLOCK)
+    except zmq.Again:
+        return None

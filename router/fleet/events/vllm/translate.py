@@ -1,0 +1,192 @@
+"""vLLM's KV events of one worker, as the router index's own ``KVEvent``s.
+
+What vLLM says and what the index needs differ in four ways, each settled here:
+
+- **Tenant.** vLLM knows no tenants; it mixes the request's ``cache_salt`` into the
+  first block's hash and publishes it in that block's extra keys. The router issued
+  every salt (``radix.openai.salt``), so a salt it knows maps back to its tenant's
+  scope; later blocks of the chain inherit their parent's scope. A chain whose salt
+  the router does not know (a client that reached vLLM directly) is credited to no
+  tenant: it is never indexed.
+- **Adapter.** ``lora_name`` selects the adapter's namespace
+  (``namespace_for(lora_name)``); None is the base model's.
+- **Tier.** ``medium`` ``"GPU"`` (or none) is the device; anything else (``"CPU"``,
+  storage) is the host tier, which the index weighs below a device hit.
+- **Duplicates.** vLLM can hold two physical blocks with one hash (two requests
+  computed the same block in one step) and publishes a store and, later, a removal
+  for each. A per-hash reference count forwards the first store and the last removal
+  only, so one eviction does not drop a block the engine still holds.
+- **Orphans.** vLLM reuses only a contiguous chain from the first block. Its LRU frees
+  a request's blocks tail first, so a parent normally outlives its children; when a
+  parent goes first anyway, its descendants are dropped from the index with it (an
+  under-claim until they are stored again, never a claim of an unreachable block).
+
+Only full-attention KV groups are indexed: the first group whose spec kind is
+``full_attention`` (or unnamed, before vLLM published kinds). A sliding-window group
+keeps only its last window of blocks, so a prefix hit there needs every block of the
+window, not the longest chain: a different match rule (docs/protocol.md).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+
+from radix.events import EventBlock, KVEvent, Medium
+from router.fleet.events.vllm.wire import AllCleared, BlocksRemoved, BlocksStored, Event
+
+FULL_ATTENTION = "full_attention"
+DEVICE_MEDIA = (None, "GPU", "gpu", "device")
+
+
+@dataclass
+class _Entry:
+    """One engine block hash the index holds: where it is filed and how many
+    physical copies the engine reported."""
+
+    namespace: str
+    scope: str
+    num_copies: int
+    children: list[str] | None = None
+
+
+class VllmTranslator:
+    """Turns one worker's vLLM events into ``KVEvent``s for ``RouterIndex.apply_event``.
+
+    ``scope_of_salt`` maps a ``cache_salt`` to the tenant scope it was issued for
+    (None: not the router's); ``namespace_for`` maps a ``lora_name`` (None: the base
+    model) to the router's namespace digest. State is per worker: ``reset`` after the
+    index dropped the worker's entries.
+    """
+
+    def __init__(self, worker_id: str, scope_of_salt: Callable[[str], str | None],
+                 namespace_for: Callable[[str | None], str]) -> None:
+        self.worker_id = worker_id
+        self._scope_of_salt = scope_of_salt
+        self._namespace_for = namespace_for
+        self._entries: dict[tuple[Medium, str], _Entry] = {}
+        self._group: int | None = None
+        self.num_unknown_salt_blocks = 0
+        self.num_skipped_group_events = 0
+
+    def reset(self) -> None:
+        """Forget every block (the index forgot them too)."""
+        self._entries.clear()
+        self._group = None
+
+    def translate(self, seq: int, event: Event) -> KVEvent | None:
+        """The index event for ``event`` (None when there is nothing to apply)."""
+        if isinstance(event, AllCleared):
+            self.reset()
+            return self._event(seq, "cleared", "", "", (), "device")
+        if not self._indexed_group(event):
+            self.num_skipped_group_events += 1
+            return None
+        if isinstance(event, BlocksStored):
+            return self._stored(seq, event)
+        return self._removed(seq, event)
+
+    def _indexed_group(self, event: BlocksStored | BlocksRemoved) -> bool:
+        if event.group_idx is None:
+            return True
+        if isinstance(event, BlocksStored) and self._group is None and (
+                event.spec_kind in (None, FULL_ATTENTION)):
+            self._group = event.group_idx
+        return event.group_idx == self._group
+
+    def _stored(self, seq: int, event: BlocksStored) -> KVEvent | None:
+        medium = _medium(event.medium)
+        place = self._place(event, medium)
+        if place is None:
+            self.num_unknown_salt_blocks += len(event.hashes)
+            return None
+        namespace, scope = place
+        blocks = []
+        parent, size = event.parent, event.block_size
+        for i, block_hash in enumerate(event.hashes):
+            entry = self._entries.get((medium, block_hash))
+            if entry is not None:
+                entry.num_copies += 1
+            else:
+                self._entries[(medium, block_hash)] = _Entry(namespace, scope, 1)
+                blocks.append(EventBlock(block_hash, parent,
+                                         event.tokens[i * size:(i + 1) * size]))
+                if parent is not None:
+                    self._link(medium, parent, block_hash)
+            parent = block_hash
+        if not blocks:
+            return None
+        return self._event(seq, "stored", namespace, scope, tuple(blocks), medium)
+
+    def _parent(self, medium: Medium, parent: str) -> _Entry | None:
+        """A parent block: in the same tier, or on the device (host blocks continue
+        device chains)."""
+        return self._entries.get((medium, parent)) or self._entries.get(("device", parent))
+
+    def _link(self, medium: Medium, parent: str, child: str) -> None:
+        entry = self._parent(medium, parent)
+        if entry is not None:
+            if entry.children is None:
+                entry.children = []
+            entry.children.append(child)
+
+    def _place(self, event: BlocksStored, medium: Medium) -> tuple[str, str] | None:
+        """(namespace, scope) of a stored chain: its parent's, or from its salt."""
+        if event.parent is not None:
+            parent = self._parent(medium, event.parent)
+            return None if parent is None else (parent.namespace, parent.scope)
+        for key in event.salt_keys:
+            scope = self._scope_of_salt(key)
+            if scope is not None:
+                return self._namespace_for(event.lora_name), scope
+        return None
+
+    def _removed(self, seq: int, event: BlocksRemoved) -> KVEvent | None:
+        """The blocks whose last copy left, and their descendants; the index finds each
+        block's tree by its hash, so one event carries them all."""
+        medium = _medium(event.medium)
+        gone: list[str] = []
+        first: _Entry | None = None
+        for block_hash in event.hashes:
+            entry = self._entries.get((medium, block_hash))
+            if entry is None:
+                continue
+            entry.num_copies -= 1
+            if entry.num_copies == 0:
+                first = first or entry
+                self._drop_subtree(medium, block_hash, gone)
+        if first is None:
+            return None
+        return self._event(seq, "removed", first.namespace, first.scope,
+                           tuple(EventBlock(block_hash) for block_hash in gone), medium)
+
+    def _drop_subtree(self, medium: Medium, root: str, gone: list[str]) -> None:
+        """Forget ``root`` and every block chained below it (children before parents,
+        the order the index removes in)."""
+        pending = [root]
+        dropped: list[str] = []
+        while pending:
+            block_hash = pending.pop()
+            entry = self._entries.pop((medium, block_hash), None)
+            if entry is None:
+                continue
+            dropped.append(block_hash)
+            pending += entry.children or ()
+        gone += reversed(dropped)
+
+    def _event(self, seq: int, kind: str, namespace: str, scope: str,
+               blocks: tuple[EventBlock, ...], medium: Medium) -> KVEvent:
+        return KVEvent(worker=self.worker_id, epoch="vllm", seq=seq, type=kind,  # type: ignore[arg-type]
+                       namespace=namespace or "-", scope=scope or "-", blocks=blocks,
+                       medium=medium)
+
+    def num_blocks(self) -> Mapping[Medium, int]:
+        """Blocks held per medium (for status and tests)."""
+        counts: dict[Medium, int] = {}
+        for medium, _ in self._entries:
+            counts[medium] = counts.get(medium, 0) + 1
+        return counts
+
+
+def _medium(name: str | None) -> Medium:
+    return "device" if name in DEVICE_MEDIA else "host"

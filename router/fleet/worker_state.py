@@ -1,0 +1,121 @@
+"""A worker as the router sees it (``WorkerState``), its request totals, and the
+in-flight count of one attempt on it (``InFlight``).
+
+In-flight counts are the router's own, changed at decision time (``InFlight``'s
+creation) and at the end of the request (``end``): a burst of decisions sees its own
+effect at once.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+from router.config import WorkerSpec
+from router.fleet.probes import WorkerLoad
+from router.routing.adapters import WorkerLora
+
+
+@dataclass
+class WorkerStats:
+    """Totals over requests this router sent to a worker: prompt tokens, tokens the
+    index predicted cached (matched) and tokens the worker reported cached."""
+
+    num_requests: int = 0
+    num_prompt_tokens: int = 0
+    num_matched_tokens: int = 0
+    num_cached_tokens: int = 0
+
+    def record(self, num_prompt_tokens: int, num_matched_tokens: int,
+               num_cached_tokens: int | None) -> None:
+        """Add one finished request."""
+        self.num_requests += 1
+        self.num_prompt_tokens += num_prompt_tokens
+        self.num_matched_tokens += num_matched_tokens
+        self.num_cached_tokens += num_cached_tokens or 0
+
+    def to_dict(self) -> dict[str, object]:
+        """Totals plus hit rates (cached / prompt, matched / prompt)."""
+        total = max(self.num_prompt_tokens, 1)
+        return {**asdict(self), "hit_rate": self.num_cached_tokens / total,
+                "predicted_hit_rate": self.num_matched_tokens / total}
+
+
+class WorkerState:
+    """One worker as the router sees it. Mutated only by the registry; read by the
+    dispatcher, the proxy and the admin routes. ``config`` is what it was registered
+    with; ``namespace`` is the router-side digest of the worker's base cache namespace
+    (None until the first passing probe), ``worker_namespace`` the worker's own digest
+    of it; ``lora`` its LoRA adapters (``router.routing.adapters``)."""
+
+    __slots__ = ("config", "worker_id", "kind", "model", "url", "headers", "ready", "reason",
+                 "namespace", "epoch", "served_model", "load", "num_in_flight_requests",
+                 "num_in_flight_prompt_tokens", "stats", "index_mode", "index_reason",
+                 "cache_block_size", "worker_namespace", "lora")
+
+    def __init__(self, config: WorkerSpec, url: str, headers: dict[str, str]) -> None:
+        self.config = config
+        self.worker_id = config.worker_id
+        self.kind = config.kind
+        self.model = config.model
+        self.url = url.rstrip("/")
+        self.headers = headers
+        self.ready = False
+        self.reason = "not probed yet"
+        self.namespace: str | None = None
+        self.epoch: str | None = None
+        self.served_model: str | None = None
+        self.load = WorkerLoad()
+        self.num_in_flight_requests = 0
+        self.num_in_flight_prompt_tokens = 0
+        self.stats = WorkerStats()
+        self.index_mode = "exact" if self.has_event_stream else "approximate"
+        self.index_reason = "" if self.has_event_stream else "publishes no KV events"
+        self.cache_block_size: int | None = None
+        self.worker_namespace: str | None = None
+        self.lora = WorkerLora()
+
+    @property
+    def has_event_stream(self) -> bool:
+        """Whether the worker publishes KV events the router can follow."""
+        return self.kind == "radix" or (self.kind == "vllm" and self.config.kv_events is not None)
+
+    def to_dict(self) -> dict[str, object]:
+        """JSON view for ``GET /admin/workers``."""
+        return {
+            "id": self.worker_id, "kind": self.kind, "model": self.model, "url": self.url,
+            "ready": self.ready, "reason": self.reason, "namespace": self.namespace,
+            "epoch": self.epoch, "served_model": self.served_model,
+            "index_mode": self.index_mode, "index_reason": self.index_reason,
+            "cache_block_size": self.cache_block_size,
+            "load": asdict(self.load),
+            "num_in_flight_requests": self.num_in_flight_requests,
+            "num_in_flight_prompt_tokens": self.num_in_flight_prompt_tokens,
+            "stats": self.stats.to_dict(),
+            "adapters": sorted(self.lora.adapters),
+            "resident_adapters": self.lora.residency.resident(),
+            "lora_load_ms": self.lora.measured_load_ms,
+        }
+
+
+class InFlight:
+    """One attempt counted in its worker's in-flight load: the request until ``end``
+    (when it ends or moves to another worker), its prompt tokens until ``prefilled``
+    (its first token came: the worker's prefill is done) or ``end``."""
+
+    __slots__ = ("_worker", "_num_prompt_tokens")
+
+    def __init__(self, worker: WorkerState, num_prompt_tokens: int) -> None:
+        self._worker = worker
+        self._num_prompt_tokens = num_prompt_tokens
+        worker.num_in_flight_requests += 1
+        worker.num_in_flight_prompt_tokens += num_prompt_tokens
+
+    def prefilled(self) -> None:
+        """The prompt tokens are no longer queued work (idempotent)."""
+        self._worker.num_in_flight_prompt_tokens -= self._num_prompt_tokens
+        self._num_prompt_tokens = 0
+
+    def end(self) -> None:
+        """The attempt is over."""
+        self.prefilled()
+        self._worker.num_in_flight_requests -= 1

@@ -1,0 +1,287 @@
+"""One attempt to serve a request on one worker, streaming through without buffering.
+
+``radix`` workers get ``POST /generate`` as a stream, also for a whole answer (the
+prompt as ``token_ids_b64``: its key in base64, much cheaper than a JSON id list;
+scope, ``num_public_tokens``, sampling, ``render``, the LoRA ``adapter`` if any, and
+``num_resumed_tokens`` when an attempt continues a failed one); they render the client's OpenAI bytes
+themselves and the request's ``Relay`` (``router.forward.relay``) passes them
+through. ``openai`` workers get ``/v1/completions``
+with the validated fields only (``OpenAIRequest.upstream_body``: the adapter's name
+as the model for a LoRA request, the router's token ids as the prompt, chat messages rendered by the router with content as text, the
+tenant's ``cache_salt``); completions answers pass through, chat requests' answers
+are reshaped into chat objects like a radix worker's.
+
+Contract of ``Proxy.send``: either it answers the client (whole or streamed), filling
+in the caller's ``Exchange`` as it goes, or it raises ``UpstreamUnavailable``; the
+relay then says whether the client got bytes and whether another worker may go on
+(``Relay.prepare_attempt``). An ``openai`` completions stream passed through that
+fails after its first byte (a broken connection, a timeout, the backend's own error
+event, an end without ``[DONE]``) ends with our error event and then ``data: [DONE]``
+itself. A client that goes away closes the upstream response, which cancels the
+request on the worker; the exchange then holds the completion tokens streamed so
+far, which is what the tenant is charged. Timeouts are ``router.forward.attempt``'s.
+
+Errors sent to clients name no worker address and no exception text: the detail is
+logged under the request id (``router.server.request_ids``). An ``openai`` backend's
+4xx is the router's own error with the same status (``router.forward.masking``), and
+its streamed chunks carry the router's model name, never the backend's.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass, replace
+from typing import Any
+
+import orjson
+
+from radix.api_errors import ApiError
+from radix.generate import PATH as GENERATE_PATH
+from radix.generate import GenerateRequest
+from radix.openai.rendered import RenderSpec
+from radix.openai.requests import COMPLETIONS, OpenAIRequest
+from radix.openai.responses import DONE_FRAME, ChoiceText, ResponseShape, sse_frame
+from router.client import Client
+from router.config import ProxyConfig
+from router.fleet.registry import WorkerState
+from router.forward.attempt import (
+    MALFORMED,
+    Batch,
+    Upstream,
+    UpstreamUnavailable,
+    unavailable,
+    worker_failed,
+)
+from router.forward.masking import ModelRenamer, refusal
+from router.forward.pool import UpstreamError, UpstreamPool, UpstreamResponse
+from router.forward.relay import (
+    CLIENT_CLOSED,
+    Exchange,
+    Relay,
+    answered,
+    note_usage,
+    token_usage,
+    write_to_client,
+)
+from router.front.tokenization import Prompt
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Call:
+    """What to run, independent of which worker runs it: ``model_name`` is the name the
+    client asked for (the adapter's, for a LoRA request), ``adapter`` the LoRA adapter
+    (None for the base model)."""
+
+    request: OpenAIRequest
+    model_name: str
+    prompt: Prompt
+    scope: str
+    max_tokens: int | None
+    cache_salt: str
+    max_cached_tokens: int | None = None
+    request_id: str | None = None
+    adapter: str | None = None
+
+
+def generate_request(call: Call, render: RenderSpec) -> GenerateRequest:
+    """The ``/generate`` request of ``call``, rendered as ``render`` says (always
+    streamed: a whole answer's body comes at the end, so it resumes like a stream)."""
+    return GenerateRequest(
+        call.prompt.key, call.scope, replace(call.request.sampling, max_tokens=call.max_tokens),
+        stream=True, render=render, num_public_tokens=call.prompt.num_public_tokens,
+        max_cached_tokens=call.max_cached_tokens, request_id=call.request_id,
+        adapter=call.adapter)
+
+
+class Proxy:
+    """Sends attempts over the keep-alive connections of an ``UpstreamPool``."""
+
+    def __init__(self, pool: UpstreamPool, config: ProxyConfig) -> None:
+        self._upstream = Upstream(pool, config)
+        self._write_timeout_s = config.client_write_timeout_s
+
+    def relay(self, client: Client, call: Call) -> Relay:
+        """The client side of ``call``, shared by all its attempts."""
+        request = call.request
+        return Relay(client, ResponseShape(request.endpoint, call.model_name), request.stream,
+                     request.include_usage, request.sampling.n, len(call.prompt.token_ids),
+                     self._write_timeout_s)
+
+    async def send(self, client: Client, call: Call, relay: Relay, worker: WorkerState,
+                   exchange: Exchange) -> None:
+        """Run ``call`` on ``worker`` (from where ``relay`` stands); see the module
+        docstring for the contract."""
+        try:
+            if worker.kind == "radix":
+                await self._relay_generate(call, relay, worker, exchange)
+            elif call.request.endpoint == COMPLETIONS:
+                await self._pass_openai(client, call, worker, exchange)
+            elif call.request.stream:
+                await self._relay_openai_chat(call, relay, worker, exchange)
+            else:
+                await self._whole_openai_chat(client, call, worker, exchange)
+        except UpstreamUnavailable as exc:
+            log.warning("request %s: worker unavailable%s: %s", client.request_id,
+                        " mid-stream" if relay.started else "", exc)
+            raise
+        except ApiError as exc:
+            if not relay.started and worker.kind == "openai":
+                log.info("request %s: worker %s refused: HTTP %d: %s", client.request_id,
+                         worker.worker_id, exc.status, exc.message)
+                raise refusal(exc) from None
+            if not relay.started:
+                raise
+            # A refused resume (a bug on one side): the client has its stream already.
+            log.error("request %s: worker %s refused a resume: %s", client.request_id,
+                      worker.worker_id, exc)
+            raise UpstreamUnavailable(str(exc), False, worker_failed()) from exc
+
+    async def _relay_generate(self, call: Call, relay: Relay, worker: WorkerState,
+                              exchange: Exchange) -> None:
+        request = relay.progress.resumed(generate_request(call, relay.render))
+        upstream = await self._upstream.post(worker, GENERATE_PATH, request.to_wire(),
+                                             call.request)
+        await self._relay_stream(worker, upstream, exchange,
+                                 self._upstream.line_batches(upstream), relay.write_rendered)
+
+    async def _relay_openai_chat(self, call: Call, relay: Relay, worker: WorkerState,
+                                 exchange: Exchange) -> None:
+        path, body = self._openai_body(call, worker)
+        upstream = await self._upstream.post(worker, path, body, call.request)
+
+        async def write(batch: Batch, exchange: Exchange) -> bool:
+            events = _completion_events(batch)
+            return bool(events) and await relay.write(events, exchange)
+
+        await self._relay_stream(worker, upstream, exchange, self._upstream.sse_batches(upstream),
+                                 write)
+
+    @staticmethod
+    async def _relay_stream(worker: WorkerState, upstream: UpstreamResponse,
+                            exchange: Exchange, batches: AsyncIterator[Any],
+                            write: Callable[[Any, Exchange], Awaitable[bool]]) -> None:
+        """Write each batch of ``upstream`` through the relay until the answer is over;
+        a broken or malformed stream is a failed attempt."""
+        try:
+            async for batch in batches:
+                if await write(batch, exchange):
+                    if exchange.status == 502:
+                        log.warning("worker %s sent an error event", worker.worker_id)
+                    return
+        except MALFORMED as exc:
+            raise unavailable(worker, exc) from exc
+        finally:
+            upstream.close()
+        raise AssertionError("a stream ends with [DONE] or raises")
+
+    @staticmethod
+    def _openai_body(call: Call, worker: WorkerState) -> tuple[str, dict[str, Any]]:
+        return call.request.upstream_body(call.adapter or worker.served_model, call.max_tokens,
+                                          call.prompt.token_ids, call.cache_salt)
+
+    async def _whole_openai_chat(self, client: Client, call: Call, worker: WorkerState,
+                                 exchange: Exchange) -> None:
+        path, body = self._openai_body(call, worker)
+        upstream = await self._upstream.post(worker, path, body, call.request)
+        try:
+            result = orjson.loads(await upstream.read())
+            shaped = ResponseShape(call.request.endpoint, call.model_name).whole(
+                [ChoiceText(c["index"], c["text"], c["finish_reason"])
+                 for c in result["choices"]],
+                token_usage(result["usage"]))
+        except MALFORMED as exc:
+            raise unavailable(worker, exc) from exc
+        finally:
+            upstream.close()
+        answered(exchange)
+        note_usage(exchange, shaped["usage"])
+        client.respond_json(200, shaped)
+
+    async def _pass_openai(self, client: Client, call: Call, worker: WorkerState,
+                           exchange: Exchange) -> None:
+        path, body = self._openai_body(call, worker)
+        upstream = await self._upstream.post(worker, path, body, call.request)
+        try:
+            if not call.request.stream:
+                try:
+                    result = orjson.loads(await upstream.read())
+                except MALFORMED as exc:
+                    raise unavailable(worker, exc) from exc
+                result["model"] = call.model_name
+                answered(exchange)
+                note_usage(exchange, result.get("usage"))
+                client.respond_json(200, result)
+                return
+            lines = self._upstream.lines(upstream)
+            try:
+                first = await anext(lines)
+            except (StopAsyncIteration, *MALFORMED) as exc:
+                raise unavailable(worker, EOFError("empty stream") if isinstance(
+                    exc, StopAsyncIteration) else exc) from exc
+            await client.start_stream()
+            answered(exchange)
+            await self._pass_lines(client, call, worker, first, lines, exchange)
+        finally:
+            upstream.close()
+
+    async def _pass_lines(self, client: Client, call: Call, worker: WorkerState,
+                          line: bytes, lines: AsyncIterator[bytes],
+                          exchange: Exchange) -> None:
+        """Copy an OpenAI completions stream to the client up to its ``[DONE]``, each
+        chunk under the router's model name, noting usage (and leaving out a
+        usage-only chunk the client did not ask for). A
+        backend's own error event, or an end without ``[DONE]``, is a failure: the
+        client's stream ends with our error event and ``[DONE]``."""
+        rename = ModelRenamer(call.model_name, call.adapter or worker.served_model)
+        try:
+            while True:
+                if line.startswith(b"data: {"):
+                    line = rename(line)
+                    if b'"choices"' in line and b'"usage"' not in line:
+                        exchange.num_completion_tokens += 1  # a chunk is about one token
+                    else:  # usage, or an error event: the rare lines
+                        chunk = orjson.loads(line[6:])
+                        if "error" in chunk or chunk.get("object") == "error":
+                            raise ValueError(f"error event {chunk}")
+                        note_usage(exchange, chunk.get("usage"))
+                        if not chunk.get("choices") and not call.request.include_usage:
+                            await anext(lines)  # the blank line ending the event
+                            line = await anext(lines)
+                            continue
+                elif line.rstrip() == b"data: [DONE]":
+                    await write_to_client(client, DONE_FRAME, self._write_timeout_s, exchange)
+                    return
+                await write_to_client(client, line, self._write_timeout_s, exchange)
+                if exchange.status == CLIENT_CLOSED:
+                    return
+                line = await anext(lines)
+        except StopAsyncIteration:
+            exc: BaseException = UpstreamError("stream ended before [DONE]")
+        except MALFORMED as error:
+            exc = error
+        log.warning("request %s: worker %s failed mid-stream: %s: %s", client.request_id,
+                    worker.worker_id, type(exc).__name__, exc)
+        exchange.status = 502
+        await write_to_client(client, sse_frame(worker_failed().body()) + DONE_FRAME,
+                              self._write_timeout_s, exchange)
+
+
+def _completion_events(batch: Batch) -> Batch:
+    """An OpenAI-compatible backend's completions chunks as ``/generate``-style events:
+    one per choice (``index``, ``text``, ``finish_reason``), a usage chunk as
+    ``usage``, errors and ``[DONE]`` as they are. Chunks carry no token ids, so a cut
+    stream counts one token per chunk with text (vLLM and SGLang send about one), and
+    cannot be resumed."""
+    events: Batch = []
+    for item in batch:
+        if item is None or "error" in item:
+            events.append(item)
+            continue
+        events += [{"index": c["index"], "text": c["text"], "finish_reason": c["finish_reason"]}
+                   for c in item.get("choices") or ()]
+        if item.get("usage") is not None:
+            events.append({"usage": item["usage"]})
+    return events

@@ -1,0 +1,329 @@
+"""The client side of one request, across every attempt that serves it.
+
+A radix worker renders the client's answer itself (``radix.openai.rendered``: the
+router sends the ``id``, ``created`` and model name, the same on every attempt); the
+``Relay`` copies its ``data`` lines to the client byte for byte, a stream's as they
+come, a whole answer's body at the end, and reads only the ``tokens`` lines (the
+generated token ids of each step) and the ``usage`` line. An ``openai`` worker's
+chat stream comes as ``/generate``-style events (``index``, ``text``,
+``finish_reason``; ``usage``; ``error``; ``None`` for ``[DONE]``) that the relay shapes
+into chat chunks with the shared ``ResponseShape``.
+
+The relay keeps the request's ``Progress`` (what each choice has delivered, committed
+per complete SSE event: a step counts once the blank line after its ``data`` line
+has arrived, and only then is its text written to the client), so that
+when a worker fails the next attempt can resume where it stopped: with the prompt
+plus the delivered token ids and ``num_resumed_tokens`` (the worker then counts them
+as completion tokens, sends none of their text again, and starts a whole body with
+it), so the client's answer is that of one uninterrupted run and its ``usage`` counts
+the original prompt and every completion token.
+
+Resume needs one choice and token ids on every step (radix workers send them):
+``n > 1`` and ``openai`` workers' streams are not resumed after the client's first
+byte; the stream then ends with an error event and ``[DONE]``. Before the first byte
+(always, for a whole answer) a request that cannot resume starts over elsewhere, as
+does a whole answer whose choices all finished without its body arriving.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import orjson
+
+from radix.generate import GenerateRequest
+from radix.keys import to_key
+from radix.openai.rendered import (
+    ANSWER_PREFIX,
+    DATA_PREFIX,
+    TOKENS_PREFIX,
+    USAGE_PREFIX,
+    RenderSpec,
+    parse_usage,
+)
+from radix.openai.responses import DONE_FRAME, ResponseShape, TokenUsage, sse_frame
+from router.client import JSON_HEADERS, Client
+from router.forward.attempt import Batch, worker_failed
+
+CLIENT_CLOSED = 499  # the client went away (nginx's convention)
+_DONE_LINE = b"data: [DONE]"
+
+
+@dataclass
+class Exchange:
+    """What happened: the status the client got, completion tokens sent to the client
+    (counted as they stream; the worker's final usage when it arrives), tokens the
+    worker found cached, and when the first byte reached the client (monotonic
+    seconds). The caller creates it; the relay fills it in."""
+
+    status: int
+    num_completion_tokens: int = 0
+    num_cached_tokens: int | None = None
+    first_byte_at: float | None = None
+
+
+@dataclass
+class ChoiceProgress:
+    """What one choice has delivered: token ids and its finish reason."""
+
+    token_ids: list[int] = field(default_factory=list)
+    finish_reason: str | None = None
+
+
+class Progress:
+    """Every choice's delivered output. ``token_ids_known`` turns False at the first
+    step without token ids (an ``openai`` worker's), which rules out resuming."""
+
+    def __init__(self, num_choices: int) -> None:
+        self.choices = [ChoiceProgress() for _ in range(num_choices)]
+        self.token_ids_known = True
+        self.num_steps = 0
+
+    def note(self, index: int, token_ids: list[int] | None, finish_reason: str | None) -> None:
+        """Add one step of choice ``index``."""
+        choice = self.choices[index]
+        self.num_steps += 1
+        if token_ids is None:
+            self.token_ids_known = False
+        else:
+            choice.token_ids.extend(token_ids)
+        choice.finish_reason = finish_reason or choice.finish_reason
+
+    @property
+    def resumable(self) -> bool:
+        """One unfinished choice, every token id known: a later attempt can continue it."""
+        return len(self.choices) == 1 and self.token_ids_known and not self.finished
+
+    @property
+    def finished(self) -> bool:
+        """Every choice has its finish reason (only usage and ``[DONE]`` are missing)."""
+        return all(c.finish_reason is not None for c in self.choices)
+
+    @property
+    def num_tokens(self) -> int:
+        """Completion tokens delivered over all choices."""
+        return sum(len(c.token_ids) for c in self.choices)
+
+    def resumed_prompt(self, prompt_key: bytes) -> tuple[bytes, int]:
+        """The prompt key for the next attempt (``prompt_key`` plus the delivered token
+        ids of a resumable request) and how many of its tokens are resumed output."""
+        if not self.resumable or not self.choices[0].token_ids:
+            return prompt_key, 0
+        delivered = self.choices[0].token_ids
+        return prompt_key + to_key(delivered), len(delivered)
+
+    def resumed(self, request: GenerateRequest) -> GenerateRequest:
+        """``request`` continued from here (unchanged when nothing was delivered): the
+        worker counts the resumed tokens toward ``max_tokens``."""
+        key, num_resumed = self.resumed_prompt(request.prompt_key)
+        return request.resumed(key, num_resumed) if num_resumed else request
+
+
+class Relay:
+    """One request's answer to its client. ``started`` once the client got a byte
+    (only streams start before the end); ``prepare_attempt(kind)`` says whether an
+    attempt on a worker of that kind may go on from here (dropping progress if it
+    must start over); the current attempt's ``on_first_token`` is called as each of
+    its steps arrives (it must be cheap and idempotent)."""
+
+    def __init__(self, client: Client, shape: ResponseShape, stream: bool,
+                 include_usage: bool, num_choices: int, num_prompt_tokens: int,
+                 write_timeout_s: float) -> None:
+        self._client = client
+        self._write_timeout_s = write_timeout_s
+        self._shape = shape
+        self._stream = stream
+        self._include_usage = include_usage
+        self._num_prompt_tokens = num_prompt_tokens
+        self.render = RenderSpec.of(shape, stream, include_usage)
+        self.progress = Progress(num_choices)
+        self._whole_body: bytes | None = None
+        self._event_step: dict[str, Any] | None = None
+        self._event_out: list[bytes] = []
+        self.on_first_token: Callable[[], None] = _nothing
+
+    @property
+    def started(self) -> bool:
+        """The client has received bytes: the answer can only go on or end."""
+        return self._client.started
+
+    @property
+    def can_finish(self) -> bool:
+        """A stream whose choices all finished, although its worker died before the
+        usage: ``finish`` completes it."""
+        return self._stream and self.progress.finished
+
+    def prepare_attempt(self, kind: str) -> bool:
+        """Whether a ``kind`` worker may take over now. Before the first byte any may:
+        progress that it cannot continue is dropped and the request starts over."""
+        resumable = kind == "radix" and self.progress.resumable
+        self._event_step, self._event_out = None, []
+        if not self.started:
+            if not resumable:
+                self.progress = Progress(len(self.progress.choices))
+            return True
+        return resumable
+
+    async def write_rendered(self, lines: list[bytes], exchange: Exchange) -> bool:
+        """Relay the complete lines of one network read of a rendered stream, a step
+        (its ``tokens`` line and its ``data`` line) only once the blank line ending its
+        event has arrived; True when the answer is over: ``[DONE]``, an error event (which ends a stream with a 502
+        error event; for a whole answer it raises ``ValueError``, a failed attempt),
+        or a client that went away."""
+        out: list[bytes] = []
+        for line in lines:
+            if not line.strip():
+                self._commit_event(out, exchange)
+            elif line.startswith(TOKENS_PREFIX):
+                self.on_first_token()
+                self._event_step = orjson.loads(line[len(TOKENS_PREFIX):])
+            elif line.startswith(ANSWER_PREFIX):
+                if self._stream:
+                    self._event_out.append(line.rstrip() + b"\n\n")
+                else:
+                    self._whole_body = line[len(DATA_PREFIX):].rstrip()
+            elif line.startswith(DATA_PREFIX):
+                line = line.rstrip()
+                if line == _DONE_LINE:
+                    if exchange.num_cached_tokens is None:
+                        raise ValueError("the stream ended before its usage")
+                    return await self._end_rendered(out, exchange)
+                event = orjson.loads(line[len(DATA_PREFIX):])
+                if not isinstance(event, dict) or "error" not in event:
+                    raise ValueError("a data line that is neither answer nor error")
+                return await self._worker_error(event, out, exchange)
+            elif line.startswith(USAGE_PREFIX):
+                note_token_usage(exchange, parse_usage(line))
+        if out:
+            await self._send(b"".join(out), exchange)
+        return exchange.status == CLIENT_CLOSED
+
+    def _commit_event(self, out: list[bytes], exchange: Exchange) -> None:
+        """A blank line ended an event: its step counts as delivered and its bytes go
+        out together, so progress never holds a step whose text the client lacks."""
+        step = self._event_step
+        if step is not None:
+            self.progress.note(step["index"], step["token_ids"], step["finish_reason"])
+            exchange.num_completion_tokens += len(step["token_ids"])
+        out += self._event_out
+        self._event_step, self._event_out = None, []
+
+    async def write(self, batch: Batch, exchange: Exchange) -> bool:
+        """Relay one batch of an ``openai`` worker's chat stream events, shaped into
+        chat chunks; True when the answer is over (as ``write_rendered``)."""
+        assert self._stream, "whole answers of openai workers are not relayed"
+        frames: list[bytes] = []
+        self.on_first_token()
+        for event in batch:
+            if event is None:
+                if not self.progress.num_steps:
+                    raise ValueError("the stream ended before its first event")
+                await self._send(b"".join(frames) + DONE_FRAME, exchange)
+                return True
+            if "usage" in event:
+                usage = token_usage(event["usage"])
+                note_token_usage(exchange, usage)
+                if self._include_usage:
+                    frames.append(self._shape.usage_chunk(usage))
+            elif "error" in event:
+                return await self._worker_error(event, frames, exchange)
+            else:
+                self.progress.note(event["index"], None, event["finish_reason"])
+                exchange.num_completion_tokens += len(event["text"][:1])
+                frames.append(self._shape.chunk(event["index"], event["text"],
+                                                event["finish_reason"]))
+        await self._send(b"".join(frames), exchange)
+        return exchange.status == CLIENT_CLOSED
+
+    async def finish(self, exchange: Exchange) -> None:
+        """Complete a stream whose choices all finished although the worker died before
+        its usage: usage from the delivered tokens (cached: unknown, 0)."""
+        usage = TokenUsage(self._num_prompt_tokens, self.progress.num_tokens, 0)
+        note_token_usage(exchange, usage)
+        frames = self._shape.usage_chunk(usage) if self._include_usage else b""
+        await self._send(frames + DONE_FRAME, exchange)
+
+    async def fail(self, exchange: Exchange, code: str = "upstream_error") -> None:
+        """End a started stream with an error event and ``[DONE]`` (status 502)."""
+        assert self._stream, "a whole answer fails before its first byte"
+        await self._send(sse_frame(worker_failed(code).body()) + DONE_FRAME, exchange)
+        exchange.status = 502 if exchange.status != CLIENT_CLOSED else CLIENT_CLOSED
+
+    async def _worker_error(self, event: dict[str, Any], frames: list[bytes],
+                            exchange: Exchange) -> bool:
+        error = event["error"]
+        code = error.get("code") if isinstance(error, dict) else None
+        if not self._stream:
+            raise ValueError(f"the worker sent an error event ({code})")
+        await self._send(b"".join(frames), exchange)
+        await self.fail(exchange, code if isinstance(code, str) else "upstream_error")
+        return True
+
+    async def _end_rendered(self, out: list[bytes], exchange: Exchange) -> bool:
+        if self._stream:
+            await self._send(b"".join(out) + DONE_FRAME, exchange)
+            return True
+        if self._whole_body is None:
+            raise ValueError("the stream ended without its body")
+        self._client.respond(200, self._whole_body, JSON_HEADERS)
+        answered(exchange)
+        return True
+
+    async def _send(self, data: bytes, exchange: Exchange) -> None:
+        if not self._client.started:
+            await self._client.start_stream()
+            answered(exchange)
+        if exchange.status == CLIENT_CLOSED or not data:
+            return
+        await write_to_client(self._client, data, self._write_timeout_s, exchange)
+
+
+async def write_to_client(client: Client, data: bytes, timeout_s: float,
+                          exchange: Exchange) -> None:
+    """Write ``data`` to the client within ``timeout_s``. A client gone, or one that
+    does not read it in time (its connection is then dropped), marks the exchange
+    ``CLIENT_CLOSED``: the caller stops, closing the upstream and its in-flight count."""
+    try:
+        await client.write(data, timeout_s)
+    except ConnectionResetError:
+        exchange.status = CLIENT_CLOSED
+    except TimeoutError:
+        exchange.status = CLIENT_CLOSED
+        client.abort()
+
+
+def _nothing() -> None:
+    """No attempt is listening for tokens."""
+
+
+def answered(exchange: Exchange) -> None:
+    """The client is getting a 200 answer from now on."""
+    exchange.status = 200
+    exchange.first_byte_at = time.monotonic()
+
+
+def token_usage(usage: dict[str, Any]) -> TokenUsage:
+    """An OpenAI ``usage`` object as ``TokenUsage`` (``cached_tokens`` in
+    ``prompt_tokens_details``, which a backend may leave out)."""
+    details = usage.get("prompt_tokens_details")
+    cached = details.get("cached_tokens") if isinstance(details, dict) else None
+    return TokenUsage(int(usage["prompt_tokens"]), int(usage["completion_tokens"]),
+                      int(cached or 0))
+
+
+def note_token_usage(exchange: Exchange, usage: TokenUsage) -> None:
+    """Take completion and cached token counts from the worker's final usage."""
+    exchange.num_completion_tokens = usage.completion_tokens
+    exchange.num_cached_tokens = usage.cached_tokens
+
+
+def note_usage(exchange: Exchange, usage: Any) -> None:
+    """Copy completion and cached token counts from an OpenAI ``usage`` object."""
+    if isinstance(usage, dict):
+        exchange.num_completion_tokens = int(usage.get("completion_tokens") or 0)
+        details = usage.get("prompt_tokens_details")
+        if isinstance(details, dict) and details.get("cached_tokens") is not None:
+            exchange.num_cached_tokens = int(details["cached_tokens"])

@@ -1,0 +1,131 @@
+"""The router's Prometheus metrics, on a per-app ``CollectorRegistry`` (no globals).
+
+Counters and histograms are updated as requests pass; the gauges (index size, worker
+readiness and load) are refreshed from their owners when ``/metrics`` is scraped. A
+stream that fails after its first byte (an error frame, then ``[DONE]``) is counted
+in ``router_requests_total`` with code 502, like an error before it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Iterator, Mapping
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from radix.token_cache import CacheStats
+from router.fleet.events.vllm.follower import KVEventMetrics
+from router.fleet.registry import WorkerState
+
+_LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5,
+                    1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
+_DECISION_BUCKETS = (0.00001, 0.000025, 0.00005, 0.0001, 0.00025, 0.0005, 0.001,
+                     0.0025, 0.005, 0.01)
+
+
+class RouterMetrics:
+    """All router metrics (names as in DESIGN.md). One instance per app."""
+
+    def __init__(self, token_cache_stats: Callable[[], Mapping[str, CacheStats]] = dict) -> None:
+        self.registry = CollectorRegistry()
+        r = self.registry
+        r.register(_TokenCacheCollector(token_cache_stats))
+        self.requests = Counter("router_requests", "Requests by worker, tenant and status code",
+                                ["worker", "tenant", "code"], registry=r)
+        self.prompt_tokens = Counter("router_prompt_tokens", "Prompt tokens routed, by worker",
+                                     ["worker"], registry=r)
+        self.matched_tokens = Counter("router_matched_tokens",
+                                      "Prompt tokens the index matched on the chosen worker",
+                                      ["worker"], registry=r)
+        self.decision_seconds = Histogram("router_decision_seconds",
+                                          "Time to match and choose a worker",
+                                          buckets=_DECISION_BUCKETS, registry=r)
+        self.index_nodes = Gauge("router_index_nodes", "Nodes in the router index", registry=r)
+        self.worker_ready = Gauge("router_worker_ready",
+                                  "1 while the worker passes its readiness probe and is routed to",
+                                  ["worker"], registry=r)
+        self.worker_exact = Gauge("router_worker_index_exact",
+                                  "1 while the worker is routed from its KV events, 0 while "
+                                  "approximately (no events, or its tokenization differs)",
+                                  ["worker"], registry=r)
+        self.worker_load = Gauge("router_worker_load", "Worker load as the router sees it",
+                                 ["worker", "measure"], registry=r)
+        self.request_seconds = Histogram("router_request_seconds", "Whole request latency",
+                                         buckets=_LATENCY_BUCKETS, registry=r)
+        self.ttft_seconds = Histogram("router_ttft_seconds", "Time to the first byte sent",
+                                      buckets=_LATENCY_BUCKETS, registry=r)
+        self.retries = Counter("router_retries", "Attempts moved to another worker", registry=r)
+        # Several routers: whether the shared state (Redis) is reachable.
+        self.shared_state_up = Gauge(
+            "router_shared_state_up",
+            "1 while the shared state is reachable (always 1 without Redis: state is local)",
+            registry=r)
+        self.kv_events = KVEventMetrics(r)
+        self._request_counters: dict[tuple[str, str, int], Counter] = {}
+        self._token_counters: dict[str, tuple[Counter, Counter]] = {}
+
+    def count_request(self, worker_id: str, tenant_id: str, code: int) -> None:
+        """Count one finished request in ``router_requests_total``. The labelled child
+        is cached (as many as Prometheus itself keeps): ``labels()`` takes a lock and
+        builds its key, several times the cost of the increment."""
+        key = (worker_id, tenant_id, code)
+        counter = self._request_counters.get(key)
+        if counter is None:
+            counter = self._request_counters[key] = self.requests.labels(worker_id, tenant_id,
+                                                                         str(code))
+        counter.inc()
+
+    def count_tokens(self, worker_id: str, num_prompt_tokens: int, num_matched_tokens: int
+                     ) -> None:
+        """Count one routed prompt and the index's predicted match on ``worker_id`` (the
+        labelled children are cached, as in ``count_request``)."""
+        counters = self._token_counters.get(worker_id)
+        if counters is None:
+            counters = self._token_counters[worker_id] = (
+                self.prompt_tokens.labels(worker_id), self.matched_tokens.labels(worker_id))
+        counters[0].inc(num_prompt_tokens)
+        counters[1].inc(num_matched_tokens)
+
+    def render(self, workers: Iterable[WorkerState], index_nodes: int) -> bytes:
+        """Refresh the gauges and return the Prometheus text exposition."""
+        self.index_nodes.set(index_nodes)
+        self.worker_load.clear()
+        self.worker_ready.clear()
+        self.worker_exact.clear()
+        for worker in workers:
+            self.worker_ready.labels(worker.worker_id).set(float(worker.ready))
+            self.worker_exact.labels(worker.worker_id).set(float(worker.index_mode == "exact"))
+            for measure, value in _load_measures(worker).items():
+                self.worker_load.labels(worker.worker_id, measure).set(value)
+        return generate_latest(self.registry)
+
+
+class _TokenCacheCollector(Collector):
+    """``router_token_cache_chars_total{model, result}``: prompt text characters the
+    token cache reused (``reused``) and all it was asked for (``total``)."""
+
+    def __init__(self, stats: Callable[[], Mapping[str, CacheStats]]) -> None:
+        self._stats = stats
+
+    def collect(self) -> Iterator[Metric]:
+        """One sample per model and result, read at scrape time."""
+        family = CounterMetricFamily("router_token_cache_chars",
+                                     "Prompt characters tokenized, and those reused from the cache",
+                                     labels=["model", "result"])
+        for model, stats in self._stats().items():
+            family.add_metric([model, "total"], stats.num_chars)
+            family.add_metric([model, "reused"], stats.num_reused_chars)
+        yield family
+
+
+def _load_measures(worker: WorkerState) -> Mapping[str, float]:
+    load = worker.load
+    return {
+        "in_flight_requests": worker.num_in_flight_requests,
+        "in_flight_prompt_tokens": worker.num_in_flight_prompt_tokens,
+        "requests_running": load.num_requests_running,
+        "requests_waiting": load.num_requests_waiting,
+        "waiting_tokens": load.num_waiting_tokens,
+        "kv_cache_usage_ratio": load.kv_cache_usage_ratio,
+    }
