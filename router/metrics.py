@@ -25,7 +25,7 @@ _DECISION_BUCKETS = (0.00001, 0.000025, 0.00005, 0.0001, 0.00025, 0.0005, 0.001,
 
 
 class RouterMetrics:
-    """All router metrics (names as in DESIGN.md). One instance per app."""
+    """All router metrics (names in docs/operations.md, Monitoring). One instance per app."""
 
     def __init__(self, token_cache_stats: Callable[[], Mapping[str, CacheStats]] = dict) -> None:
         self.registry = CollectorRegistry()

@@ -13,6 +13,12 @@ from router.up.launcher import RedisServer
 
 
 @pytest.fixture
+def anyio_backend() -> str:
+    """``pytest.mark.anyio`` tests run on asyncio, the router's event loop."""
+    return "asyncio"
+
+
+@pytest.fixture
 def worker_factory() -> Iterator[Callable[..., ManagedProcess]]:
     """``factory(*flags, kv_cache_bytes=..., wait=True)`` starts demo workers on free
     loopback ports; all are stopped at teardown."""

@@ -10,7 +10,6 @@ import json
 import aiohttp
 import pytest
 from aiohttp import web
-from support.aio import TEST_SECRET, running_router, serving
 
 from radix.generate import PATH as GENERATE_PATH
 from radix.generate import WIRE_FIELDS, GenerateRequest
@@ -21,6 +20,7 @@ from router.config_toml import parse_config
 from router.context import Router
 from router.server.app import create_app as create_router_app
 from router.state.shared_state import InProcessSharedState
+from tests.support.aio import TEST_SECRET, running_router, serving
 from workers.config import KVSettings, WorkerConfig
 from workers.engine.build import build_worker
 from workers.server.app import create_app as create_worker_app

@@ -1,7 +1,7 @@
 """The worker registry: which workers exist, which may be routed to, and their load.
 
 Workers come from the config and ``POST /admin/workers``. One poll task per worker
-probes it every ``poll_interval_s`` (``router.forward.attempt.probes``). A worker enters routing when
+probes it every ``poll_interval_s`` (``router.fleet.probes``). A worker enters routing when
 a probe passes, and leaves it (and the index: ``RouterIndex.reset_worker``) when a
 probe fails or the proxy cannot reach it; it comes back at the next passing probe.
 While a ``radix`` worker is routable, its KV event follower task runs; it is stopped

@@ -5,7 +5,7 @@ aiohttp has no header timeout, but its keep-alive timer is one: it starts when a
 connection opens and again when a response ends; bytes of an unfinished request
 head do not move it, and when it fires with no complete head waiting, the
 connection is closed (the timer at connection open is aiohttp's since
-aio-libs/aiohttp#13681; tests/router/test_slow_clients.py fails on a version
+aio-libs/aiohttp#13681; tests/router/server/test_slow_clients.py fails on a version
 without it). So ``listen.keepalive_timeout_s`` bounds both an idle
 kept-alive connection and the time a client has to send the line and headers of its
 next request (``runner_options``). The body is read only through ``read_body``,

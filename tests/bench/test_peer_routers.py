@@ -8,7 +8,8 @@ import pytest
 from bench import peers
 from harness.procs import http_json, start_worker
 
-pytestmark = pytest.mark.slow
+# Its module-scoped processes start once: the whole module runs on one xdist worker.
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("peer_routers")]
 KEY = "peer-test-key"
 FOUND = peers.available()
 PROMPT = "the same long shared prefix for both requests " * 8

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import collections
 
+import pytest
+
 from bench import reference
 from harness.reuse import ReuseMeter
 
@@ -31,6 +33,7 @@ def test_trace_mixes_one_document_questions_and_ten_turn_conversations():
     assert 0.5 < bound < 1.0 and working_set > 40 * 3600
 
 
+@pytest.mark.slow
 def test_small_run_of_ours_reports_reuse_and_balance():
     results = reference.main(["--requests", "60", "--clients", "4", "--without-peers"])
     ours = results[reference.OURS]

@@ -1,7 +1,11 @@
 """The router-overhead benchmark runs every scenario through our router end to end
 (unique, repeated and chat prompts; whole and streamed) on a small count."""
 
+import pytest
+
 from bench import router_overhead
+
+pytestmark = pytest.mark.slow
 
 
 def test_router_overhead_small_run_measures_every_scenario():

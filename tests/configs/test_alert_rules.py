@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 import yaml
-from support.promql import ALERTS, ALERTS_TEST, alert_rules, dashboard, dashboard_panels
+
+from tests.support.promql import ALERTS, ALERTS_TEST, alert_rules, dashboard, dashboard_panels
 
 PROMTOOL = shutil.which("promtool")
 needs_promtool = pytest.mark.skipif(
@@ -28,11 +29,13 @@ def promtool(*args: str | Path) -> str:
     return done.stdout
 
 
+@pytest.mark.slow
 @needs_promtool
 def test_promtool_checks_the_alert_rules() -> None:
     assert f"SUCCESS: {len(alert_rules())} rules found" in promtool("check", "rules", ALERTS)
 
 
+@pytest.mark.slow
 @needs_promtool
 def test_promtool_unit_tests_fire_every_alert() -> None:
     tested = {case["alertname"] for test in yaml.safe_load(ALERTS_TEST.read_text())["tests"]
@@ -41,6 +44,7 @@ def test_promtool_unit_tests_fire_every_alert() -> None:
     promtool("test", "rules", ALERTS_TEST)
 
 
+@pytest.mark.slow
 @needs_promtool
 def test_promtool_parses_every_dashboard_query(tmp_path: Path) -> None:
     rules = []

@@ -4,17 +4,16 @@ labelled metric has children)."""
 
 from __future__ import annotations
 
-import time
 from collections.abc import Iterator
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
-from support.promql import metric_names, used_metric_names
 
-from harness.procs import ManagedProcess, http_json, start_router, start_worker
-from router.front.auth import hash_key
+from harness.procs import ManagedProcess, http_json, start_router, start_worker, wait_routable
+from tests.support.promql import metric_names, used_metric_names
+from tests.support.router_calls import complete
+from tests.support.router_configs import auth_section, model_table, to_toml, worker_list
 
-ALICE = "key-alice"
 # Exported by a feature still on its way; remove a name once a live process exports it.
 NOT_YET_EXPORTED = frozenset({
     "router_shared_state_up",  # the Redis shared state (another branch)
@@ -27,17 +26,6 @@ def exported(text: str) -> set[str]:
             for sample in family.samples}
 
 
-def wait_for_ready_workers(router: ManagedProcess, count: int, timeout_s: float = 60.0) -> None:
-    """Block until the router's ``/health`` counts ``count`` ready workers."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        _, health = router.get_json("/health")
-        if isinstance(health, dict) and health.get("num_ready_workers") == count:
-            return
-        assert time.monotonic() < deadline, f"workers not ready in {timeout_s} s: {health}"
-        time.sleep(0.1)
-
-
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory
             ) -> Iterator[tuple[ManagedProcess, ManagedProcess]]:
@@ -45,17 +33,16 @@ def cluster(tmp_path_factory: pytest.TempPathFactory
     router = None
     try:
         path = tmp_path_factory.mktemp("router") / "router.toml"
-        path.write_text("\n".join([
-            "[models.demo]", 'tokenizer = "demo"',
-            "[auth.tenants.alice]", f'key_digests = ["{hash_key(ALICE)}"]',
-            "[[workers]]", 'id = "w0"', 'model = "demo"', f'url = "{worker.url}"',
+        pools = {"baseline": {"workers": ["w0"], "weight": 1},
+                 "candidate": {"workers": ["w1"], "weight": 0}}
+        path.write_text(to_toml({
+            "models": {"demo": model_table(pools=pools)},
+            "auth": auth_section({"alice": {}}, admin=False),
             # The same worker again as a canary pool: its metrics exist from the start.
-            "[[workers]]", 'id = "w1"', 'model = "demo"', f'url = "{worker.url}"',
-            "[models.demo.pools.baseline]", 'workers = ["w0"]', "weight = 1",
-            "[models.demo.pools.candidate]", 'workers = ["w1"]', "weight = 0",
-        ]) + "\n")
+            "workers": worker_list({"w0": worker.url, "w1": worker.url}),
+        }))
         router = start_router(path, "--metrics-port", "0")
-        wait_for_ready_workers(router, 2)
+        wait_routable(router, 2, 60.0)
         yield router, worker
     finally:
         if router is not None:
@@ -66,11 +53,9 @@ def cluster(tmp_path_factory: pytest.TempPathFactory
 @pytest.mark.slow
 def test_every_metric_the_rules_and_dashboard_use_is_exported(cluster) -> None:
     router, worker = cluster
-    body = {"model": "demo", "prompt": "The operations kit watches the cache. " * 4,
-            "max_tokens": 4}
+    prompt = "The operations kit watches the cache. " * 4
     for _ in range(2):  # the second request hits the worker's prefix cache
-        status, answer = http_json("POST", f"{router.url}/v1/completions", body,
-                                   {"Authorization": f"Bearer {ALICE}"})
+        status, answer = complete(router, prompt, max_tokens=4, full_length=False)
         assert status == 200, answer
     _, worker_text = worker.get_json("/metrics")
     _, router_text = http_json("GET", f"{router.metrics_url}/metrics")

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from support.bpe import merging_bpe as trained_bpe
 
 from radix.chat_text import SpecialFinder
 from radix.tokenizer import DEMO_CHAT_TEMPLATE, DEMO_SPECIAL_TOKENS, PromptTokenizer
+from tests.support.bpe import merging_bpe as trained_bpe
 
 # Content passes through a filter, and a special token sits right after a space.
 TRIMMING_TEMPLATE = (

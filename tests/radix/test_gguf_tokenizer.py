@@ -6,12 +6,12 @@ from __future__ import annotations
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from support.bpe import trained_bpe
-from support.gguf_files import write_llama_gguf
 from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
 
 from radix.model_source import load_tokenizer
 from radix.tokenizer import DEMO_SPECIAL_TOKENS
+from tests.support.bpe import trained_bpe
+from tests.support.gguf_files import write_llama_gguf
 
 CORPUS = [f"document {i}: the quick brown fox {i * 7} jumps over lazy dogs" for i in range(200)]
 PIECES = [*DEMO_SPECIAL_TOKENS, " ", "  ", "\n", "\t", "\r\n", "don't", "123", "4567", "é", "日本",

@@ -8,14 +8,14 @@ import tracemalloc
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from support.bpe import merging_bpe
-from support.tokenizers import packaged_smollm2
 from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
 
 from radix.gguf_tokenizer import SPLIT_REGEXES
 from radix.token_cache import NullTokenCache, PrefixTokenCache, eligible, safe_cuts, token_cache
 from radix.tokenizer import DEMO_CHAT_TEMPLATE, DEMO_SPECIAL_TOKENS, PromptTokenizer
 from radix.tree import PUBLIC, Scope
+from tests.support.bpe import merging_bpe
+from tests.support.tokenizers import packaged_smollm2
 
 CORPUS = [f"Document {i}: the quick brown fox's {i * 37} jumps, over 'lazy' dogs!\n" for i in range(300)]
 PIECES = [" ", "  ", "   ", "\n", "\n\n", "\t", "\r\n", " \n", "\xa0", "\x85", "\u2009", "\u3000",

@@ -9,8 +9,6 @@ import sys
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from support.bpe import merging_bpe
-from support.tokenizers import packaged_smollm2
 
 from radix.tokenizer import (
     DEMO_SPECIAL_TOKENS,
@@ -18,6 +16,8 @@ from radix.tokenizer import (
     PromptTokenizer,
     demo_tokenizer_files,
 )
+from tests.support.bpe import merging_bpe
+from tests.support.tokenizers import packaged_smollm2
 
 DEMO_DIGEST = "9263baf465f52b68703e73838f6120a24933b45739c3053df979df489f110612"
 MESSAGES = [
@@ -195,6 +195,7 @@ def test_incremental_decoder_never_splits_a_character(text, batch_sizes):
         assert all("\ufffd" not in piece for piece in pieces)
 
 
+@pytest.mark.slow
 def test_radix_tokenizer_does_not_import_torch():
     code = "import sys, radix.tokenizer; assert 'torch' not in sys.modules"
     subprocess.run([sys.executable, "-c", code], check=True)

@@ -9,20 +9,15 @@ import json
 import aiohttp
 import pytest
 from aiohttp import web
-from support.aio import running_router, serving
-from test_server import ALICE, make_config
 
 from harness import instant_upstream
 from radix.keys import to_key
 from router.routing.load_cost import is_saturated
 from router.routing.views import WorkerView
+from tests.support.aio import ALICE, running_router, serving
+from tests.support.router_configs import make_config
 
 pytestmark = pytest.mark.anyio
-
-
-@pytest.fixture
-def anyio_backend() -> str:
-    return "asyncio"
 
 
 def test_saturated_means_running_plus_queued_or_in_flight_at_the_bound() -> None:

@@ -11,20 +11,15 @@ from typing import Any
 
 import openai
 import pytest
-from test_e2e_routing import (
-    admin,
-    client,
-    router_config,
-    start_keyed_router,
-    wait_for,
-    wait_until_ready,
-)
 
 from harness.lora_adapters import lora_module_flags, write_config_adapters
-from harness.procs import ManagedProcess, http_json, start_worker
+from harness.procs import ManagedProcess, http_json, start_router, start_worker
+from tests.support.polling import wait_until
+from tests.support.router_calls import admin, openai_client, openai_complete, wait_until_ready
+from tests.support.router_configs import WORKER_KEY, WORKER_KEY_ENV, keyed_demo_config, to_toml
 
-pytestmark = pytest.mark.slow
-WORKER_KEY = "e2e-worker-key"
+# Its module-scoped processes start once: the whole module runs on one xdist worker.
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("e2e_adapters")]
 TIMED = ("--model", "timed:llama3-8b-h100", "--served-model-name", "demo")
 SQL, CHAT, POEM = "sql-0", "chat-0", "poem-0"  # as write_config_adapters names them
 REGISTERED = {"w0": [SQL, CHAT], "w1": [CHAT, POEM]}
@@ -45,10 +40,10 @@ def cluster(tmp_path_factory: pytest.TempPathFactory
         for worker in workers.values():
             worker.wait_ready(120)
         path = root / "router.toml"
-        path.write_text(router_config({name: w.url for name, w in workers.items()}))
-        router = start_keyed_router(path)
+        path.write_text(to_toml(keyed_demo_config({name: w.url for name, w in workers.items()})))
+        router = start_router(path, env={WORKER_KEY_ENV: WORKER_KEY})
         wait_until_ready(router)
-        wait_for(lambda: len(admin_workers(router)["w1"]["adapters"]) == 2)
+        wait_until(lambda: len(admin_workers(router)["w1"]["adapters"]) == 2)
         yield router, workers
     finally:
         if router is not None:
@@ -65,21 +60,16 @@ def requests_sent(router: ManagedProcess) -> dict[str, int]:
     return {name: w["stats"]["num_requests"] for name, w in admin_workers(router).items()}
 
 
-def complete(router: ManagedProcess, model: str, prompt: str) -> Any:
-    return client(router).completions.create(model=model, prompt=prompt, max_tokens=2,
-                                             extra_body={"ignore_eos": True})
-
-
 def test_models_lists_each_adapter_once_with_its_parent(cluster) -> None:
     router, _ = cluster
-    listed = {m.id: getattr(m, "parent", None) for m in client(router).models.list().data}
+    listed = {m.id: getattr(m, "parent", None) for m in openai_client(router).models.list().data}
     assert listed == {"demo": None, CHAT: "demo", POEM: "demo", SQL: "demo"}
 
 
 def test_an_unknown_model_is_404_model_not_found(cluster) -> None:
     router, _ = cluster
     with pytest.raises(openai.NotFoundError) as refused:
-        complete(router, "no-such-adapter", "hello")
+        openai_complete(router, model="no-such-adapter", prompt="hello")
     assert refused.value.code == "model_not_found"
 
 
@@ -87,31 +77,31 @@ def test_an_adapter_goes_to_the_worker_holding_it_and_to_no_worker_without_it(cl
     router, workers = cluster
     before = requests_sent(router)
     for i in range(3):
-        assert complete(router, SQL, f"select {i} from nowhere").model == SQL
+        assert openai_complete(router, model=SQL, prompt=f"select {i} from nowhere").model == SQL
     assert requests_sent(router) == {"w0": before["w0"] + 3, "w1": before["w1"]}
     # chat is registered on both; load it into w1's only slot by asking w1 itself.
     status, body = http_json("POST", f"{workers['w1'].url}/v1/completions",
                              {"model": CHAT, "prompt": "hi", "max_tokens": 1},
                              {"Authorization": f"Bearer {WORKER_KEY}"})
     assert status == 200, body
-    wait_for(lambda: admin_workers(router)["w1"]["resident_adapters"] == [CHAT])
+    wait_until(lambda: admin_workers(router)["w1"]["resident_adapters"] == [CHAT])
     before = requests_sent(router)
     for i in range(4):
-        complete(router, CHAT, f"a new conversation number {i}")
+        openai_complete(router, model=CHAT, prompt=f"a new conversation number {i}")
     assert requests_sent(router) == {"w0": before["w0"], "w1": before["w1"] + 4}
 
 
 def test_adapters_and_the_base_model_never_share_cached_prefixes(cluster) -> None:
     router, _ = cluster
     prompt = "The same long system prompt, under two adapters and the base model. " * 4
-    complete(router, POEM, prompt)
-    again = complete(router, POEM, prompt)
+    openai_complete(router, model=POEM, prompt=prompt)
+    again = openai_complete(router, model=POEM, prompt=prompt)
     assert again.usage.prompt_tokens_details.cached_tokens > 0
     # Every prompt starts with the same BOS token, so an earlier request under the same
     # model may have cached that one token; a shared entry would show the whole prompt.
     for model in (CHAT, "demo"):
         before = {n: w["stats"]["num_matched_tokens"] for n, w in admin_workers(router).items()}
-        answer = complete(router, model, prompt)
+        answer = openai_complete(router, model=model, prompt=prompt)
         after = {n: w["stats"]["num_matched_tokens"] for n, w in admin_workers(router).items()}
         assert answer.usage.prompt_tokens_details.cached_tokens <= 1
         assert all(after[n] - before[n] <= 1 for n in after)

@@ -16,23 +16,23 @@ import threading
 from collections.abc import Iterator
 
 import pytest
-from test_e2e_routing import (
+
+from harness.procs import ManagedProcess, http_json, start_router, start_worker
+from router.up.launcher import stop_all
+from tests.support.polling import wait_until
+from tests.support.router_calls import admin, openai_complete, wait_until_ready
+from tests.support.router_configs import (
     ADMIN,
     ALICE,
     BOB,
     WORKER_KEY,
     WORKER_KEY_ENV,
-    admin,
-    complete,
-    router_config,
-    wait_for,
-    wait_until_ready,
+    keyed_demo_config,
+    to_toml,
 )
 
-from harness.procs import ManagedProcess, http_json, start_router, start_worker
-from router.up.launcher import stop_all
-
-pytestmark = pytest.mark.slow
+# Its module-scoped processes start once: the whole module runs on one xdist worker.
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("e2e_canary")]
 POOLS = {"baseline": ("w0", ()), "fp8": ("w1", ("--kv-cache-dtype", "fp8_e5m2")),
          "same": ("w2", ())}
 WEIGHTS = {"baseline": 40, "fp8": 30, "same": 30}
@@ -43,13 +43,14 @@ MAX_TOKENS = 8
 
 
 def canary_config(urls: dict[str, str]) -> str:
-    """``router_config`` with the three pools and fast guards."""
-    lines = ["[models.demo.canary]", f"probe_interval_s = {PROBE_INTERVAL_S}",
-             "check_interval_s = 0.2", "probe_max_tokens = 16", "probe_timeout_s = 20"]
-    for pool, (worker_id, _) in POOLS.items():
-        lines += [f"[models.demo.pools.{pool}]", f'workers = ["{worker_id}"]',
-                  f"weight = {WEIGHTS[pool]}"]
-    return router_config(urls) + "\n".join(lines) + "\n"
+    """``keyed_demo_config`` with the three pools and fast guards."""
+    config = keyed_demo_config(urls)
+    config["models"]["demo"]["canary"] = {"probe_interval_s": PROBE_INTERVAL_S,
+                                          "check_interval_s": 0.2, "probe_max_tokens": 16,
+                                          "probe_timeout_s": 20}
+    config["models"]["demo"]["pools"] = {pool: {"workers": [worker_id], "weight": WEIGHTS[pool]}
+                                         for pool, (worker_id, _) in POOLS.items()}
+    return to_toml(config)
 
 
 @pytest.fixture(scope="module")
@@ -90,8 +91,9 @@ class ClientStream:
         while not self._stopped.is_set():
             i = next(self._numbers)
             try:
-                answer = complete(self._router, f"{i}: what is item {i}? A new conversation.", key,
-                                  max_tokens=MAX_TOKENS)
+                answer = openai_complete(self._router,
+                                         f"{i}: what is item {i}? A new conversation.", key,
+                                         max_tokens=MAX_TOKENS)
                 assert answer.usage.completion_tokens == MAX_TOKENS, answer
                 self.num_done += 1
             except Exception as exc:  # every failure is the test's finding
@@ -123,11 +125,11 @@ def test_a_diverging_pool_is_drained_and_an_agreeing_one_kept(cluster) -> None:
     router, _ = cluster
     stream = ClientStream(router)
     try:
-        tripped = wait_for(lambda: pools(router)["fp8"]["tripped"], timeout_s=30,
-                           describe=lambda: pools(router))
-        wait_for(lambda: pools(router)["same"]["last_probe"], describe=lambda: pools(router))
+        tripped = wait_until(lambda: pools(router)["fp8"]["tripped"], timeout_s=30,
+                             what=lambda: pools(router))
+        wait_until(lambda: pools(router)["same"]["last_probe"], what=lambda: pools(router))
         served_at_trip, done_at_trip = served(router), stream.num_done
-        wait_for(lambda: stream.num_done >= done_at_trip + 2 * NUM_CLIENTS)
+        wait_until(lambda: stream.num_done >= done_at_trip + 2 * NUM_CLIENTS)
     finally:
         stream.stop()
     assert not stream.failures, stream.failures[:3]
@@ -139,7 +141,7 @@ def test_a_diverging_pool_is_drained_and_an_agreeing_one_kept(cluster) -> None:
     # New conversations go by the remaining weights: none to the drained pool.
     before = served(router)
     for i in range(12):
-        complete(router, f"{i}: after the fallback, a new conversation", max_tokens=2)
+        openai_complete(router, f"{i}: after the fallback, a new conversation", max_tokens=2)
     after = served(router)
     assert after["w1"] == before["w1"] and sum(after.values()) == sum(before.values()) + 12
     assert after["w2"] > before["w2"]
@@ -153,7 +155,7 @@ def test_a_diverging_pool_is_drained_and_an_agreeing_one_kept(cluster) -> None:
 
 def test_admin_sets_weights_and_re_enables_a_tripped_pool(cluster) -> None:
     router, _ = cluster
-    wait_for(lambda: pools(router)["fp8"]["tripped"], timeout_s=30)
+    wait_until(lambda: pools(router)["fp8"]["tripped"], timeout_s=30)
     assert admin(router, "/admin/canary", {"model": "demo", "weights": {"fp8": 5}}) == {
         "model": "demo", "weights": {"baseline": 40.0, "fp8": 5.0, "same": 30.0}}
     state = pools(router)["fp8"]

@@ -27,11 +27,21 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from test_e2e_routing import ADMIN, ALICE, WORKER_KEY, WORKER_KEY_ENV, admin, wait_for
 
 from harness.procs import ManagedProcess, start_router, start_worker
-from router.front.auth import hash_key
 from router.up.launcher import RedisServer
+from tests.support.polling import wait_until
+from tests.support.router_calls import admin
+from tests.support.router_configs import (
+    ALICE,
+    FAST_REGISTRY,
+    WORKER_KEY,
+    WORKER_KEY_ENV,
+    auth_section,
+    model_table,
+    to_toml,
+    worker_list,
+)
 
 pytestmark = pytest.mark.slow
 RETRYABLE = {429, 502, 503}
@@ -73,19 +83,19 @@ class Cluster:
         self.wait_routable(set(self.workers))
 
     def _config(self) -> str:
-        lines = ["[models.demo]", 'tokenizer = "demo"',
-                 "[policy]", 'name = "round_robin"',
-                 "[registry]", "poll_interval_s = 0.2", "probe_timeout_s = 1.0",
-                 "[proxy]", "first_byte_timeout_s = 20", "idle_timeout_s = 10",
-                 *(["[redis]", f'url = "{self.redis.url}"', 'key_prefix = "faults"',
-                    "heartbeat_interval_s = 0.2", "sync_interval_s = 0.2",
-                    "command_timeout_s = 1.0"] if self.redis else []),
-                 "[auth]", f'admin_key_digest = "{hash_key(ADMIN)}"',
-                 "[auth.tenants.alice]", f'key_digests = ["{hash_key(ALICE)}"]']
-        for name, worker in self.workers.items():
-            lines += ["[[workers]]", f'id = "{name}"', 'model = "demo"', f'url = "{worker.url}"',
-                      f'api_key_env = "{WORKER_KEY_ENV}"']
-        return "\n".join(lines) + "\n"
+        redis = {"redis": {"url": self.redis.url, "key_prefix": "faults",
+                           "heartbeat_interval_s": 0.2, "sync_interval_s": 0.2,
+                           "command_timeout_s": 1.0}} if self.redis else {}
+        return to_toml({
+            "models": {"demo": model_table()},
+            "policy": {"name": "round_robin"},
+            "registry": FAST_REGISTRY,
+            "proxy": {"first_byte_timeout_s": 20, "idle_timeout_s": 10},
+            **redis,
+            "auth": auth_section({"alice": {}}),
+            "workers": worker_list({name: w.url for name, w in self.workers.items()},
+                                   api_key_env=WORKER_KEY_ENV),
+        })
 
     def ready_workers(self, router: ManagedProcess | None = None) -> set[str]:
         workers = admin(router or self.router, "/admin/workers")["workers"]
@@ -96,7 +106,7 @@ class Cluster:
             def ready(router: ManagedProcess = router) -> set[str]:
                 return self.ready_workers(router)
 
-            wait_for(lambda ready=ready: ready() >= names, timeout_s, ready)
+            wait_until(lambda ready=ready: ready() >= names, timeout_s, ready)
 
     def restart(self, name: str) -> None:
         self.workers[name] = start_worker("--port", str(self.ports[name]), *WORKER_FLAGS,
@@ -130,8 +140,8 @@ def body(i: int, max_tokens: int, stream: bool, seed: int | None = None) -> dict
             **({"stream_options": {"include_usage": True}} if stream else {})}
 
 
-def complete(router: ManagedProcess, request: dict[str, Any],
-             on_chunk=lambda: None) -> Answer:
+def client_answer(router: ManagedProcess, request: dict[str, Any],
+                  on_chunk=lambda: None) -> Answer:
     """One completion through the router, streamed or not, as the client saw it."""
     data = json.dumps(request).encode()
     http = urllib.request.Request(f"{router.url}/v1/completions", data=data, headers={
@@ -172,19 +182,20 @@ def test_streams_cut_by_a_killed_worker_resume_token_for_token(cluster_of) -> No
     cluster = cluster_of(2)
     seeds = [None] * 8 + [11, 12]
     requests = [body(i, NUM_STREAM_TOKENS, True, seed) for i, seed in enumerate(seeds)]
-    references = [complete(cluster.router, body(i, NUM_STREAM_TOKENS, False, seed))
+    references = [client_answer(cluster.router, body(i, NUM_STREAM_TOKENS, False, seed))
                   for i, seed in enumerate(seeds)]
     chunks = [0] * len(requests)
 
     def run(i: int) -> Answer:
-        return complete(cluster.router, requests[i], lambda: chunks.__setitem__(i, chunks[i] + 1))
+        return client_answer(cluster.router, requests[i],
+                             lambda: chunks.__setitem__(i, chunks[i] + 1))
 
     with concurrent.futures.ThreadPoolExecutor(len(requests)) as pool:
         answers = []
         for i in range(len(requests)):
             answers.append(pool.submit(run, i))
-            wait_for(lambda i=i: chunks[i] >= 1, 60, lambda: chunks)
-        wait_for(lambda: min(chunks) >= 10, 60, lambda: chunks)
+            wait_until(lambda i=i: chunks[i] >= 1, 60, lambda: chunks)
+        wait_until(lambda: min(chunks) >= 10, 60, lambda: chunks)
         cluster.workers["w0"].proc.kill()
         results = [a.result(120) for a in answers]
     for answer, reference in zip(results, references, strict=True):
@@ -198,13 +209,13 @@ def test_sigterm_on_the_router_finishes_its_streams_then_exits(cluster_of) -> No
     cluster = cluster_of(1)
     chunks = [0]
     with concurrent.futures.ThreadPoolExecutor(2) as pool:
-        streams = [pool.submit(complete, cluster.router, body(i, 600, True),
+        streams = [pool.submit(client_answer, cluster.router, body(i, 600, True),
                                lambda: chunks.__setitem__(0, chunks[0] + 1)) for i in range(2)]
-        wait_for(lambda: chunks[0] >= 10, 60, lambda: chunks)
+        wait_until(lambda: chunks[0] >= 10, 60, lambda: chunks)
         cluster.router.proc.terminate()
         time.sleep(0.5)
         with pytest.raises(urllib.error.URLError):
-            complete(cluster.router, body(9, 4, False))
+            client_answer(cluster.router, body(9, 4, False))
         for stream in streams:
             answer = stream.result(120)
             assert answer.status == 200 and answer.error is None
@@ -228,7 +239,7 @@ class SteadyLoad:
         i = client
         while not self._stop.is_set():
             index = i % len(requests)
-            self.answers.append((index, complete(router, requests[index])))
+            self.answers.append((index, client_answer(router, requests[index])))
             i += 1
 
     def stop(self) -> list[tuple[int, Answer]]:
@@ -241,14 +252,14 @@ class SteadyLoad:
 def test_rolling_restart_by_sigterm_fails_no_request(cluster_of) -> None:
     cluster = cluster_of(2)
     requests = [body(i, 48, i % 2 == 0) for i in range(6)]
-    references = [complete(cluster.router, r) for r in requests]
+    references = [client_answer(cluster.router, r) for r in requests]
     load = SteadyLoad(cluster.router, requests, num_clients=3)
     try:
         for name in list(cluster.workers):
             time.sleep(1.0)
             worker = cluster.workers[name]
             worker.proc.terminate()
-            wait_for(lambda name=name: name not in cluster.ready_workers(), 10)
+            wait_until(lambda name=name: name not in cluster.ready_workers(), 10)
             index = admin(cluster.router, "/admin/index")
             assert index["workers"][name]["num_blocks"] == 0
             assert name not in index["index"]["num_blocks"]
@@ -268,7 +279,7 @@ def test_chaos_kills_and_restarts_under_load(cluster_of, redis_server) -> None:
     Redis restart (after the second kill) under load through both routers."""
     cluster = cluster_of(3, num_routers=2, redis=redis_server)
     requests = [body(i, 32, i % 2 == 0) for i in range(6)]
-    references = [complete(cluster.router, r) for r in requests]
+    references = [client_answer(cluster.router, r) for r in requests]
     chaos = random.Random(20261201)
     loads = [SteadyLoad(router, requests, num_clients=2) for router in cluster.routers]
     try:
@@ -294,7 +305,7 @@ def test_chaos_kills_and_restarts_under_load(cluster_of, redis_server) -> None:
         assert_same(answer, references[index], cluster.router)
     assert sum(a.status == 200 for _, a in answers) >= len(answers) // 2
     for worker in cluster.workers.values():
-        wait_for(lambda worker=worker: blocks_settled(worker), 20)
+        wait_until(lambda worker=worker: blocks_settled(worker), 20)
 
 
 def blocks_settled(worker: ManagedProcess) -> bool:

@@ -18,36 +18,41 @@ import threading
 import time
 import urllib.parse
 from collections.abc import Iterator
-from typing import Any
 
 import pytest
 
 from harness.procs import ManagedProcess, http_json, start_router, start_worker
-from router.front.auth import hash_key
 from router.up.launcher import RedisServer
+from tests.support.polling import wait_until
+from tests.support.router_calls import admin, complete
+from tests.support.router_configs import (
+    ALICE,
+    BOB,
+    FAST_REGISTRY,
+    auth_section,
+    model_table,
+    to_toml,
+    worker_list,
+)
 
-pytestmark = pytest.mark.slow
-ALICE, BOB, ADMIN = "key-alice", "key-bob", "key-admin"
+# Its module-scoped processes start once: the whole module runs on one xdist worker.
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("e2e_multi_router")]
 ALICE_CONCURRENT = 2
 LONG_TOKENS = 1500  # several seconds of decoding on a demo worker: a slot held open
 
 
 def config_text(redis_url: str, workers: dict[str, str]) -> str:
-    lines = [
-        "[models.demo]", 'tokenizer = "demo"',
-        "[registry]", "poll_interval_s = 0.2", "probe_timeout_s = 1.0",
+    return to_toml({
+        "models": {"demo": model_table()},
+        "registry": FAST_REGISTRY,
         # A call slower than command_timeout_s falls back to a local share; on a busy
         # test machine a short timeout would mix modes and blur the exact-limit checks.
-        "[redis]", f'url = "{redis_url}"', 'key_prefix = "e2e"', "heartbeat_interval_s = 0.2",
-        "lease_ttl_s = 3.0", "sync_interval_s = 0.2", "command_timeout_s = 1.0",
-        "[auth]", f'admin_key_digest = "{hash_key(ADMIN)}"',
-        "[auth.tenants.alice]", f'key_digests = ["{hash_key(ALICE)}"]',
-        f"max_concurrent_requests = {ALICE_CONCURRENT}",
-        "[auth.tenants.bob]", f'key_digests = ["{hash_key(BOB)}"]',
-    ]
-    for worker_id, url in workers.items():
-        lines += ["[[workers]]", f'id = "{worker_id}"', 'model = "demo"', f'url = "{url}"']
-    return "\n".join(lines) + "\n"
+        "redis": {"url": redis_url, "key_prefix": "e2e", "heartbeat_interval_s": 0.2,
+                  "lease_ttl_s": 3.0, "sync_interval_s": 0.2, "command_timeout_s": 1.0},
+        "auth": auth_section({"alice": {"max_concurrent_requests": ALICE_CONCURRENT},
+                              "bob": {}}),
+        "workers": worker_list(workers),
+    })
 
 
 @pytest.fixture(scope="module")
@@ -64,7 +69,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory
         path.write_text(config_text(redis.url, {"w0": workers[0].url, "w1": workers[1].url}))
         routers = [start_router(path), start_router(path)]
         for router in routers:
-            wait_for(lambda r=router: ready_workers(r) == {"w0", "w1"}, 60)
+            wait_until(lambda r=router: ready_workers(r) == {"w0", "w1"}, 60)
         yield redis, workers, routers
     finally:
         for process in [*routers, *workers]:
@@ -72,30 +77,8 @@ def cluster(tmp_path_factory: pytest.TempPathFactory
         redis.stop()
 
 
-def wait_for(check, timeout_s: float = 10.0) -> Any:
-    deadline = time.monotonic() + timeout_s
-    while not (value := check()):
-        assert time.monotonic() < deadline, "condition not met"
-        time.sleep(0.05)
-    return value
-
-
-def admin(router: ManagedProcess, path: str, body: object = None) -> Any:
-    status, result = http_json("GET" if body is None else "POST", f"{router.url}{path}", body,
-                               {"Authorization": f"Bearer {ADMIN}"})
-    assert status == 200, result
-    return result
-
-
 def ready_workers(router: ManagedProcess) -> set[str]:
     return {w["id"] for w in admin(router, "/admin/workers")["workers"] if w["ready"]}
-
-
-def complete(router: ManagedProcess, prompt: str, key: str = BOB, max_tokens: int = 2
-             ) -> tuple[int, Any]:
-    return http_json("POST", f"{router.url}/v1/completions",
-                     {"model": "demo", "prompt": prompt, "max_tokens": max_tokens,
-                      "ignore_eos": True}, {"Authorization": f"Bearer {key}"})
 
 
 def shared_state_up(router: ManagedProcess) -> float:
@@ -136,7 +119,7 @@ def check_limit_shared(routers: list[ManagedProcess]) -> None:
     finally:
         for stream in held:
             stream.close()
-    wait_for(lambda: complete(routers[1], "after", ALICE)[0] == 200, 10)
+    wait_until(lambda: complete(routers[1], "after", ALICE)[0] == 200, 10)
 
 
 def test_worker_added_through_a_is_used_by_b(cluster) -> None:
@@ -144,14 +127,14 @@ def test_worker_added_through_a_is_used_by_b(cluster) -> None:
     admin(a, "/admin/workers", {"action": "add",
                                 "worker": {"id": "w2", "model": "demo", "url": workers[2].url}})
     started = time.monotonic()
-    wait_for(lambda: "w2" in ready_workers(b), 5)
+    wait_until(lambda: "w2" in ready_workers(b), 5)
     assert time.monotonic() - started < 2.5  # one sync period plus one probe, with margin
     prompts = [f"{i:02d} distinct question number {i} " * 4 for i in range(12)]
     with concurrent.futures.ThreadPoolExecutor(6) as pool:
-        assert {s for s, _ in pool.map(lambda p: complete(b, p), prompts)} == {200}
+        assert {s for s, _ in pool.map(lambda p: complete(b, p, BOB), prompts)} == {200}
     assert admin(b, "/admin/index")["workers"]["w2"]["num_requests"] > 0
     admin(b, "/admin/workers", {"action": "remove", "id": "w2"})
-    wait_for(lambda: "w2" not in {w["id"] for w in admin(a, "/admin/workers")["workers"]}, 5)
+    wait_until(lambda: "w2" not in {w["id"] for w in admin(a, "/admin/workers")["workers"]}, 5)
 
 
 def test_concurrency_limit_is_shared_by_both_routers(cluster) -> None:
@@ -162,14 +145,14 @@ def test_both_indexes_converge(cluster) -> None:
     _, _, (a, b) = cluster
     document = "".join(f"Clause {i}: the tenant keeps the premises tidy. " for i in range(8))
     for i in range(6):
-        assert complete((a, b)[i % 2], document + f"Question {i}?")[0] == 200
+        assert complete((a, b)[i % 2], document + f"Question {i}?", BOB)[0] == 200
 
     def same() -> bool:
         index_a, index_b = admin(a, "/admin/index"), admin(b, "/admin/index")
         blocks = {w: s["num_blocks"] for w, s in index_a["workers"].items()}
         return index_a["fingerprint"] == index_b["fingerprint"] and sum(blocks.values()) > 0
 
-    wait_for(same, 5)
+    wait_until(same, 5)
 
 
 def test_redis_outage_fails_no_request_and_resyncs(cluster) -> None:
@@ -181,7 +164,7 @@ def test_redis_outage_fails_no_request_and_resyncs(cluster) -> None:
     def load(router: ManagedProcess, worker: int) -> None:
         i = 0
         while not stop.is_set():
-            results.append(complete(router, f"load {worker} request {i} " * 3)[0])
+            results.append(complete(router, f"load {worker} request {i} " * 3, BOB)[0])
             i += 1
 
     threads = [threading.Thread(target=load, args=(routers[i % 2], i)) for i in range(4)]
@@ -190,7 +173,7 @@ def test_redis_outage_fails_no_request_and_resyncs(cluster) -> None:
     try:
         time.sleep(0.5)
         redis.stop()
-        wait_for(lambda: [shared_state_up(r) for r in routers] == [0.0, 0.0], 5)
+        wait_until(lambda: [shared_state_up(r) for r in routers] == [0.0, 0.0], 5)
         # Down: each of the 2 routers last seen alive may hold 2 // 2 = 1 of alice's slots.
         held = HeldStream(routers[0])
         try:
@@ -200,7 +183,7 @@ def test_redis_outage_fails_no_request_and_resyncs(cluster) -> None:
             held.close()
         time.sleep(0.5)
         redis.start()
-        wait_for(lambda: [shared_state_up(r) for r in routers] == [1.0, 1.0], 5)
+        wait_until(lambda: [shared_state_up(r) for r in routers] == [1.0, 1.0], 5)
         time.sleep(0.5)
     finally:
         stop.set()

@@ -16,37 +16,32 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from openai import OpenAI
 
-from harness.procs import ManagedProcess, http_json, start_router, start_worker, stream_lines
+from harness.procs import ManagedProcess, start_router, start_worker, stream_lines
 from radix.events import KVEvent, decode_event
-from router.front.auth import hash_key
 from router.routing.index import RouterIndex
+from tests.support.polling import wait_until
+from tests.support.router_calls import (
+    FULL_LENGTH,
+    admin,
+    openai_client,
+    openai_complete,
+    wait_until_ready,
+)
+from tests.support.router_configs import (
+    ALICE,
+    BOB,
+    SYSTEM,
+    WORKER_KEY,
+    WORKER_KEY_ENV,
+    keyed_demo_config,
+    to_toml,
+)
 
-pytestmark = pytest.mark.slow
-ALICE, BOB, ADMIN = "key-alice", "key-bob", "key-admin"
-WORKER_KEY, WORKER_KEY_ENV = "e2e-worker-key", "RADIX_WORKER_KEY_E2E"
+# Its module-scoped processes start once: the whole module runs on one xdist worker.
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("e2e_routing")]
 ADDED_KEY_ENV = "RADIX_WORKER_KEY_W2"  # an admin-added worker w2 reads only its own variable
-SYSTEM = "You are a careful assistant. Cite the document when you answer. " * 2
 BLOCK_SIZE = 16
-FULL_LENGTH = {"ignore_eos": True}  # the random demo model may emit EOS at any step
-
-
-def router_config(workers: dict[str, str], kind: str = "radix") -> str:
-    """TOML of a test router: the given workers, tenants alice and bob, an admin key,
-    a public system prompt and fast polling."""
-    lines = [
-        "[models.demo]", 'tokenizer = "demo"',
-        f'public_prefixes = [{{ messages = [{{ role = "system", content = "{SYSTEM}" }}] }}]',
-        "[registry]", "poll_interval_s = 0.2", "probe_timeout_s = 1.0",
-        "[auth]", f'admin_key_digest = "{hash_key(ADMIN)}"',
-        "[auth.tenants.alice]", f'key_digests = ["{hash_key(ALICE)}"]', "max_output_tokens = 64",
-        "[auth.tenants.bob]", f'key_digests = ["{hash_key(BOB)}"]',
-    ]
-    for worker_id, url in workers.items():
-        lines += ["[[workers]]", f'id = "{worker_id}"', 'model = "demo"', f'kind = "{kind}"',
-                  f'url = "{url}"', f'api_key_env = "{WORKER_KEY_ENV}"']
-    return "\n".join(lines) + "\n"
 
 
 @pytest.fixture(scope="module")
@@ -57,7 +52,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory
     for worker in workers.values():
         worker.wait_ready(120)
     path = tmp_path_factory.mktemp("router") / "router.toml"
-    path.write_text(router_config({name: w.url for name, w in workers.items()}))
+    path.write_text(to_toml(keyed_demo_config({name: w.url for name, w in workers.items()})))
     router = start_keyed_router(path)
     try:
         wait_until_ready(router)
@@ -72,40 +67,8 @@ def start_keyed_router(path: Path) -> ManagedProcess:
     return start_router(path, env={WORKER_KEY_ENV: WORKER_KEY, ADDED_KEY_ENV: WORKER_KEY})
 
 
-def wait_until_ready(router: ManagedProcess) -> None:
-    def states() -> dict[str, str]:
-        return {w["id"]: w["reason"] for w in admin(router, "/admin/workers")["workers"]}
-
-    wait_for(lambda: set(states().values()) == {"ready"}, timeout_s=60, describe=states)
-
-
-def wait_for(check, timeout_s: float = 20.0, describe=lambda: None) -> Any:
-    deadline = time.monotonic() + timeout_s
-    while not (value := check()):
-        assert time.monotonic() < deadline, f"condition not met: {describe()}"
-        time.sleep(0.1)
-    return value
-
-
-def admin(router: ManagedProcess, path: str, body: object = None) -> Any:
-    headers = {"Authorization": f"Bearer {ADMIN}"}
-    method = "GET" if body is None else "POST"
-    status, result = http_json(method, f"{router.url}{path}", body, headers)
-    assert status == 200, result
-    return result
-
-
-def client(router: ManagedProcess, key: str = ALICE) -> OpenAI:
-    return OpenAI(base_url=f"{router.url}/v1", api_key=key, max_retries=0)
-
-
 def requests_per_worker(router: ManagedProcess) -> dict[str, int]:
     return {w: s["num_requests"] for w, s in admin(router, "/admin/index")["workers"].items()}
-
-
-def complete(router: ManagedProcess, prompt: str, key: str = ALICE, max_tokens: int = 2) -> Any:
-    return client(router, key).completions.create(model="demo", prompt=prompt,
-                                                  max_tokens=max_tokens, extra_body=FULL_LENGTH)
 
 
 def cached(response: Any) -> int:
@@ -114,7 +77,7 @@ def cached(response: Any) -> int:
 
 def test_openai_client_streaming_and_not(cluster) -> None:
     router, _ = cluster
-    openai = client(router)
+    openai = openai_client(router)
     text = openai.completions.create(model="demo", prompt="Hello there", max_tokens=4,
                                      extra_body=FULL_LENGTH)
     assert text.object == "text_completion" and text.usage.completion_tokens == 4
@@ -140,7 +103,7 @@ def test_shared_prefix_lands_on_one_worker_and_is_cached(cluster) -> None:
     router, _ = cluster
     document = "".join(f"Clause {i}: the tenant shall keep the premises tidy. " for i in range(12))
     before = requests_per_worker(router)
-    responses = [complete(router, document + f"Question {i}?") for i in range(4)]
+    responses = [openai_complete(router, document + f"Question {i}?") for i in range(4)]
     after = requests_per_worker(router)
     moved = {w: after[w] - before[w] for w in after if after[w] != before[w]}
     assert list(moved.values()) == [4], moved
@@ -154,7 +117,7 @@ def test_distinct_prefixes_spread_over_both_workers(cluster) -> None:
     before = requests_per_worker(router)
     prompts = [f"{i:03d} " + f"distinct topic number {i} " * 8 for i in range(24)]
     with concurrent.futures.ThreadPoolExecutor(24) as pool:
-        list(pool.map(lambda p: complete(router, p, max_tokens=8), prompts))
+        list(pool.map(lambda p: openai_complete(router, p, max_tokens=8), prompts))
     after = requests_per_worker(router)
     counts = sorted(after[w] - before[w] for w in after)
     assert sum(counts) == 24 and counts[0] > 0
@@ -164,12 +127,13 @@ def test_distinct_prefixes_spread_over_both_workers(cluster) -> None:
 def test_tenants_share_public_prefixes_only(cluster) -> None:
     router, _ = cluster
     private = "Alice's private notes: the launch code is 0000. " * 6
-    complete(router, private, ALICE)
-    assert cached(complete(router, private, ALICE)) >= len(private) // BLOCK_SIZE * BLOCK_SIZE
-    assert cached(complete(router, private, BOB)) == 0
+    openai_complete(router, private, ALICE)
+    assert (cached(openai_complete(router, private, ALICE))
+            >= len(private) // BLOCK_SIZE * BLOCK_SIZE)
+    assert cached(openai_complete(router, private, BOB)) == 0
 
     def ask(key: str, question: str) -> Any:
-        return client(router, key).chat.completions.create(
+        return openai_client(router, key).chat.completions.create(
             model="demo", max_tokens=2, extra_body=FULL_LENGTH, messages=[
                 {"role": "system", "content": SYSTEM}, {"role": "user", "content": question}])
 
@@ -206,22 +170,22 @@ def test_index_equals_the_union_of_worker_caches(cluster) -> None:
         routed = admin(router, "/admin/index")["index"]
         return {k: routed[k] for k in keys}, {k: getattr(union.stats(), k) for k in keys}
 
-    wait_for(lambda: operator.eq(*compare()), timeout_s=10, describe=compare)
+    wait_until(lambda: operator.eq(*compare()), 10, compare)
     assert compare()[0]["num_tokens"] > 2000
 
 
 def test_openai_kind_worker_is_routed_approximately(cluster, tmp_path: Path) -> None:
     _, workers = cluster
     path = tmp_path / "openai.toml"
-    path.write_text(router_config({"oa": workers["w0"].url}, kind="openai"))
+    path.write_text(to_toml(keyed_demo_config({"oa": workers["w0"].url}, kind="openai")))
     router = start_keyed_router(path)
     try:
         wait_until_ready(router)
         prompt = "An OpenAI-compatible server sees only this text. " * 4
-        first = complete(router, prompt)
+        first = openai_complete(router, prompt)
         assert first.model == "demo" and first.usage.completion_tokens == 2
-        assert cached(complete(router, prompt)) >= len(prompt) // BLOCK_SIZE * BLOCK_SIZE
-        stream = list(client(router).completions.create(
+        assert cached(openai_complete(router, prompt)) >= len(prompt) // BLOCK_SIZE * BLOCK_SIZE
+        stream = list(openai_client(router).completions.create(
             model="demo", prompt=prompt, max_tokens=3, stream=True, extra_body=FULL_LENGTH))
         assert stream[-1].choices[0].finish_reason == "length"
         assert all(chunk.choices for chunk in stream)  # no usage chunk nobody asked for
@@ -243,15 +207,15 @@ def test_worker_restart_drops_its_old_entries(cluster) -> None:
         body = {"token_ids": list(range(1, 200)), "scope": "alice",
                 "sampling": {"max_tokens": 1}}
         assert worker.post_json("/generate", body)[0] == 200
-        wait_for(lambda: admin(router, "/admin/index")["index"]["num_blocks"].get("w2", 0)
-                 >= baseline + 12)
+        wait_until(lambda: admin(router, "/admin/index")["index"]["num_blocks"].get("w2", 0)
+                   >= baseline + 12)
         old_epoch = admin(router, "/admin/workers")["workers"][-1]["epoch"]
         worker.stop()
         worker = start_worker("--port", port, kv_cache_bytes="4MiB", api_key=WORKER_KEY)
         fresh = worker_snapshot_blocks(worker)
-        wait_for(lambda: admin(router, "/admin/workers")["workers"][-1]["epoch"] != old_epoch)
-        wait_for(lambda: admin(router, "/admin/index")["index"]["num_blocks"].get("w2", 0)
-                 == fresh)
+        wait_until(lambda: admin(router, "/admin/workers")["workers"][-1]["epoch"] != old_epoch)
+        wait_until(lambda: admin(router, "/admin/index")["index"]["num_blocks"].get("w2", 0)
+                   == fresh)
     finally:
         admin(router, "/admin/workers", {"action": "remove", "id": "w2"})
         worker.stop()
@@ -261,13 +225,13 @@ def test_failover_when_a_worker_dies(cluster) -> None:
     router, workers = cluster
     prompts = [f"{i:03d} failover prompt {i} " * 6 for i in range(12)]
     with concurrent.futures.ThreadPoolExecutor(12) as pool:
-        pending = [pool.submit(complete, router, p, ALICE, 16) for p in prompts]
+        pending = [pool.submit(openai_complete, router, p, ALICE, 16) for p in prompts]
         time.sleep(0.05)
         workers["w1"].proc.kill()
         for future in pending:
             assert future.result().usage.completion_tokens == 16
     for prompt in prompts[:4]:
-        assert complete(router, prompt).usage.completion_tokens == 2
+        assert openai_complete(router, prompt).usage.completion_tokens == 2
     states = {w["id"]: w["ready"] for w in admin(router, "/admin/workers")["workers"]}
     assert states == {"w0": True, "w1": False}
     assert "w1" not in admin(router, "/admin/index")["index"]["num_blocks"]

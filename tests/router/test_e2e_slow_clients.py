@@ -19,20 +19,25 @@ from pathlib import Path
 import pytest
 
 from harness.procs import start_router, start_worker
-from router.front.auth import hash_key
+from tests.support.polling import wait_until
+from tests.support.router_calls import complete
+from tests.support.router_configs import ALICE, BOB, auth_section, model_table, to_toml, worker_list
 
 pytestmark = pytest.mark.slow
-ALICE, BOB = "key-alice", "key-bob"
 NUM_STALLED = 6
 
 
 def router_config(worker_url: str) -> str:
-    lines = ["[registry]", "poll_interval_s = 0.2", "[proxy]", "client_write_timeout_s = 1.0",
-             "[models.demo]", 'tokenizer = "demo"']
-    for tenant, key in (("alice", ALICE), ("bob", BOB)):
-        lines += [f"[auth.tenants.{tenant}]", f'key_digests = ["{hash_key(key)}"]']
-    lines += ["[[workers]]", 'id = "w0"', 'model = "demo"', f'url = "{worker_url}"']
-    return "\n".join(lines) + "\n"
+    return to_toml({"registry": {"poll_interval_s": 0.2},
+                    "proxy": {"client_write_timeout_s": 1.0},
+                    "models": {"demo": model_table()},
+                    "auth": auth_section({"alice": {}, "bob": {}}, admin=False),
+                    "workers": worker_list({"w0": worker_url})})
+
+
+def status_of(url: str, key: str) -> int:
+    """The status of a short completion (the model may stop early) for ``key``."""
+    return complete(url, "hi", key, full_length=False, timeout_s=30)[0]
 
 
 def stalled_stream(url: str, key: str) -> socket.socket:
@@ -49,18 +54,6 @@ def stalled_stream(url: str, key: str) -> socket.socket:
     return sock
 
 
-def status_of(url: str, key: str) -> int:
-    request = urllib.request.Request(
-        f"{url}/v1/completions", method="POST", headers={
-            "Content-Type": "application/json", "Authorization": f"Bearer {key}"},
-        data=json.dumps({"model": "demo", "prompt": "hi", "max_tokens": 2}).encode())
-    try:
-        with urllib.request.urlopen(request, timeout=30) as response:
-            return response.status
-    except urllib.error.HTTPError as exc:
-        return exc.code
-
-
 def test_clients_that_never_read_do_not_lock_other_tenants_out(tmp_path: Path) -> None:
     worker = start_worker("--max-num-seqs", "2", "--max-waiting-requests", "2",
                           kv_cache_bytes="32MiB")
@@ -69,10 +62,8 @@ def test_clients_that_never_read_do_not_lock_other_tenants_out(tmp_path: Path) -
         path = tmp_path / "router.toml"
         path.write_text(router_config(worker.url))
         router = start_router(path)
-        deadline = time.monotonic() + 60
-        while status_of(router.url, BOB) != 200:
-            assert time.monotonic() < deadline, "the router never served"
-            time.sleep(0.2)
+        wait_until(lambda: status_of(router.url, BOB) == 200, 60, "the router to serve",
+                   interval_s=0.2)
         stalled = [stalled_stream(router.url, ALICE) for _ in range(NUM_STALLED)]
         time.sleep(3.0)  # past the write timeout: the stalled requests have ended
         statuses = [status_of(router.url, BOB) for _ in range(5)]

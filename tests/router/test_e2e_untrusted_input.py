@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import json
 import threading
-import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
@@ -27,10 +26,11 @@ from hypothesis import strategies as st
 
 from harness.procs import ManagedProcess, start_router, start_worker
 from radix.tokenizer import PromptTokenizer
-from router.front.auth import hash_key
+from tests.support.polling import wait_until
+from tests.support.router_configs import ALICE, BOB, auth_section, model_table, to_toml, worker_list
 
-pytestmark = pytest.mark.slow
-ALICE, BOB = "key-alice", "key-bob"
+# Its module-scoped processes start once: the whole module runs on one xdist worker.
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("e2e_untrusted_input")]
 SYSTEM = "You are a careful assistant. Answer from the document only. " * 2
 BLOCK_SIZE = 16
 MAX_OUTPUT_TOKENS = 8
@@ -39,19 +39,15 @@ MAX_OUTPUT_TOKENS = 8
 def router_config(demo: list[str], solo: str) -> str:
     """TOML: the three models (each with the public system prompt), tenants alice and
     bob, fast polling."""
-    lines = ["[registry]", "poll_interval_s = 0.2", "probe_timeout_s = 2.0"]
-    for model in ("demo", "solo", "salted"):
-        lines += [f"[models.{model}]", 'tokenizer = "demo"', "public_prefixes = [{ messages = "
-                  f'[{{ role = "system", content = "{SYSTEM}" }}] }}]']
-    for tenant, key in (("alice", ALICE), ("bob", BOB)):
-        lines += [f"[auth.tenants.{tenant}]", f'key_digests = ["{hash_key(key)}"]',
-                  "max_prompt_tokens = 2048", f"max_output_tokens = {MAX_OUTPUT_TOKENS}"]
-    workers = [(f"d{i}", "demo", "radix", url) for i, url in enumerate(demo)]
-    workers += [("s-radix", "solo", "radix", solo), ("s-openai", "salted", "openai", solo)]
-    for worker_id, model, kind, url in workers:
-        lines += ["[[workers]]", f'id = "{worker_id}"', f'model = "{model}"', f'kind = "{kind}"',
-                  f'url = "{url}"']
-    return "\n".join(lines) + "\n"
+    limits = {"max_prompt_tokens": 2048, "max_output_tokens": MAX_OUTPUT_TOKENS}
+    return to_toml({
+        "registry": {"poll_interval_s": 0.2, "probe_timeout_s": 2.0},
+        "models": {model: model_table(system=SYSTEM) for model in ("demo", "solo", "salted")},
+        "auth": auth_section({"alice": limits, "bob": limits}, admin=False),
+        "workers": [*worker_list({f"d{i}": url for i, url in enumerate(demo)}, kind="radix"),
+                    *worker_list({"s-radix": solo}, model="solo", kind="radix"),
+                    *worker_list({"s-openai": solo}, model="salted", kind="openai")],
+    })
 
 
 @pytest.fixture(scope="module")
@@ -65,9 +61,9 @@ def cluster(tmp_path_factory: pytest.TempPathFactory
         path = tmp_path_factory.mktemp("router") / "router.toml"
         path.write_text(router_config([w.url for w in workers[:2]], workers[2].url))
         router = start_router(path)
-        wait_for(lambda: all(post(router, "/v1/completions", {"model": m, "prompt": "hi",
-                                                               "max_tokens": 1})[0] == 200
-                             for m in ("demo", "solo", "salted")))
+        wait_until(lambda: all(post(router, "/v1/completions", {"model": m, "prompt": "hi",
+                                                                 "max_tokens": 1})[0] == 200
+                               for m in ("demo", "solo", "salted")), 60, interval_s=0.2)
         yield router, workers
     finally:
         if router is not None:
@@ -76,13 +72,6 @@ def cluster(tmp_path_factory: pytest.TempPathFactory
         for worker in workers:
             worker.stop()
             assert "Traceback" not in worker.log_text()
-
-
-def wait_for(check, timeout_s: float = 60.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not check():
-        assert time.monotonic() < deadline, "condition not met"
-        time.sleep(0.2)
 
 
 def post_raw(url: str, raw: bytes, key: str | None = ALICE) -> tuple[int, bytes]:
@@ -229,7 +218,7 @@ def test_fuzzed_bodies_never_get_a_5xx_and_leak_nothing(cluster) -> None:
     assert {status for _, status in seen} >= {200, 400}
     assert {side for side, _ in seen} == {"router", "worker"}
     for worker in workers:
-        wait_for(lambda worker=worker: kv_settled(worker), timeout_s=20)
+        wait_until(lambda worker=worker: kv_settled(worker), 20, interval_s=0.2)
 
 
 # ---- router and worker agree --------------------------------------------------------

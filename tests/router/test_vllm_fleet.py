@@ -15,53 +15,47 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from test_e2e_routing import wait_for
 
 from harness.procs import ManagedProcess, http_json, start_router
 from harness.vllm_servers import SERVED_MODEL, SMOLLM2_DIR, VllmServer
-from router.front.auth import hash_key
 from router.up.launcher import RedisServer
+from tests.support.polling import wait_until
+from tests.support.router_calls import admin, complete
+from tests.support.router_configs import (
+    ALICE,
+    BOB,
+    auth_section,
+    model_table,
+    to_toml,
+)
 
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("vllm_fleet")]
-ALICE, BOB, ADMIN = "key-alice", "key-bob", "key-admin"
 BLOCK = 128
 DOCUMENT = " ".join(f"Clause {i}: the tenant shall keep the premises in good repair."
                     for i in range(40))
 
 
 def fleet_config(servers: list[VllmServer], tokenizer: str = str(SMOLLM2_DIR),
-                 redis_url: str | None = None) -> str:
-    lines = [f'[models.{SERVED_MODEL}]', f'tokenizer = "{tokenizer}"',
-             "[registry]", "poll_interval_s = 0.2", "probe_timeout_s = 5.0",
-             "[auth]", f'admin_key_digest = "{hash_key(ADMIN)}"',
-             "[auth.tenants.alice]", f'key_digests = ["{hash_key(ALICE)}"]',
-             "[auth.tenants.bob]", f'key_digests = ["{hash_key(BOB)}"]']
-    if redis_url is not None:
-        lines += ["[redis]", f'url = "{redis_url}"']
-    for i, server in enumerate(servers):
-        lines += ["[[workers]]", f'id = "v{i}"', f'model = "{SERVED_MODEL}"', 'kind = "vllm"',
-                  f'url = "{server.url}"', f'kv_events = "{server.events}"',
-                  f'kv_events_replay = "{server.replay}"']
-    return "\n".join(lines) + "\n"
+                 redis_url: str | None = None) -> dict[str, Any]:
+    redis = {"redis": {"url": redis_url}} if redis_url is not None else {}
+    return {"models": {SERVED_MODEL: model_table(tokenizer)},
+            "registry": {"poll_interval_s": 0.2, "probe_timeout_s": 5.0},
+            "auth": auth_section({"alice": {}, "bob": {}}),
+            **redis,
+            "workers": [{"id": f"v{i}", "model": SERVED_MODEL, "kind": "vllm", "url": server.url,
+                         "kv_events": server.events, "kv_events_replay": server.replay}
+                        for i, server in enumerate(servers)]}
 
 
-def admin(router: ManagedProcess, path: str) -> Any:
-    status, body = http_json("GET", f"{router.url}{path}", None,
-                             {"Authorization": f"Bearer {ADMIN}"})
+def ask(router: ManagedProcess, prompt: str, key: str = ALICE) -> dict[str, Any]:
+    """A greedy two-token completion, which must succeed: its answer."""
+    status, body = complete(router, prompt, key, SERVED_MODEL, temperature=0, full_length=False)
     assert status == 200, body
-    return body
+    return body  # type: ignore[return-value]
 
 
 def workers(router: ManagedProcess) -> dict[str, dict[str, Any]]:
     return {w["id"]: w for w in admin(router, "/admin/workers")["workers"]}
-
-
-def complete(router: ManagedProcess, prompt: str, key: str = ALICE) -> dict[str, Any]:
-    status, body = http_json("POST", f"{router.url}/v1/completions",
-                             {"model": SERVED_MODEL, "prompt": prompt, "max_tokens": 2,
-                              "temperature": 0}, {"Authorization": f"Bearer {key}"})
-    assert status == 200, body
-    return body  # type: ignore[return-value]
 
 
 def served_by(router: ManagedProcess, before: dict[str, dict[str, Any]]) -> tuple[str, dict]:
@@ -96,10 +90,10 @@ def redis() -> Iterator[RedisServer]:
 def fleet_router(vllm_fleet: list[VllmServer], redis: RedisServer, tmp_path_factory
                  ) -> Iterator[tuple[ManagedProcess, Path]]:
     path = tmp_path_factory.mktemp("vllm") / "router.toml"
-    path.write_text(fleet_config(vllm_fleet, redis_url=redis.url))
+    path.write_text(to_toml(fleet_config(vllm_fleet, redis_url=redis.url)))
     router = start_router(path)
     try:
-        wait_for(lambda: all(w["ready"] for w in workers(router).values()), 60,
+        wait_until(lambda: all(w["ready"] for w in workers(router).values()), 60,
                  lambda: workers(router))
         yield router, path
     finally:
@@ -111,13 +105,13 @@ def test_the_index_predicts_what_vllm_reuses_and_routes_to_the_holder(fleet_rout
     assert {w["index_mode"] for w in workers(router).values()} == {"exact"}
     assert {w["cache_block_size"] for w in workers(router).values()} == {BLOCK}
     before = workers(router)
-    first = complete(router, DOCUMENT + " Question one?")
+    first = ask(router, DOCUMENT + " Question one?")
     holder, grown = served_by(router, before)
     assert grown["num_matched_tokens"] == 0 and first["usage"]["prompt_tokens"] > 3 * BLOCK
-    wait_for(lambda: index_blocks(router).get(holder, 0) >= 3, 30, lambda: index_blocks(router))
+    wait_until(lambda: index_blocks(router).get(holder, 0) >= 3, 30, lambda: index_blocks(router))
     for question in ("Question two?", "Question three, longer than the others?"):
         before = workers(router)
-        answer = complete(router, f"{DOCUMENT} {question}")
+        answer = ask(router, f"{DOCUMENT} {question}")
         worker_id, grown = served_by(router, before)
         cached = answer["usage"]["prompt_tokens_details"]["cached_tokens"]
         assert worker_id == holder
@@ -127,10 +121,10 @@ def test_the_index_predicts_what_vllm_reuses_and_routes_to_the_holder(fleet_rout
 
 def test_tenants_stay_apart_on_the_index_and_on_vllm(fleet_router, vllm_fleet):
     router, _ = fleet_router
-    complete(router, DOCUMENT + " Question four?")
+    ask(router, DOCUMENT + " Question four?")
     hits_before = [vllm_prefix_hits(s) for s in vllm_fleet]
     before = workers(router)
-    answer = complete(router, DOCUMENT + " Question four?", key=BOB)
+    answer = ask(router, DOCUMENT + " Question four?", key=BOB)
     _, grown = served_by(router, before)
     assert answer["usage"]["prompt_tokens_details"]["cached_tokens"] == 0
     assert grown["num_matched_tokens"] == grown["num_cached_tokens"] == 0
@@ -141,7 +135,7 @@ def test_a_router_started_late_catches_up_by_replay(fleet_router, redis):
     router, path = fleet_router
     late = start_router(path)
     try:
-        wait_for(lambda: admin(late, "/admin/index")["fingerprint"]
+        wait_until(lambda: admin(late, "/admin/index")["fingerprint"]
                  == admin(router, "/admin/index")["fingerprint"], 60,
                  lambda: (index_blocks(late), index_blocks(router)))
         assert sum(index_blocks(late).values()) >= 6
@@ -151,10 +145,10 @@ def test_a_router_started_late_catches_up_by_replay(fleet_router, redis):
 
 def test_a_tokenizer_that_differs_is_routed_approximately(vllm_fleet, tmp_path):
     path = tmp_path / "router.toml"
-    path.write_text(fleet_config(vllm_fleet[:1], tokenizer="demo"))
+    path.write_text(to_toml(fleet_config(vllm_fleet[:1], tokenizer="demo")))
     router = start_router(path)
     try:
-        worker = wait_for(lambda: workers(router)["v0"]["index_mode"] == "approximate"
+        worker = wait_until(lambda: workers(router)["v0"]["index_mode"] == "approximate"
                           and workers(router)["v0"], 60, lambda: workers(router))
         assert worker["index_reason"].startswith("token parity: the text probe")
         metrics = http_json("GET", f"{router.metrics_url}/metrics")[1]
@@ -170,13 +164,15 @@ def test_pools_of_vllm_servers_are_probed_token_by_token(vllm_fleet, tmp_path):
         "ignore_eos": True, "return_token_ids": True})
     assert status == 200 and len(body["choices"][0]["token_ids"]) == 4, body
     path = tmp_path / "router.toml"
-    path.write_text(fleet_config(vllm_fleet) + "\n".join([
-        f"[models.{SERVED_MODEL}.canary]", "probe_interval_s = 0.5", "probe_max_tokens = 4",
-        f"[models.{SERVED_MODEL}.pools.baseline]", 'workers = ["v0"]', "weight = 1",
-        f"[models.{SERVED_MODEL}.pools.candidate]", 'workers = ["v1"]', "weight = 1"]) + "\n")
+    config = fleet_config(vllm_fleet)
+    config["models"][SERVED_MODEL] |= {
+        "canary": {"probe_interval_s": 0.5, "probe_max_tokens": 4},
+        "pools": {"baseline": {"workers": ["v0"], "weight": 1},
+                  "candidate": {"workers": ["v1"], "weight": 1}}}
+    path.write_text(to_toml(config))
     router = start_router(path)
     try:
-        pool = wait_for(lambda: (p := admin(router, "/admin/canary")["models"][SERVED_MODEL][
+        pool = wait_until(lambda: (p := admin(router, "/admin/canary")["models"][SERVED_MODEL][
             "pools"]["candidate"])["last_probe"] and p, 60, lambda: admin(router, "/admin/canary"))
         assert pool["last_probe"] == "agree" and pool["weight"] == 1
     finally:
@@ -190,13 +186,13 @@ def test_a_killed_server_is_cleared_at_once_and_followed_after_its_restart(fleet
     holder = max(blocks, key=blocks.__getitem__)
     victim = vllm_fleet[int(holder[1:])]
     victim.kill()
-    wait_for(lambda: holder not in index_blocks(router), 10, lambda: index_blocks(router))
+    wait_until(lambda: holder not in index_blocks(router), 10, lambda: index_blocks(router))
     victim.start().wait_ready(600)
-    wait_for(lambda: workers(router)[holder]["ready"], 60)
+    wait_until(lambda: workers(router)[holder]["ready"], 60)
     assert holder not in index_blocks(router)
     for i in range(16):  # cold documents spread over both workers
         before = workers(router)
-        complete(router, f"Fresh document {i} after the restart. " * 50)
+        ask(router, f"Fresh document {i} after the restart. " * 50)
         if served_by(router, before)[0] == holder:
             break
-    wait_for(lambda: index_blocks(router).get(holder, 0) >= 1, 30, lambda: index_blocks(router))
+    wait_until(lambda: index_blocks(router).get(holder, 0) >= 1, 30, lambda: index_blocks(router))

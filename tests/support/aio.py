@@ -1,17 +1,22 @@
-"""In-process aiohttp servers on loopback for tests: the router app and small upstreams.
+"""In-process aiohttp servers on loopback for tests: the router app, small upstreams,
+and the calls tests make to them.
 
 ``serving(app)`` runs any ``web.Application`` on a free loopback port the way the
 router runs (``handler_cancellation`` on) and yields its base URL. ``running_router``
 builds a real ``Router`` from a config and serves it as the router process does
-(``router.server.serve.Listener``: the lean HTTP/1.1 server, aiohttp behind it). Plain module, no pytest.
+(``router.server.serve.Listener``: the lean HTTP/1.1 server, aiohttp behind it). Plain
+module, no pytest.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 from collections.abc import AsyncIterator
+from typing import Any
 
+import aiohttp
 from aiohttp import web
 
 from harness import instant_upstream
@@ -20,8 +25,12 @@ from router.context import Router, shared_backends
 from router.server.app import bind_socket
 from router.server.serve import Listener
 from router.state.shared_state import InProcessSharedState
+from tests.support import router_configs
 
 TEST_SECRET = b"radix-router-test-secret"
+# The Authorization headers of tenant alice and of the admin (router_configs' keys).
+ALICE = {"Authorization": f"Bearer {router_configs.ALICE}"}
+ADMIN = {"Authorization": f"Bearer {router_configs.ADMIN}"}
 
 
 @contextlib.asynccontextmanager
@@ -84,3 +93,49 @@ def key_recording_upstream(seen: list[str]) -> web.Application:
     app = web.Application(middlewares=[record])
     app.add_routes(instant_upstream.status_routes())
     return app
+
+
+def failing_upstream(status: int) -> web.Application:
+    """An instant upstream whose ``/generate`` always answers ``status`` (an OpenAI
+    error body)."""
+    async def generate(request: web.Request) -> web.Response:
+        return web.json_response({"error": {"message": "boom", "type": "server_error",
+                                            "param": None, "code": None}}, status=status)
+
+    app = web.Application()
+    app.add_routes([*instant_upstream.status_routes(), web.post("/generate", generate)])
+    return app
+
+
+def scripted_stream(pieces: list[bytes]):
+    """A handler whose stream is ``pieces``, each sent on its own after a short pause
+    (so each is a separate network read on the router's side)."""
+    async def handler(request: web.Request) -> web.StreamResponse:
+        out = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await out.prepare(request)
+        for piece in pieces:
+            await out.write(piece)
+            await asyncio.sleep(0.005)
+        return out
+
+    return handler
+
+
+async def call(session: aiohttp.ClientSession, method: str, url: str, body: Any = None,
+               headers: dict[str, str] | None = None) -> tuple[int, Any, Any]:
+    """One request (``body`` as JSON, or raw bytes); (status, JSON answer or its text,
+    response headers)."""
+    data = body if isinstance(body, bytes) or body is None else json.dumps(body)
+    async with session.request(method, url, data=data, headers=headers) as resp:
+        text = await resp.text()
+        try:
+            return resp.status, json.loads(text), resp.headers
+        except ValueError:
+            return resp.status, text, resp.headers
+
+
+async def post(session: aiohttp.ClientSession, url: str, body: Any,
+               headers: dict[str, str]) -> tuple[int, Any]:
+    """POST ``body`` as JSON; (status, JSON answer), the answer must be JSON."""
+    async with session.post(url, json=body, headers=headers) as resp:
+        return resp.status, await resp.json()

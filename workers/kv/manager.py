@@ -70,7 +70,7 @@ from workers.kv.tensors import KVCacheTensors
 
 @dataclass(frozen=True)
 class KVCacheStats:
-    """Gauges and counters for ``/metrics`` (names as in DESIGN.md)."""
+    """Gauges and counters for ``/metrics`` (names in docs/operations.md, Monitoring)."""
 
     num_total_blocks: int
     num_free_blocks: int

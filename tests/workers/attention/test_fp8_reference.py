@@ -6,8 +6,8 @@ from dataclasses import replace
 
 import pytest
 import torch
-from paged_cases import dense_attention, make_case
 
+from tests.workers.attention.paged_cases import dense_attention, make_case
 from workers.attention import reference
 
 FORMATS = [(torch.float8_e4m3fn, 3), (torch.float8_e5m2, 2)]

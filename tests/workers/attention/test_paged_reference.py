@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 import torch
-from paged_cases import dense_attention, make_case
 
+from tests.workers.attention.paged_cases import dense_attention, make_case
 from workers.attention import reference
 from workers.attention.metadata import AttentionMetadata
 

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import pytest
 import torch
-from paged_cases import make_case
 
+from tests.workers.attention.paged_cases import make_case
 from workers.attention import reference
 
 pytestmark = [
     pytest.mark.gpu,
+    pytest.mark.xdist_group("gpu"),  # one device: one test on it at a time
     pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device"),
 ]
 TOLERANCE = {torch.float32: 1e-4, torch.float16: 2e-3, torch.bfloat16: 2e-2}

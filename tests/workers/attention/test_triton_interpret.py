@@ -10,13 +10,17 @@ import json
 import os
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
+from harness.procs import REPO_ROOT
+
+# Its module-scoped processes start once: the whole module runs on one xdist worker.
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("triton_interpret")]
+
 pytest.importorskip("triton")
 
-SCRIPT = Path(__file__).with_name("triton_interpret_cases.py")
+CASES_MODULE = "tests.workers.attention.triton_interpret_cases"
 CASE_NAMES = [
     *(
         f"{kind}-bs{bs}-h{h}-kv{kv}{suffix}"
@@ -44,7 +48,8 @@ CASE_NAMES = [
 def results() -> dict[str, float | str]:
     env = {**os.environ, "TRITON_INTERPRET": "1"}
     done = subprocess.run(
-        [sys.executable, str(SCRIPT)], env=env, capture_output=True, text=True, timeout=240
+        [sys.executable, "-m", CASES_MODULE], cwd=REPO_ROOT, env=env, capture_output=True,
+        text=True, timeout=240,
     )
     assert done.returncode == 0, done.stderr[-4000:]
     return json.loads(done.stdout.strip().splitlines()[-1])

@@ -1,25 +1,23 @@
 """Triton kernels vs the torch reference on CPU tensors; run only under TRITON_INTERPRET=1.
 
-Executed as a script in a subprocess by test_triton_interpret.py, so the interpreter
-mode (fixed when a ``@triton.jit`` function is defined) never leaks into the rest of
-the suite. Prints one JSON object: case name -> max abs error, or the error text.
+Run as a module (``python -m``, from the repository root) in a subprocess by
+test_triton_interpret.py, so the interpreter mode (fixed when a ``@triton.jit`` function
+is defined) never leaks into the rest of the suite. Prints one JSON object: case name ->
+max abs error, or the error text.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import sys
 from collections.abc import Callable
-from pathlib import Path
+
+import torch
+
+from tests.workers.attention.paged_cases import make_case
+from workers.attention import reference, triton_kernels
 
 assert os.environ.get("TRITON_INTERPRET") == "1", "run with TRITON_INTERPRET=1"
-sys.path[:0] = [str(Path(__file__).resolve().parents[3]), str(Path(__file__).resolve().parent)]
-
-import torch  # noqa: E402
-from paged_cases import make_case  # noqa: E402
-
-from workers.attention import reference, triton_kernels  # noqa: E402
 
 CASES: dict[str, Callable[[], float]] = {}
 

@@ -3,9 +3,10 @@ runs requests to completion checking the KV invariants after every step."""
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
 import torch
@@ -13,8 +14,10 @@ from prometheus_client import CollectorRegistry
 
 from radix.cost_model import CostModel
 from workers.config import EngineConfig
+from workers.engine.async_engine import AsyncEngine
 from workers.engine.build import kv_spec
 from workers.engine.engine import Engine
+from workers.engine.kv_feed import KVEventFeed
 from workers.engine.metrics import EngineMetrics
 from workers.engine.request import GenerationParams, GenerationRequest, Usage
 from workers.kv.build import build_kv_cache_manager
@@ -136,3 +139,24 @@ def collect(outputs: dict, results: dict[int, Result]) -> None:
             result.finish_reason[delta.index] = delta.finish_reason
         if output.usage is not None:
             result.usage = output.usage
+
+
+def run_async(test: Callable[[AsyncEngine], Awaitable[None]], max_in_flight: int = 8) -> None:
+    """Run ``test(bridge)`` on a fresh loop with a started engine thread."""
+    engine = make_engine()
+    bridge = AsyncEngine(engine, KVEventFeed(engine.manager), max_in_flight)
+
+    async def main() -> None:
+        bridge.start(asyncio.get_running_loop())
+        try:
+            await test(bridge)
+        finally:
+            bridge.stop()
+
+    asyncio.run(main())
+
+
+def used_blocks(engine: Engine) -> int:
+    """The engine's KV blocks in use, after checking the manager's invariants."""
+    engine.manager.check_invariants()
+    return engine.manager.stats().num_used_blocks

@@ -4,37 +4,14 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-from collections.abc import Awaitable, Callable
 
 import pytest
-from engine_support import make_engine, prompt, request
 
+from tests.workers.engine.engine_support import prompt, request, run_async, used_blocks
 from workers.engine.async_engine import AsyncEngine, QueueFullError
-from workers.engine.engine import Engine
-from workers.engine.kv_feed import KVEventFeed
 from workers.engine.request import EngineError
 from workers.server.errors import ApiError
 from workers.server.streaming import collect
-
-
-def run_async(test: Callable[[AsyncEngine], Awaitable[None]], max_in_flight: int = 8) -> None:
-    """Run ``test(bridge)`` on a fresh loop with a started engine thread."""
-    engine = make_engine()
-    bridge = AsyncEngine(engine, KVEventFeed(engine.manager), max_in_flight)
-
-    async def main() -> None:
-        bridge.start(asyncio.get_running_loop())
-        try:
-            await test(bridge)
-        finally:
-            bridge.stop()
-
-    asyncio.run(main())
-
-
-def used_blocks(engine: Engine) -> int:
-    engine.manager.check_invariants()
-    return engine.manager.stats().num_used_blocks
 
 
 def test_streams_run_concurrently_and_finish_with_usage():

@@ -11,9 +11,8 @@ import asyncio
 import dataclasses
 
 import pytest
-from engine_support import demo_model, prompt, request
-from test_async_engine import run_async, used_blocks
 
+from tests.workers.engine.engine_support import demo_model, prompt, request, run_async, used_blocks
 from workers.engine.async_engine import AsyncEngine
 from workers.engine.request import EngineError, GenerationParams
 from workers.engine.selftest import keep_ready

@@ -4,9 +4,10 @@ everything frees every block."""
 
 from __future__ import annotations
 
-from engine_support import BLOCK_SIZE, collect, make_engine, prompt, request
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+
+from tests.workers.engine.engine_support import BLOCK_SIZE, collect, make_engine, prompt, request
 
 NUM_BLOCKS = 12  # 192 tokens: a few blocks more than the longest request needs
 MAX_STEPS = 2_000

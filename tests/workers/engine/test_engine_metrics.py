@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from engine_support import BLOCK_SIZE, make_engine, prompt, request, run
 from prometheus_client import CollectorRegistry
 
+from tests.workers.engine.engine_support import BLOCK_SIZE, make_engine, prompt, request, run
 from workers.engine.metrics import TailBlockFill
 
 

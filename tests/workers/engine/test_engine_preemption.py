@@ -4,7 +4,8 @@ out, and its invariants."""
 from __future__ import annotations
 
 import pytest
-from engine_support import make_engine, prompt, request, run
+
+from tests.workers.engine.engine_support import make_engine, prompt, request, run
 
 
 def workload() -> dict:

@@ -3,8 +3,16 @@
 from __future__ import annotations
 
 import pytest
-from engine_support import BLOCK_SIZE, Result, collect, make_engine, prompt, request, run
 
+from tests.workers.engine.engine_support import (
+    BLOCK_SIZE,
+    Result,
+    collect,
+    make_engine,
+    prompt,
+    request,
+    run,
+)
 from workers.engine.sequence import SequenceStatus
 
 

@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-from engine_support import demo_model, make_engine, prompt, request, run
-
+from tests.workers.engine.engine_support import demo_model, make_engine, prompt, request, run
 from workers.engine.request import GenerationParams
 from workers.engine.stopping import StepText, StopChecker
 from workers.model.sampler import SamplingParams

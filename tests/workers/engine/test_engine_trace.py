@@ -9,8 +9,8 @@ import logging
 from dataclasses import replace
 
 import pytest
-from engine_support import make_engine, prompt, request, run
 
+from tests.workers.engine.engine_support import make_engine, prompt, request, run
 from workers.config import ModelSettings, WorkerConfig
 from workers.engine.build import build_worker
 from workers.engine.engine import Engine

@@ -5,8 +5,7 @@ from __future__ import annotations
 
 import asyncio
 
-from engine_support import make_engine, prompt, request, run
-
+from tests.workers.engine.engine_support import make_engine, prompt, request, run
 from workers.engine.async_engine import AsyncEngine
 from workers.engine.kv_feed import KVEventFeed
 from workers.server.serve import expire_host_entries

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 import torch
-from engine_support import demo_model
 
+from tests.workers.engine.engine_support import demo_model
 from workers.config import DEFAULT_CACHE_BYTES, KVSettings, WorkerConfig
 from workers.engine.build import kv_spec
 from workers.engine.kv_sizing import kv_budget
@@ -23,6 +23,7 @@ def test_the_cpu_uses_bytes_configured_or_the_default():
 
 
 @pytest.mark.gpu
+@pytest.mark.xdist_group("gpu")  # one device: one test on it at a time
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_cuda_sizes_from_the_utilization_less_weights_and_peak_activation():
     from workers.model.demo import ensure_demo_checkpoint

@@ -4,9 +4,9 @@ behaviour identical to the demo model's on the same trace."""
 from __future__ import annotations
 
 import pytest
-from engine_support import make_engine, prompt, request, run
 
 from radix.cost_model import PROFILES, CostModel, get_profile
+from tests.workers.engine.engine_support import make_engine, prompt, request, run
 from workers.kv.plan import plan_kv_cache
 from workers.model.runner import StepInput
 from workers.model.timed import TimedRunner, timed_kv_spec, timed_profile

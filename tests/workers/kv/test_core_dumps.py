@@ -8,6 +8,8 @@ import sys
 
 import pytest
 
+pytestmark = pytest.mark.slow
+
 CHECK = """
 import ctypes, resource
 from workers.kv.core_dumps import disable_core_dumps

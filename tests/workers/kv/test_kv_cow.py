@@ -5,7 +5,14 @@ valid slots (all layers, K and V)."""
 from __future__ import annotations
 
 import torch
-from kv_test_support import NUM_LAYERS, assert_reads, expected_kv, make_manager, write_kv
+
+from tests.workers.kv.kv_test_support import (
+    NUM_LAYERS,
+    assert_reads,
+    expected_kv,
+    make_manager,
+    write_kv,
+)
 
 B = 4
 

@@ -9,8 +9,8 @@ import time
 from pathlib import Path
 
 import pytest
-from kv_test_support import EventConsumer, assert_reads, make_manager, serve
 
+from tests.workers.kv.kv_test_support import EventConsumer, assert_reads, make_manager, serve
 from workers.cli import _parser, config_from_args
 from workers.config import WorkerConfig
 from workers.kv import disk_writer

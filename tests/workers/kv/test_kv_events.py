@@ -5,18 +5,18 @@ from __future__ import annotations
 
 import hypothesis.strategies as st
 from hypothesis import given, settings
-from kv_test_support import (
+
+from radix.events import EventBlock, decode_event, encode_event
+from radix.hashing import BlockHasher
+from radix.keys import to_key
+from radix.tree import PUBLIC
+from tests.workers.kv.kv_test_support import (
     NAMESPACE_DIGEST,
     EventConsumer,
     assert_replay_equivalent,
     make_manager,
     worker_paths,
 )
-
-from radix.events import EventBlock, decode_event, encode_event
-from radix.hashing import BlockHasher
-from radix.keys import to_key
-from radix.tree import PUBLIC
 from workers.kv.event_log import KVEventLog
 
 B = 4

@@ -3,7 +3,7 @@ children, locked paths never, and the allocator evicts before it fails."""
 
 from __future__ import annotations
 
-from kv_test_support import make_manager
+from tests.workers.kv.kv_test_support import make_manager
 
 B = 4
 A = [1, 2, 3, 4, 5, 6, 7, 8]

@@ -6,9 +6,14 @@ from __future__ import annotations
 import time
 from dataclasses import replace
 
-from kv_test_support import EventConsumer, assert_reads, make_manager, serve, write_kv
-
 from radix.keys import to_key
+from tests.workers.kv.kv_test_support import (
+    EventConsumer,
+    assert_reads,
+    make_manager,
+    serve,
+    write_kv,
+)
 
 B = 4
 A = [1, 2, 3, 4, 5, 6, 7, 8, 9]  # two full blocks and one token

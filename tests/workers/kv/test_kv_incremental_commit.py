@@ -6,9 +6,9 @@ from __future__ import annotations
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from kv_test_support import make_manager
 
 from radix.keys import to_key
+from tests.workers.kv.kv_test_support import make_manager
 
 B = 4
 

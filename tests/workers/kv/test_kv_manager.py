@@ -4,7 +4,8 @@ null prefix cache."""
 from __future__ import annotations
 
 import pytest
-from kv_test_support import make_manager
+
+from tests.workers.kv.kv_test_support import make_manager
 
 B = 4
 

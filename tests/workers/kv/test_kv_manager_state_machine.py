@@ -36,16 +36,16 @@ from dataclasses import dataclass
 import hypothesis.strategies as st
 from hypothesis import HealthCheck, settings
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
-from kv_test_support import (
+
+from radix.keys import to_key
+from radix.tree import PUBLIC
+from tests.workers.kv.kv_test_support import (
     EventConsumer,
     assert_reads,
     assert_replay_equivalent,
     make_manager,
     write_kv,
 )
-
-from radix.keys import to_key
-from radix.tree import PUBLIC
 
 BLOCK_SIZE = 4
 NUM_BLOCKS = 14

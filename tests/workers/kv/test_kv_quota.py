@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import random
 
-from kv_test_support import make_manager
+from tests.workers.kv.kv_test_support import make_manager
 
 B = 4
 NUM_BLOCKS = 24

@@ -46,6 +46,7 @@ def test_free_memory_budget_needs_cuda():
 
 
 @pytest.mark.gpu
+@pytest.mark.xdist_group("gpu")  # one device: one test on it at a time
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_cuda_fp8_copy_and_budget():
     spec = KVCacheSpec(2, 2, 8, "fp8", 16)

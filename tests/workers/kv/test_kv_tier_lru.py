@@ -15,11 +15,11 @@ from pathlib import Path
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from kv_test_support import NAMESPACE_DIGEST, EventConsumer
 
 from radix.events import EventBlock
 from radix.hashing import BlockHasher
 from radix.keys import to_key
+from tests.workers.kv.kv_test_support import NAMESPACE_DIGEST, EventConsumer
 from workers.kv.block_events import BlockChainer
 from workers.kv.block_pool import BlockPool
 from workers.kv.disk_tier import FileDiskTier

@@ -5,7 +5,8 @@ sequence."""
 from __future__ import annotations
 
 import pytest
-from kv_test_support import make_manager
+
+from tests.workers.kv.kv_test_support import make_manager
 
 B = 4
 

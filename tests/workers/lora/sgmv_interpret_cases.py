@@ -1,27 +1,24 @@
 """The Triton LoRA delta vs the torch reference on CPU tensors, under TRITON_INTERPRET=1.
 
-Executed as a script in a subprocess by test_sgmv_interpret.py, so the interpreter
-mode (fixed when a ``@triton.jit`` function is defined) never leaks into the rest of
-the suite. Runs one hypothesis property per dtype and prints one JSON object:
-dtype name -> "ok", or the falsifying example's error text.
+Run as a module (``python -m``, from the repository root) in a subprocess by
+test_sgmv_interpret.py, so the interpreter mode (fixed when a ``@triton.jit`` function
+is defined) never leaks into the rest of the suite. Runs one hypothesis property per dtype
+and prints one JSON object: dtype name -> "ok", or the falsifying example's error text.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import sys
-from pathlib import Path
+
+import torch
+from hypothesis import example, given, settings
+from hypothesis import strategies as st
+
+from tests.workers.lora.lora_cases import error_in_ulps, make_problem
+from workers.lora.sgmv import lora_delta_triton
 
 assert os.environ.get("TRITON_INTERPRET") == "1", "run with TRITON_INTERPRET=1"
-sys.path[:0] = [str(Path(__file__).resolve().parents[3])]
-
-import torch  # noqa: E402
-from hypothesis import example, given, settings  # noqa: E402
-from hypothesis import strategies as st  # noqa: E402
-
-from tests.workers.lora.lora_cases import error_in_ulps, make_problem  # noqa: E402
-from workers.lora.sgmv import lora_delta_triton  # noqa: E402
 
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 MAX_ULPS = 4.0

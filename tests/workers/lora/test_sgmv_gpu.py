@@ -10,6 +10,7 @@ from workers.lora.delta import lora_delta
 
 pytestmark = [
     pytest.mark.gpu,
+    pytest.mark.xdist_group("gpu"),  # one device: one test on it at a time
     pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device"),
 ]
 

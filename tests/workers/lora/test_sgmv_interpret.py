@@ -10,13 +10,17 @@ import json
 import os
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
+from harness.procs import REPO_ROOT
+
+# Its module-scoped processes start once: the whole module runs on one xdist worker.
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("sgmv_interpret")]
+
 pytest.importorskip("triton")
 
-SCRIPT = Path(__file__).with_name("sgmv_interpret_cases.py")
+CASES_MODULE = "tests.workers.lora.sgmv_interpret_cases"
 DTYPE_NAMES = ["float32", "float16", "bfloat16"]
 
 
@@ -24,7 +28,8 @@ DTYPE_NAMES = ["float32", "float16", "bfloat16"]
 def results() -> dict[str, str]:
     env = {**os.environ, "TRITON_INTERPRET": "1"}
     done = subprocess.run(
-        [sys.executable, str(SCRIPT)], env=env, capture_output=True, text=True, timeout=240
+        [sys.executable, "-m", CASES_MODULE], cwd=REPO_ROOT, env=env, capture_output=True,
+        text=True, timeout=240,
     )
     assert done.returncode == 0, done.stderr[-4000:]
     return {"stdout": done.stdout, **json.loads(done.stdout.strip().splitlines()[-1])}

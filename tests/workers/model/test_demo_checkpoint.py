@@ -6,9 +6,15 @@ import hashlib
 
 import torch
 import transformers
-from hf_checkpoints import hf_greedy, new_caches, paged_greedy, random_prompt, shuffled_blocks
 
 from radix.tokenizer import PromptTokenizer
+from tests.workers.model.hf_checkpoints import (
+    hf_greedy,
+    new_caches,
+    paged_greedy,
+    random_prompt,
+    shuffled_blocks,
+)
 from workers.model.demo import demo_dir_name, ensure_demo_checkpoint, write_demo_checkpoint
 from workers.model.loader import load_model
 from workers.model.runner import ModelRunner, StepInput

@@ -7,12 +7,18 @@ import numpy as np
 import pytest
 import torch
 from gguf import GGMLQuantizationType, GGUFWriter
-from hf_checkpoints import hf_greedy, new_caches, paged_greedy, random_prompt, shuffled_blocks
-from support.bpe import trained_bpe
-from support.gguf_files import mixed_types, write_llama_gguf
 from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM
 
 from radix.model_source import load_tokenizer
+from tests.support.bpe import trained_bpe
+from tests.support.gguf_files import mixed_types, write_llama_gguf
+from tests.workers.model.hf_checkpoints import (
+    hf_greedy,
+    new_caches,
+    paged_greedy,
+    random_prompt,
+    shuffled_blocks,
+)
 from workers.model.gguf_weights import unpermute_rows
 from workers.model.loader import load_model
 from workers.model.runner import ModelRunner, StepInput

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 import torch
-from hf_checkpoints import (
+
+from tests.workers.model.hf_checkpoints import (
     VARIANTS,
     hf_greedy,
     new_caches,
@@ -13,7 +14,6 @@ from hf_checkpoints import (
     shuffled_blocks,
     write_hf_checkpoint,
 )
-
 from workers.attention.backend import LayerKVCache
 from workers.attention.metadata import AttentionMetadata
 from workers.model.loader import load_model

@@ -10,13 +10,13 @@ import itertools
 
 import pytest
 import torch
-from hf_checkpoints import hf_greedy, random_prompt, write_hf_checkpoint
 from peft import PeftModel
 from prometheus_client import CollectorRegistry
 from transformers import LlamaForCausalLM
 
 from harness.lora_adapters import model_shapes, write_peft_adapter
 from radix.namespace import CacheNamespace
+from tests.workers.model.hf_checkpoints import hf_greedy, random_prompt, write_hf_checkpoint
 from workers.config import EngineConfig, KVSettings, LoraSettings, WorkerConfig
 from workers.engine.build import build_worker, kv_spec
 from workers.engine.engine import Engine

@@ -3,8 +3,13 @@
 from __future__ import annotations
 
 import torch
-from hf_checkpoints import new_caches, paged_greedy, random_prompt, write_hf_checkpoint
 
+from tests.workers.model.hf_checkpoints import (
+    new_caches,
+    paged_greedy,
+    random_prompt,
+    write_hf_checkpoint,
+)
 from workers.model.loader import load_model
 from workers.model.runner import ModelRunner, StepInput
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 import torch
-from hf_checkpoints import new_caches
 
+from tests.workers.model.hf_checkpoints import new_caches
 from workers.model.demo import ensure_demo_checkpoint
 from workers.model.loader import load_model
 from workers.model.runner import ModelRunner, StepInput

@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import pytest
 import torch
-from hf_checkpoints import hf_greedy, new_caches, paged_greedy
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from radix.model_source import load_tokenizer, packaged_model_path
+from tests.workers.model.hf_checkpoints import hf_greedy, new_caches, paged_greedy
 from workers.model.loader import load_model
 from workers.model.runner import ModelRunner, StepInput
 

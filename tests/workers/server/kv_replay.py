@@ -8,13 +8,13 @@ from __future__ import annotations
 import http.client
 import json
 import threading
-import time
 import urllib.parse
 from collections.abc import Callable
 
 from radix.hashing import BlockHasher
 from radix.keys import from_key, to_key
 from radix.tree import RadixTree
+from tests.support.polling import wait_until
 
 BlockPath = tuple[str, tuple[int, ...]]  # (scope of the last block, path tokens)
 
@@ -106,13 +106,11 @@ class EventStream:
 
     def wait_for(self, predicate: Callable[[EventStream], bool], timeout_s: float = 10.0) -> None:
         """Block until ``predicate(self)`` holds (checked under the lock)."""
-        deadline = time.monotonic() + timeout_s
-        while True:
+        def holds() -> bool:
             with self.lock:
-                if predicate(self):
-                    return
-            assert time.monotonic() < deadline, "timed out waiting on the KV event stream"
-            time.sleep(0.02)
+                return predicate(self)
+
+        wait_until(holds, timeout_s, "the KV event stream", interval_s=0.02)
 
     def close(self) -> None:
         """Drop the connection."""

@@ -6,9 +6,12 @@ import asyncio
 
 import openai
 import pytest
-from worker_checks import metric, used_blocks_settle
 
 from harness.procs import start_worker
+from tests.workers.server.worker_checks import metric, used_blocks_settle
+
+# Its module-scoped processes start once: the whole module runs on one xdist worker.
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("worker_concurrency")]
 
 NUM_CLIENTS = 32
 MAX_TOKENS = 10

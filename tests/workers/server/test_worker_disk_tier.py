@@ -5,9 +5,13 @@ prompt with cached tokens read back from disk."""
 from __future__ import annotations
 
 import json
-import urllib.request
+
+import pytest
 
 from harness.procs import start_worker, stream_lines
+from tests.workers.server.worker_checks import metric
+
+pytestmark = pytest.mark.slow
 
 DOC = [(13 * i + 5) % 251 for i in range(64)]  # 4 blocks of 16
 
@@ -23,12 +27,6 @@ def generate(worker, token_ids: list[int]) -> dict:
         "token_ids": token_ids, "sampling": {"max_tokens": 2, "temperature": 0}})
     assert status == 200, body
     return body
-
-
-def metric(worker, name: str) -> float:
-    with urllib.request.urlopen(f"{worker.url}/metrics", timeout=10) as response:
-        lines = response.read().decode().splitlines()
-    return float(next(line.split()[1] for line in lines if line.startswith(name + " ")))
 
 
 def test_a_restarted_worker_serves_a_prompt_from_its_disk_tier(tmp_path):

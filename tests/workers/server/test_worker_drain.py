@@ -9,7 +9,11 @@ import signal
 import time
 import urllib.request
 
+import pytest
+
 from harness.procs import http_json
+
+pytestmark = pytest.mark.slow
 
 NUM_TOKENS = 900
 

@@ -13,6 +13,9 @@ import pytest
 from harness.procs import ManagedProcess, start_worker
 from radix.keys import to_key
 
+# Its module-scoped processes start once: the whole module runs on one xdist worker.
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("worker_generate_b64")]
+
 PROMPT = [5, 17, 200, 3, 99, 261, 0, 42]
 # The demo model pads the tokenizer's 262 ids to a vocabulary of 320.
 GREEDY = {"max_tokens": 4, "temperature": 0.0}

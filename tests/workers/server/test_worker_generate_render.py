@@ -15,6 +15,9 @@ import pytest
 from harness.procs import ManagedProcess, start_worker
 from radix.openai.rendered import TOKENS_PREFIX, USAGE_PREFIX
 
+# Its module-scoped processes start once: the whole module runs on one xdist worker.
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("worker_generate_render")]
+
 PROMPT = list(range(60, 90))
 SAMPLING = {"temperature": 1.0, "seed": 11, "max_tokens": 12, "ignore_eos": True}
 

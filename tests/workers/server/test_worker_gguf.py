@@ -5,13 +5,14 @@ from __future__ import annotations
 
 import pytest
 import torch
-from support.bpe import trained_bpe
-from support.gguf_files import write_llama_gguf
 from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM
 
 from harness.procs import start_worker
+from tests.support.bpe import trained_bpe
+from tests.support.gguf_files import write_llama_gguf
 
-pytestmark = pytest.mark.slow
+# Its module-scoped processes start once: the whole module runs on one xdist worker.
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("worker_gguf")]
 BLOCK_SIZE = 4
 CORPUS = [f"report {i}: sales rose {i * 3} percent in the north" for i in range(200)]
 SHARED = [17, 93, 5, 250, 31, 77, 140, 9, 66, 201]  # two whole blocks + 2 tokens

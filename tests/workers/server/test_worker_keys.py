@@ -17,6 +17,7 @@ GENERATE = {"token_ids": [5] * 20, "sampling": {"max_tokens": 2}}
 COMPLETION = {"model": "demo", "prompt": "hi", "max_tokens": 2}
 
 
+@pytest.mark.slow
 def test_key_from_file_guards_every_route_but_health(worker_factory, tmp_path):
     key_file = tmp_path / "worker.key"
     key_file.write_text(KEY + "\n")
@@ -37,6 +38,7 @@ def test_key_from_file_guards_every_route_but_health(worker_factory, tmp_path):
     assert stream_lines(f"{url}/kv/events", quiet_s=0.3, headers=auth)[0].startswith("{")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("host", ["0.0.0.0", "::", "example.invalid"])
 def test_keyless_worker_refuses_to_listen_off_loopback(host):
     done = subprocess.run([sys.executable, "-m", "workers", "--model", "demo", "--host", host],

@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import pytest
-from kv_replay import EventStream, Replay, tree_paths
 
 from harness.procs import start_worker
+from tests.workers.server.kv_replay import EventStream, Replay, tree_paths
+
+# Its module-scoped processes start once: the whole module runs on one xdist worker.
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("worker_kv_events")]
 
 BLOCK_SIZE = 16
 

@@ -13,6 +13,9 @@ import pytest
 from harness.procs import start_worker
 from workers.kv.tensors import KV_LAYOUT_VERSION
 
+# Its module-scoped processes start once: the whole module runs on one xdist worker.
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("worker_kv_formats")]
+
 REPO = Path(__file__).resolve().parents[3]
 SCALES = REPO / "configs" / "kv-scales" / "demo.json"
 DOC = [(13 * i + 5) % 251 for i in range(64)]  # 4 blocks of 16

@@ -4,9 +4,12 @@ queues, and once nothing runs, evicting the cache gives every block back."""
 
 from __future__ import annotations
 
-from worker_checks import metric, used_blocks_settle
+import pytest
 
 from harness.procs import start_worker
+from tests.workers.server.worker_checks import metric, used_blocks_settle
+
+pytestmark = pytest.mark.slow
 
 
 def document(i: int) -> str:

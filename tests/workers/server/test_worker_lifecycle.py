@@ -10,16 +10,17 @@ import urllib.request
 
 import openai
 import pytest
-from worker_checks import used_blocks_settle
 
 from harness.procs import REPO_ROOT, child_env, http_json
 from router.up.launcher import free_port
+from tests.workers.server.worker_checks import used_blocks_settle
 from workers.config import WorkerConfig, load_config
 
 KEY = "worker-key"
 AUTH = {"Authorization": f"Bearer {KEY}"}
 
 
+@pytest.mark.slow
 def test_ready_is_503_until_the_self_test_passed_and_keys_are_checked(worker_factory):
     port = free_port()
     worker = worker_factory("--port", str(port), "--self-test-delay-s", "1.5", wait=False,
@@ -52,6 +53,7 @@ def test_ready_is_503_until_the_self_test_passed_and_keys_are_checked(worker_fac
     assert client.completions.create(model="demo", prompt="x", max_tokens=2).usage.completion_tokens >= 1
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("flags", "toml", "message"),
     [
@@ -97,6 +99,7 @@ def test_kv_operation_settings_are_checked(kv, message):
     assert WorkerConfig().kv.cache_bytes is None, "unset: the device's rule sizes the cache"
 
 
+@pytest.mark.slow
 def test_requests_past_the_timeout_are_cancelled(worker_factory, tmp_path):
     config = tmp_path / "worker.toml"
     config.write_text("[server]\nrequest_timeout_s = 0.5\n")

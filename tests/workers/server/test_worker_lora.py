@@ -9,16 +9,17 @@ import asyncio
 import json
 
 import pytest
-from support.aio import serving
 
 from harness.lora_adapters import adapter_config, lora_module_flags, write_config_adapters
 from harness.procs import http_json, start_worker
+from tests.support.aio import serving
 from workers.config import LoraSettings, ModelSettings, WorkerConfig
 from workers.engine.build import build_worker
 from workers.server.app import create_app
 from workers.server.state import ServerState
 
-pytestmark = pytest.mark.slow
+# Its module-scoped processes start once: the whole module runs on one xdist worker.
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("worker_lora")]
 PROFILE = "timed:llama3-8b-h100"
 KEY = "lora-test-key"
 
@@ -39,7 +40,7 @@ def worker(adapters):
     process.stop()
 
 
-def complete(worker, model: str, prompt: str) -> dict:
+def complete_on_worker(worker, model: str, prompt: str) -> dict:
     status, body = worker.post_json("/v1/completions", {
         "model": model, "prompt": prompt, "max_tokens": 4, "temperature": 0})
     assert status == 200, body
@@ -71,8 +72,8 @@ def test_ready_lists_every_adapter_and_requests_select_one(worker):
 
 def test_the_same_prompt_under_two_adapters_shares_no_cached_token(worker):
     prompt = "a long shared system prompt for every adapter " * 3
-    cached = [complete(worker, model, prompt)["usage"]["prompt_tokens_details"]["cached_tokens"]
-              for model in ("lora-0", "lora-1", PROFILE, "lora-1")]
+    cached = [complete_on_worker(worker, model, prompt)["usage"]["prompt_tokens_details"][
+        "cached_tokens"] for model in ("lora-0", "lora-1", PROFILE, "lora-1")]
     assert cached[:3] == [0, 0, 0] and cached[3] > 0
     status, metrics = worker.get_json("/metrics")
     assert status == 200
@@ -97,7 +98,7 @@ def test_runtime_load_checks_the_adapter_first_and_unload_hides_it(worker, tmp_p
     assert status == 200, text
     status, error = worker.post_json("/v1/load_lora_adapter", {"lora_name": "fresh", "lora_path": path})
     assert status == 400 and error["error"]["param"] == "lora_name"
-    assert complete(worker, "fresh", "hello")["model"] == "fresh"
+    assert complete_on_worker(worker, "fresh", "hello")["model"] == "fresh"
     assert worker.post_json("/v1/unload_lora_adapter", {"lora_name": "fresh"})[0] == 200
     assert worker.post_json("/v1/unload_lora_adapter", {"lora_name": "fresh"})[0] == 404
     assert "fresh" not in [a["name"] for a in worker.get_json("/ready")[1]["adapters"]]

@@ -7,6 +7,9 @@ import pytest
 
 from harness.procs import start_worker
 
+# Its module-scoped processes start once: the whole module runs on one xdist worker.
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("worker_openai")]
+
 
 @pytest.fixture(scope="module")
 def worker():

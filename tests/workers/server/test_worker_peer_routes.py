@@ -6,6 +6,9 @@ import pytest
 
 from harness.procs import http_json
 
+# Its module-scoped processes start once: the whole module runs on one xdist worker.
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("worker_peer_routes")]
+
 KEY = "peer-key"
 AUTH = {"Authorization": f"Bearer {KEY}"}
 # What the peers add to every forwarded request, at the values they send.

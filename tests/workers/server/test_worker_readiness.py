@@ -6,8 +6,8 @@ import asyncio
 
 import aiohttp
 import pytest
-from support.aio import eventually, serving
 
+from tests.support.aio import eventually, serving
 from workers.config import KVSettings, WorkerConfig
 from workers.engine.build import build_worker
 from workers.engine.selftest import run_self_test

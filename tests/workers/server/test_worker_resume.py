@@ -3,6 +3,9 @@ delivered tokens, over HTTP, and the refusals naming the field."""
 
 from __future__ import annotations
 
+import pytest
+
+pytestmark = pytest.mark.slow
 PROMPT = list(range(60, 90))
 
 

@@ -6,9 +6,12 @@ import asyncio
 import json
 
 import aiohttp
-from worker_checks import metric, used_blocks_settle
+import pytest
 
 from harness.procs import start_worker
+from tests.workers.server.worker_checks import metric, used_blocks_settle
+
+pytestmark = pytest.mark.slow
 
 CHAT = "/v1/chat/completions"
 COMPLETIONS = "/v1/completions"
@@ -79,7 +82,7 @@ async def cancel_by_timeout(session: aiohttp.ClientSession, url: str, i: int) ->
         return
 
 
-async def complete(session: aiohttp.ClientSession, url: str, i: int) -> None:
+async def complete_async(session: aiohttp.ClientSession, url: str, i: int) -> None:
     body = {"prompt": f"ok {i}", "max_tokens": 3, "ignore_eos": True}
     async with session.post(url + COMPLETIONS, json=body) as response:
         assert response.status == 200
@@ -91,7 +94,7 @@ async def storm(url: str) -> list[int]:
         bad = [send(session, url, *request) for request in BAD_REQUESTS * 2]
         cancelled = [cancel_mid_stream(session, url, i) for i in range(12)]
         cancelled += [cancel_by_timeout(session, url, i) for i in range(12)]
-        good = [complete(session, url, i) for i in range(6)]
+        good = [complete_async(session, url, i) for i in range(6)]
         results = await asyncio.gather(*bad, *cancelled, *good)
         return [status for status in results[: len(bad)]]
 

@@ -2,21 +2,20 @@
 
 from __future__ import annotations
 
-import time
-
 from harness.procs import ManagedProcess
+from tests.support.polling import wait_until
 
 
 def used_blocks_settle(worker: ManagedProcess, timeout_s: float = 10.0) -> dict:
-    """Poll /info until no block is in use and no request runs or waits."""
-    deadline = time.monotonic() + timeout_s
-    while True:
+    """Poll /info until no block is in use and no request runs or waits; that /info."""
+    def settled() -> dict | None:
         _, info = worker.get_json("/info")
         load = info["load"]
-        if info["kv"]["num_used_blocks"] == 0 and not load["num_requests_running"] + load["num_requests_waiting"]:
-            return info
-        assert time.monotonic() < deadline, f"blocks still in use: {info['kv']} {load}"
-        time.sleep(0.05)
+        idle = not load["num_requests_running"] + load["num_requests_waiting"]
+        return info if info["kv"]["num_used_blocks"] == 0 and idle else None
+
+    return wait_until(settled, timeout_s, lambda: f"no block in use: {worker.get_json('/info')[1]}",
+                      interval_s=0.05)
 
 
 def metric(worker: ManagedProcess, name: str) -> float:

@@ -1,0 +1,60 @@
+"""An OpenAI-compatible backend that ignores ``cache_salt`` is never routed to tenants.
+
+Two fake backends on loopback report ``cached_tokens`` for a repeated prompt: one keyed
+by (salt, prompt) like vLLM, one by the prompt alone like an engine that ignores the
+salt. The router checks each as it becomes ready (``router.fleet.salt_probe``).
+"""
+
+from __future__ import annotations
+
+import pytest
+from aiohttp import web
+
+from harness import instant_upstream
+from router.context import Router
+from router.server.app import create_app
+from router.state.shared_state import InProcessSharedState
+from tests.support.aio import TEST_SECRET, eventually, serving
+from tests.support.router_configs import make_config
+
+pytestmark = pytest.mark.anyio
+
+
+def caching_backend(honours_salt: bool) -> web.Application:
+    """Answers completions with ``cached_tokens`` = the prompt's length when it saw
+    the prompt before (under the same salt, if it ``honours_salt``)."""
+    seen: set[tuple[str | None, tuple[int, ...]]] = set()
+
+    async def completions(request: web.Request) -> web.Response:
+        body = await request.json()
+        key = (body.get("cache_salt") if honours_salt else None, tuple(body["prompt"]))
+        cached = len(key[1]) if key in seen else 0
+        seen.add(key)
+        return web.json_response({"object": "text_completion", "choices": [
+            {"index": 0, "text": "x", "finish_reason": "length"}], "usage": {
+            "prompt_tokens": len(key[1]), "completion_tokens": 1,
+            "prompt_tokens_details": {"cached_tokens": cached}}})
+
+    async def models(request: web.Request) -> web.Response:
+        return web.json_response({"object": "list", "data": [{"id": "demo"}]})
+
+    app = web.Application()
+    app.add_routes([*instant_upstream.status_routes(), web.get("/v1/models", models),
+                    web.post("/v1/completions", completions)])
+    return app
+
+
+@pytest.mark.parametrize("honours_salt", [True, False])
+async def test_a_backend_is_routed_only_if_it_keeps_salts_apart(honours_salt) -> None:
+    async with serving(caching_backend(honours_salt)) as up:
+        router = Router.build(make_config([up], kind="openai"), TEST_SECRET,
+                              InProcessSharedState())
+        async with serving(create_app(router)):
+            (worker,) = router.registry.workers()
+            await eventually(lambda: worker.reason != "not probed yet")
+            if honours_salt:
+                assert worker.ready
+            else:
+                assert not worker.ready
+                assert worker.reason.startswith("ignores cache_salt")
+                assert router.registry.routable("demo") == []
