@@ -39,7 +39,7 @@ from pathlib import Path
 import numpy as np
 from openai import AsyncOpenAI
 
-from bench import peers
+from bench import mooncake, peers
 from bench.e2e import WORKER_KEY, drive, requests_served, router, stream_completion, workers
 from bench.workloads import TraceRequest, WorkloadConfig, generate
 from harness.procs import http_json, process_cpu_s
@@ -56,6 +56,7 @@ OUR_SETUPS = ("ours cache_aware", "ours round_robin")
 # Our router's load poll, in profile seconds (its default in real time).
 POLL_INTERVAL_S = 1.0
 DECODE_BATCH = 16
+TAG_TOKENS = 4
 # Seconds a router is watched idle before its run, to take its polls out of its CPU.
 IDLE_WINDOW_S = 1.0
 Outcome = tuple[int, int, float | None, int, str | None]
@@ -167,7 +168,7 @@ def router_cpu(cpu_s: float, idle_cores: float, num_requests: int, wall_s: float
 
 def tagged(requests: list[TraceRequest], run: int) -> list[TraceRequest]:
     """``requests`` with run ``run``'s tag (four letters) before every prompt."""
-    tag = to_key([run // 26**i % 26 for i in range(4)])
+    tag = to_key([run // 26**i % 26 for i in range(TAG_TOKENS)])
     return [replace(r, prompt=tag + r.prompt) for r in requests]
 
 
@@ -180,6 +181,16 @@ def warm_up(started: list) -> None:
                                  {"Authorization": f"Bearer {WORKER_KEY}"})
         if status != 200:
             raise RuntimeError(f"warm-up on {worker.url} answered {status}: {body}")
+
+
+def _workload(name: str, args: argparse.Namespace, profile: Profile) -> list[TraceRequest]:
+    """The requests of workload ``name``, or of ``--trace`` (its first ``--requests``)."""
+    if name != "trace":
+        return list(generate(name, args.requests, 1.0, args.seed, config=CONFIG))
+    max_output = CONFIG.output_tokens[1]
+    room = profile.max_model_len - max_output - TAG_TOKENS
+    return mooncake.as_requests(mooncake.read(args.trace)[: args.requests], CONFIG.vocab_size,
+                                room, max_output, args.seed)
 
 
 def _setups(args: argparse.Namespace) -> list[str]:
@@ -202,6 +213,9 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--profile", default="llama3-8b-h100")
     parser.add_argument("--workers", type=int, nargs="+", default=[8, 16])
     parser.add_argument("--workloads", nargs="+", default=["rag", "chat", "agent", "multitenant"])
+    parser.add_argument("--trace", type=Path,
+                        help="a Mooncake-format trace to replay instead (its timestamps as "
+                             "arrivals; prompts cut to fit the profile's context)")
     parser.add_argument("--loads", nargs="+", default=["0.5", "0.8", "0.95", "closed"])
     parser.add_argument("--routers", nargs="+", default=[*OUR_SETUPS, *peers.PEER_SETUPS],
                         help='setups: the peers\' names, or "ours POLICY [WEIGHT=VALUE ...]"')
@@ -225,8 +239,8 @@ def main(argv: list[str] | None = None) -> dict:
         with workers(num_workers, "1GiB", *flags, ready_timeout_s=60 + 10 * num_workers) as started, \
                 tempfile.TemporaryDirectory(prefix="e2e-timed-") as tmp:
             warm_up(started)
-            for workload in args.workloads:
-                trace = list(generate(workload, args.requests, 1.0, args.seed, config=CONFIG))
+            for workload in (["trace"] if args.trace else args.workloads):
+                trace = _workload(workload, args, profile)
                 rps = capacity_rps(trace, profile) * num_workers
                 results[f"{workload}/{num_workers}/capacity_rps"] = rps
                 for load in args.loads:

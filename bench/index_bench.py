@@ -1,84 +1,217 @@
-"""The router's index at a size the simulator does not reach: apply_event, match and
-note_routed timed on their own.
+"""The router's exact index at fleet rate, on a production trace: KV block events
+decoded and applied, and lookups, in one process.
 
-``num_workers`` simulated caches (``bench.sim_cache.SimCache``) of ``capacity_tokens``
-each are filled with a ``rag_chat`` stream (each request, prompt and output, on a
-random worker), every KV event applied to one ``RouterIndex`` and timed; then 2,000
-prompts of a second stream are matched and noted as routed.
+Each request of a Mooncake-format trace (``bench.mooncake``; generated when no
+``--trace`` is given) goes to one of ``--workers`` simulated workers (at random, or
+round robin). A worker caches blocks of ``BLOCK_SIZE`` tokens in an LRU of
+``--capacity-blocks``, touched tail first as engines free them, so its leaves go
+first. Per request the router looks the prompt up, then the worker stores the
+blocks of prompt and output it lacked (one ``stored`` run, a partial last block
+included, as our workers send) and evicts past its capacity (one ``removed`` event).
+The events are encoded as our workers send them to routers (``radix.events``' binary
+frames) before timing; the timed replay decodes every frame and applies its events,
+and runs every lookup, in order.
 
-Run: ``python -m bench index [--workers 8] [--requests 6000]``.
+Reported: ops/s (block events + lookups, Dynamo's unit), microseconds per block event
+and per lookup, lookups of prompts cut to 2,112, 8,192 and 32,768 tokens on the
+final state, and the index's bytes per indexed block (traced allocations of a second
+build, per worker's block and per distinct block).
+
+Run: ``python -m bench index [--trace FILE] [--workers 32] [--requests N]``.
 """
 
 from __future__ import annotations
 
 import argparse
+import random
+import statistics
 import time
+import tracemalloc
+from collections import OrderedDict
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
+import xxhash
 
-from bench.sim_cache import SimCache
-from bench.workloads import generate
+from bench import mooncake
+from radix.events import EventBlock, KVEvent, decode_frame, encode_msgpack, frame
+from radix.keys import TOKEN_BYTES
 from router.routing.index import RouterIndex, WorkerId
 
+BLOCK_SIZE = 16
+BLOCK_BYTES = BLOCK_SIZE * TOKEN_BYTES
 NAMESPACE = "5a" * 32
-NUM_QUERIES = 2000
+SCOPE = "tenant-0"
+LOOKUP_TOKENS = (2_112, 8_192, 32_768)
+NUM_TIMED_LOOKUPS = 100
 
 
-def time_index(num_workers: int = 8, capacity_tokens: int = 1_000_000,
-               num_requests: int = 6000) -> dict[str, float]:
-    """Mean microseconds per ``apply_event``, per block applied, per ``match`` and per
-    ``note_routed``, with the index's and the workers' sizes (module docstring)."""
-    rng = np.random.default_rng(1)
-    index = RouterIndex()
-    caches = [SimCache(f"w{i}", NAMESPACE, capacity_tokens) for i in range(num_workers)]
-    apply_s, num_events, num_blocks = 0.0, 0, 0
-    for request in generate("rag_chat", num_requests, 10.0, seed=1):
-        worker = int(rng.integers(num_workers))
-        events = caches[worker].insert(request.prompt + request.output, request.tenant,
-                                       request.num_public_tokens)
-        start = time.perf_counter()
-        for event in events:
-            index.apply_event(WorkerId(f"w{worker}"), event)
-        apply_s += time.perf_counter() - start
-        num_events += len(events)
-        num_blocks += sum(len(event.blocks) for event in events)
-    queries = list(generate("rag_chat", NUM_QUERIES, 10.0, seed=2))
-    start = time.perf_counter()
-    for q in queries:
-        index.match(NAMESPACE, q.prompt, q.tenant)
-    match_s = time.perf_counter() - start
-    start = time.perf_counter()
-    for i, q in enumerate(queries):
-        index.note_routed(NAMESPACE, WorkerId(f"w{i % num_workers}"), q.prompt, q.tenant)
-    note_s = time.perf_counter() - start
+@dataclass(frozen=True)
+class Step:
+    """One request of the replay: its prompt, its worker and that worker's events,
+    encoded as one binary frame (empty when the worker had everything)."""
+
+    prompt: bytes
+    worker_id: WorkerId
+    frame: bytes
+    num_blocks: int
+
+
+class SimWorker:
+    """A worker's block cache: an LRU of chained blocks of ``BLOCK_SIZE`` tokens."""
+
+    def __init__(self, worker_id: WorkerId, capacity_blocks: int) -> None:
+        self.worker_id = worker_id
+        self.capacity_blocks = capacity_blocks
+        self._lru: OrderedDict[str, None] = OrderedDict()
+        self._seq = 0
+
+    def cache(self, key: bytes) -> list[KVEvent]:
+        """Cache the path ``key``: a ``stored`` run of the blocks it lacked (the last one
+        partial when the path ends inside a block), then a ``removed`` event of what
+        fell out of the LRU. Every block of the path becomes recently used, tail first."""
+        stored: list[EventBlock] = []
+        parent = None
+        chain = []
+        for start in range(0, len(key), BLOCK_BYTES):
+            block = key[start: start + BLOCK_BYTES]
+            block_hash = f"{xxhash.xxh3_64_intdigest(block, int(parent or '0', 16)):016x}"
+            if block_hash not in self._lru:
+                stored.append(EventBlock(block_hash, parent, block))
+            chain.append(block_hash)
+            if len(block) < BLOCK_BYTES:
+                break
+            parent = block_hash
+        for block_hash in reversed(chain):
+            self._lru[block_hash] = None
+            self._lru.move_to_end(block_hash)
+        gone = [EventBlock(self._lru.popitem(last=False)[0])
+                for _ in range(len(self._lru) - self.capacity_blocks)]
+        events = []
+        for kind, blocks in (("stored", stored), ("removed", gone)):
+            if blocks:
+                self._seq += 1
+                events.append(KVEvent(self.worker_id, "e", self._seq, kind, NAMESPACE, SCOPE,
+                                      tuple(blocks)))
+        return events
+
+
+def replay_steps(rows: list[mooncake.TraceRow], num_workers: int, capacity_blocks: int,
+                 placement: str, seed: int = 0) -> list[Step]:
+    """The replay (module docstring), built before anything is timed."""
+    rng = random.Random(seed)
+    tokens = mooncake.TokenSource(seed)
+    workers = [SimWorker(WorkerId(f"w{i}"), capacity_blocks) for i in range(num_workers)]
+    steps = []
+    for i, row in enumerate(rows):
+        worker = workers[i % num_workers if placement == "round_robin"
+                         else rng.randrange(num_workers)]
+        prompt = tokens.prompt(row)
+        output = np.random.default_rng((seed, i)).integers(
+            0, mooncake.VOCAB_SIZE, row.output_length, dtype=np.uint32).tobytes()
+        events = worker.cache(prompt + output)
+        steps.append(Step(prompt, worker.worker_id,
+                          frame([encode_msgpack(e) for e in events]) if events else b"",
+                          sum(len(e.blocks) for e in events)))
+    return steps
+
+
+def replay(index: RouterIndex, steps: list[Step]) -> dict[str, float]:
+    """Time ``steps`` through ``index``: decode and apply each frame, look each prompt
+    up first."""
+    lookup_s = event_s = 0.0
+    clock = time.perf_counter
+    for step in steps:
+        started = clock()
+        index.match(NAMESPACE, step.prompt, SCOPE)
+        looked_up = clock()
+        if step.frame:
+            for event in decode_frame(step.frame[4:]):
+                index.apply_event(step.worker_id, event)
+        event_s += clock() - looked_up
+        lookup_s += looked_up - started
+    num_blocks = sum(step.num_blocks for step in steps)
+    return {"ops_per_s": (num_blocks + len(steps)) / (lookup_s + event_s),
+            "event_us": 1e6 * event_s / max(num_blocks, 1),
+            "lookup_us": 1e6 * lookup_s / len(steps),
+            "num_block_events": num_blocks, "num_lookups": len(steps)}
+
+
+def lookup_latency(index: RouterIndex, steps: list[Step]) -> dict[str, float]:
+    """Median microseconds of a lookup of prompts cut to each of ``LOOKUP_TOKENS``."""
+    found = {}
+    for num_tokens in LOOKUP_TOKENS:
+        prompts = [s.prompt[: num_tokens * TOKEN_BYTES] for s in steps
+                   if len(s.prompt) >= num_tokens * TOKEN_BYTES][-NUM_TIMED_LOOKUPS:]
+        times = []
+        for prompt in prompts:
+            started = time.perf_counter()
+            index.match(NAMESPACE, prompt, SCOPE)
+            times.append(time.perf_counter() - started)
+        found[f"lookup_{num_tokens}_us"] = 1e6 * statistics.median(times) if times else None
+    return found
+
+
+def bytes_per_block(new_index: Callable[[], RouterIndex], steps: list[Step]) -> dict[str, float]:
+    """Traced bytes an index holds after applying every event, per indexed block (a
+    worker's block) and per distinct block."""
+    tracemalloc.start()
+    before = tracemalloc.get_traced_memory()[0]
+    index = new_index()
+    for step in steps:
+        if step.frame:
+            for event in decode_frame(step.frame[4:]):
+                index.apply_event(step.worker_id, event)
+    held = tracemalloc.get_traced_memory()[0] - before
+    tracemalloc.stop()
     stats = index.stats()
-    return {
-        "num_workers": num_workers,
-        "worker_tokens": sum(c.tree.num_tokens() for c in caches),
-        "index_nodes": stats.num_nodes,
-        "index_tokens": stats.num_tokens,
-        "apply_event_us": 1e6 * apply_s / max(num_events, 1),
-        "apply_block_us": 1e6 * apply_s / max(num_blocks, 1),
-        "match_us": 1e6 * match_s / len(queries),
-        "mean_query_tokens": float(np.mean([q.num_prompt_tokens for q in queries])),
-        "note_routed_us": 1e6 * note_s / len(queries),
-    }
+    num_indexed = sum(stats.num_blocks.values())
+    return {"bytes_per_indexed_block": held / max(num_indexed, 1),
+            "bytes_per_distinct_block": held / max(stats.num_nodes, 1),
+            "num_indexed_blocks": num_indexed, "num_distinct_blocks": stats.num_nodes}
+
+
+def run(rows: list[mooncake.TraceRow], num_workers: int, capacity_blocks: int,
+        placement: str, exact: str = "blocks") -> dict[str, float]:
+    """Build the replay, time it, then the fixed-length lookups and the memory."""
+    steps = replay_steps(rows, num_workers, capacity_blocks, placement)
+    index = RouterIndex(exact=exact)
+    result = replay(index, steps)
+    result.update(lookup_latency(index, steps))
+    result.update(bytes_per_block(lambda: RouterIndex(exact=exact), steps))
+    return result
 
 
 def main(argv: list[str] | None = None) -> dict:
-    """Time the index; prints one line and returns the numbers."""
+    """Run the benchmark (module docstring); prints one table row and returns it."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--workers", type=int, default=8)
-    parser.add_argument("--requests", type=int, default=6000)
-    parser.add_argument("--capacity-tokens", type=int, default=1_000_000, help="per worker")
+    parser.add_argument("--trace", type=Path, help="a Mooncake-format JSONL trace")
+    parser.add_argument("--requests", type=int, default=None,
+                        help="the first N requests (default: all of a trace, 2,000 generated)")
+    parser.add_argument("--workers", type=int, default=32)
+    parser.add_argument("--capacity-blocks", type=int, default=40_000,
+                        help="per worker (40,000 blocks of 16 tokens: an 8B model's KV on an "
+                             "80 GB GPU)")
+    parser.add_argument("--placement", choices=("random", "round_robin"), default="random")
+    parser.add_argument("--exact", choices=("blocks", "tree"), default="blocks",
+                        help="the exact index: block-keyed, or the tree-walking one it replaces")
     args = parser.parse_args(argv)
-    t = time_index(args.workers, args.capacity_tokens, args.requests)
-    print(f"index, {t['num_workers']} workers holding {t['worker_tokens'] / 1e6:.1f}M tokens: "
-          f"{t['index_nodes']} nodes, {t['index_tokens'] / 1e6:.1f}M tokens; apply_event "
-          f"{t['apply_event_us']:.0f} us ({t['apply_block_us']:.1f} us/block); match "
-          f"{t['match_us']:.0f} us ({t['mean_query_tokens']:.0f}-token prompts); "
-          f"note_routed {t['note_routed_us']:.0f} us")
-    return t
+    rows = mooncake.read(args.trace) if args.trace else mooncake.generate(args.requests or 2000)
+    rows = rows[: args.requests] if args.requests else rows
+    result = run(rows, args.workers, args.capacity_blocks, args.placement, args.exact)
+    source = args.trace.name if args.trace else "generated"
+    print(f"{args.exact} index on {source} ({len(rows)} requests, {args.workers} workers, "
+          f"{args.capacity_blocks} blocks each, {args.placement}): "
+          f"{result['ops_per_s'] / 1e6:.2f} M ops/s; {result['event_us']:.2f} us per block "
+          f"event ({result['num_block_events']} decoded and applied); lookup "
+          f"{result['lookup_us']:.0f} us on average, "
+          + ", ".join(f"{n} tokens {result[f'lookup_{n}_us'] or 0:.0f} us"
+                      for n in LOOKUP_TOKENS)
+          + f"; {result['bytes_per_indexed_block']:.0f} bytes per indexed block "
+          f"({result['bytes_per_distinct_block']:.0f} per distinct block)")
+    return result
 
 
 if __name__ == "__main__":

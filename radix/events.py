@@ -1,6 +1,6 @@
 """KV events: the replicated log of what each worker's prefix cache holds.
 
-Wire form (one JSON object per event)::
+JSON form (one object per event, NDJSON on a stream: for people and older routers)::
 
     {"worker": str, "epoch": str, "seq": int, "type": "stored"|"removed"|"cleared",
      "namespace": hex str, "scope": str,
@@ -10,73 +10,110 @@ Wire form (one JSON object per event)::
 ``tokens`` only for ``stored``; ``parent`` may be null for ``removed``. ``medium``
 says which tier the blocks entered or left: absent means ``device`` (the only one
 before the host tier); ``host`` events describe the worker's host-memory tier,
-``disk`` events its disk tier below that. ``epoch``
-changes at every worker start; ``seq`` is gapless per worker and epoch. See
-docs/protocol.md for the block model and the snapshot rules.
+``disk`` events its disk tier below that. ``epoch`` changes at every worker start;
+``seq`` is gapless per worker and epoch. See docs/protocol.md for the block model and
+the snapshot rules.
+
+Binary form (what routers ask for): frames of a 4-byte big-endian length and a
+msgpack array of events, each event and block a msgpack array of its fields in
+declaration order, a block's tokens as their ``radix.keys`` bytes. An empty array is
+a heartbeat. ``EventBlock.key`` holds tokens that way in memory too, so neither side
+converts token ids on the way.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from dataclasses import dataclass
-from typing import Literal
+import struct
+from collections.abc import Mapping, Sequence
+from typing import Annotated, Literal
 
+import msgspec
 import orjson
+
+from radix.keys import from_key, to_key
 
 EventType = Literal["stored", "removed", "cleared"]
 EVENT_TYPES: tuple[EventType, ...] = ("stored", "removed", "cleared")
 Medium = Literal["device", "host", "disk"]
 MEDIA: tuple[Medium, ...] = ("device", "host", "disk")
 MAX_TOKEN_ID = 2**32 - 1
+MSGPACK_CONTENT_TYPE = "application/x-msgpack"
+FRAME_HEADER = struct.Struct(">I")
+HEARTBEAT_FRAME = FRAME_HEADER.pack(1) + b"\x90"
+
+_Text = Annotated[str, msgspec.Meta(min_length=1)]
+_Hex = Annotated[str, msgspec.Meta(min_length=1, pattern="^[0-9a-fA-F]+$")]
+_TokenId = Annotated[int, msgspec.Meta(ge=0, le=MAX_TOKEN_ID)]
+_Seq = Annotated[int, msgspec.Meta(ge=0)]
 
 
 class EventDecodeError(ValueError):
     """A KV event that does not follow the schema; the message names the field."""
 
 
-@dataclass(frozen=True)
-class EventBlock:
-    """One block: its chained hash, its parent's hash, and (for ``stored``) its tokens."""
+class EventBlock(msgspec.Struct, frozen=True, array_like=True):
+    """One block: its chained hash, its parent's hash, and (for ``stored``) its tokens
+    as a ``radix.keys`` key."""
 
-    hash: str
-    parent: str | None = None
-    tokens: tuple[int, ...] | None = None
+    hash: _Text
+    parent: _Text | None = None
+    key: bytes | None = None
+
+    @property
+    def tokens(self) -> tuple[int, ...] | None:
+        """The block's token ids (None outside ``stored``)."""
+        return None if self.key is None else tuple(from_key(self.key))
 
 
-@dataclass(frozen=True)
-class KVEvent:
+class KVEvent(msgspec.Struct, frozen=True, array_like=True):
     """One entry of a worker's KV event log."""
 
-    worker: str
-    epoch: str
-    seq: int
+    worker: _Text
+    epoch: _Text
+    seq: _Seq
     type: EventType
-    namespace: str
-    scope: str
+    namespace: _Text
+    scope: _Text
     blocks: tuple[EventBlock, ...] = ()
     medium: Medium = "device"
 
     def to_dict(self) -> dict[str, object]:
-        """The wire object (``tokens`` left out unless stored; ``medium`` left out for the
-        device)."""
+        """The JSON object (``tokens`` left out unless stored; ``medium`` left out for
+        the device)."""
         blocks = []
         for block in self.blocks:
             item: dict[str, object] = {"hash": block.hash, "parent": block.parent}
             if self.type == "stored":
-                item["tokens"] = list(block.tokens or ())
+                item["tokens"] = from_key(block.key or b"")
             blocks.append(item)
         wire: dict[str, object] = {
-            "worker": self.worker,
-            "epoch": self.epoch,
-            "seq": self.seq,
-            "type": self.type,
-            "namespace": self.namespace,
-            "scope": self.scope,
-            "blocks": blocks,
-        }
+            "worker": self.worker, "epoch": self.epoch, "seq": self.seq, "type": self.type,
+            "namespace": self.namespace, "scope": self.scope, "blocks": blocks}
         if self.medium != "device":
             wire["medium"] = self.medium
         return wire
+
+
+class _JsonBlock(msgspec.Struct, forbid_unknown_fields=False):
+    hash: _Hex
+    parent: _Hex | None = None
+    tokens: list[_TokenId] | None = None
+
+
+class _JsonEvent(msgspec.Struct, forbid_unknown_fields=False):
+    worker: _Text
+    epoch: _Text
+    seq: _Seq
+    type: EventType
+    namespace: _Text
+    scope: _Text
+    blocks: list[_JsonBlock] = []
+    medium: Medium = "device"
+
+
+_JSON_DECODER = msgspec.json.Decoder(_JsonEvent)
+_FRAME_DECODER = msgspec.msgpack.Decoder(list[KVEvent])
+_MSGPACK = msgspec.msgpack.Encoder()
 
 
 def encode_event(event: KVEvent) -> str:
@@ -85,67 +122,64 @@ def encode_event(event: KVEvent) -> str:
 
 
 def decode_event(data: str | bytes | Mapping[str, object]) -> KVEvent:
-    """Parse and validate one event; raises EventDecodeError naming the bad field."""
-    if isinstance(data, (str, bytes)):
-        try:
-            data = orjson.loads(data)
-        except orjson.JSONDecodeError as exc:
-            raise EventDecodeError(f"event is not JSON: {exc}") from exc
-    if not isinstance(data, Mapping):
-        raise EventDecodeError("event must be a JSON object")
-    kind = data.get("type")
-    if kind not in EVENT_TYPES:
-        raise EventDecodeError(f"event.type must be one of {EVENT_TYPES}, got {kind!r}")
-    seq = data.get("seq")
-    if type(seq) is not int or seq < 0:
-        raise EventDecodeError(f"event.seq must be a non-negative integer, got {seq!r}")
-    medium = data.get("medium", "device")
-    if medium not in MEDIA:
-        raise EventDecodeError(f"event.medium must be one of {MEDIA}, got {medium!r}")
-    raw_blocks = data.get("blocks", [])
-    if not isinstance(raw_blocks, list):
-        raise EventDecodeError("event.blocks must be a list")
-    return KVEvent(
-        worker=_text(data, "worker"),
-        epoch=_text(data, "epoch"),
-        seq=seq,
-        type=kind,
-        namespace=_text(data, "namespace"),
-        scope=_text(data, "scope"),
-        blocks=tuple(_block(item, i, kind) for i, item in enumerate(raw_blocks)),
-        medium=medium,
-    )
-
-
-def _text(data: Mapping[str, object], name: str) -> str:
-    value = data.get(name)
-    if not isinstance(value, str) or not value:
-        raise EventDecodeError(f"event.{name} must be a non-empty string, got {value!r}")
-    return value
-
-
-def _hex(value: object, where: str) -> str:
-    if not isinstance(value, str) or not value:
-        raise EventDecodeError(f"{where} must be a hex string, got {value!r}")
+    """Parse and validate one JSON event; raises EventDecodeError naming the bad field."""
     try:
-        bytes.fromhex(value)
-    except ValueError as exc:
-        raise EventDecodeError(f"{where} must be a hex string, got {value!r}") from exc
-    return value
+        if isinstance(data, (str, bytes)):
+            wire = _JSON_DECODER.decode(data)
+        elif isinstance(data, Mapping):
+            wire = msgspec.convert(data, _JsonEvent)
+        else:
+            raise EventDecodeError("event must be a JSON object")
+    except msgspec.ValidationError as exc:
+        raise EventDecodeError(_naming_the_field("event", exc)) from None
+    except msgspec.DecodeError as exc:
+        raise EventDecodeError(f"event is not JSON: {exc}") from None
+    blocks = []
+    for i, block in enumerate(wire.blocks):
+        key = None
+        if wire.type == "stored":
+            if not block.tokens:
+                raise EventDecodeError(f"event.blocks[{i}].tokens must be a non-empty list "
+                                       f"for stored")
+            key = to_key(block.tokens)
+        blocks.append(EventBlock(block.hash, block.parent, key))
+    return KVEvent(wire.worker, wire.epoch, wire.seq, wire.type, wire.namespace, wire.scope,
+                   tuple(blocks), wire.medium)
 
 
-def _block(item: object, index: int, kind: EventType) -> EventBlock:
-    where = f"event.blocks[{index}]"
-    if not isinstance(item, Mapping):
-        raise EventDecodeError(f"{where} must be an object")
-    parent = item.get("parent")
-    parent = None if parent is None else _hex(parent, f"{where}.parent")
-    tokens = None
-    if kind == "stored":
-        raw = item.get("tokens")
-        if not isinstance(raw, list) or not raw:
-            raise EventDecodeError(f"{where}.tokens must be a non-empty list for stored")
-        if not all(type(t) is int and 0 <= t <= MAX_TOKEN_ID for t in raw):
-            raise EventDecodeError(f"{where}.tokens must hold token ids in [0, 2**32)")
-        tokens = tuple(raw)
-    return EventBlock(hash=_hex(item.get("hash"), f"{where}.hash"), parent=parent, tokens=tokens)
+def encode_msgpack(event: KVEvent) -> bytes:
+    """``event`` in the binary form (one array; ``frame`` joins several)."""
+    return _MSGPACK.encode(event)
+
+
+def frame(encoded_events: Sequence[bytes]) -> bytes:
+    """One frame of the binary stream holding the events ``encode_msgpack`` gave."""
+    count = len(encoded_events)
+    if count < 16:
+        head = bytes((0x90 | count,))
+    elif count < 2**16:
+        head = b"\xdc" + count.to_bytes(2, "big")
+    else:
+        head = b"\xdd" + count.to_bytes(4, "big")
+    body = head + b"".join(encoded_events)
+    return FRAME_HEADER.pack(len(body)) + body
+
+
+def decode_frame(body: bytes) -> list[KVEvent]:
+    """The events of one frame's body (after its length); raises EventDecodeError on
+    anything but a msgpack array of events of the schema's types. A stored block's key
+    holding no whole tokens is the consumer's to refuse (the index counts it as an
+    orphan), so decoding costs no Python call per block."""
+    try:
+        return _FRAME_DECODER.decode(body)
+    except msgspec.ValidationError as exc:
+        raise EventDecodeError(_naming_the_field("event frame", exc)) from None
+    except msgspec.DecodeError as exc:
+        raise EventDecodeError(f"event frame: {exc}") from None
+
+
+def _naming_the_field(what: str, exc: msgspec.ValidationError) -> str:
+    """msgspec's "Expected ... - at `$.blocks[0].hash`" as "event.blocks[0].hash:
+    Expected ..."."""
+    message, _, path = str(exc).partition(" - at `$")
+    return f"{what}{path.rstrip('`')}: {message}"

@@ -403,7 +403,9 @@ class IndexConfig(Section, section="index"):
     ``approximate_ttl_s``; each worker keeps at most the given tokens per namespace.
     ``host_hit_weight`` (in (0, 1]) is what a token found only in a worker's host
     tier counts for, against 1 for a token on its device; ``disk_hit_weight`` what a
-    token found only on its disk tier counts for (never more than a host token)."""
+    token found only on its disk tier counts for (never more than a host token).
+    ``max_blocks`` bounds the exact index's distinct blocks: past it, the least
+    recently used go first (docs/router-index.md)."""
 
     speculative_ttl_s: float = setting(2.0, above=0)
     speculative_capacity_tokens: int = setting(262_144, low=1)
@@ -411,6 +413,7 @@ class IndexConfig(Section, section="index"):
     approximate_capacity_tokens: int = setting(1_048_576, low=1)
     host_hit_weight: float = setting(0.5, above=0, high=1)
     disk_hit_weight: float = setting(0.25, above=0, high=1)
+    max_blocks: int = setting(10_000_000, low=1)
 
 
 @dataclass(frozen=True)

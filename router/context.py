@@ -68,7 +68,7 @@ class Router:
             connector=aiohttp.TCPConnector(limit=0, keepalive_timeout=60),
             auto_decompress=False)
 
-        metrics = RouterMetrics(models.token_cache_stats)
+        metrics = RouterMetrics(models.token_cache_stats, index.stats)
         auth = Authenticator(config.auth)
         salts = CacheSalts(secret)
         vllm = VllmAttacher(index, session, secret, salts, auth.tenant_ids(), metrics.kv_events,

@@ -11,12 +11,13 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Iterator, Mapping
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
-from prometheus_client.core import CounterMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from radix.token_cache import CacheStats
 from router.fleet.events.vllm.follower import KVEventMetrics
 from router.fleet.registry import WorkerState
+from router.routing.index import IndexStats
 
 _LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5,
                     1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
@@ -27,10 +28,13 @@ _DECISION_BUCKETS = (0.00001, 0.000025, 0.00005, 0.0001, 0.00025, 0.0005, 0.001,
 class RouterMetrics:
     """All router metrics (names in docs/operations.md, Monitoring). One instance per app."""
 
-    def __init__(self, token_cache_stats: Callable[[], Mapping[str, CacheStats]] = dict) -> None:
+    def __init__(self, token_cache_stats: Callable[[], Mapping[str, CacheStats]] = dict,
+                 index_stats: Callable[[], IndexStats] | None = None) -> None:
         self.registry = CollectorRegistry()
         r = self.registry
         r.register(_TokenCacheCollector(token_cache_stats))
+        if index_stats is not None:
+            r.register(_IndexCollector(index_stats))
         self.requests = Counter("router_requests", "Requests by worker, tenant and status code",
                                 ["worker", "tenant", "code"], registry=r)
         self.prompt_tokens = Counter("router_prompt_tokens", "Prompt tokens routed, by worker",
@@ -41,7 +45,6 @@ class RouterMetrics:
         self.decision_seconds = Histogram("router_decision_seconds",
                                           "Time to match and choose a worker",
                                           buckets=_DECISION_BUCKETS, registry=r)
-        self.index_nodes = Gauge("router_index_nodes", "Nodes in the router index", registry=r)
         self.worker_ready = Gauge("router_worker_ready",
                                   "1 while the worker passes its readiness probe and is routed to",
                                   ["worker"], registry=r)
@@ -87,9 +90,8 @@ class RouterMetrics:
         counters[0].inc(num_prompt_tokens)
         counters[1].inc(num_matched_tokens)
 
-    def render(self, workers: Iterable[WorkerState], index_nodes: int) -> bytes:
+    def render(self, workers: Iterable[WorkerState]) -> bytes:
         """Refresh the gauges and return the Prometheus text exposition."""
-        self.index_nodes.set(index_nodes)
         self.worker_load.clear()
         self.worker_ready.clear()
         self.worker_exact.clear()
@@ -117,6 +119,28 @@ class _TokenCacheCollector(Collector):
             family.add_metric([model, "total"], stats.num_chars)
             family.add_metric([model, "reused"], stats.num_reused_chars)
         yield family
+
+
+class _IndexCollector(Collector):
+    """The index's size and what it dropped, read at scrape time:
+    ``router_index_nodes`` (distinct blocks of the exact index),
+    ``router_index_evicted_blocks_total`` (dropped by ``index.max_blocks``) and
+    ``router_index_orphan_blocks_total`` (stored blocks whose parent was unknown)."""
+
+    def __init__(self, stats: Callable[[], IndexStats]) -> None:
+        self._stats = stats
+
+    def collect(self) -> Iterator[Metric]:
+        """Three samples."""
+        stats = self._stats()
+        yield GaugeMetricFamily("router_index_nodes", "Nodes in the router index",
+                                value=stats.num_nodes)
+        yield CounterMetricFamily("router_index_evicted_blocks",
+                                  "Blocks the index dropped to stay within index.max_blocks",
+                                  value=stats.num_evicted_blocks)
+        yield CounterMetricFamily("router_index_orphan_blocks",
+                                  "Stored blocks skipped because their parent was unknown",
+                                  value=stats.num_orphan_blocks)
 
 
 def _load_measures(worker: WorkerState) -> Mapping[str, float]:

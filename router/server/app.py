@@ -86,7 +86,7 @@ async def models(request: web.Request) -> web.Response:
 async def metrics(request: web.Request) -> web.Response:
     """``GET /metrics`` (metrics address only): Prometheus text."""
     router = request.app[ROUTER]
-    body = router.metrics.render(router.registry.workers(), router.index.stats().num_nodes)
+    body = router.metrics.render(router.registry.workers())
     return web.Response(body=body, headers={"Content-Type": "text/plain; version=0.0.4"})
 
 

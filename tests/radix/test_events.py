@@ -5,10 +5,11 @@ import json
 import pytest
 
 from radix.events import EventBlock, EventDecodeError, KVEvent, decode_event, encode_event
+from radix.keys import to_key
 
 STORED = KVEvent(
     worker="w1", epoch="e1", seq=7, type="stored", namespace="ab", scope="public",
-    blocks=(EventBlock("aa", None, (1, 2, 3)), EventBlock("bb", "aa", (4,))),
+    blocks=(EventBlock("aa", None, to_key([1, 2, 3])), EventBlock("bb", "aa", to_key([4]))),
 )
 
 

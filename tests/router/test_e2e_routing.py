@@ -8,13 +8,13 @@ the router reads from the environment variable its config names.
 from __future__ import annotations
 
 import concurrent.futures
-import dataclasses
 import operator
 import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import pytest
 
 from harness.procs import ManagedProcess, start_router, start_worker, stream_lines
@@ -165,7 +165,7 @@ def test_index_equals_the_union_of_worker_caches(cluster) -> None:
         union = RouterIndex()
         for name, worker in workers.items():
             for event in worker_snapshot(worker):
-                union.apply_event(name, dataclasses.replace(event, namespace=namespaces[name]))
+                union.apply_event(name, msgspec.structs.replace(event, namespace=namespaces[name]))
         keys = ("num_trees", "num_nodes", "num_tokens")
         routed = admin(router, "/admin/index")["index"]
         return {k: routed[k] for k in keys}, {k: getattr(union.stats(), k) for k in keys}

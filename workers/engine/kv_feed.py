@@ -7,31 +7,61 @@ them on every subscriber's queue. A subscriber opens on the engine thread too
 to the loop before any later publication, so a subscriber sees every event after
 its backlog exactly once: events at or below its starting ``seq`` are skipped.
 
-A subscriber that falls more than ``max_pending`` batches behind is dropped
-(``lost``); its consumer reconnects and resyncs from the log or a snapshot.
+A subscriber reads one ``EventFormat``: NDJSON (for people and older routers) or the
+binary frames of ``radix.events`` (what routers ask for); each batch is encoded once
+per format in use. A subscriber that falls more than ``max_pending`` batches behind is
+dropped (``lost``); its consumer reconnects and resyncs from the log or a snapshot.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from typing import NamedTuple
 
-from radix.events import KVEvent, encode_event
+from radix.events import (
+    HEARTBEAT_FRAME,
+    MSGPACK_CONTENT_TYPE,
+    KVEvent,
+    encode_event,
+    encode_msgpack,
+    frame,
+)
 from workers.kv.manager import KVCacheManager
 
-Line = bytes
+MAX_FRAME_EVENTS = 1024
+
+
+class EventFormat(NamedTuple):
+    """How a stream writes events: one event's encoding, the bytes of a batch of
+    encoded events, and the heartbeat sent when nothing happens."""
+
+    content_type: str
+    encode: Callable[[KVEvent], bytes]
+    batch: Callable[[Sequence[bytes]], bytes]
+    heartbeat: bytes
+
+
+def _frames(encoded: Sequence[bytes]) -> bytes:
+    return b"".join(frame(encoded[i: i + MAX_FRAME_EVENTS])
+                    for i in range(0, len(encoded), MAX_FRAME_EVENTS))
+
+
+NDJSON = EventFormat("application/x-ndjson", lambda e: encode_event(e).encode() + b"\n",
+                     b"".join, b"\n")
+BINARY = EventFormat(MSGPACK_CONTENT_TYPE, encode_msgpack, _frames, HEARTBEAT_FRAME)
 
 
 class Subscription:
-    """One consumer: its backlog lines, then live lines from ``queue``.
+    """One consumer: its backlog (already encoded in ``form``), then live batches from
+    ``queue``. ``lost`` becomes True when it fell too far behind; the stream must then
+    end."""
 
-    ``lost`` becomes True when it fell too far behind; the stream must then end.
-    """
-
-    def __init__(self, backlog: list[Line], after_seq: int) -> None:
+    def __init__(self, backlog: bytes, after_seq: int, form: EventFormat) -> None:
         self.backlog = backlog
         self.after_seq = after_seq
-        self.queue: asyncio.Queue[list[Line]] = asyncio.Queue()
+        self.form = form
+        self.queue: asyncio.Queue[bytes] = asyncio.Queue()
         self.lost = False
 
 
@@ -61,18 +91,22 @@ class KVEventFeed:
         if events is None:
             self._post(self.drop_all)
         else:
-            self._post(self._fan_out, [(event.seq, _line(event)) for event in events])
+            self._post(self._fan_out, events)
 
-    def open(self, since: int | None, epoch: str | None) -> Subscription:
-        """A subscription starting after ``since`` of ``epoch`` if the log still holds
-        that point, else at a snapshot. Engine thread only (``AsyncEngine.call``)."""
+    def open(self, since: int | None, epoch: str | None, form: EventFormat = NDJSON
+             ) -> Subscription:
+        """A subscription in ``form`` starting after ``since`` of ``epoch`` if the log
+        still holds that point, else at a snapshot. Engine thread only
+        (``AsyncEngine.call``)."""
         log = self._manager.event_log
         events = None if since is None or epoch is None else log.since(since, epoch)
         if events is None:
             head, snapshot = self._manager.snapshot()
-            subscription = Subscription([_line(e) for e in snapshot], head)
+            subscription = Subscription(form.batch([form.encode(e) for e in snapshot]), head,
+                                        form)
         else:
-            subscription = Subscription([_line(e) for e in events], log.head_seq)
+            subscription = Subscription(form.batch([form.encode(e) for e in events]),
+                                        log.head_seq, form)
         self._post(self._subscribers.add, subscription)
         return subscription
 
@@ -89,15 +123,20 @@ class KVEventFeed:
         """Stop feeding ``subscription``."""
         self._subscribers.discard(subscription)
 
-    def _fan_out(self, items: list[tuple[int, Line]]) -> None:
+    def _fan_out(self, events: Sequence[KVEvent]) -> None:
+        encoded: dict[EventFormat, list[bytes]] = {}
         for subscription in list(self._subscribers):
-            lines = [line for seq, line in items if seq > subscription.after_seq]
-            if not lines:
+            form = subscription.form
+            if form not in encoded:
+                encoded[form] = [form.encode(event) for event in events]
+            fresh = [data for event, data in zip(events, encoded[form], strict=True)
+                     if event.seq > subscription.after_seq]
+            if not fresh:
                 continue
             if subscription.queue.qsize() >= self._max_pending:
                 self._lose(subscription)
             else:
-                subscription.queue.put_nowait(lines)
+                subscription.queue.put_nowait(form.batch(fresh))
 
     def drop_all(self) -> None:
         """End every subscription (log overrun, or shutdown); consumers reconnect."""
@@ -107,8 +146,4 @@ class KVEventFeed:
     def _lose(self, subscription: Subscription) -> None:
         subscription.lost = True
         self._subscribers.discard(subscription)
-        subscription.queue.put_nowait([])
-
-
-def _line(event: KVEvent) -> Line:
-    return encode_event(event).encode() + b"\n"
+        subscription.queue.put_nowait(b"")

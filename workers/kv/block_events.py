@@ -21,7 +21,7 @@ from typing import NamedTuple
 
 from radix.events import EventBlock
 from radix.hashing import BlockHash, BlockHasher
-from radix.keys import TOKEN_BYTES, from_key
+from radix.keys import TOKEN_BYTES
 from radix.tree import Node, Scope
 
 
@@ -96,5 +96,5 @@ def _event_block(
     return EventBlock(
         hash=block_hash.hex(),
         parent=None if parent is None else parent.hex(),
-        tokens=tuple(from_key(block_key)) if with_tokens else None,
+        key=block_key if with_tokens else None,
     )

@@ -19,6 +19,7 @@ from collections.abc import Sequence
 from itertools import islice
 
 from radix.events import EventBlock, EventType, KVEvent, Medium
+from radix.keys import TOKEN_BYTES
 from radix.tree import PUBLIC
 
 
@@ -60,7 +61,7 @@ class KVEventLog:
     ) -> KVEvent:
         """Log one event with the next ``seq`` under ``namespace`` (hex; None: the log's
         own, the base model's); drops the oldest events past the bounds."""
-        num_tokens = sum(len(block.tokens or ()) for block in blocks)
+        num_tokens = sum(len(block.key or b"") for block in blocks) // TOKEN_BYTES
         with self._lock:
             event = self._make(kind, scope, blocks, self._next_seq, medium, namespace)
             self._events.append((event, num_tokens))

@@ -18,7 +18,7 @@ from typing import NamedTuple
 
 from radix.events import EventBlock, EventType, KVEvent, Medium
 from radix.hashing import BlockHash
-from radix.keys import TOKEN_BYTES, from_key, to_key
+from radix.keys import TOKEN_BYTES
 from radix.tree import PUBLIC, Scope
 from workers.kv.block_events import BlockChainer
 from workers.kv.block_pool import BlockPool
@@ -68,7 +68,7 @@ class HostLink:
         for block, slots in blocks:
             parent = None if block.parent is None else BlockHash(bytes.fromhex(block.parent))
             dropped += self.host.put(
-                BlockHash(bytes.fromhex(block.hash)), scope, parent, to_key(block.tokens or ()),
+                BlockHash(bytes.fromhex(block.hash)), scope, parent, block.key or b"",
                 slots,
             )
         self._emit("stored", [(scope, block) for block, _ in blocks], "host")
@@ -184,5 +184,5 @@ def _event_block(block_hash: BlockHash, entry: HostBlock | DiskEntry) -> EventBl
     return EventBlock(
         hash=block_hash.hex(),
         parent=None if entry.parent is None else entry.parent.hex(),
-        tokens=tuple(from_key(entry.tokens)),
+        key=entry.tokens,
     )

@@ -1,9 +1,11 @@
-"""``GET /kv/events?since=N&epoch=E``: the worker's KV events as NDJSON.
+"""``GET /kv/events?since=N&epoch=E``: the worker's KV events, as NDJSON or, for a
+client that accepts ``application/x-msgpack``, as the binary frames of ``radix.events``
+(what routers ask for).
 
 If ``epoch`` is the current epoch and the log still holds every event after
 ``since``, those come first; otherwise (no ``since``, another epoch, too old) a
 snapshot does: a ``cleared`` line and ``stored`` lines stamped with the head
-``seq``. Live events follow; an empty line is a heartbeat. The stream ends if the
+``seq``. Live events follow; an empty line (or frame) is a heartbeat. The stream ends if the
 consumer falls too far behind; it then reconnects and resyncs.
 """
 
@@ -13,6 +15,7 @@ import asyncio
 
 from aiohttp import web
 
+from workers.engine.kv_feed import BINARY, NDJSON
 from workers.server.errors import bad_request
 from workers.server.state import STATE
 
@@ -32,20 +35,21 @@ async def kv_events(request: web.Request) -> web.StreamResponse:
     since = _since(request)
     epoch = request.query.get("epoch") or None
     feed = state.engine.kv_feed
-    subscription = await state.engine.call(lambda _engine: feed.open(since, epoch))
-    response = web.StreamResponse(headers={"Content-Type": "application/x-ndjson",
+    form = BINARY if BINARY.content_type in request.headers.get("Accept", "") else NDJSON
+    subscription = await state.engine.call(lambda _engine: feed.open(since, epoch, form))
+    response = web.StreamResponse(headers={"Content-Type": form.content_type,
                                            "Cache-Control": "no-cache"})
     heartbeat_s = state.config.kv_events_heartbeat_s
     try:
         await response.prepare(request)
-        await response.write(b"".join(subscription.backlog))
+        await response.write(subscription.backlog)
         while not subscription.lost:
             try:
                 async with asyncio.timeout(heartbeat_s):  # not wait_for: 3.11's can eat a cancel
-                    lines = await subscription.queue.get()
+                    data = await subscription.queue.get()
             except TimeoutError:
-                lines = [b"\n"]
-            await response.write(b"".join(lines))
+                data = form.heartbeat
+            await response.write(data)
     except ConnectionError:
         return response
     finally:

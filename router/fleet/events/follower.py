@@ -1,17 +1,19 @@
 """Follow one radix worker's KV event log into the router index.
 
 ``KVEventFollower.run`` is the body of one asyncio task per radix worker: it streams
-``GET {url}/kv/events`` (NDJSON, an empty heartbeat line every 5 s) and applies each
-event to the ``RouterIndex``. Ordering rules (docs/protocol.md, "Log and snapshot"):
+``GET {url}/kv/events`` and applies each event to the ``RouterIndex``. It asks for the
+binary form (``Accept: application/x-msgpack``: length-prefixed msgpack frames of
+events, ``radix.events``), decoded without a Python call per token; a worker that
+answers NDJSON (one JSON event a line, an empty line a heartbeat) is read as that. Ordering rules (docs/protocol.md, "Log and snapshot"):
 
 - a ``cleared`` event starts over: the worker's entries are dropped and its ``seq``
   (H) becomes the position; ``stored`` events with that same seq are the snapshot body;
 - any other event must carry the current epoch and ``seq = last + 1``.
 
 A gap, an event of a new epoch that does not start with ``cleared``, or a malformed
-line (``EventDecodeError``, logged) ends the stream and reconnects *without*
+line or frame (``EventDecodeError``, logged) ends the stream and reconnects *without*
 ``since``: the worker answers with a snapshot. A dropped connection or a silent one
-(no line, not even a heartbeat, for ``read_timeout_s``) reconnects *with*
+(nothing, not even a heartbeat, for ``read_timeout_s``) reconnects *with*
 ``since=last&epoch=E``: the worker resumes, or sends a snapshot when it cannot.
 Reconnects back off exponentially up to ``max_backoff_s``, reset by a stream that
 delivered an event. Cancelling the task closes the connection and ends ``run``.
@@ -26,8 +28,16 @@ from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass
 
 import aiohttp
+import msgspec
 
-from radix.events import EventDecodeError, KVEvent, decode_event
+from radix.events import (
+    FRAME_HEADER,
+    MSGPACK_CONTENT_TYPE,
+    EventDecodeError,
+    KVEvent,
+    decode_event,
+    decode_frame,
+)
 from router.routing.index import RouterIndex, WorkerId
 
 log = logging.getLogger(__name__)
@@ -36,13 +46,13 @@ log = logging.getLogger(__name__)
 @dataclass(frozen=True)
 class FollowerConfig:
     """Reconnect backoff (doubling from ``initial_backoff_s`` to ``max_backoff_s``), the
-    silence after which a stream counts as dead, and the longest accepted line."""
+    silence after which a stream counts as dead, and the longest accepted line or frame."""
 
     initial_backoff_s: float = 0.05
     max_backoff_s: float = 5.0
     connect_timeout_s: float = 5.0
     read_timeout_s: float = 15.0
-    max_line_bytes: int = 64 << 20
+    max_message_bytes: int = 64 << 20
 
     def __post_init__(self) -> None:
         for f in dataclasses.fields(self):
@@ -135,16 +145,20 @@ class KVEventFollower:
             params = {"since": str(self._last_seq), "epoch": self._epoch}
         timeout = aiohttp.ClientTimeout(total=None, sock_connect=self.config.connect_timeout_s,
                                         sock_read=self.config.read_timeout_s)
-        async with self.session.get(self.url, params=params, headers=self.headers,
+        headers = {**self.headers, "Accept": f"{MSGPACK_CONTENT_TYPE}, application/x-ndjson"}
+        async with self.session.get(self.url, params=params, headers=headers,
                                     timeout=timeout) as resp:
             if resp.status != 200:
                 raise _Resync(f"GET /kv/events answered HTTP {resp.status}")
             self._connected = True
             self._num_connects += 1
             self._resume = True
-            async for line in _lines(resp.content, self.config.max_line_bytes):
-                if line.strip():
-                    self._handle(_decode(line))
+            batches = (_frames(resp.content, self.config.max_message_bytes)
+                       if resp.content_type == MSGPACK_CONTENT_TYPE else
+                       _json_lines(resp.content, self.config.max_message_bytes))
+            async for events in batches:
+                for event in events:
+                    self._handle(event)
 
     def _handle(self, event: KVEvent) -> None:
         if event.type == "cleared":
@@ -162,20 +176,44 @@ class KVEventFollower:
         if self.namespace_of is not None:
             namespace = self.namespace_of(event.namespace)
             if namespace != event.namespace:
-                event = dataclasses.replace(event, namespace=namespace)
+                event = msgspec.structs.replace(event, namespace=namespace)
         self.index.apply_event(self.worker_id, event)
         self._num_events += 1
 
 
-def _decode(line: bytes) -> KVEvent:
-    try:
-        return decode_event(line)
-    except EventDecodeError as exc:
-        raise _Resync(f"malformed event: {exc}") from exc
+async def _json_lines(content: aiohttp.StreamReader, max_message_bytes: int
+                      ) -> AsyncIterator[list[KVEvent]]:
+    """The NDJSON stream's events, a line at a time (empty lines are heartbeats)."""
+    async for line in _lines(content, max_message_bytes):
+        if line.strip():
+            try:
+                yield [decode_event(line)]
+            except EventDecodeError as exc:
+                raise _Resync(f"malformed event: {exc}") from exc
 
 
-async def _lines(content: aiohttp.StreamReader, max_line_bytes: int) -> AsyncIterator[bytes]:
-    """Split a byte stream at newlines with no per-line limit below ``max_line_bytes``
+async def _frames(content: aiohttp.StreamReader, max_frame_bytes: int
+                  ) -> AsyncIterator[list[KVEvent]]:
+    """The binary stream's events, a frame at a time (``radix.events``: a 4-byte length,
+    then a msgpack array of events; an empty one is a heartbeat). A frame cut off by a
+    disconnect is dropped: the reconnect resumes before it."""
+    while True:
+        try:
+            head = await content.readexactly(FRAME_HEADER.size)
+            (size,) = FRAME_HEADER.unpack(head)
+            if size > max_frame_bytes:
+                raise _Resync(f"event frame of {size} bytes, over {max_frame_bytes}")
+            body = await content.readexactly(size)
+        except asyncio.IncompleteReadError:
+            return
+        try:
+            yield decode_frame(body)
+        except EventDecodeError as exc:
+            raise _Resync(f"malformed event: {exc}") from exc
+
+
+async def _lines(content: aiohttp.StreamReader, max_message_bytes: int) -> AsyncIterator[bytes]:
+    """Split a byte stream at newlines with no per-line limit below ``max_message_bytes``
     (aiohttp's ``readline`` refuses lines over its buffer; a snapshot line can be large).
     A last line cut off by a disconnect is dropped: the reconnect resumes before it."""
     buffer = bytearray()
@@ -186,5 +224,5 @@ async def _lines(content: aiohttp.StreamReader, max_line_bytes: int) -> AsyncIte
             yield bytes(buffer[start:end])
             start = end + 1
         del buffer[:start]
-        if len(buffer) > max_line_bytes:
-            raise _Resync(f"event line over {max_line_bytes} bytes")
+        if len(buffer) > max_message_bytes:
+            raise _Resync(f"event line over {max_message_bytes} bytes")

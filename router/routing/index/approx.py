@@ -33,13 +33,15 @@ TTL and no call scans workers that have nothing due.
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Iterator
-from typing import NamedTuple
+from collections.abc import Iterator, Mapping
+from typing import NamedTuple, TypeVar
 
 from radix.keys import TOKEN_BYTES
-from radix.tree import PUBLIC, Node, RadixTree, Scope
-from router.routing.index.exact import credit_deepest
+from radix.tree import PUBLIC, MatchResult, Node, RadixTree, Scope
 from router.routing.index.ids import WorkerId
+
+Counts = dict[WorkerId, int]
+H = TypeVar("H", bound=Mapping[WorkerId, object])
 
 
 class Limits(NamedTuple):
@@ -258,3 +260,27 @@ class ApproxIndex:
             assert lru.num_tokens == sum(e.holders.node.num_tokens for e in listed)
             assert lru.num_tokens <= lru.limits.capacity_tokens, f"{worker_id} over capacity"
         assert not entries, f"entries of unknown workers {set(entries)}"
+
+
+def credit_deepest(result: MatchResult[H], num_workers: int, found: Counts) -> None:
+    """Raise ``found[w]`` to the depth of the deepest node of ``result`` whose payload
+    holds ``w``, counted only up to the matched part of the last node. The walk goes
+    deepest first and stops once all ``num_workers`` workers of the tree were seen;
+    each node costs set operations over its payload's keys, not a Python loop."""
+    deepest: Counts = {}
+    for node in reversed(result.nodes):
+        depth = min(node.end, result.num_matched_tokens)
+        deepest.update(dict.fromkeys(node.payload.keys() - deepest.keys(), depth))
+        if len(deepest) == num_workers:
+            break
+    raise_to(found, deepest)
+
+
+def raise_to(found: Counts, other: Counts) -> None:
+    """``found[w] = max(found[w], other[w])`` for every worker of ``other``."""
+    if not found:
+        found.update(other)
+        return
+    for worker_id, num_tokens in other.items():
+        if found.get(worker_id, 0) < num_tokens:
+            found[worker_id] = num_tokens

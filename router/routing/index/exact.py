@@ -22,18 +22,17 @@ one count. Leaves whose payload empties are removed, cascading upward.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import TypeVar
 
 from radix.events import KVEvent
 from radix.keys import TOKEN_BYTES, to_key
-from radix.tree import PUBLIC, MatchResult, Node, RadixTree, Scope
+from radix.tree import PUBLIC, Node, RadixTree, Scope
+from router.routing.index.approx import credit_deepest
 from router.routing.index.ids import NamespaceDigest, WorkerId
 
 Counts = dict[WorkerId, int]
 TreeId = tuple[NamespaceDigest, Scope]
-H = TypeVar("H", bound=Mapping[WorkerId, object])
 
 
 def _split_counts(counts: Counts, num_head_tokens: int) -> tuple[Counts, Counts]:
@@ -69,6 +68,7 @@ class ExactStats:
     num_tokens: int
     num_blocks: dict[WorkerId, int]
     num_orphan_blocks: int
+    num_evicted_blocks: int = 0
 
 
 class ExactIndex:
@@ -275,30 +275,6 @@ class ExactIndex:
                 yield worker_id, block
 
 
-def credit_deepest(result: MatchResult[H], num_workers: int, found: Counts) -> None:
-    """Raise ``found[w]`` to the depth of the deepest node of ``result`` whose payload
-    holds ``w``, counted only up to the matched part of the last node. The walk goes
-    deepest first and stops once all ``num_workers`` workers of the tree were seen;
-    each node costs set operations over its payload's keys, not a Python loop."""
-    deepest: Counts = {}
-    for node in reversed(result.nodes):
-        depth = min(node.end, result.num_matched_tokens)
-        deepest.update(dict.fromkeys(node.payload.keys() - deepest.keys(), depth))
-        if len(deepest) == num_workers:
-            break
-    raise_to(found, deepest)
-
-
-def raise_to(found: Counts, other: Counts) -> None:
-    """``found[w] = max(found[w], other[w])`` for every worker of ``other``."""
-    if not found:
-        found.update(other)
-        return
-    for worker_id, num_tokens in other.items():
-        if found.get(worker_id, 0) < num_tokens:
-            found[worker_id] = num_tokens
-
-
 def _init_new(nodes: tuple[Node[Counts], ...]) -> None:
     for node in nodes:
         node.payload = {}
@@ -310,3 +286,58 @@ def _prune(tree: RadixTree[Counts], node: Node[Counts]) -> None:
         parent = node.parent
         tree.remove_leaf(node)
         node = parent
+
+
+class TreeIndex:
+    """The tree-walking exact index with its host and disk tiers, behind
+    ``BlockIndex``'s interface, kept only to check the block-keyed index against it
+    (``RouterIndex(exact="tree")``)."""
+
+    def __init__(self, host_weight: float = 1.0, disk_weight: float = 1.0,
+                 max_blocks: int = 0) -> None:
+        self.host_weight, self.disk_weight = host_weight, min(disk_weight, host_weight)
+
+        self._device = ExactIndex()
+        self._host = ExactIndex(parents=(self._device,))
+        self._disk = ExactIndex(parents=(self._device, self._host))
+
+    def apply(self, worker_id: WorkerId, event: KVEvent) -> None:
+        """Apply one event: host and disk events to their tier's index."""
+        if event.type == "cleared":
+            self._host.reset_worker(worker_id)
+            self._disk.reset_worker(worker_id)
+        tiers = {"host": self._host, "disk": self._disk}
+        tiers.get(event.medium, self._device).apply(worker_id, event)
+
+    def reset_worker(self, worker_id: WorkerId) -> None:
+        """Forget ``worker_id`` in every tier."""
+        for tier in (self._device, self._host, self._disk):
+            tier.reset_worker(worker_id)
+
+    def match(self, namespace: NamespaceDigest, key: bytes, scope: str) -> Counts:
+        """Device tokens per worker, host and disk tokens past them weighted."""
+        found = self._device.match(namespace, key, Scope(scope))
+        host = self._host.match(namespace, key, Scope(scope))
+        disk = self._disk.match(namespace, key, Scope(scope))
+        for worker_id in host.keys() | disk.keys():
+            num_device = found.get(worker_id, 0)
+            num_host = max(num_device, host.get(worker_id, 0))
+            num_disk = max(num_host, disk.get(worker_id, 0))
+            credit = (num_device + self.host_weight * (num_host - num_device)
+                      + self.disk_weight * (num_disk - num_host))
+            if num_disk > num_device:
+                found[worker_id] = int(credit)
+        return found
+
+    def fingerprint(self) -> str:
+        """The device tier's fingerprint."""
+        return self._device.fingerprint()
+
+    def stats(self) -> ExactStats:
+        """The device tier's sizes (it has no bound: nothing is evicted)."""
+        return self._device.stats()
+
+    def check_invariants(self) -> None:
+        """Every tier's invariants."""
+        for tier in (self._device, self._host, self._disk):
+            tier.check_invariants()

@@ -1,23 +1,19 @@
 """RouterIndex: the router's view of which worker caches which prefix.
 
-matched(w) = max(exact(w), approximate(w)). Exact comes from the radix workers' KV
-events (``ExactIndex``); approximate from what the router itself routed
-(``ApproxIndex``, one per namespace, its trees shared by all workers): for workers
-marked approximate (OpenAI-compatible servers that publish no events) with a long TTL
-and a capacity like the worker's KV cache, for every other worker a speculative entry
-with a short TTL that the real ``stored`` event supersedes. Either part answers for
-all workers in one walk of the key's scope tree and one of the PUBLIC tree.
+matched(w) = max(exact(w), approximate(w)). Exact comes from the workers' KV events
+(``BlockIndex``: one trie of blocks per namespace, tiers and scopes as holders of each
+block); approximate from what the router itself routed (``ApproxIndex``, one per
+namespace, its trees shared by all workers): for workers marked approximate
+(OpenAI-compatible servers that publish no events) with a long TTL and a capacity like
+the worker's KV cache, for every other worker a speculative entry with a short TTL
+that the real ``stored`` event supersedes.
 
-Host tier: a worker's events with medium ``host`` (blocks it moved to host memory)
-feed a second ``ExactIndex`` whose blocks chain from the device index's. A worker
-matched ``d`` tokens on its device and ``h > d`` counting its host blocks is
-credited ``d + host_hit_weight * (h - d)``: a host hit saves the prefill but costs
-a copy back, so it is worth less than a device hit and more than a miss.
-
-Disk tier: medium ``disk`` feeds a third ``ExactIndex`` whose blocks chain from
-either of the others. Tokens found only on a worker's disk, past ``max(d, h)``,
-count ``disk_hit_weight`` each (a read from disk costs more than a copy from host
-memory, so it is weighed lower still).
+Tiers: a worker's events with medium ``host`` (blocks it moved to host memory) or
+``disk`` file those blocks as held there. A worker whose chain of blocks reaches ``d``
+tokens on its device, ``h >= d`` counting its host blocks and ``k >= h`` counting its
+disk blocks is credited ``d + host_hit_weight * (h - d) + disk_hit_weight * (k - h)``:
+a host hit saves the prefill but costs a copy back, so it is worth less than a device
+hit and more than a miss, and a read from disk less still.
 """
 
 from __future__ import annotations
@@ -30,8 +26,9 @@ from radix.events import KVEvent
 from radix.keys import TOKEN_BYTES
 from radix.tree import Scope
 from router.config import IndexConfig
-from router.routing.index.approx import ApproxIndex, Limits
-from router.routing.index.exact import ExactIndex, raise_to
+from router.routing.index.approx import ApproxIndex, Limits, raise_to
+from router.routing.index.blocks import BlockIndex
+from router.routing.index.exact import TreeIndex
 from router.routing.index.ids import NamespaceDigest, WorkerId
 
 
@@ -43,6 +40,7 @@ class IndexStats:
     num_nodes: int
     num_tokens: int
     num_orphan_blocks: int
+    num_evicted_blocks: int
     num_blocks: dict[WorkerId, int]
     num_approx_tokens: dict[WorkerId, int]
 
@@ -61,31 +59,25 @@ class RouterIndex:
     """
 
     def __init__(self, config: IndexConfig | None = None,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic, exact: str = "tree") -> None:
         self.config = config or IndexConfig()
         self._clock = clock
-        self._exact = ExactIndex()
-        self._host = ExactIndex(parents=(self._exact,))
-        self._disk = ExactIndex(parents=(self._exact, self._host))
+        kind = {"blocks": BlockIndex, "tree": TreeIndex}[exact]
+        self._exact = kind(self.config.host_hit_weight, self.config.disk_hit_weight,
+                           self.config.max_blocks)
         self._approx: dict[NamespaceDigest, ApproxIndex] = {}
         self._approximate_capacity: dict[WorkerId, int] = {}
 
     def apply_event(self, worker_id: WorkerId, event: KVEvent) -> None:
-        """Apply one KV event of ``worker_id`` (``cleared`` drops its exact entries).
-        The event's ``namespace`` must be the router's digest for this worker; host
-        and disk events go to their tier's index (``cleared`` drops all three)."""
-        if event.type == "cleared":
-            self._host.reset_worker(worker_id)
-            self._disk.reset_worker(worker_id)
-        tiers = {"host": self._host, "disk": self._disk}
-        tiers.get(event.medium, self._exact).apply(worker_id, event)
+        """Apply one KV event of ``worker_id`` (``cleared`` drops its exact entries, in
+        every tier). The event's ``namespace`` must be the router's digest for this
+        worker."""
+        self._exact.apply(worker_id, event)
 
     def reset_worker(self, worker_id: WorkerId) -> None:
         """Drop everything the index holds for ``worker_id``, exact and approximate
         (snapshot, new epoch, worker removed or unhealthy). Its mode is kept."""
         self._exact.reset_worker(worker_id)
-        self._host.reset_worker(worker_id)
-        self._disk.reset_worker(worker_id)
         for approx in self._approx.values():
             approx.reset_worker(worker_id)
 
@@ -132,26 +124,14 @@ class RouterIndex:
         """Tokens of ``key`` each worker holds, visible to ``scope`` (its own and PUBLIC
         entries only): max of exact (host- and disk-tier tokens weighted) and
         approximate. Workers with none are left out."""
-        found = self._exact.match(namespace, key, Scope(scope))
-        host = self._host.match(namespace, key, Scope(scope))
-        disk = self._disk.match(namespace, key, Scope(scope))
-        host_weight = self.config.host_hit_weight
-        disk_weight = min(self.config.disk_hit_weight, host_weight)
-        for worker_id in host.keys() | disk.keys():
-            num_device = found.get(worker_id, 0)
-            num_host = max(num_device, host.get(worker_id, 0))
-            num_disk = max(num_host, disk.get(worker_id, 0))
-            credit = (num_device + host_weight * (num_host - num_device)
-                      + disk_weight * (num_disk - num_host))
-            if num_disk > num_device:
-                found[worker_id] = int(credit)
+        found = self._exact.match(namespace, key, scope)
         approx = self._approx.get(namespace)
         if approx is not None:
             raise_to(found, approx.match(key, Scope(scope), self._clock()))
         return found
 
     def fingerprint(self) -> str:
-        """``ExactIndex.fingerprint`` of the exact part (what the KV events built)."""
+        """``BlockIndex.fingerprint`` of the exact part (what the KV events built)."""
         return self._exact.fingerprint()
 
     def stats(self) -> IndexStats:
@@ -166,15 +146,13 @@ class RouterIndex:
             num_nodes=exact.num_nodes,
             num_tokens=exact.num_tokens,
             num_orphan_blocks=exact.num_orphan_blocks,
+            num_evicted_blocks=exact.num_evicted_blocks,
             num_blocks=exact.num_blocks,
             num_approx_tokens=num_approx,
         )
 
     def check_invariants(self) -> None:
-        """Raise AssertionError if the exact, host, disk or an approximate index is
-        inconsistent."""
+        """Raise AssertionError if the exact or an approximate index is inconsistent."""
         self._exact.check_invariants()
-        self._host.check_invariants()
-        self._disk.check_invariants()
         for approx in self._approx.values():
             approx.check_invariants()

@@ -72,7 +72,7 @@ def test_since_is_gapless_and_asks_for_a_snapshot_when_too_old_or_ahead():
 def test_the_log_is_bounded_by_stored_tokens_too():
     log = KVEventLog("w", b"ns", max_events=100, max_tokens=10)
     for i in range(4):
-        log.append("stored", "t1", (EventBlock(hash=f"{i:02x}", tokens=(1, 2, 3, 4)),))
+        log.append("stored", "t1", (EventBlock(hash=f"{i:02x}", key=to_key([1, 2, 3, 4])),))
     assert [e.seq for e in log.since(2, log.epoch)] == [3, 4]
     assert log.since(1, log.epoch) is None
 
@@ -90,9 +90,9 @@ def test_stored_and_removed_blocks_follow_the_protocol_exactly():
     hx = h(h1, "t1", [9, 10])
     assert (stored.seq, stored.type, stored.scope) == (1, "stored", "t1")
     assert stored.blocks == (
-        EventBlock(h0.hex(), None, (1, 2, 3, 4)),
-        EventBlock(h1.hex(), h0.hex(), (5, 6, 7, 8)),
-        EventBlock(hx.hex(), h1.hex(), (9, 10)),
+        EventBlock(h0.hex(), None, to_key([1, 2, 3, 4])),
+        EventBlock(h1.hex(), h0.hex(), to_key([5, 6, 7, 8])),
+        EventBlock(hx.hex(), h1.hex(), to_key([9, 10])),
     )
 
     y = [1, 2, 3, 4, 5, 6, 20, 21, 22]  # diverges at 6: adds [6, 9)
@@ -101,8 +101,8 @@ def test_stored_and_removed_blocks_follow_the_protocol_exactly():
     hy1 = h(h0, "t1", [5, 6, 20, 21])  # block 1 cut at its absolute start, repeating 5, 6
     hy2 = h(hy1, "t1", [22])
     assert stored.blocks == (
-        EventBlock(hy1.hex(), h0.hex(), (5, 6, 20, 21)),
-        EventBlock(hy2.hex(), hy1.hex(), (22,)),
+        EventBlock(hy1.hex(), h0.hex(), to_key([5, 6, 20, 21])),
+        EventBlock(hy2.hex(), hy1.hex(), to_key([22])),
     )
 
     cache = manager.prefix_cache
@@ -130,9 +130,9 @@ def test_a_public_prefix_gets_a_public_event_then_a_tenant_event():
     serve(manager, 1, tokens, scope="t1", num_public=4)
     public, tenant = new_events(manager, 0)
     hp = h(None, PUBLIC, [7, 8, 9, 7])
-    assert (public.scope, public.blocks) == (PUBLIC, (EventBlock(hp.hex(), None, (7, 8, 9, 7)),))
+    assert (public.scope, public.blocks) == (PUBLIC, (EventBlock(hp.hex(), None, to_key([7, 8, 9, 7])),))
     ht = h(hp, "t1", [1, 2])
-    assert (tenant.scope, tenant.blocks) == ("t1", (EventBlock(ht.hex(), hp.hex(), (1, 2)),))
+    assert (tenant.scope, tenant.blocks) == ("t1", (EventBlock(ht.hex(), hp.hex(), to_key([1, 2])),))
     assert manager.admit(2, [7, 8, 9, 7, 3], "t2") == 4  # another tenant shares the public part
     assert manager.admit(3, [7, 8, 9, 7, 1, 2, 5], "t2") == 4  # ... but not t1's part
 

@@ -58,7 +58,7 @@ def block_of(n: int) -> tuple[EventBlock, bytes]:
     hasher = BlockHasher(NAMESPACE_DIGEST)
     tokens = (n, n)
     block_hash = hasher.block_hash(hasher.root_hash("t1"), "t1", to_key(tokens))
-    return EventBlock(block_hash.hex(), None, tokens), block_hash
+    return EventBlock(block_hash.hex(), None, to_key(tokens)), block_hash
 
 
 operations = st.lists(

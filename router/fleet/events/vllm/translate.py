@@ -33,6 +33,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from radix.events import EventBlock, KVEvent, Medium
+from radix.keys import to_key
 from router.fleet.events.vllm.wire import AllCleared, BlocksRemoved, BlocksStored, Event
 
 FULL_ATTENTION = "full_attention"
@@ -110,7 +111,7 @@ class VllmTranslator:
             else:
                 self._entries[(medium, block_hash)] = _Entry(namespace, scope, 1)
                 blocks.append(EventBlock(block_hash, parent,
-                                         event.tokens[i * size:(i + 1) * size]))
+                                         to_key(event.tokens[i * size:(i + 1) * size])))
                 if parent is not None:
                     self._link(medium, parent, block_hash)
             parent = block_hash

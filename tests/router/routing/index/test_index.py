@@ -16,7 +16,7 @@ OTHER_NS = "cd" * 32
 
 def stored(*blocks: tuple[str, str | None, list[int]], scope: str = PUBLIC, ns: str = NS) -> KVEvent:
     return KVEvent("w", "e", 1, "stored", ns, scope,
-                   tuple(EventBlock(h, p, tuple(t)) for h, p, t in blocks))
+                   tuple(EventBlock(h, p, to_key(t)) for h, p, t in blocks))
 
 
 def removed(*hashes: str, scope: str = PUBLIC) -> KVEvent:

@@ -4,7 +4,7 @@ restarted worker's disk snapshot alone is a (weighted) hit."""
 
 from __future__ import annotations
 
-from dataclasses import replace
+from msgspec.structs import replace
 
 from radix.events import EventBlock, KVEvent, decode_event, encode_event
 from radix.keys import to_key
@@ -19,7 +19,7 @@ PROMPT = to_key([1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13])
 
 def event(kind: str, *blocks: tuple, medium: str = "device") -> KVEvent:
     return KVEvent("w", "e", 1, kind, NS, PUBLIC,  # type: ignore[arg-type]
-                   tuple(EventBlock(h, p, tuple(t) if kind == "stored" else None)
+                   tuple(EventBlock(h, p, to_key(t) if kind == "stored" else None)
                          for h, p, t in blocks), medium)  # type: ignore[arg-type]
 
 
