@@ -173,14 +173,12 @@ def bytes_per_block(new_index: Callable[[], RouterIndex], steps: list[Step]) -> 
             "num_indexed_blocks": num_indexed, "num_distinct_blocks": stats.num_nodes}
 
 
-def run(rows: list[mooncake.TraceRow], num_workers: int, capacity_blocks: int,
-        placement: str, exact: str = "blocks") -> dict[str, float]:
-    """Build the replay, time it, then the fixed-length lookups and the memory."""
-    steps = replay_steps(rows, num_workers, capacity_blocks, placement)
-    index = RouterIndex(exact=exact)
+def run(steps: list[Step]) -> dict[str, float]:
+    """Time the replay, then the fixed-length lookups and the memory."""
+    index = RouterIndex()
     result = replay(index, steps)
     result.update(lookup_latency(index, steps))
-    result.update(bytes_per_block(lambda: RouterIndex(exact=exact), steps))
+    result.update(bytes_per_block(RouterIndex, steps))
     return result
 
 
@@ -195,14 +193,13 @@ def main(argv: list[str] | None = None) -> dict:
                         help="per worker (40,000 blocks of 16 tokens: an 8B model's KV on an "
                              "80 GB GPU)")
     parser.add_argument("--placement", choices=("random", "round_robin"), default="random")
-    parser.add_argument("--exact", choices=("blocks", "tree"), default="blocks",
-                        help="the exact index: block-keyed, or the tree-walking one it replaces")
     args = parser.parse_args(argv)
     rows = mooncake.read(args.trace) if args.trace else mooncake.generate(args.requests or 2000)
     rows = rows[: args.requests] if args.requests else rows
-    result = run(rows, args.workers, args.capacity_blocks, args.placement, args.exact)
+    steps = replay_steps(rows, args.workers, args.capacity_blocks, args.placement)
     source = args.trace.name if args.trace else "generated"
-    print(f"{args.exact} index on {source} ({len(rows)} requests, {args.workers} workers, "
+    result = run(steps)
+    print(f"index on {source} ({len(rows)} requests, {args.workers} workers, "
           f"{args.capacity_blocks} blocks each, {args.placement}): "
           f"{result['ops_per_s'] / 1e6:.2f} M ops/s; {result['event_us']:.2f} us per block "
           f"event ({result['num_block_events']} decoded and applied); lookup "

@@ -8,7 +8,6 @@ the router reads from the environment variable its config names.
 from __future__ import annotations
 
 import concurrent.futures
-import operator
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -156,8 +155,10 @@ def worker_snapshot_blocks(worker: ManagedProcess) -> int:
 
 
 def test_index_equals_the_union_of_worker_caches(cluster) -> None:
-    """The router's index, built from live events, holds exactly the token paths (per
-    namespace and scope) that the workers' own caches hold now."""
+    """The router's index, built from live events, holds the blocks (per namespace) that
+    the workers' own caches hold now, but for the partial blocks a split of a worker's
+    tree left at the split point: a worker never announces those (docs/protocol.md),
+    while its snapshot lists them."""
     router, workers = cluster
 
     def compare() -> tuple[dict[str, int], dict[str, int]]:
@@ -170,7 +171,13 @@ def test_index_equals_the_union_of_worker_caches(cluster) -> None:
         routed = admin(router, "/admin/index")["index"]
         return {k: routed[k] for k in keys}, {k: getattr(union.stats(), k) for k in keys}
 
-    wait_until(lambda: operator.eq(*compare()), 10, compare)
+    def only_split_partials_missing() -> bool:
+        routed, union = compare()
+        num_missing = union["num_nodes"] - routed["num_nodes"]
+        return (routed["num_trees"] == union["num_trees"] and num_missing >= 0
+                and 0 <= union["num_tokens"] - routed["num_tokens"] <= (BLOCK_SIZE - 1) * num_missing)
+
+    wait_until(only_split_partials_missing, 10, compare)
     assert compare()[0]["num_tokens"] > 2000
 
 

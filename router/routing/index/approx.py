@@ -5,8 +5,9 @@ router knows; for every worker it also holds the short-lived speculative entry w
 at decision time, which covers the moment between routing a request and the worker's
 ``stored`` event for it.
 
-One ``RadixTree`` per scope, shared by all workers (the shape of ``ExactIndex``, for
-the same reasons). A node's payload maps worker id -> ``_Entry``: the time that worker
+One ``RadixTree`` per scope, shared by all workers: ``RadixTree.insert`` reuses every
+node visible to the scope, PUBLIC ones included, so in one tree a tenant's entry could
+land on a public node and be seen by every tenant. A node's payload maps worker id -> ``_Entry``: the time that worker
 was last routed a key through the node. Noting a key stamps its whole insert path, so
 a worker on a node is on its parent, with a stamp at least as recent, and a lookup
 credits each worker with its deepest node on the key's path in one walk per tree.

@@ -8,10 +8,11 @@ holds it as worker bitmasks per (tier, scope): tenant T's blocks on a worker's d
 PUBLIC blocks in its host tier, and so on. Children are keyed by their tokens, so a
 lookup compares real tokens at every step (hashes never decide a match alone).
 
-Per worker, namespace, tier and scope, a table maps the engine's block hash to the
-node, so ``stored`` finds its parent and ``removed`` its node in O(1), with no walk
-from the root. A stored block whose parent the worker does not hold (in any tier, in
-the block's scope or PUBLIC) is an orphan and is skipped, as is a block already held.
+Per worker, namespace and tier, a table maps the engine's block hash to the node, so
+``stored`` finds its parent and ``removed`` its node in O(1), with no walk from the
+root. A stored block whose parent the worker does not hold (in any tier) is an orphan
+and is skipped, as is a block already held. A removal clears the worker's bit in the
+event's scope, or, should the worker have filed the block under another scope, there.
 A node that nobody holds and that has no children is removed, cascading upward.
 
 ``match`` walks the prompt's full blocks from the root once, one dictionary lookup per
@@ -44,7 +45,7 @@ from radix.keys import TOKEN_BYTES
 from radix.tree import PUBLIC
 from router.routing.index.ids import NamespaceDigest, WorkerId
 
-TableKey = tuple[NamespaceDigest, Medium, str]
+TableKey = tuple[NamespaceDigest, Medium]
 Ends = list[tuple[int, int]]
 _LEVELS: tuple[Medium, ...] = ("device", "host", "disk")
 _SCAN_CHILDREN = 8  # up to this many children, scanning beats probing each partial size
@@ -171,7 +172,7 @@ class BlockIndex:
         namespace, medium, scope = NamespaceDigest(event.namespace), event.medium, event.scope
         tree = self._trees.get(namespace) or self._trees.setdefault(namespace, _Tree())
         root, tables = tree.root, self._tables.setdefault(worker_id, {})
-        table = tables.setdefault((namespace, medium, scope), {})
+        table = tables.setdefault((namespace, medium), {})
         bit = self._bits.get(worker_id) or self._new_bit(worker_id)
         on_device = medium == "device"
         prev_hash: str | None = None
@@ -189,7 +190,7 @@ class BlockIndex:
                 elif parent_hash == prev_hash:
                     parent = prev
                 else:
-                    parent = _find(tables, namespace, scope, parent_hash)
+                    parent = _find(tables, namespace, parent_hash)
                 if parent is None or not key or len(key) % TOKEN_BYTES:
                     self.num_orphan_blocks += 1
                 else:
@@ -209,7 +210,7 @@ class BlockIndex:
                     table[block_hash] = node
             prev_hash, prev = block_hash, node
         if not table:
-            del tables[(namespace, medium, scope)]
+            del tables[(namespace, medium)]
         if tree.num_nodes > self.max_blocks // max(len(self._trees), 1) or (
                 len(tree.leaves) > 2 * tree.num_nodes + _MIN_SWEEP):
             self._bound(tree)
@@ -217,7 +218,7 @@ class BlockIndex:
     def _remove(self, worker_id: WorkerId, event: KVEvent) -> None:
         namespace, medium, scope = NamespaceDigest(event.namespace), event.medium, event.scope
         tables = self._tables.get(worker_id, {})
-        table = tables.get((namespace, medium, scope))
+        table = tables.get((namespace, medium))
         if table is None:
             return
         tree, bit = self._trees[namespace], self._bits[worker_id]
@@ -228,14 +229,14 @@ class BlockIndex:
                 continue
             if node.parent is None:
                 self._num_dead -= 1
-            elif on_device and scope == node.scope:
+            elif on_device and scope == node.scope and node.device & bit:
                 node.device &= ~bit
                 if not node.device and node.more is None and node.children is None:
                     _prune(tree, node)
             else:
                 _release(tree, node, bit, medium, scope)
         if not table:
-            del tables[(namespace, medium, scope)]
+            del tables[(namespace, medium)]
 
     def reset_worker(self, worker_id: WorkerId) -> None:
         """Forget every block of ``worker_id``: O(its blocks)."""
@@ -243,13 +244,13 @@ class BlockIndex:
         if not tables:
             return
         bit = self._bits[worker_id]
-        for (namespace, medium, scope), table in tables.items():
+        for (namespace, medium), table in tables.items():
             tree = self._trees[namespace]
             for node in table.values():
                 if node.parent is None:
                     self._num_dead -= 1
                 else:
-                    _release(tree, node, bit, medium, scope)
+                    _release(tree, node, bit, medium, None)
 
     def _bound(self, tree: _Tree) -> None:
         """Evict ``tree``'s least recently used leaves (CLOCK) down to its share of
@@ -298,27 +299,30 @@ class BlockIndex:
         if tree.num_tiered:
             return self._match_tiered(tree, key, scope)
         node, alive, depth, ends = tree.root, -1, 0, []
-        step, limit = tree.block_bytes, len(key) - tree.block_bytes
-        while step and depth <= limit:
+        step = tree.block_bytes
+        last = len(key) - step if step else -1
+        while depth <= last:
             children = node.children
             if type(children) is dict:
                 child = children.get(key[depth: depth + step])
-            elif (children is not None and len(children.key) == step
-                  and key.startswith(children.key, depth)):
+                if child is None:
+                    break
+            elif children is not None and len(children.key) == step and key.startswith(
+                    children.key, depth):
                 child = children
             else:
-                break
-            if child is None:
                 break
             held = child.device if (child.scope == scope or child.scope == PUBLIC) else 0
             if child.more is not None:
                 held = child.holders(scope)[0]
             still = alive & held
-            if not still:
-                break
-            if still != alive and alive != -1:
-                ends.append((alive & ~still, depth))
-            alive, node, depth = still, child, depth + step
+            if still != alive:
+                if not still:
+                    break
+                if alive != -1:
+                    ends.append((alive & ~still, depth))
+                alive = still
+            node, depth = child, depth + step
         node.used = True
         _end_walk(node, key, depth, step, scope, 0, alive, ends)
         return self._tokens(ends)
@@ -367,22 +371,21 @@ class BlockIndex:
     # ---- views ---------------------------------------------------------------------
 
     def fingerprint(self) -> str:
-        """A digest of which worker holds which device block (namespace, scope, hash):
-        equal for two indexes fed the same blocks in any order. For tests."""
+        """A digest of which worker holds which device block (namespace, hash): equal
+        for two indexes fed the same blocks in any order. For tests."""
         digest = hashlib.sha256()
         for worker_id in sorted(self._tables):
-            for (namespace, medium, scope), table in sorted(self._tables[worker_id].items()):
+            for (namespace, medium), table in sorted(self._tables[worker_id].items()):
                 if medium == "device":
                     for block_hash in sorted(table):
-                        digest.update(f"{worker_id}\0{namespace}\0{scope}\0{block_hash}\n"
-                                      .encode())
+                        digest.update(f"{worker_id}\0{namespace}\0{block_hash}\n".encode())
         return digest.hexdigest()
 
     def stats(self) -> BlockStats:
         """Sizes, in O(trees + tables)."""
         num_blocks: dict[WorkerId, int] = {}
         for worker_id, tables in self._tables.items():
-            count = sum(len(t) for (_, medium, _), t in tables.items() if medium == "device")
+            count = sum(len(t) for (_, medium), t in tables.items() if medium == "device")
             if count:
                 num_blocks[worker_id] = count
         trees = [tree for tree in self._trees.values() if tree.num_nodes]
@@ -394,11 +397,11 @@ class BlockIndex:
         """Raise AssertionError unless every node's holders are exactly the table entries
         naming it, every node hangs under its parent by its tokens, no empty node or
         table is kept, and each tree's counts are right. O(nodes + entries): tests."""
-        expected: dict[tuple[int, Medium, str], int] = {}
+        expected: dict[tuple[int, Medium, int], int] = {}
         num_dead = 0
         for worker_id, tables in self._tables.items():
             bit = self._bits[worker_id]
-            for (namespace, medium, scope), table in tables.items():
+            for (namespace, medium), table in tables.items():
                 assert table, f"empty table kept for {worker_id}"
                 root = self._trees[namespace].root
                 for node in table.values():
@@ -406,8 +409,8 @@ class BlockIndex:
                         num_dead += 1
                         continue
                     assert _root_of(node) is root, "a table names a node outside its tree"
-                    place = (id(node), medium, scope)
-                    expected[place] = expected.get(place, 0) | bit
+                    place = (id(node), medium, bit)
+                    expected[place] = expected.get(place, 0) + 1
         for tree in self._trees.values():
             counts = [0, 0, 0]
             stack = list(tree.root.iter_children())
@@ -451,14 +454,13 @@ def _partials(node: _Node, key: bytes, depth: int, step: int) -> Iterator[_Node]
             yield child
 
 
-def _find(tables: dict[TableKey, dict[str, _Node]], namespace: NamespaceDigest, scope: str,
+def _find(tables: dict[TableKey, dict[str, _Node]], namespace: NamespaceDigest,
           block_hash: str) -> _Node | None:
-    """The worker's node for ``block_hash`` in any tier, in ``scope`` or PUBLIC."""
+    """The worker's node for ``block_hash`` in any tier."""
     for medium in _LEVELS:
-        for table_scope in (scope, PUBLIC):
-            node = tables.get((namespace, medium, table_scope), {}).get(block_hash)
-            if node is not None and node.parent is not None:
-                return node
+        node = tables.get((namespace, medium), {}).get(block_hash)
+        if node is not None and node.parent is not None:
+            return node
     return None
 
 
@@ -493,23 +495,32 @@ def _hold(tree: _Tree, node: _Node, bit: int, medium: Medium, scope: str) -> Non
     more[(medium, scope)] = more.get((medium, scope), 0) | bit
 
 
-def _release(tree: _Tree, node: _Node, bit: int, medium: Medium, scope: str) -> None:
-    """Undo ``_hold``, then prune the node if it is left empty."""
-    if medium == "device" and scope == node.scope:
+def _release(tree: _Tree, node: _Node, bit: int, medium: Medium, scope: str | None) -> None:
+    """Undo ``_hold`` in ``scope``, or where the worker holds ``node`` in ``medium`` if not
+    there (``scope`` None: anywhere); then prune the node if it is left empty."""
+    if (medium == "device" and node.device & bit
+            and (scope is None or scope == node.scope or not _held(node, bit, medium, scope))):
         node.device &= ~bit
     else:
         more = node.more
         assert more is not None, "released a block nobody held there"
-        mask = more[(medium, scope)] & ~bit
+        place = ((medium, scope) if scope is not None and _held(node, bit, medium, scope) else
+                 next(p for p, mask in more.items() if p[0] == medium and mask & bit))
+        mask = more[place] & ~bit
         if mask:
-            more[(medium, scope)] = mask
+            more[place] = mask
         else:
-            del more[(medium, scope)]
+            del more[place]
             tree.num_tiered -= medium != "device"
             if not more:
                 node.more = None
     if not node.device and node.more is None and node.children is None:
         _prune(tree, node)
+
+
+def _held(node: _Node, bit: int, medium: Medium, scope: str) -> bool:
+    """Whether worker ``bit`` holds ``node`` in (``medium``, ``scope``) in ``more``."""
+    return node.more is not None and bool(node.more.get((medium, scope), 0) & bit)
 
 
 def _prune(tree: _Tree, node: _Node) -> None:
@@ -542,19 +553,27 @@ def _root_of(node: _Node) -> _Node:
     return node
 
 
-def _check_node(node: _Node, expected: dict[tuple[int, Medium, str], int],
+def _check_node(node: _Node, expected: dict[tuple[int, Medium, int], int],
                 counts: list[int]) -> None:
-    """Check one node against the table entries (popping those it accounts for)."""
+    """Check one node against the table entries (popping those it accounts for): a
+    worker holds it in as many scopes of a tier as it has entries naming it there."""
     assert node.key and len(node.key) % TOKEN_BYTES == 0, "a block of partial tokens"
     assert node.parent is not None and node.parent.child(node.key) is node, "misplaced node"
     assert node.device or node.more or node.children is not None, "empty node kept"
     assert not (type(node.children) is dict and len(node.children) < 2), "dict of one child"
-    held = dict(node.more or {})
     assert node.more is None or node.more, "empty holder dict kept"
+    held = dict(node.more or {})
     assert ("device", node.scope) not in held, "device holders of one scope in two places"
     held[("device", node.scope)] = node.device
-    for (medium, scope), mask in held.items():
-        assert mask == expected.pop((id(node), medium, scope), 0), (medium, scope)
-        counts[2] += medium != "device"
+    found: dict[tuple[int, Medium, int], int] = {}
+    for (medium, _), mask in held.items():
+        assert mask >= 0, "negative mask"
+        counts[2] += medium != "device" and mask > 0
+        while mask:
+            low = mask & -mask
+            found[(id(node), medium, low)] = found.get((id(node), medium, low), 0) + 1
+            mask ^= low
+    for place, num in found.items():
+        assert expected.pop(place, 0) == num, ("holders and tables differ", place)
     counts[0] += 1
     counts[1] += len(node.key) // TOKEN_BYTES

@@ -28,7 +28,6 @@ from radix.tree import Scope
 from router.config import IndexConfig
 from router.routing.index.approx import ApproxIndex, Limits, raise_to
 from router.routing.index.blocks import BlockIndex
-from router.routing.index.exact import TreeIndex
 from router.routing.index.ids import NamespaceDigest, WorkerId
 
 
@@ -59,12 +58,11 @@ class RouterIndex:
     """
 
     def __init__(self, config: IndexConfig | None = None,
-                 clock: Callable[[], float] = time.monotonic, exact: str = "tree") -> None:
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self.config = config or IndexConfig()
         self._clock = clock
-        kind = {"blocks": BlockIndex, "tree": TreeIndex}[exact]
-        self._exact = kind(self.config.host_hit_weight, self.config.disk_hit_weight,
-                           self.config.max_blocks)
+        self._exact = BlockIndex(self.config.host_hit_weight, self.config.disk_hit_weight,
+                                 self.config.max_blocks)
         self._approx: dict[NamespaceDigest, ApproxIndex] = {}
         self._approximate_capacity: dict[WorkerId, int] = {}
 

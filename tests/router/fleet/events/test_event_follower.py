@@ -126,13 +126,15 @@ class EventLogServer:
 
 
 def assert_index_mirrors(index: RouterIndex, cache: SimCache, namespace: str = NS) -> None:
-    """The index holds exactly what the simulated worker's tree holds (no evictions)."""
+    """The index holds what the simulated worker's tree holds (no evictions), in whole
+    blocks: a prompt that leaves a cached block halfway is credited the blocks before."""
     index.check_invariants()
     for node in cache.tree.iter_nodes():
         key = cache.tree.path_key(node) + to_key([99])
         for scope in ("tenant-a", "tenant-b", PUBLIC):
             real = cache.tree.match(key, scope, touch=False).num_matched_tokens
-            assert index.match(namespace, key, scope).get("w", 0) == real, (node, scope)
+            got = index.match(namespace, key, scope).get("w", 0)
+            assert real // BLOCK * BLOCK <= got <= real, (node, scope)
 
 
 def run_with_follower(test, log_size: int = 1000, **follower_args):

@@ -46,11 +46,12 @@ def match(index: RouterIndex, tokens: list[int], scope: str = PUBLIC, ns: str = 
     return index.match(ns, to_key(tokens), scope)
 
 
-def test_stored_chain_matches_token_granular_and_merges_into_one_node(index):
+def test_a_stored_chain_is_a_node_per_block_and_matches_whole_blocks(index):
     index.apply_event("w1", stored(("a0", None, [1, 2, 3, 4]), ("a1", "a0", [5, 6, 7, 8]), ("a2", "a1", [9])))
-    assert index.stats().num_nodes == 1
+    assert index.stats().num_nodes == 3
     assert match(index, [1, 2, 3, 4, 5, 6, 7, 8, 9, 10]) == {"w1": 9}
-    assert match(index, [1, 2, 3, 4, 5, 6, 0]) == {"w1": 6}
+    # a prompt leaving block a1 halfway is credited the whole blocks before it
+    assert match(index, [1, 2, 3, 4, 5, 6, 0]) == {"w1": 4}
     assert match(index, [2]) == {}
     index.check_invariants()
 
@@ -59,7 +60,8 @@ def test_longer_match_per_worker_in_one_walk(index):
     index.apply_event("w1", stored(("a0", None, [1, 2, 3, 4])))
     index.apply_event("w2", stored(("a0", None, [1, 2, 3, 4]), ("a1", "a0", [5, 6, 7, 8])))
     index.apply_event("w3", stored(("b0", None, [1, 2, 9, 9])))
-    assert match(index, [1, 2, 3, 4, 5, 6, 7]) == {"w1": 4, "w2": 7, "w3": 2}
+    assert match(index, [1, 2, 3, 4, 5, 6, 7, 8]) == {"w1": 4, "w2": 8}
+    assert match(index, [1, 2, 3, 4, 5, 6, 7]) == {"w1": 4, "w2": 4}
     index.check_invariants()
 
 
@@ -77,11 +79,11 @@ def test_removal_cascades_up_through_empty_leaves(index):
     index.check_invariants()
 
 
-def test_removing_a_middle_block_keeps_the_chain_and_splits_the_run(index):
+def test_a_removed_middle_block_ends_the_chain_there(index):
     index.apply_event("w1", stored(("a0", None, [1, 2, 3, 4]), ("a1", "a0", [5, 6, 7, 8]), ("a2", "a1", [9])))
     index.apply_event("w1", removed("a1"))
-    # Blocks a0 and a2 remain: the index counts blocks, it does not infer a gap.
-    assert match(index, [1, 2, 3, 4, 5, 6, 7, 8, 9]) == {"w1": 9}
+    # a2 is still held, but an engine reuses a chain from the first block only
+    assert match(index, [1, 2, 3, 4, 5, 6, 7, 8, 9]) == {"w1": 4}
     index.check_invariants()
     index.apply_event("w1", removed("a2"))
     assert match(index, [1, 2, 3, 4, 5, 6, 7, 8, 9]) == {"w1": 4}
@@ -137,7 +139,7 @@ def test_reset_worker_and_cleared_drop_only_that_worker(index):
     index.apply_event("w2", stored(("t0", None, [1, 2, 3, 4]), scope="tenant-a"))
     index.reset_worker("w1")
     assert match(index, [1, 2, 3, 4, 5, 6, 7, 8], "tenant-a") == {"w2": 4}
-    assert index.stats().num_tokens == 8
+    assert index.stats().num_tokens == 4  # one block, held in two scopes
     index.check_invariants()
     index.apply_event("w2", cleared())
     assert index.stats().num_trees == 0
@@ -220,6 +222,8 @@ def test_one_removed_event_may_span_scopes_and_runs(index):
     index.apply_event("w1", stored(("t1", "a0", [5, 6, 7, 8]), ("t2", "t1", [9]), scope="tenant-a"))
     index.apply_event("w1", stored(("b0", None, [7, 7, 7, 7])))
     index.apply_event("w1", removed("a0", "t1", "zz", "b0"))
-    assert match(index, [1, 2, 3, 4, 5, 6, 7, 8, 9], "tenant-a") == {"w1": 9}
+    # t1 is tenant-a's, removed in an event of scope public; t2 is left without its chain
+    assert match(index, [1, 2, 3, 4, 5, 6, 7, 8, 9], "tenant-a") == {}
+    assert index.stats().num_blocks == {"w1": 1}
     assert match(index, [7, 7, 7, 7], "tenant-a") == {}
     index.check_invariants()

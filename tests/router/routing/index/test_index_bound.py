@@ -17,7 +17,7 @@ BLOCK = 4
 
 
 def test_a_path_in_use_outlives_colder_ones_and_the_bound_holds():
-    index = RouterIndex(IndexConfig(max_blocks=12), exact="blocks")
+    index = RouterIndex(IndexConfig(max_blocks=12))
     cache = SimCache("w0", NAMESPACE, 10_000, BLOCK)
     hot = to_key(range(100, 116))  # four blocks
     for event in cache.insert(hot, "t"):
@@ -39,8 +39,8 @@ def test_a_path_in_use_outlives_colder_ones_and_the_bound_holds():
                           st.booleans()), max_size=40),
        st.integers(1, 12))
 def test_any_stream_keeps_the_bound_and_never_claims_more_than_unbounded(steps, max_blocks):
-    bounded = RouterIndex(IndexConfig(max_blocks=max_blocks), exact="blocks")
-    unbounded = RouterIndex(exact="blocks")
+    bounded = RouterIndex(IndexConfig(max_blocks=max_blocks))
+    unbounded = RouterIndex()
     caches = {w: SimCache(w, NAMESPACE, 40, BLOCK) for w in ("w0", "w1")}
     for worker, seq, evict in steps:
         key = to_key(seq)
