@@ -176,7 +176,8 @@ class BlockIndex:
         bit = self._bits.get(worker_id) or self._new_bit(worker_id)
         on_device = medium == "device"
         prev_hash: str | None = None
-        prev: _Node | None = None
+        prev = leaf = None
+        num_new = num_new_bytes = 0
         for block in event.blocks:
             block_hash = block.hash
             node = table.get(block_hash)
@@ -201,14 +202,27 @@ class BlockIndex:
                         node = children.get(key)
                     elif children is not None and children.key == key:
                         node = children
-                    if node is None:
-                        node = _add_child(tree, parent, key, scope)
+                    if node is None:  # a new block: a new leaf, unless its child follows
+                        node = _Node(parent, key, scope)
+                        if children is None:
+                            parent.children = node
+                        elif type(children) is dict:
+                            children[key] = node
+                        else:
+                            parent.children = {children.key: children, key: node}
+                        if leaf is not None and leaf is not parent:
+                            tree.leaves.append(leaf)
+                        leaf, num_new, num_new_bytes = node, num_new + 1, num_new_bytes + len(key)
                     if on_device and scope == node.scope:
                         node.device |= bit
                     else:
                         _hold(tree, node, bit, medium, scope)
                     table[block_hash] = node
             prev_hash, prev = block_hash, node
+        if leaf is not None:
+            tree.leaves.append(leaf)
+            tree.num_nodes += num_new
+            tree.num_tokens += num_new_bytes // TOKEN_BYTES
         if not table:
             del tables[(namespace, medium)]
         if tree.num_nodes > self.max_blocks // max(len(self._trees), 1) or (
@@ -462,21 +476,6 @@ def _find(tables: dict[TableKey, dict[str, _Node]], namespace: NamespaceDigest,
         if node is not None and node.parent is not None:
             return node
     return None
-
-
-def _add_child(tree: _Tree, parent: _Node, key: bytes, scope: str) -> _Node:
-    node = _Node(parent, key, scope)
-    children = parent.children
-    if children is None:
-        parent.children = node
-    elif type(children) is dict:
-        children[key] = node
-    else:
-        parent.children = {children.key: children, key: node}
-    tree.num_nodes += 1
-    tree.num_tokens += len(key) // TOKEN_BYTES
-    tree.leaves.append(node)
-    return node
 
 
 def _hold(tree: _Tree, node: _Node, bit: int, medium: Medium, scope: str) -> None:
