@@ -23,6 +23,13 @@ import orjson
 from radix.api_errors import ApiError
 
 SSE_HEADERS = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
+
+
+def body_too_large(max_bytes: int) -> ApiError:
+    """The 413 for a request body over ``max_bytes`` (the connection closes: the rest of
+    the body is not read)."""
+    return ApiError(413, f"request body over {max_bytes} bytes for this key",
+                    code="request_too_large", headers={"Connection": "close"})
 JSON_HEADERS = {"Content-Type": "application/json"}
 log = logging.getLogger(__name__)
 
@@ -37,8 +44,9 @@ class Client(abc.ABC):
         """The request header ``name`` (case-insensitive), None when absent."""
 
     @abc.abstractmethod
-    async def read_body(self, timeout_s: float) -> bytes:
-        """The whole request body within ``timeout_s``; ApiError 408 otherwise."""
+    async def read_body(self, timeout_s: float, max_bytes: int) -> bytes:
+        """The whole request body within ``timeout_s`` (ApiError 408 otherwise), refused
+        with a 413 once it passes ``max_bytes``, before more of it is buffered."""
 
     @property
     @abc.abstractmethod
@@ -70,8 +78,11 @@ class Client(abc.ABC):
 
 def error_answer(exc: BaseException, rid: str, where: str) -> ApiError:
     """The error a client gets for ``exc`` raised by the pipeline: an ``ApiError`` as it
-    is; anything else is logged under the request id and becomes a 500 quoting it."""
+    is, without its traceback and context (they hold the failed request's frames, and
+    with them its body, until the collector runs); anything else is logged under the
+    request id and becomes a 500 quoting it."""
     if isinstance(exc, ApiError):
+        exc.__traceback__ = exc.__context__ = exc.__cause__ = None
         return exc
     log.error("request %s: unhandled error on %s", rid, where, exc_info=exc)
     return ApiError(500, f"internal router error (request id {rid})")

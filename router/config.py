@@ -25,7 +25,9 @@ WORKER_KEY_ENV_PREFIX = "RADIX_WORKER_KEY_"
 REDIS_KEY_PREFIX = Pattern(re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,63}$"),
                            "a key prefix (letters, digits, '.', '_', ':', '-')")
 _REDIS_SCHEMES = ("redis", "rediss", "unix")
+MAX_BODY_BYTES = 32 * 2**20  # any request body, before a key's own bound
 MAX_POOLS = 8
+MAX_POOL_WEIGHT = 1e6  # weights are relative: a million to one is any share a pool needs
 DEFAULT_PROBE_PROMPTS = (
     "The capital of France is",
     "Write a Python function that returns the sum of a list of integers.",
@@ -96,7 +98,7 @@ class PoolConfig(Section):
     share of new conversations, relative to the other pools' weights."""
 
     workers: tuple[str, ...] = setting(pattern=NAME)
-    weight: float = setting(low=0)
+    weight: float = setting(low=0, high=MAX_POOL_WEIGHT)
 
     def check(self) -> None:
         """At least one worker, none twice."""

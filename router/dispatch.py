@@ -2,8 +2,11 @@
 
 ``serve_openai`` is the whole request in one loop of those six steps; each step is a
 small function below it. Every refusal is an ``ApiError`` (OpenAI-shaped 4xx/5xx).
-What can be refused without the token count is refused before tokenizing: the text
-size, the output cap, the concurrency slot and a full tokens-per-minute window.
+The tenant's concurrency slot is taken before its body is read, and the body is read
+only up to the largest a prompt within the tenant's limits can need (413 past it,
+before it is buffered or decoded); what can be refused without the token count is
+refused before tokenizing: the text size, the output cap and a full tokens-per-minute
+window.
 
 A request for a LoRA adapter (``"model": ADAPTER``) goes only to workers that
 registered it, is matched in the adapter's namespace, pays the adapter's load on a
@@ -49,14 +52,16 @@ async def serve_openai(router: Router, client: Client, endpoint: str) -> None:
     try:
         tenant = router.auth.tenant(client.header("Authorization"))
         tenant_id = tenant.tenant_id
-        body = await client.read_body(router.config.listen.body_timeout_s)
-        model, adapter, parsed = parse_request(body, endpoint, router.models, tenant.limits,
-                                               router.registry.adapters())
-        check_text_size(model, parsed, tenant.limits)
-        max_tokens = router.limiter.output_cap(tenant, parsed.sampling.max_tokens,
-                                               parsed.sampling.max_tokens_param)
         admission = await router.limiter.hold(tenant)
         try:
+            body = await client.read_body(router.config.listen.body_timeout_s,
+                                          router.models.max_body_bytes(tenant.limits))
+            model, adapter, parsed = parse_request(body, endpoint, router.models, tenant.limits,
+                                                   router.registry.adapters())
+            del body
+            check_text_size(model, parsed, tenant.limits)
+            max_tokens = router.limiter.output_cap(tenant, parsed.sampling.max_tokens,
+                                                   parsed.sampling.max_tokens_param)
             prompt = await tokenize(model, parsed, tenant_id)
             router.limiter.check_prompt(tenant, len(prompt.token_ids))
             admission = await router.limiter.reserve(admission, len(prompt.token_ids),

@@ -24,7 +24,11 @@ from radix.openai.sampling import SamplingBounds
 from radix.token_cache import CacheStats, token_cache
 from radix.tokenizer import PromptTokenizer
 from radix.tree import PUBLIC, RadixTree, Scope
-from router.config import ModelSpec, PublicPrefixSpec, TenantLimits
+from router.config import MAX_BODY_BYTES, ModelSpec, PublicPrefixSpec, TenantLimits
+
+BODY_OVERHEAD_BYTES = 64 * 1024
+_TOKEN_ID_BYTES = len("4294967295,")
+_TEXT_CHAR_BYTES = len("\\uXXXX")
 
 
 @dataclass(frozen=True)
@@ -158,6 +162,18 @@ class Models:
     def __contains__(self, name: object) -> bool:
         """Whether a model is called ``name``."""
         return name in self._models
+
+    def max_body_bytes(self, limits: TenantLimits) -> int:
+        """The largest request body a prompt within ``limits`` can need, for any model:
+        ``BODY_OVERHEAD_BYTES`` for the other fields, plus its token ids at their widest
+        (``4294967295,``) or its text at its widest (a character escaped as
+        ``\\uXXXX``); ``MAX_BODY_BYTES`` when the limits bound neither."""
+        bounds = [model.max_prompt_chars(limits) for model in self._models.values()]
+        if limits.max_prompt_tokens is None or None in bounds:
+            return MAX_BODY_BYTES
+        widest = max(_TOKEN_ID_BYTES * limits.max_prompt_tokens,
+                     _TEXT_CHAR_BYTES * max(bounds, default=0))
+        return min(MAX_BODY_BYTES, BODY_OVERHEAD_BYTES + widest)
 
     def token_cache_stats(self) -> dict[str, CacheStats]:
         """Each model's token cache totals."""

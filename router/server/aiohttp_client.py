@@ -24,8 +24,8 @@ class AiohttpClient(Client):
     def header(self, name: str) -> str | None:
         return self._request.headers.get(name)
 
-    async def read_body(self, timeout_s: float) -> bytes:
-        return await read_body(self._request, timeout_s)
+    async def read_body(self, timeout_s: float, max_bytes: int) -> bytes:
+        return await read_body(self._request, timeout_s, max_bytes)
 
     @property
     def started(self) -> bool:

@@ -18,13 +18,13 @@ from aiohttp import web
 from radix.api_errors import ApiError
 from radix.http_api import load_document
 from router.client import error_answer
+from router.config import MAX_BODY_BYTES
 from router.context import ROUTER, Router
 from router.dispatch import ENDPOINTS, serve_openai
 from router.server.admin import add_admin_routes
 from router.server.aiohttp_client import AiohttpClient
 from router.server.request_ids import add_request_id_header, request_id, request_id_middleware
 
-MAX_BODY_BYTES = 32 * 2**20
 _PR_SET_PDEATHSIG = 1
 _GC_YOUNG_THRESHOLD = 20_000
 log = logging.getLogger(__name__)

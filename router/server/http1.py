@@ -40,7 +40,7 @@ import orjson
 from radix.api_errors import ApiError
 from router.client import JSON_HEADERS, error_answer
 from router.server.http1_client import CONTINUE, Http1Client, head
-from router.server.http1_requests import Message, RequestParser
+from router.server.http1_requests import Message, RequestParser, chunk
 
 MAX_REQUESTS_PER_CONNECTION = 10_000
 MAX_QUEUED_REQUESTS = 8
@@ -272,19 +272,35 @@ class Http1Connection(asyncio.Protocol):
         self._transport.set_protocol(self._aiohttp)
 
     def _forward_ready(self) -> None:
-        assert self._aiohttp is not None
-        while self._queue and self._queue[0].body.done():
+        """Pass aiohttp the queued requests in order: a whole one at once, one whose body
+        is still arriving as its head and then its body in chunks as they come (so no
+        body waits here for its handler, which authenticates first)."""
+        aiohttp_protocol = self._aiohttp
+        assert aiohttp_protocol is not None
+        while self._queue:
             message = self._queue[0]
-            error = message.error or message.body.exception()
+            done = message.body.done()
+            error = message.error or (message.body.exception() if done else None)
             if error is not None:  # answered by us only while aiohttp is answering nothing
-                if self._num_forwarded == 0 and isinstance(error, ApiError):
+                if self._num_forwarded == 0 and message.sink is None and isinstance(
+                        error, ApiError):
                     message.error = error
                     self._answer_error(message)
                 self._close()
                 return
+            if message.sink is None and done:
+                aiohttp_protocol.data_received(message.raw(message.body.result()))
+            else:
+                if message.sink is None:
+                    received = message.take_chunks()
+                    aiohttp_protocol.data_received(message.raw_chunked_head()
+                                                   + (chunk(received) if received else b""))
+                    message.sink = lambda data: aiohttp_protocol.data_received(chunk(data))
+                if not done:
+                    break
+                aiohttp_protocol.data_received(chunk(b""))
             self._queue.popleft()
             self._num_forwarded += 1
-            self._aiohttp.data_received(message.raw(message.body.result()))
         if self._queue:
             self.send_continue(self._queue[0])
         if self._reading_paused and self._transport is not None:
@@ -300,7 +316,8 @@ class Http1Connection(asyncio.Protocol):
         if transport is None or transport.is_closing():
             return
         message = self._queue[0] if self._queue else None
-        if not (self._requests.stopped or (message is not None and not message.body.done())):
+        if not (self._requests.stopped or self._requests.current is not None
+                or (message is not None and not message.body.done())):
             transport.close()
             return
         self._requests.stopped = True

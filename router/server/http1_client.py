@@ -82,8 +82,9 @@ class Http1Client(Client):
         value = self._message.headers.get(name.lower().encode("latin-1"))
         return None if value is None else value.decode("latin-1")
 
-    async def read_body(self, timeout_s: float) -> bytes:
+    async def read_body(self, timeout_s: float, max_bytes: int) -> bytes:
         message = self._message
+        message.limit_body(max_bytes)
         if message.body.done():  # the common case: no timer, no waiting
             return message.body.result()
         self._connection.send_continue(message)

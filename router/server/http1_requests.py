@@ -5,7 +5,9 @@
 future resolves when the body is), ``on_complete`` is called as each body
 completes. The first limit broken or malformed byte stops parsing for good and
 ``feed`` returns the error to answer: 414 (URL over ``MAX_URL_BYTES``), 431 (head
-over ``MAX_HEAD_BYTES`` or ``MAX_HEADERS``), 413 (body over ``max_body_bytes``, at
+over ``MAX_HEAD_BYTES`` or ``MAX_HEADERS``: counted as the bytes arrive, since llhttp
+reports a header only once it is complete and a header that never ends would
+otherwise grow in the parser's buffer without bound), 413 (body over ``max_body_bytes``, at
 once when its ``Content-Length`` says so), 400 (``Content-Length`` with
 ``Transfer-Encoding``, a bad ``Content-Length`` or chunk size, an upgrade, anything
 llhttp rejects). A request whose body was cut short by the error has that error
@@ -20,10 +22,13 @@ from collections.abc import Callable, Mapping
 import httptools
 
 from radix.api_errors import ApiError
+from router.client import body_too_large
 
 MAX_URL_BYTES = 8 * 1024
 MAX_HEAD_BYTES = 64 * 1024
 MAX_HEADERS = 100
+# The last read may carry the end of a head and then the body: it is counted whole.
+_LAST_READ_BYTES = 256 * 1024
 
 
 class Message:
@@ -44,14 +49,54 @@ class Message:
         self.endpoint: str | None = None
         self.error: ApiError | None = None
         self.continue_sent = False
+        self.max_body_bytes: int | None = None
+        self.sink: Callable[[bytes], None] | None = None
+
+    def limit_body(self, max_bytes: int) -> None:
+        """Refuse this body past ``max_bytes``: at once when its ``Content-Length`` or
+        what arrived says so, else as soon as more arrives (``refuse``)."""
+        self.max_body_bytes = max_bytes
+        length = self.headers.get(b"content-length", b"0")
+        if self.size > max_bytes or (length.isdigit() and int(length) > max_bytes):
+            self.refuse(body_too_large(max_bytes))
+
+    def refuse(self, error: ApiError) -> None:
+        """Fail the body with ``error``; what arrives of it from now on is dropped
+        unread (so the client can still read the answer), not kept."""
+        self.chunks, self.sink = [], _drop
+        if not self.body.done():
+            self.body.set_exception(error)
+            self.body.exception()  # retrieved: the pipeline may not be reading it
 
     def raw(self, body: bytes) -> bytes:
         """The request re-written for aiohttp, framed by ``Content-Length``."""
+        return self._raw_head(b"Content-Length: %d" % len(body)) + body
+
+    def raw_chunked_head(self) -> bytes:
+        """The request's head re-written for aiohttp, its body to follow in chunks
+        (``chunk``) as it arrives."""
+        return self._raw_head(b"Transfer-Encoding: chunked")
+
+    def _raw_head(self, framing: bytes) -> bytes:
         lines = [self.method + b" " + self.url + b" HTTP/" + self.version.encode()]
         lines += [n + b": " + v for n, v in self.raw_headers
                   if n.lower() not in (b"content-length", b"transfer-encoding", b"expect")]
-        lines.append(b"Content-Length: %d" % len(body))
-        return b"\r\n".join(lines) + b"\r\n\r\n" + body
+        lines.append(framing)
+        return b"\r\n".join(lines) + b"\r\n\r\n"
+
+    def take_chunks(self) -> bytes:
+        """The body received so far, no longer kept here (it goes on by ``sink``)."""
+        data, self.chunks = b"".join(self.chunks), []
+        return data
+
+
+def _drop(data: bytes) -> None:
+    """A refused body's sink."""
+
+
+def chunk(data: bytes) -> bytes:
+    """``data`` as one chunk of a chunked body (empty: the last chunk)."""
+    return b"%x\r\n%s\r\n" % (len(data), data)
 
 
 class RequestParser:
@@ -68,11 +113,20 @@ class RequestParser:
         self._parser = httptools.HttpRequestParser(self)
         self.current: Message | None = None
         self.stopped = False
+        self._in_head = False
+        self._head_bytes_fed = 0
 
     def feed(self, data: bytes) -> ApiError | None:
-        """Parse ``data``; the error that stopped parsing, if it stopped now."""
+        """Parse ``data``; the error that stopped parsing, if it stopped now. Bytes fed
+        while a head is incomplete count toward the head's limit before llhttp sees
+        any of them: a head still open after ``MAX_HEAD_BYTES`` + ``MAX_URL_BYTES`` of
+        them is a 431, whatever its headers look like."""
         if self.stopped:
             return None
+        if self._in_head or self.current is None:
+            self._head_bytes_fed += len(data)
+            if self._head_bytes_fed > MAX_HEAD_BYTES + MAX_URL_BYTES + _LAST_READ_BYTES:
+                return self._stop(ApiError(431, f"request head over {MAX_HEAD_BYTES} bytes"))
         try:
             self._parser.feed_data(data)
         except httptools.HttpParserUpgrade:
@@ -90,6 +144,7 @@ class RequestParser:
 
     def on_message_begin(self) -> None:
         self.current = Message(self._loop)
+        self._in_head = True
 
     def on_url(self, url: bytes) -> None:
         message = self.current
@@ -101,13 +156,18 @@ class RequestParser:
     def on_header(self, name: bytes, value: bytes) -> None:
         message = self.current
         assert message is not None
-        message.raw_headers.append((name, value))
         message.head_bytes += len(name) + len(value) + 4
+        if not self._in_head:  # a chunked body's trailer: counted, never a header
+            if message.head_bytes > MAX_HEAD_BYTES:
+                raise ApiError(431, f"request trailers over {MAX_HEAD_BYTES} bytes")
+            return
+        message.raw_headers.append((name, value))
         if message.head_bytes > MAX_HEAD_BYTES or len(message.raw_headers) > MAX_HEADERS:
             raise ApiError(431, f"request head over {MAX_HEAD_BYTES} bytes or "
                            f"{MAX_HEADERS} headers")
 
     def on_headers_complete(self) -> None:
+        self._in_head, self._head_bytes_fed = False, 0
         message = self._current()
         parser = self._parser
         message.method = parser.get_method()
@@ -130,14 +190,21 @@ class RequestParser:
     def on_body(self, body: bytes) -> None:
         message = self.current
         assert message is not None
-        message.chunks.append(body)
+        if message.sink is None:
+            message.chunks.append(body)
+        else:
+            message.sink(body)
         message.size += len(body)
         if message.size > self._max_body_bytes:
+            message.chunks = []
             raise ApiError(413, f"request body over {self._max_body_bytes} bytes")
+        if message.max_body_bytes is not None and message.size > message.max_body_bytes:
+            message.refuse(body_too_large(message.max_body_bytes))
 
     def on_message_complete(self) -> None:
         message = self._current()
-        message.body.set_result(b"".join(message.chunks))
+        if not message.body.done():
+            message.body.set_result(b"".join(message.chunks))
         message.chunks = []
         self.current = None
         self._on_complete()

@@ -27,10 +27,10 @@ import socket
 import uvloop
 from aiohttp import web
 
-from router.config import RouterConfig
+from router.config import MAX_BODY_BYTES, RouterConfig
 from router.context import Router, shared_backends
 from router.dispatch import ENDPOINTS, serve_openai
-from router.server.app import MAX_BODY_BYTES, bind_socket, create_app, create_metrics_app
+from router.server.app import bind_socket, create_app, create_metrics_app
 from router.server.http1 import Http1Connection, Http1Settings
 from router.server.slow_clients import runner_options
 

@@ -23,6 +23,7 @@ from typing import Any
 from aiohttp import web
 
 from radix.api_errors import ApiError
+from router.client import body_too_large
 from router.config import ListenConfig
 
 
@@ -31,11 +32,23 @@ def runner_options(listen: ListenConfig) -> dict[str, Any]:
     return {"keepalive_timeout": listen.keepalive_timeout_s}
 
 
-async def read_body(request: web.Request, timeout_s: float) -> bytes:
-    """The whole request body, read within ``timeout_s``; ApiError 408 otherwise."""
+async def read_body(request: web.Request, timeout_s: float, max_bytes: int | None = None
+                    ) -> bytes:
+    """The whole request body, read within ``timeout_s`` (ApiError 408 otherwise) and,
+    with ``max_bytes``, refused with a 413 as soon as it passes that."""
+    if max_bytes is not None and (request.content_length or 0) > max_bytes:
+        raise body_too_large(max_bytes)
     try:
         async with asyncio.timeout(timeout_s):
-            return await request.read()
+            if max_bytes is None:
+                return await request.read()
+            parts, size = [], 0
+            async for part in request.content.iter_any():
+                size += len(part)
+                if size > max_bytes:
+                    raise body_too_large(max_bytes)
+                parts.append(part)
+            return b"".join(parts)
     except TimeoutError:
         raise ApiError(408, f"request body not received within {timeout_s:g} s",
                        code="request_timeout", headers={"Connection": "close"}) from None

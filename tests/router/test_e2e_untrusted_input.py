@@ -326,7 +326,12 @@ def test_a_30_mb_prompt_is_refused_by_its_length_before_tokenizing(cluster) -> N
     router, workers = cluster
     raw = json.dumps({"model": "demo", "prompt": "z" * 30_000_000}).encode()
     status, answer = post_raw(f"{router.url}/v1/completions", raw)
-    error = json.loads(answer)["error"]
+    error = json.loads(answer)["error"]  # the router: by its body, before reading it
+    assert (status, error["code"], error["param"]) == (413, "request_too_large", None)
+    assert "bytes for this key" in error["message"]
+    raw = json.dumps({"model": "demo", "prompt": "z" * 50_000}).encode()
+    status, answer = post_raw(f"{router.url}/v1/completions", raw)
+    error = json.loads(answer)["error"]  # within the body bound: by its characters
     assert (status, error["code"], error["param"]) == (413, "prompt_too_long", "prompt")
     assert "characters" in error["message"]
     status, answer = post_raw(f"{workers[0].url}/v1/completions", raw)

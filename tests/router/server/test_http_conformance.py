@@ -6,6 +6,7 @@ attempt answered once, and streamed answers framed as chunks."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 import socket
@@ -16,7 +17,14 @@ import pytest
 
 from harness.procs import ManagedProcess, http_json, start_process, start_router
 from tests.support.router_calls import num_ready_workers
-from tests.support.router_configs import ALICE, auth_section, model_table, to_toml, worker_list
+from tests.support.router_configs import (
+    ADMIN,
+    ALICE,
+    auth_section,
+    model_table,
+    to_toml,
+    worker_list,
+)
 
 # Its module-scoped processes start once: the whole module runs on one xdist worker.
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("http_conformance")]
@@ -30,7 +38,7 @@ def router(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ManagedProcess]
     path = tmp_path_factory.mktemp("router") / "router.toml"
     path.write_text(to_toml({"models": {"demo": model_table()},
                              "listen": {"keepalive_timeout_s": 2.0, "body_timeout_s": 2.0},
-                             "auth": auth_section({"alice": {}}, admin=False),
+                             "auth": auth_section({"alice": {}}),
                              "workers": worker_list({"u0": upstream.url})}))
     process = start_router(path)
     try:
@@ -130,11 +138,40 @@ def test_oversize_and_malformed_requests_are_refused_and_closed(router, request_
     assert http_json("GET", f"{router.url}/health")[0] == 200
 
 
-def test_an_oversize_body_for_an_aiohttp_route_is_refused_too(router) -> None:
+def test_an_oversize_body_for_an_aiohttp_route_meets_its_handler_unbuffered(router) -> None:
+    """A route handed to aiohttp gets its body streamed, so its handler refuses the
+    request (here: no admin key) before the 33 MiB are read, not after."""
     head = (b"POST /admin/workers HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n"
             b"%x\r\n" % (33 * 2**20))
     answer = exchange(router, head + b"x" * (33 * 2**20))
-    assert statuses(answer) == [413] and not answer.endswith(b"<quiet>"), answer[:300]
+    assert statuses(answer) == [401] and not answer.endswith(b"<quiet>"), answer[:300]
+
+
+@pytest.mark.parametrize("start", [b"X-Big: ", b"X-" + b"n" * 100])
+def test_a_header_that_never_ends_is_refused_once_past_the_head_limit(router, start) -> None:
+    """llhttp reports a header only once it ends; the bytes are counted as they come."""
+    with socket.create_connection((router.url.removeprefix("http://").split(":")[0],
+                                   int(router.url.rsplit(":", 1)[1])), timeout=10) as sock:
+        sock.sendall(b"GET /v1/models HTTP/1.1\r\nHost: x\r\n" + start)
+        answer = b""
+        with contextlib.suppress(OSError):
+            for _ in range(64):  # 64 x 64 KiB, far past the limit: a refusal comes first
+                sock.sendall(b"y" * 65536)
+        with contextlib.suppress(OSError):
+            while chunk := sock.recv(65536):
+                answer += chunk
+    assert statuses(answer) == [431], answer[:200]
+    assert http_json("GET", f"{router.url}/health")[0] == 200
+
+
+def test_a_trailer_never_becomes_a_header(router) -> None:
+    """The admin key sent only in a chunked body's trailer does not authenticate."""
+    request = (b"GET /admin/workers HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n"
+               b"\r\n0\r\nAuthorization: Bearer " + ADMIN.encode() + b"\r\n\r\n")
+    assert statuses(exchange(router, request))[0] == 401
+    with_key = (b"GET /admin/workers HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer "
+                + ADMIN.encode() + b"\r\nContent-Length: 0\r\n\r\n")
+    assert statuses(exchange(router, with_key))[0] == 200
 
 
 def test_a_smuggled_request_is_never_answered(router) -> None:
