@@ -212,7 +212,7 @@ def _item(value: object, hint: Any, spec: Spec, name: str, sub: str) -> object:
     if isinstance(hint, type) and issubclass(hint, Section):
         ok = isinstance(value, hint)
     elif hint is float:
-        ok = type(value) in (int, float)
+        ok = type(value) in (int, float) and _fits_a_float(value)
         value = float(value) if ok else value  # type: ignore[arg-type]
     elif hint is int:
         ok = type(value) is int
@@ -229,6 +229,15 @@ def _item(value: object, hint: Any, spec: Spec, name: str, sub: str) -> object:
     if problem:
         raise FieldError(name, problem, sub)
     return value
+
+
+def _fits_a_float(value: int | float) -> bool:
+    """Whether ``value`` converts to a float (a JSON or TOML integer may be too large)."""
+    try:
+        float(value)
+    except OverflowError:
+        return False
+    return True
 
 
 def _bounds_problem(value: Any, spec: Spec) -> str | None:

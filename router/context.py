@@ -86,7 +86,7 @@ class Router:
 
         registry = WorkerRegistry(config.registry, models, secret, session, index, follow)
         siblings = siblings or NoSiblings()
-        metrics.shared_state_up.set_function(lambda: float(siblings.up))
+        metrics.follow_siblings(siblings)
         pool = UpstreamPool(config.proxy.connect_timeout_s, config.proxy.request_timeout_s)
         canary = Canary(config.models, secret, lambda model, text: models.get(model).tokenizer
                         .encode(text, add_special_tokens=False), metrics.registry)

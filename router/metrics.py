@@ -18,6 +18,7 @@ from radix.token_cache import CacheStats
 from router.fleet.events.vllm.follower import KVEventMetrics
 from router.fleet.registry import WorkerState
 from router.routing.index import IndexStats
+from router.siblings.protocol import Siblings
 
 _LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5,
                     1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
@@ -59,14 +60,15 @@ class RouterMetrics:
         self.ttft_seconds = Histogram("router_ttft_seconds", "Time to the first byte sent",
                                       buckets=_LATENCY_BUCKETS, registry=r)
         self.retries = Counter("router_retries", "Attempts moved to another worker", registry=r)
-        # Several routers: whether the shared state (Redis) is reachable.
-        self.shared_state_up = Gauge(
-            "router_shared_state_up",
-            "1 while the shared state is reachable (always 1 without Redis: state is local)",
-            registry=r)
         self.kv_events = KVEventMetrics(r)
         self._request_counters: dict[tuple[str, str, int], Counter] = {}
         self._token_counters: dict[str, tuple[Counter, Counter]] = {}
+
+    def follow_siblings(self, siblings: Siblings) -> None:
+        """Expose what several routers share: ``router_shared_state_up`` (1 while the
+        shared state is reachable; always 1 without Redis: state is local) and
+        ``router_shared_entries_refused_total``."""
+        self.registry.register(_SiblingsCollector(siblings))
 
     def count_request(self, worker_id: str, tenant_id: str, code: int) -> None:
         """Count one finished request in ``router_requests_total``. The labelled child
@@ -119,6 +121,23 @@ class _TokenCacheCollector(Collector):
             family.add_metric([model, "total"], stats.num_chars)
             family.add_metric([model, "reused"], stats.num_reused_chars)
         yield family
+
+
+class _SiblingsCollector(Collector):
+    """The shared state's reachability and the shared entries refused, at scrape time."""
+
+    def __init__(self, siblings: Siblings) -> None:
+        self._siblings = siblings
+
+    def collect(self) -> Iterator[Metric]:
+        """Two samples."""
+        yield GaugeMetricFamily("router_shared_state_up",
+                                "1 while the shared state is reachable (always 1 without "
+                                "Redis: state is local)", value=float(self._siblings.up))
+        yield CounterMetricFamily("router_shared_entries_refused",
+                                  "Shared entries (workers, canary states) this router could "
+                                  "not use, each counted once",
+                                  value=self._siblings.num_refused_entries)
 
 
 class _IndexCollector(Collector):

@@ -24,7 +24,7 @@ from collections.abc import Mapping, Sequence
 from typing import NamedTuple, Protocol, TypeVar
 
 from radix.keys import TOKEN_BYTES
-from router.config import MAX_POOLS, PoolConfig
+from router.config import MAX_POOL_WEIGHT, MAX_POOLS, PoolConfig
 
 _DRAW_BYTES = 8
 _DRAW_SCALE = float(2 ** (8 * _DRAW_BYTES) + 1)
@@ -130,13 +130,12 @@ class ModelPools:
     def set_weights(self, weights: Mapping[str, float]) -> None:
         """Set the weights of the pools named (the others keep theirs); a pool given a
         weight above 0 is no longer tripped. ValueError naming the pool for an unknown
-        pool, a weight that is not a number >= 0, or no weight left above 0."""
-        for pool, weight in weights.items():
+        pool, a weight that is not a number in [0, ``MAX_POOL_WEIGHT``], or no weight left
+        above 0."""
+        for pool in weights:
             if pool not in self._weights:
                 raise ValueError(f"weights.{pool}: no such pool (pools: {', '.join(self.names)})")
-            if type(weight) not in (int, float) or not 0 <= weight < float("inf"):
-                raise ValueError(f"weights.{pool}: must be a number >= 0")
-        merged = {**self._weights, **{p: float(w) for p, w in weights.items()}}
+        merged = {**self._weights, **{p: _weight(p, w) for p, w in weights.items()}}
         if not sum(merged.values()):
             raise ValueError("weights: at least one pool needs a weight above 0")
         for pool, weight in weights.items():
@@ -159,3 +158,17 @@ class ModelPools:
         self._weights = weights
         self._weighted = [(i, name, 1 / weights[name]) for i, name in enumerate(self.names)
                           if weights[name]]
+
+
+def _weight(pool: str, weight: object) -> float:
+    """``weight`` as a float in [0, ``MAX_POOL_WEIGHT``]; ValueError naming the pool
+    otherwise (a JSON integer too large for a float included)."""
+    if type(weight) not in (int, float):
+        raise ValueError(f"weights.{pool}: must be a number in [0, {MAX_POOL_WEIGHT:g}]")
+    try:
+        value = float(weight)  # type: ignore[arg-type]
+    except OverflowError:
+        value = float("inf")
+    if not 0 <= value <= MAX_POOL_WEIGHT:
+        raise ValueError(f"weights.{pool}: must be a number in [0, {MAX_POOL_WEIGHT:g}]")
+    return value

@@ -177,12 +177,12 @@ class TenantLimiter:
         key = admission.tenant.tenant_id
         if admission.holds_slot:
             await self._state.release_slot(key)
-        if admission.reservation_id is not None:
+        if admission.reservation_id is not None:  # the hold keeps the prompt's first token
             await self._state.settle_tokens(
                 key, admission.reservation_id, admission.num_reserved - 1,
-                max(admission.num_prompt_tokens + num_completion_tokens - 1, 0))
+                max(admission.num_prompt_tokens - 1, 0), num_completion_tokens)
         elif admission.hold_id is not None:
-            await self._state.settle_tokens(key, admission.hold_id, 1, 0)
+            await self._state.settle_tokens(key, admission.hold_id, 1, 0, 0)
 
 
 def _rate_limited(tokens_per_minute: int, wait_s: float) -> ApiError:

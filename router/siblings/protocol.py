@@ -29,6 +29,12 @@ class Siblings(Protocol):
         """Whether the shared state is reachable (``router_shared_state_up``)."""
         ...
 
+    @property
+    def num_refused_entries(self) -> int:
+        """Shared entries this router could not use, each counted once
+        (``router_shared_entries_refused_total``)."""
+        ...
+
     async def start(self, registry: WorkerRegistry, models: Models, index: RouterIndex,
                     canary: Canary) -> None:
         """Join: publish what this router holds, load what the others published (workers
@@ -69,6 +75,7 @@ class NoSiblings:
     """``Siblings`` of a router alone: nothing to share, always up (its state is local)."""
 
     up = True
+    num_refused_entries = 0
 
     async def start(self, registry: WorkerRegistry, models: Models, index: RouterIndex,
                     canary: Canary) -> None:

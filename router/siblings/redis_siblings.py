@@ -50,6 +50,7 @@ from router.state.redis_state import scripts
 from router.state.redis_state.link import RedisLink, RedisUnavailable
 from router.tasks import cancel_and_wait
 
+MAX_REMEMBERED_REFUSALS = 1024
 log = logging.getLogger(__name__)
 
 
@@ -89,7 +90,8 @@ class RedisSiblings:
         self._canary_version: int | None = None
         self._num_canary_changes = 0
         self._prefixes_seen: set[str] = set()
-        self._refused: set[tuple[str, str]] = set()
+        self._refused: set[tuple[str, bytes]] = set()
+        self.num_refused_entries = 0
         self._task: asyncio.Task[None] | None = None
         self._stream: RoutedStream | None = None
 
@@ -236,8 +238,8 @@ class RedisSiblings:
         for worker_id, raw in listed.items():
             try:
                 shared[worker_id] = self._parse(worker_id, raw)
-            except ValueError as exc:
-                self._refuse(f"worker {worker_id}", raw, str(exc))
+            except Exception as exc:  # one entry, whatever is wrong with it, never the sync
+                self._refuse(f"worker {worker_id}", raw, f"{type(exc).__name__}: {exc}")
         for worker_id, (config, fields) in shared.items():
             local = self._registry.get(worker_id)
             if local is not None and shared_fields(local) == fields:
@@ -272,10 +274,15 @@ class RedisSiblings:
         return config, fields
 
     def _refuse(self, what: str, raw: bytes, reason: str) -> None:
-        """Log once per (entry, value) that this router cannot use a shared entry
-        (``what``: "worker ID", "canary of model M")."""
-        if (what, raw.decode(errors="replace")) not in self._refused:
-            self._refused.add((what, raw.decode(errors="replace")))
+        """Log and count once per (entry, value) that this router cannot use a shared
+        entry (``what``: "worker ID", "canary of model M"); the entries remembered are
+        bounded (past ``MAX_REMEMBERED_REFUSALS`` they start over)."""
+        seen = (what, hashlib.sha256(raw).digest())
+        if seen not in self._refused:
+            if len(self._refused) >= MAX_REMEMBERED_REFUSALS:
+                self._refused.clear()
+            self._refused.add(seen)
+            self.num_refused_entries += 1
             log.warning("shared %s not usable here: %s", what, reason)
 
     async def _pull_canary(self) -> None:
@@ -288,8 +295,8 @@ class RedisSiblings:
             model = raw_model.decode(errors="replace")
             try:
                 self._canary.adopt(model, decode_json_object(raw))
-            except (ApiError, ValueError) as exc:
-                self._refuse(f"canary of model {model}", raw, str(exc))
+            except Exception as exc:  # one entry, whatever is wrong with it, never the sync
+                self._refuse(f"canary of model {model}", raw, f"{type(exc).__name__}: {exc}")
         self._canary_version = version
 
     async def _pull_prefixes(self) -> None:

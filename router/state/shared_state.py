@@ -35,11 +35,13 @@ class SharedState(Protocol):
         ...
 
     async def settle_tokens(self, key: str, reservation_id: str, num_reserved: int,
-                            num_tokens: int) -> None:
-        """Change the amount recorded under ``reservation_id`` (``num_reserved``) to
-        ``num_tokens``, keeping its time. If it already left the window (a request that
-        ran longer than the window), the tokens above ``num_reserved`` are recorded
-        now, in the current window: what was used is always charged."""
+                            num_admitted: int, num_produced: int) -> None:
+        """Settle the reservation ``reservation_id`` (``num_reserved`` tokens): it keeps
+        ``num_admitted`` (the prompt) at its time, and ``num_produced`` (the output) is
+        recorded now, when it was produced, so a long stream's output stays in the
+        window for a whole window after it. If the reservation already left the window
+        (a request that ran longer than the window), only the tokens above
+        ``num_reserved`` are recorded now: what was used is always charged."""
         ...
 
     async def tokens_in_window(self, key: str) -> int:
@@ -111,17 +113,20 @@ class InProcessSharedState:
         return self._window_s
 
     async def settle_tokens(self, key: str, reservation_id: str, num_reserved: int,
-                            num_tokens: int) -> None:
+                            num_admitted: int, num_produced: int) -> None:
         """See ``SharedState.settle_tokens``."""
         now = self._clock()
         window = self._expire(key, now)
         entry = self._reservations.pop(reservation_id, None)
         if entry is not None:
-            self._window_sums[key] += num_tokens - entry.num_tokens
-            entry.num_tokens = num_tokens
-        elif num_tokens > num_reserved:
-            window.append(_WindowEntry(now, num_tokens - num_reserved, reservation_id))
-            self._window_sums[key] = self._window_sums.get(key, 0) + num_tokens - num_reserved
+            self._window_sums[key] += num_admitted - entry.num_tokens
+            entry.num_tokens = num_admitted
+            num_now = num_produced
+        else:
+            num_now = num_admitted + num_produced - num_reserved
+        if num_now > 0:
+            window.append(_WindowEntry(now, num_now, reservation_id))
+            self._window_sums[key] = self._window_sums.get(key, 0) + num_now
 
     async def tokens_in_window(self, key: str) -> int:
         """See ``SharedState.tokens_in_window``."""

@@ -135,3 +135,12 @@ def _value(value: Any) -> str:
     if isinstance(value, list | tuple):
         return f"[{', '.join(map(_value, value))}]"
     raise TypeError(f"no TOML value for {value!r}")
+
+
+def canary_pools(probe_interval_s: float) -> dict[str, Any]:
+    """The ``pools`` and ``canary`` sections of a shared router: pool ``baseline``
+    (worker base) and pool ``fp8`` (worker fp8) at weight 1 each, the canary probing
+    every ``probe_interval_s`` and judging every 0.1 s."""
+    return {"pools": {"baseline": {"workers": ["base"], "weight": 1},
+                      "fp8": {"workers": ["fp8"], "weight": 1}},
+            "canary": {"probe_interval_s": probe_interval_s, "check_interval_s": 0.1}}

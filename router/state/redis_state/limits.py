@@ -90,20 +90,23 @@ class RedisSharedState:
         return None if int(wait_ms) < 0 else int(wait_ms) / 1000
 
     async def settle_tokens(self, key: str, reservation_id: str, num_reserved: int,
-                            num_tokens: int) -> None:
+                            num_admitted: int, num_produced: int) -> None:
         """See ``SharedState.settle_tokens``; a reservation recorded in Redis whose
         settle cannot reach it keeps its reserved amount, and the tokens above it are
         recorded in this router's local window."""
         if reservation_id in self._local_reservations:
             self._local_reservations.discard(reservation_id)
-            await self._local.settle_tokens(key, reservation_id, num_reserved, num_tokens)
+            await self._local.settle_tokens(key, reservation_id, num_reserved, num_admitted,
+                                            num_produced)
             return
         try:
             await self._link.call(lambda _: self._settle(
                 keys=self._window_keys(key),
-                args=[self._window_ms, reservation_id, num_tokens, num_reserved]))
+                args=[self._window_ms, reservation_id, num_admitted, num_reserved,
+                      num_produced]))
         except RedisUnavailable:
-            await self._local.settle_tokens(key, reservation_id, num_reserved, num_tokens)
+            await self._local.settle_tokens(key, reservation_id, num_reserved, num_admitted,
+                                            num_produced)
 
     async def tokens_in_window(self, key: str) -> int:
         """See ``SharedState.tokens_in_window``: Redis's total plus what this router

@@ -93,21 +93,29 @@ end
 return window
 """
 
-# ARGV: window ms, reservation id, tokens, tokens reserved. Changes a reservation still
-# in the window; for one that left it, records the tokens above what was reserved now.
+# ARGV: window ms, reservation id, tokens admitted, tokens reserved, tokens produced.
+# A reservation still in the window keeps the admitted tokens at its time and the
+# produced ones are recorded now; for one that left it, the tokens above what was
+# reserved are recorded now.
 SETTLE_TOKENS = _EXPIRE + """
 local held = redis.call('HGET', KEYS[2], ARGV[2])
+local extra
 if held then
-  redis.call('HSET', KEYS[2], ARGV[2], ARGV[3], '_sum', sum + tonumber(ARGV[3]) - tonumber(held))
-  return 0
+  sum = sum + tonumber(ARGV[3]) - tonumber(held)
+  redis.call('HSET', KEYS[2], ARGV[2], ARGV[3])
+  extra = tonumber(ARGV[5])
+else
+  extra = tonumber(ARGV[3]) + tonumber(ARGV[5]) - tonumber(ARGV[4])
 end
-local extra = tonumber(ARGV[3]) - tonumber(ARGV[4])
 if extra > 0 then
-  redis.call('ZADD', KEYS[1], now, ARGV[2])
-  redis.call('HSET', KEYS[2], ARGV[2], extra, '_sum', sum + extra)
+  local id = ARGV[2] .. ':produced'
+  redis.call('ZADD', KEYS[1], now, id)
+  redis.call('HSET', KEYS[2], id, extra)
+  sum = sum + extra
   redis.call('PEXPIRE', KEYS[1], window + 1000)
   redis.call('PEXPIRE', KEYS[2], window + 1000)
 end
+redis.call('HSET', KEYS[2], '_sum', sum)
 return 0
 """
 

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-from typing import Any
 
 import aiohttp
 import pytest
@@ -24,7 +23,7 @@ from tests.support.aio import (
     running_router,
     serving,
 )
-from tests.support.router_configs import shared_config
+from tests.support.router_configs import canary_pools, shared_config
 
 pytestmark = [pytest.mark.slow, pytest.mark.anyio]
 
@@ -155,19 +154,13 @@ def diverging_upstream() -> web.Application:
     return app
 
 
-def pools(probe_interval_s: float) -> dict[str, Any]:
-    return {"pools": {"baseline": {"workers": ["base"], "weight": 1},
-                      "fp8": {"workers": ["fp8"], "weight": 1}},
-            "canary": {"probe_interval_s": probe_interval_s, "check_interval_s": 0.1}}
-
-
 async def test_canary_weights_and_trips_reach_every_router_and_outlive_a_restart(
         redis_server) -> None:
     async with serving(instant_upstream.create_app("base")) as base, \
             serving(diverging_upstream()) as fp8:
         workers = [{"id": "base", "model": "demo", "url": base},
                    {"id": "fp8", "model": "demo", "url": fp8}]
-        quiet = shared_config(redis_server.url, workers, pools(3600))
+        quiet = shared_config(redis_server.url, workers, canary_pools(3600))
         async with running_router(quiet, shared=True) as (url_a, a), \
                 running_router(quiet, shared=True) as (_, b), \
                 aiohttp.ClientSession() as session:
@@ -177,7 +170,7 @@ async def test_canary_weights_and_trips_reach_every_router_and_outlive_a_restart
             await eventually(lambda: b.canary.to_dict()["demo"]["pools"]["fp8"]["weight"] == 3,
                              3.0)
             # A third router probes at once: fp8 diverges, it drains fp8, and so do a and b.
-            probing = shared_config(redis_server.url, workers, pools(0.2))
+            probing = shared_config(redis_server.url, workers, canary_pools(0.2))
             async with running_router(probing, shared=True) as (_, c):
                 for router in (c, a, b):
                     fp8_pool = await eventually(

@@ -100,17 +100,30 @@ def test_window_settles_and_expires(redis_server) -> None:
             assert await a.reserve_tokens("alice", "r1", 60, 100) is None
             wait_s = await b.reserve_tokens("alice", "r2", 50, 100)
             assert wait_s is not None and 0 < wait_s <= 0.6
-            await a.settle_tokens("alice", "r1", 60, 20)  # the stream ended early
+            await a.settle_tokens("alice", "r1", 60, 20, 0)  # the stream ended early
             assert await b.tokens_in_window("alice") == 20
             assert await b.reserve_tokens("alice", "r2", 50, 100) is None
-            await b.settle_tokens("alice", "r2", 50, 70)
+            await b.settle_tokens("alice", "r2", 50, 50, 20)
             assert await a.tokens_in_window("alice") == 90
             await asyncio.sleep(0.7)
             assert await a.tokens_in_window("alice") == 0
-            await a.settle_tokens("alice", "r1", 60, 50)  # gone, and within its reservation
+            await a.settle_tokens("alice", "r1", 60, 30, 20)  # gone, within its reservation
             assert await a.tokens_in_window("alice") == 0
-            await b.settle_tokens("alice", "r2", 50, 500)  # gone: the rest is charged now
+            await b.settle_tokens("alice", "r2", 50, 50, 450)  # gone: the rest is charged now
             assert await a.tokens_in_window("alice") == 450
+
+    run(main)
+
+
+def test_a_long_stream_is_charged_when_its_output_is_produced(redis_server) -> None:
+    async def main() -> None:
+        async with routers(redis_server, 1, window_s=0.6) as [(_, a)]:
+            assert await a.reserve_tokens("alice", "r1", 1_000, 50_000) is None
+            await asyncio.sleep(0.45)  # a stream almost as long as the window
+            await a.settle_tokens("alice", "r1", 1_000, 100, 40_000)
+            await asyncio.sleep(0.25)  # the reservation has left the window, its output not
+            assert await a.tokens_in_window("alice") == 40_000
+            assert await a.reserve_tokens("alice", "r2", 20_000, 50_000) is not None
 
     run(main)
 
