@@ -208,14 +208,15 @@ class UpstreamPool:
         self._connect_timeout_s = connect_timeout_s
         self._total_s = total_s
         self._idle: dict[tuple[str, int, bool], list[_Connection]] = {}
-        self._addresses: dict[str, tuple[str, int, bool, bytes]] = {}
+        self._addresses: dict[str, tuple[str, int, bool, bytes, bytes]] = {}
 
     async def post(self, url: str, path: str, headers: dict[str, str], body: bytes
                    ) -> UpstreamResponse:
-        """``POST url + path``; see the module docstring."""
-        host, port, tls, host_header = self._address(url)
+        """``POST url + path`` (a path in ``url`` comes first, as for every other call to
+        the worker); see the module docstring."""
+        host, port, tls, host_header, base_path = self._address(url)
         key = (host, port, tls)
-        head = [b"POST " + path.encode() + b" HTTP/1.1", b"Host: " + host_header,
+        head = [b"POST " + base_path + path.encode() + b" HTTP/1.1", b"Host: " + host_header,
                 b"Content-Length: %d" % len(body)]
         head += [f"{n}: {v}".encode("latin-1") for n, v in headers.items()]
         request = b"\r\n".join(head) + b"\r\n\r\n" + body
@@ -282,12 +283,13 @@ class UpstreamPool:
                                        f"{type(exc).__name__}: {exc}") from exc
         return connection
 
-    def _address(self, url: str) -> tuple[str, int, bool, bytes]:
+    def _address(self, url: str) -> tuple[str, int, bool, bytes, bytes]:
         address = self._addresses.get(url)
         if address is None:
             parts = urllib.parse.urlsplit(url)
             tls = parts.scheme == "https"
             host = parts.hostname or ""
             port = parts.port or (443 if tls else 80)
-            address = self._addresses[url] = (host, port, tls, parts.netloc.encode())
+            address = self._addresses[url] = (host, port, tls, parts.netloc.encode(),
+                                              parts.path.rstrip("/").encode())
         return address

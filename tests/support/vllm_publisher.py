@@ -41,11 +41,14 @@ def chain_hashes(tokens: Sequence[int], block_size: int, salt: str = "",
 
 class VllmPublisher:
     """PUB + ROUTER sockets bound at the given endpoints, a replay buffer of the last
-    ``buffer_steps`` batches and a thread answering replays."""
+    ``buffer_steps`` batches and a thread answering replays (``endless_replay``: a
+    hostile server that answers every replay with batches that never end)."""
 
     def __init__(self, endpoint: str, replay_endpoint: str, encoding: str = "map",
                  bytes_hashes: bool = False, batch_as_map: bool = False,
-                 buffer_steps: int = 1000, topic: bytes = b"") -> None:
+                 buffer_steps: int = 1000, topic: bytes = b"",
+                 endless_replay: bool = False) -> None:
+        self.endless_replay = endless_replay
         self.encoding = encoding
         self.bytes_hashes = bytes_hashes
         self.batch_as_map = batch_as_map
@@ -136,6 +139,9 @@ class VllmPublisher:
             client, start = frames[0], int.from_bytes(frames[-1], "big")
             with self._lock:
                 batches = [item for item in self._buffer if item[0] >= start]
+            while self.endless_replay and self._running:
+                self._replay.send_multipart([client, b"", self.topic, (0).to_bytes(8, "big"),
+                                             b"\x90" * 4096])
             for seq, payload in batches:
                 self._replay.send_multipart([client, b"", self.topic, seq.to_bytes(8, "big"),
                                              payload])

@@ -112,3 +112,24 @@ async def test_a_refused_connection_and_the_total_timeout() -> None:
     with pytest.raises(UpstreamConnectError):
         await pool.post(url, "/", {}, b"x")
     pool.close()
+
+
+async def test_a_path_in_the_worker_url_prefixes_every_request() -> None:
+    targets: list[bytes] = []
+
+    async def script(reader, writer, number):
+        head = await reader.readuntil(b"\r\n\r\n")
+        targets.append(head.split(b" ")[1])
+        length = int(head.lower().split(b"content-length: ")[1].split(b"\r\n")[0])
+        await reader.readexactly(length)
+        writer.write(answer(b"ok"))
+        await writer.drain()
+        await reader.read()
+
+    async with upstream(script) as (url, _):
+        pool = UpstreamPool(1.0, 5.0)
+        response = await pool.post(f"{url}/backend-a/", "/v1/completions", {}, b"x")
+        assert await response.read() == b"ok"
+        response.close()
+        assert targets == [b"/backend-a/v1/completions"]
+        pool.close()

@@ -18,8 +18,14 @@ block the server may not hold:
   server then stays idle and sends nothing. A live ``seq`` at or below the previous
   live one (the server restarted between two messages) clears it too. A failed probe
   ends this task and clears the worker (``WorkerRegistry``).
-- **Garbage:** a malformed message or event is counted and skipped; it never stops
-  the follower.
+- **Garbage:** a malformed message or event (anything that fails to decode or
+  translate, a message nested past the decoder's depth included) is counted and
+  skipped; it never stops the follower. No message may pass ``MAX_MESSAGE_BYTES``
+  (ZMQ drops the connection), and a replay is bounded in time (``replay_timeout_s``
+  in all, not per message), bytes and batches: past any bound it is abandoned.
+- **Anything else** that ends the follower (a bug) is logged and counted
+  (``router_kv_event_follower_restarts_total``); the worker's entries are cleared and
+  the follower starts over.
 
 Cancelling the task closes its sockets.
 """
@@ -47,14 +53,19 @@ log = logging.getLogger(__name__)
 _LAG_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1.0, 5.0)
 _MONITORED = zmq.EVENT_CONNECTED | zmq.EVENT_DISCONNECTED
 _REPLAY_YIELD_EVERY = 64
+MAX_MESSAGE_BYTES = 64 * 2**20
+MAX_REPLAY_BYTES = 512 * 2**20
+MAX_REPLAY_BATCHES = 100_000  # vLLM keeps 10,000 by default
+RESTART_DELAY_S = 1.0
 
 
 class KVEventMetrics:
     """Counters of every worker's event stream, labelled by worker:
     ``router_kv_events_total`` (batches applied), ``router_kv_event_gaps_total``,
     ``router_kv_event_replays_total``, ``router_kv_event_resyncs_total`` (the worker's
-    entries cleared), ``router_kv_event_decode_errors_total`` and the lag from the
-    engine's batch timestamp to the index, ``router_kv_event_lag_seconds``."""
+    entries cleared), ``router_kv_event_decode_errors_total``,
+    ``router_kv_event_follower_restarts_total`` and the lag from the engine's batch
+    timestamp to the index, ``router_kv_event_lag_seconds``."""
 
     def __init__(self, registry: CollectorRegistry) -> None:
         def counter(name: str, text: str) -> Counter:
@@ -67,6 +78,8 @@ class KVEventMetrics:
                                "Times a worker's index entries were cleared and rebuilt")
         self.decode_errors = counter("router_kv_event_decode_errors",
                                      "Malformed KV event messages or events, skipped")
+        self.restarts = counter("router_kv_event_follower_restarts",
+                                "Followers started over after an error that ended them")
         self.lag = Histogram("router_kv_event_lag_seconds",
                              "Engine batch timestamp to applied in the index",
                              buckets=_LAG_BUCKETS, registry=registry)
@@ -89,7 +102,7 @@ class Endpoints:
 
     events: str
     replay: str | None
-    replay_timeout_s: float = 2.0
+    replay_timeout_s: float = 10.0
 
 
 class VllmEventFollower:
@@ -110,6 +123,7 @@ class VllmEventFollower:
         self._replays = metrics.replays.labels(self._worker_id)
         self._resyncs = metrics.resyncs.labels(self._worker_id)
         self._decode_errors = metrics.decode_errors.labels(self._worker_id)
+        self._restarts = metrics.restarts.labels(self._worker_id)
         self._lag = metrics.lag
 
     @property
@@ -118,9 +132,21 @@ class VllmEventFollower:
         return self._last_seq
 
     async def run(self) -> None:
-        """Follow until cancelled."""
+        """Follow until cancelled, starting over after anything that ends a run."""
+        while True:
+            try:
+                await self._follow()
+            except Exception:  # a bug must not freeze this worker's index
+                log.exception("kv events of %s: the follower failed; starting over",
+                              self._worker_id)
+                self._restarts.inc()
+                self._clear("the follower started over")
+                await asyncio.sleep(RESTART_DELAY_S)
+
+    async def _follow(self) -> None:
         sub = self._context.socket(zmq.SUB)
         sub.setsockopt(zmq.LINGER, 0)
+        sub.setsockopt(zmq.MAXMSGSIZE, MAX_MESSAGE_BYTES)
         sub.setsockopt(zmq.SUBSCRIBE, b"")
         monitor = sub.get_monitor_socket(_MONITORED)
         sub.connect(self._endpoints.events)
@@ -201,16 +227,17 @@ class VllmEventFollower:
         self._last_seq = seq
         try:
             batch = decode_batch(seq, payload)
-        except WireError as exc:
+            translated = [self._translator.translate(seq, event) for event in batch.events]
+        except Exception as exc:  # RecursionError, MemoryError on garbage, not only WireError
             self._decode_errors.inc()
-            log.warning("kv events of %s: seq %d skipped: %s", self._worker_id, seq, exc)
+            log.warning("kv events of %s: seq %d skipped: %s: %s", self._worker_id, seq,
+                        type(exc).__name__, exc)
             return
         if batch.num_malformed:
             self._decode_errors.inc(batch.num_malformed)
-        for event in batch.events:
-            translated = self._translator.translate(seq, event)
-            if translated is not None:
-                self._sink.apply_event(self._worker_id, translated)
+        for event in translated:
+            if event is not None:
+                self._sink.apply_event(self._worker_id, event)
         self._events.inc()
         if live:
             self._lag.observe(max(time.time() - batch.ts, 0.0))
@@ -225,21 +252,31 @@ class VllmEventFollower:
 
     async def _replay(self, start: int) -> list[tuple[int, bytes]] | None:
         """The buffered batches from ``start`` on, or None without a replay endpoint or
-        when the server does not finish answering in time."""
+        when the server does not finish answering within ``replay_timeout_s`` (in all),
+        ``MAX_REPLAY_BYTES`` and ``MAX_REPLAY_BATCHES``."""
         if self._endpoints.replay is None:
             return None
         self._replays.inc()
         dealer = self._context.socket(zmq.DEALER)
         dealer.setsockopt(zmq.LINGER, 0)
+        dealer.setsockopt(zmq.MAXMSGSIZE, MAX_MESSAGE_BYTES)
         dealer.connect(self._endpoints.replay)
-        timeout_ms = int(self._endpoints.replay_timeout_s * 1000)
+        deadline = time.monotonic() + self._endpoints.replay_timeout_s
         batches: list[tuple[int, bytes]] = []
+        num_bytes = 0
         try:
             await dealer.send_multipart([b"", start.to_bytes(8, "big")])
-            while await dealer.poll(timeout_ms):
+            while (left_ms := int((deadline - time.monotonic()) * 1000)) > 0 \
+                    and await dealer.poll(left_ms):
                 frames = await dealer.recv_multipart()
                 if len(frames) < 3 or frames[-2] == END_OF_REPLAY:
                     return batches
+                num_bytes += sum(len(frame) for frame in frames)
+                if num_bytes > MAX_REPLAY_BYTES or len(batches) >= MAX_REPLAY_BATCHES:
+                    log.warning("kv events of %s: replay from %d over %d bytes or %d batches; "
+                                "abandoned", self._worker_id, start, MAX_REPLAY_BYTES,
+                                MAX_REPLAY_BATCHES)
+                    return None
                 try:
                     batches.append((decode_seq(frames[-2]), frames[-1]))
                 except WireError:

@@ -177,3 +177,53 @@ def test_garbage_is_counted_and_following_goes_on(tmp_path):
         assert h.counter("kv_events") == 2
 
     run(tmp_path, test)
+
+
+def test_a_message_nested_past_the_decoders_depth_is_skipped(tmp_path):
+    async def test(h: Harness, start) -> None:
+        start()
+        await asyncio.sleep(0.3)
+        h.publisher.send_raw([b"", (1).to_bytes(8, "big"), b"\x91" * 200_000 + b"\x00"])
+        h.publisher.seq = 1
+        h.store(DOC[:4])
+        await eventually(lambda: h.matched(DOC) == 4)
+        assert h.counter("kv_event_decode_errors") == 1
+        assert h.counter("kv_event_follower_restarts") == 0
+
+    run(tmp_path, test)
+
+
+def test_a_replay_that_never_ends_is_abandoned_in_time_and_live_events_go_on(tmp_path):
+    async def test(h: Harness, start) -> None:
+        start()
+        await asyncio.sleep(1.5)  # the first replay (from seq 0) gave up after 1 s
+        h.store(DOC[:4])
+        await eventually(lambda: h.matched(DOC) == 4, timeout_s=5.0)
+
+    run(tmp_path, test, endless_replay=True)
+
+
+def test_a_follower_that_fails_starts_over_and_is_counted(tmp_path):
+    class Flaky(RouterIndex):
+        """An index whose first apply raises (a bug anywhere below the follower)."""
+
+        failed = False
+
+        def apply_event(self, worker_id, event) -> None:
+            if not self.failed:
+                self.failed = True
+                raise RuntimeError("a bug")
+            super().apply_event(worker_id, event)
+
+    async def test(h: Harness, start) -> None:
+        h.index = Flaky()
+        h.follower = VllmEventFollower(h.index, h.translator, Endpoints(h.events, h.replay, 1.0),
+                                       h.metrics, h.context)
+        start()
+        await asyncio.sleep(0.3)
+        h.store(DOC[:4])
+        await eventually(lambda: h.counter("kv_event_follower_restarts") == 1, timeout_s=5.0)
+        h.store(DOC[:8])
+        await eventually(lambda: h.matched(DOC) == 8, timeout_s=5.0)
+
+    run(tmp_path, test)
