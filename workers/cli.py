@@ -56,6 +56,7 @@ _FLAG_FIELDS = {
     "max_loras": ("lora", "max_loras"),
     "max_lora_rank": ("lora", "max_lora_rank"),
     "allow_runtime_lora_updates": ("lora", "allow_runtime_updates"),
+    "lora_root": ("lora", "roots"),
 }
 
 
@@ -116,6 +117,8 @@ def _parser() -> argparse.ArgumentParser:
     add("--max-lora-rank", type=int, help="largest adapter rank; slots are this size (default 16)")
     add("--allow-runtime-lora-updates", action="store_const", const=True,
         help="allow POST /v1/load_lora_adapter and /v1/unload_lora_adapter")
+    add("--lora-root", nargs="+", metavar="DIR",
+        help="the directories run-time adapter loads may read from (one or more)")
     add("--log-level", default="INFO", choices=("DEBUG", "INFO", "WARNING", "ERROR"))
     return parser
 

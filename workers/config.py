@@ -164,7 +164,9 @@ class LoraSettings(Section, section="lora"):
     ``max_loras`` adapters resident in slots at once (LRU among the registered);
     ``max_lora_rank`` the rank every slot is allocated at; ``allow_runtime_updates``
     turns on ``/v1/load_lora_adapter`` and ``/v1/unload_lora_adapter``
-    (``--allow-runtime-lora-updates``). See docs/adapters.md.
+    (``--allow-runtime-lora-updates``), which read adapters only from under ``roots``
+    (``--lora-root``), at most ``max_registered`` adapters in all. See
+    docs/adapters.md.
     """
 
     enable: bool = False
@@ -172,6 +174,8 @@ class LoraSettings(Section, section="lora"):
     max_loras: int = setting(1, low=1)
     max_lora_rank: int = setting(16, low=1)
     allow_runtime_updates: bool = False
+    roots: tuple[str, ...] = ()
+    max_registered: int = setting(256, low=1)
 
     def check(self) -> None:
         """Modules need ``enable``; each parses, and no name repeats."""
@@ -179,6 +183,9 @@ class LoraSettings(Section, section="lora"):
             raise FieldError("modules", "needs enable = true (--enable-lora)")
         if self.allow_runtime_updates and not self.enable:
             raise FieldError("allow_runtime_updates", "needs enable = true (--enable-lora)")
+        if self.allow_runtime_updates and not self.roots:
+            raise FieldError("roots", "run-time updates need the directories adapters may be "
+                             "read from (--lora-root DIR)")
         names = [name for name, _ in self.module_paths()]
         if len(set(names)) != len(names):
             raise FieldError("modules", f"an adapter name is given twice: {names}")

@@ -18,13 +18,16 @@ A file is written to a temporary name in the same directory, flushed with
 ``fsync``, renamed over its final name and the directory ``fsync``ed: a crash leaves
 the old file or the new one, never a torn one; a leftover temporary file is deleted
 by the next scan. A ``lock`` file, ``flock``ed by the tier that owns the directory,
-keeps a second worker out.
+keeps a second worker out. Nothing here follows a symbolic link or writes into a file
+it did not create (``O_NOFOLLOW``, ``O_EXCL``), and a directory others may write to
+is refused (``check_private``): a planted link would otherwise aim a write anywhere.
 """
 
 from __future__ import annotations
 
 import fcntl
 import os
+import stat
 import struct
 from pathlib import Path
 from typing import NamedTuple
@@ -111,7 +114,8 @@ def write_atomic(directory: Path, name: str, data: bytes) -> None:
     file is gone and ``directory/name`` is as it was."""
     temp = directory / (name + TEMP_SUFFIX)
     try:
-        fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        temp.unlink(missing_ok=True)  # a crash's leftover (a link is removed, not followed)
+        fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
         try:
             view = memoryview(data)
             while view:
@@ -135,11 +139,28 @@ def sync_directory(directory: Path) -> None:
         os.close(fd)
 
 
+def check_private(directory: Path) -> None:
+    """ValueError unless ``directory`` is a real directory (not a link), owned by this
+    process's user, that no one else may write to."""
+    info = os.lstat(directory)
+    if not stat.S_ISDIR(info.st_mode):
+        raise ValueError(f"the disk cache directory {directory} is not a directory (a link?)")
+    if info.st_uid != os.getuid():
+        raise ValueError(f"the disk cache directory {directory} belongs to another user")
+    if info.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+        raise ValueError(f"the disk cache directory {directory} is writable by others "
+                         f"(mode {stat.S_IMODE(info.st_mode):o}): chmod go-w it")
+
+
 def lock_directory(directory: Path) -> int:
     """An exclusive lock on ``directory``'s lock file, held by the returned descriptor
     until it is closed (or the process ends); ValueError when another holder (in any
     process) has it."""
-    fd = os.open(directory / LOCK_NAME, os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fd = os.open(directory / LOCK_NAME, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
+    except OSError as exc:
+        raise ValueError(f"the disk cache directory {directory}: cannot open its lock file "
+                         f"({exc.strerror}; a link there is refused)") from None
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:

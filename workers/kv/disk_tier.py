@@ -41,6 +41,7 @@ from workers.kv.disk_files import (
     SUFFIX,
     TEMP_SUFFIX,
     DiskRecord,
+    check_private,
     decode,
     encode,
     file_name,
@@ -179,6 +180,8 @@ class FileDiskTier(DiskTier):
         self.num_blocks = num_blocks
         self.directory = Path(root) / namespace_digest.hex()
         self.directory.mkdir(parents=True, exist_ok=True, mode=0o700)
+        for directory in (Path(root), self.directory):
+            check_private(directory)
         self._lock_fd: int | None = lock_directory(self.directory)
         self._tensors = tensors
         self._sealer = sealer

@@ -71,8 +71,10 @@ class AdapterSlots:
 
     def __init__(self, max_loras: int, loader: SlotLoader | None,
                  namespace_of: Callable[[AdapterSpec], bytes],
-                 on_load: Callable[[float], None] = lambda seconds: None) -> None:
+                 on_load: Callable[[float], None] = lambda seconds: None,
+                 max_registered: int = 256) -> None:
         self.max_loras = max_loras
+        self.max_registered = max_registered
         self._loader = loader
         self._namespace_of = namespace_of
         self._on_load = on_load
@@ -91,11 +93,15 @@ class AdapterSlots:
     # ---- registry ------------------------------------------------------------------
 
     def register(self, spec: AdapterSpec) -> None:
-        """Add a checked adapter; AdapterError when LoRA is off or the name is taken."""
+        """Add a checked adapter; AdapterError when LoRA is off, the name is taken or
+        ``max_registered`` adapters are registered already."""
         if self.max_loras == 0:
             raise AdapterError("LoRA is not enabled on this worker", "lora_name")
         if spec.name in self._adapters:
             raise AdapterError(f"the adapter {spec.name!r} is already loaded", "lora_name")
+        if len(self._adapters) >= self.max_registered:
+            raise AdapterError(f"this worker holds {len(self._adapters)} adapters, its most "
+                               "(lora.max_registered): unload one first", "lora_name")
         self._adapters[spec.name] = _Adapter(spec, self._namespace_of(spec))
         self._publish()
 

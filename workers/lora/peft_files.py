@@ -9,7 +9,9 @@ model wraps, every tensor's presence and shape (from the safetensors header, wit
 reading the weights). A refusal is an ``AdapterError`` naming the field.
 
 The digest is the sha256 of the config file's bytes then the weights file's bytes:
-the adapter's part of its ``CacheNamespace``.
+the adapter's part of its ``CacheNamespace``. Only regular files are read (a FIFO
+would block the reader for good), and loading an adapter into a slot reads its files
+again and refuses them unless they still have the digest it was registered with.
 """
 
 from __future__ import annotations
@@ -17,12 +19,14 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import os
+import stat
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+import safetensors.torch
 import torch
-from safetensors import safe_open
 
 CONFIG_FILE = "adapter_config.json"
 WEIGHTS_FILE = "adapter_model.safetensors"
@@ -91,25 +95,43 @@ def read_adapter(name: str, path: str | Path, shapes: BaseShapes, max_rank: int,
     ``needs_weights`` False accepts a directory with only its config."""
     directory = Path(path)
     config_path = directory / CONFIG_FILE
+    config_bytes = _read_regular(config_path)
     try:
-        config_bytes = config_path.read_bytes()
         config = json.loads(config_bytes)
-    except (OSError, ValueError) as exc:
+    except ValueError as exc:
         raise AdapterError(f"cannot read {config_path}: {exc}", "lora_path") from None
     if not isinstance(config, dict):
         raise AdapterError(f"{config_path} is not a JSON object", "lora_path")
     rank, scale, targets = _check_config(config, shapes, max_rank)
     weights_path = directory / WEIGHTS_FILE
     digest = hashlib.sha256(config_bytes)
-    if weights_path.exists():
-        _check_tensors(weights_path, shapes, rank, targets)
-        digest.update(weights_path.read_bytes())
+    has_weights = weights_path.exists()
+    if has_weights:
+        weights = _read_regular(weights_path)
+        _check_tensors(weights_path, weights, shapes, rank, targets)
+        digest.update(weights)
     elif needs_weights:
         raise AdapterError(f"{weights_path} is missing", "lora_path")
     num_elements = sum(rank * sum(shapes.projections[m]) for m in targets) * shapes.num_layers
     return AdapterSpec(name, str(directory), rank, scale, targets,
-                       str(weights_path) if weights_path.exists() else None, digest.hexdigest(),
+                       str(weights_path) if has_weights else None, digest.hexdigest(),
                        num_elements * shapes.bytes_per_element)
+
+
+def _read_regular(path: Path) -> bytes:
+    """The bytes of ``path`` if it is a regular file; AdapterError otherwise (a FIFO,
+    a device or a directory is refused before anything reads from it)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    except OSError as exc:
+        raise AdapterError(f"cannot read {path}: {exc.strerror}", "lora_path") from None
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise AdapterError(f"{path} is not a regular file", "lora_path")
+        with os.fdopen(fd, "rb", closefd=False) as handle:
+            return handle.read()
+    finally:
+        os.close(fd)
 
 
 def _check_config(config: dict, shapes: BaseShapes, max_rank: int
@@ -142,13 +164,15 @@ def _check_config(config: dict, shapes: BaseShapes, max_rank: int
     return rank, float(scale), tuple(m for m in TARGET_MODULES if m in targets)
 
 
-def _check_tensors(weights_path: Path, shapes: BaseShapes, rank: int,
+def _check_tensors(weights_path: Path, weights: bytes, shapes: BaseShapes, rank: int,
                    targets: tuple[str, ...]) -> None:
     """Every ``lora_A``/``lora_B`` of every layer and target present with its shape,
-    and no other tensor; read from the header only."""
+    and no other tensor; read from the safetensors header only."""
     try:
-        with safe_open(str(weights_path), "pt") as tensors:
-            found = {key: tuple(tensors.get_slice(key).get_shape()) for key in tensors.keys()}  # noqa: SIM118
+        size = int.from_bytes(weights[:8], "little")
+        header = json.loads(weights[8: 8 + size])
+        found = {key: tuple(entry["shape"]) for key, entry in header.items()
+                 if key != "__metadata__"}
     except Exception as exc:
         raise AdapterError(f"cannot read {weights_path}: {exc}", "lora_path") from None
     for layer in range(shapes.num_layers):
@@ -168,11 +192,14 @@ def _check_tensors(weights_path: Path, shapes: BaseShapes, rank: int,
 
 
 def load_tensors(spec: AdapterSpec) -> dict[str, torch.Tensor]:
-    """The adapter's tensors by PEFT name, on the CPU (checked by ``read_adapter``)."""
+    """The adapter's tensors by PEFT name, on the CPU, read again now; AdapterError
+    when its files no longer have the digest it was registered with."""
     if spec.weights_file is None:
         raise ValueError(f"adapter {spec.name!r} has no weights file")
-    tensors: dict[str, torch.Tensor] = {}
-    with safe_open(spec.weights_file, "pt") as handle:
-        for key in handle.keys():  # noqa: SIM118
-            tensors[key] = handle.get_tensor(key)
-    return tensors
+    weights = _read_regular(Path(spec.weights_file))
+    digest = hashlib.sha256(_read_regular(Path(spec.path) / CONFIG_FILE))
+    digest.update(weights)
+    if digest.hexdigest() != spec.digest:
+        raise AdapterError(f"the adapter {spec.name!r} changed on disk since it was "
+                           "registered; register it again", "lora_path")
+    return safetensors.torch.load(weights)

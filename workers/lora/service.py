@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import os
 from dataclasses import dataclass
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
@@ -45,6 +46,17 @@ class LoraService:
         return read_adapter(name, path, self.shapes, self.settings.max_lora_rank,
                             self.needs_weights)
 
+    def read_runtime(self, name: str, path: str) -> AdapterSpec:
+        """``read`` for a run-time load: only a path under one of ``settings.roots`` (the
+        refusal is the same whether the path exists or not)."""
+        real = os.path.realpath(path)
+        for root in self.settings.roots:
+            base = os.path.realpath(root)
+            if os.path.commonpath((real, base)) == base:
+                return self.read(name, real)
+        raise AdapterError("lora_path must be under one of the directories this worker "
+                           "loads adapters from (--lora-root)", "lora_path")
+
     def describe(self) -> dict[str, object]:
         """The ``/ready`` and ``/info`` fields (docs/adapters.md, "The /ready contract")."""
         slots = self.slots
@@ -73,7 +85,8 @@ def build_lora(settings: LoraSettings, shapes: BaseShapes | None, loader: SlotLo
         return adapter_namespace(base, spec).digest(secret)
 
     if settings.enable:
-        slots = AdapterSlots(settings.max_loras, loader, namespace_of, on_load)
+        slots = AdapterSlots(settings.max_loras, loader, namespace_of, on_load,
+                             settings.max_registered)
     else:
         slots = AdapterSlots.disabled()
     resident = Gauge("worker_lora_resident_adapters", "LoRA adapters resident in slots now.",

@@ -50,7 +50,8 @@ async def load_lora_adapter(request: web.Request) -> web.Response:
         raise bad_request(f"{name!r} is the base model's name", "lora_name")
     lora = state.worker.lora
     try:
-        spec = await asyncio.get_running_loop().run_in_executor(None, lora.read, name, path)
+        spec = await asyncio.get_running_loop().run_in_executor(None, lora.read_runtime, name,
+                                                                path)
         await state.engine.call(lambda engine: engine.adapters.register(spec))
     except AdapterError as exc:
         raise bad_request(str(exc), exc.param) from None

@@ -14,7 +14,7 @@ from tests.workers.kv.kv_test_support import EventConsumer, assert_reads, make_m
 from workers.cli import _parser, config_from_args
 from workers.config import WorkerConfig
 from workers.kv import disk_writer
-from workers.kv.disk_files import SUFFIX, write_atomic
+from workers.kv.disk_files import SUFFIX, check_private, lock_directory, write_atomic
 
 B = 4
 A = [1, 2, 3, 4, 5, 6, 7, 8, 9]  # two full blocks and one token
@@ -233,3 +233,31 @@ def test_blocks_that_cannot_be_written_are_dropped_by_the_next_put(tmp_path, mon
     assert events.disk_hashes == {h.hex() for h, _ in entries}
     assert serve(manager, 99, A + [7]) == 0
     manager.check_invariants()
+
+
+def test_a_planted_link_is_never_followed(tmp_path):
+    target = tmp_path / "precious"
+    target.write_bytes(b"keep me")
+    (tmp_path / "out").mkdir()
+    (tmp_path / "out" / ("x" + SUFFIX + ".tmp")).symlink_to(target)
+    write_atomic(tmp_path / "out", "x" + SUFFIX, b"block")
+    assert target.read_bytes() == b"keep me"
+    assert (tmp_path / "out" / ("x" + SUFFIX)).read_bytes() == b"block"
+    locked = tmp_path / "locked"
+    locked.mkdir()
+    (locked / "lock").symlink_to(target)
+    with pytest.raises(ValueError, match="link"):
+        lock_directory(locked)
+
+
+def test_a_directory_others_may_write_to_is_refused(tmp_path):
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    shared.chmod(0o777)
+    with pytest.raises(ValueError, match="writable by others"):
+        check_private(shared)
+    shared.chmod(0o700)
+    check_private(shared)
+    (tmp_path / "elsewhere").symlink_to(shared)
+    with pytest.raises(ValueError, match="not a directory"):
+        check_private(tmp_path / "elsewhere")

@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from workers.lora.adapters import AdapterSlots
-from workers.lora.peft_files import AdapterSpec
+from workers.lora.peft_files import AdapterError, AdapterSpec
 
 NAMES = ("a", "b", "c", "d")
 MAX_LORAS = 2
@@ -88,3 +88,18 @@ def _admit(slots, loader, requests, index, last_use, tick) -> None:
         assert victim in candidates
         assert last_use.get(victim, -1) == min(last_use.get(n, -1) for n in candidates)
     last_use[name] = tick
+
+
+def test_registrations_stop_at_max_registered():
+    slots = AdapterSlots(MAX_LORAS, RecordingLoader(), lambda s: s.name.encode(),
+                         max_registered=2)
+    slots.register(spec("a"))
+    slots.register(spec("b"))
+    try:
+        slots.register(spec("c"))
+    except AdapterError as exc:
+        assert exc.param == "lora_name" and "max_registered" in str(exc)
+    else:
+        raise AssertionError("a third adapter was registered")
+    slots.unregister("a")
+    slots.register(spec("c"))

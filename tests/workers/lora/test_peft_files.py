@@ -15,7 +15,7 @@ from harness.lora_adapters import (
     write_peft_adapter,
 )
 from radix.cost_model import get_profile
-from workers.lora.peft_files import AdapterError, read_adapter, weight_key
+from workers.lora.peft_files import AdapterError, load_tensors, read_adapter, weight_key
 from workers.model.timed import TimedSlotLoader, timed_lora_shapes
 
 TINY = {"hidden_size": 32, "intermediate_size": 48, "num_hidden_layers": 2,
@@ -84,3 +84,14 @@ def test_a_timed_load_waits_the_adapter_bytes_over_the_link(tmp_path):
     (path / "adapter_config.json").write_text(json.dumps(config))
     with pytest.raises(AdapterError, match="max_lora_rank"):
         read_adapter("x", path, timed_lora_shapes(profile), 16, needs_weights=False)
+
+
+def test_an_adapter_changed_on_disk_after_registration_is_refused_at_load(model_dir, tmp_path):
+    path = write_peft_adapter(tmp_path / "a", model_dir, 4, 8, seed=0)
+    spec = read_adapter("a", path, model_shapes(model_dir), 8)
+    assert set(load_tensors(spec)) == set(load_file(str(path / "adapter_model.safetensors")))
+    tensors = load_file(str(path / "adapter_model.safetensors"))
+    key = next(iter(tensors))
+    save_file({**tensors, key: tensors[key] * 2}, str(path / "adapter_model.safetensors"))
+    with pytest.raises(AdapterError, match="changed on disk"):
+        load_tensors(spec)

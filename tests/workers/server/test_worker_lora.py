@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 
 import pytest
 
@@ -30,12 +31,17 @@ def adapters(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def worker(adapters):
+def lora_root(tmp_path_factory):
+    return tmp_path_factory.mktemp("lora-root")
+
+
+@pytest.fixture(scope="module")
+def worker(adapters, lora_root):
     process = start_worker(
         "--model", PROFILE, "--time-scale", "0.01", "--max-loras", "1",
         *lora_module_flags([("lora-0", adapters["lora-0"])]),
         json.dumps({"name": "lora-1", "path": str(adapters["lora-1"]), "base_model_name": "x"}),
-        "--allow-runtime-lora-updates", api_key=KEY)
+        "--allow-runtime-lora-updates", "--lora-root", str(lora_root), api_key=KEY)
     yield process
     process.stop()
 
@@ -80,12 +86,12 @@ def test_the_same_prompt_under_two_adapters_shares_no_cached_token(worker):
     assert "worker_lora_loads_total" in metrics and "worker_lora_resident_adapters 1.0" in metrics
 
 
-def test_runtime_load_checks_the_adapter_first_and_unload_hides_it(worker, tmp_path):
+def test_runtime_load_checks_the_adapter_first_and_unload_hides_it(worker, lora_root):
     def write(name: str, **fields) -> str:
-        (tmp_path / name).mkdir()
+        (lora_root / name).mkdir()
         config = {**adapter_config(8, 16), **fields}
-        (tmp_path / name / "adapter_config.json").write_text(json.dumps(config))
-        return str(tmp_path / name)
+        (lora_root / name / "adapter_config.json").write_text(json.dumps(config))
+        return str(lora_root / name)
 
     for name, fields, param in (("big", {"r": 64}, "r"),
                                 ("head", {"target_modules": ["lm_head"]}, "target_modules"),
@@ -105,6 +111,24 @@ def test_runtime_load_checks_the_adapter_first_and_unload_hides_it(worker, tmp_p
     status, _ = worker.post_json("/v1/load_lora_adapter", {"lora_name": "x", "lora_path": path},
                                  headers={"Authorization": "Bearer wrong"})
     assert status == 401
+
+
+def test_runtime_loads_read_only_regular_files_under_the_lora_roots(worker, lora_root,
+                                                                   tmp_path):
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "adapter_config.json").write_text(json.dumps(adapter_config(8, 16)))
+    answers = [worker.post_json("/v1/load_lora_adapter", {"lora_name": "x", "lora_path": path})
+               for path in (str(outside), str(tmp_path / "absent"), f"{lora_root}/../outside",
+                            "/etc")]
+    assert {(s, e["error"]["param"], e["error"]["message"]) for s, e in answers} == {
+        (400, "lora_path", "lora_path must be under one of the directories this worker "
+                           "loads adapters from (--lora-root)")}
+    (lora_root / "fifo").mkdir()
+    os.mkfifo(lora_root / "fifo" / "adapter_config.json")
+    status, error = worker.post_json("/v1/load_lora_adapter",
+                                     {"lora_name": "fifo", "lora_path": str(lora_root / "fifo")})
+    assert status == 400 and "not a regular file" in error["error"]["message"], error
 
 
 def test_runtime_routes_are_off_without_the_flag():
