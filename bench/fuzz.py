@@ -215,12 +215,18 @@ def _check_stream(report: FuzzReport, session: requests.Session, case, url: str,
 
 
 def healthy_after(router: ManagedProcess, worker: ManagedProcess) -> list[str]:
-    """What is wrong after the fuzz: ``/health`` of both, one normal completion."""
+    """What is wrong after the fuzz: ``/health`` of both, the worker ready again within
+    30 s (a probe that timed out on a loaded machine takes it out of routing until the
+    next one passes), one normal completion."""
     problems = []
     for process in (router, worker):
         status, body = http_json("GET", f"{process.url}/health", timeout_s=10)
         if status != 200:
             problems.append(f"{process.url}/health: {status} {body}")
+    deadline = time.monotonic() + 30
+    while (http_json("GET", f"{router.url}/health", timeout_s=10)[1].get("num_ready_workers")
+           or 0) < 1 and time.monotonic() < deadline:
+        time.sleep(0.2)
     status, body = http_json("POST", f"{router.url}/v1/completions",
                              {"model": "demo", "prompt": "hello", "max_tokens": 2},
                              {"Authorization": f"Bearer {TENANT_KEY}"}, timeout_s=30)

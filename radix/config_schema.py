@@ -249,7 +249,7 @@ def _bounds_problem(value: Any, spec: Spec) -> str | None:
         return "must be positive" if spec.above == 0 else f"must be above {spec.above}"
     if spec.choices is not None and value not in spec.choices:
         return f"must be one of {spec.choices}"
-    if spec.pattern is not None and not spec.pattern.regex.match(value):
+    if spec.pattern is not None and not spec.pattern.regex.fullmatch(value):
         return f"{value!r} is not {spec.pattern.what}"
     return None
 

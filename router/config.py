@@ -175,7 +175,10 @@ class WorkerSpec(Section):
     only when ``launch`` says how ``radix-router up`` starts it (the URL is then
     learnt). ``api_key_env`` names the environment variable holding the worker's API
     key; a launched worker gets ``default_key_env(worker_id)`` unless the config names
-    one, and ``up`` puts its generated key there."""
+    one, and ``up`` puts its generated key there. ``trust_cache_salt`` routes an
+    ``openai``/``vllm`` backend whose ``cache_salt`` isolation cannot be checked (it
+    reports no ``cached_tokens`` or does not answer the probe,
+    ``router.fleet.salt_probe``)."""
 
     worker_id: str = setting(pattern=NAME, key="id")
     model: str
@@ -185,6 +188,7 @@ class WorkerSpec(Section):
     launch: tuple[str, ...] | None = None
     kv_events: str | None = None
     kv_events_replay: str | None = None
+    trust_cache_salt: bool = False
 
     def check(self) -> None:
         """A URL or a launch command; a URL that is ``http(s)://HOST[:PORT][/PATH]``;
@@ -298,9 +302,10 @@ class ProxyConfig(Section, section="proxy"):
     ``first_byte_timeout_s`` for the headers and again for the first event (queueing
     and prefill included),
     ``idle_timeout_s`` between two reads of a stream, ``request_timeout_s`` in all;
-    a timed-out attempt is a failed one (``router.forward.attempt``). A write to the
-    client that does not complete within ``client_write_timeout_s`` (a client that
-    stopped reading) ends the request as closed by the client."""
+    a timed-out attempt is a failed one (``router.forward.attempt``). The writes of
+    one answer to its client may wait ``client_write_timeout_s`` in all: a client that
+    stopped reading, or reads too slowly to take the answer in that time, ends the
+    request as closed by the client (its connection dropped)."""
 
     max_attempts: int = setting(3, low=1)
     connect_timeout_s: float = setting(2.0, above=0)
@@ -364,8 +369,9 @@ class RedisConfig(Section, section="redis"):
     router silent for ``lease_ttl_s`` counts as dead and its concurrency slots stop
     counting. The registry and prefixes are re-read every ``sync_interval_s``. Caps:
     ``max_workers`` shared workers, ``max_public_prefixes`` shared prefixes,
-    ``stream_maxlen`` (approximate) routing decisions; ``state_ttl_s`` is how long the
-    shared registry outlives the last router."""
+    ``stream_maxlen`` (approximate) routing decisions of at most
+    ``stream_entry_max_tokens`` tokens each (about 330 MB of Redis at the defaults);
+    ``state_ttl_s`` is how long the shared registry outlives the last router."""
 
     url: str | None = None
     key_prefix: str = setting("radix", pattern=REDIS_KEY_PREFIX)
@@ -377,7 +383,8 @@ class RedisConfig(Section, section="redis"):
     sync_interval_s: float = setting(0.5, above=0)
     max_workers: int = setting(1024, low=1)
     max_public_prefixes: int = setting(10_000, low=1)
-    stream_maxlen: int = setting(100_000, low=1)
+    stream_maxlen: int = setting(10_000, low=1)
+    stream_entry_max_tokens: int = setting(8192, low=1)
     state_ttl_s: float = setting(86_400.0, above=0)
 
     def check(self) -> None:

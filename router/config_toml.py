@@ -76,7 +76,7 @@ def _model(name: str, table: Any, where: str) -> ModelSpec:
         raise ValueError(f"{where}: must be a table")
     pools = {}
     for pool, pool_table, pool_where in named_tables(table, "pools", where):
-        if not NAME.regex.match(pool):
+        if not NAME.regex.fullmatch(pool):
             raise ValueError(f"{pool_where}: {pool!r} is not {NAME.what}")
         pools[pool] = read_section(PoolConfig, pool_table, pool_where)
     if "canary" in table and not pools:

@@ -37,6 +37,7 @@ from router.routing.load_cost import is_saturated
 from router.routing.views import RouteRequest, WorkerView
 
 NO_WORKER = "none"
+INLINE_DECODE_BYTES = 256 * 1024  # about 1 ms of decoding; larger bodies go to a thread
 access_log = logging.getLogger("router.access")
 
 
@@ -56,8 +57,7 @@ async def serve_openai(router: Router, client: Client, endpoint: str) -> None:
         try:
             body = await client.read_body(router.config.listen.body_timeout_s,
                                           router.models.max_body_bytes(tenant.limits))
-            model, adapter, parsed = parse_request(body, endpoint, router.models, tenant.limits,
-                                                   router.registry.adapters())
+            model, adapter, parsed = await decode(router, body, endpoint, tenant)
             del body
             check_text_size(model, parsed, tenant.limits)
             max_tokens = router.limiter.output_cap(tenant, parsed.sampling.max_tokens,
@@ -98,6 +98,17 @@ async def serve_openai(router: Router, client: Client, endpoint: str) -> None:
             first_byte_at = exchange.first_byte_at
             route.window.record(time.monotonic(), code >= 500,
                                 None if first_byte_at is None else first_byte_at - started)
+
+
+async def decode(router: Router, body: bytes, endpoint: str, tenant: Tenant
+                 ) -> tuple[ModelTokenizer, str | None, OpenAIRequest]:
+    """``parse_request`` of ``body``: on a worker thread past ``INLINE_DECODE_BYTES``,
+    so a large body (its JSON decoding and checks take milliseconds) does not hold the
+    event loop that every other request shares."""
+    args = (body, endpoint, router.models, tenant.limits, router.registry.adapters())
+    if len(body) <= INLINE_DECODE_BYTES:
+        return parse_request(*args)
+    return await asyncio.get_running_loop().run_in_executor(None, parse_request, *args)
 
 
 async def tokenize(model: ModelTokenizer, parsed: OpenAIRequest, tenant_id: str) -> Prompt:

@@ -24,7 +24,7 @@ import aiohttp
 
 from router.config import RegistryConfig, WorkerSpec
 from router.fleet.probes import ProbeResult, probe_openai, probe_radix
-from router.fleet.salt_probe import PROBE_TOKENS, salt_isolation_problem
+from router.fleet.salt_probe import PROBE_TOKENS, SaltProbeFailed, salt_isolation_problem
 from router.fleet.worker_state import InFlight, WorkerState
 from router.front.tokenization import Models
 from router.tasks import cancel_and_wait
@@ -190,7 +190,8 @@ class WorkerRegistry:
     async def _salt_problem(self, worker: WorkerState) -> str | None:
         """Why an OpenAI-compatible worker may not be routed to tenants
         (``router.fleet.salt_probe``), checked as it becomes ready; a refusal is
-        remembered for ``SALT_RECHECK_S`` so a refused backend is not probed every poll."""
+        remembered for ``SALT_RECHECK_S`` so a refused backend is not probed every poll,
+        a failed probe is tried again at the next poll."""
         now = asyncio.get_running_loop().time()
         refused = self._salt_refusals.get(worker.worker_id)
         if refused is not None and now - refused[0] < SALT_RECHECK_S:
@@ -198,9 +199,13 @@ class WorkerRegistry:
         model = self._models.get(worker.model)
         words = " ".join(f"salt probe {i}" for i in range(PROBE_TOKENS))
         token_ids = model.tokenizer.encode(words, add_special_tokens=False)[:PROBE_TOKENS]
-        problem = await salt_isolation_problem(self._session, worker.url, worker.headers,
-                                               worker.served_model or worker.model, token_ids,
-                                               SALT_PROBE_TIMEOUT_S)
+        try:
+            problem = await salt_isolation_problem(
+                self._session, worker.url, worker.headers, worker.served_model or worker.model,
+                token_ids, SALT_PROBE_TIMEOUT_S, worker.config.trust_cache_salt)
+        except SaltProbeFailed as exc:
+            log.info("worker %s not routed yet: %s", worker.worker_id, exc)
+            return str(exc)
         if problem is None:
             self._salt_refusals.pop(worker.worker_id, None)
         else:

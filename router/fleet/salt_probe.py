@@ -5,9 +5,12 @@ per-tenant ``cache_salt`` it sends: an engine that ignores the field (SGLang did
 April 2026) shares its prefix cache between tenants, and cache timing then leaks one
 tenant's prompts to another. Before such a worker is routed to, the router sends one
 prompt twice under a fresh salt and once under another fresh salt, one token of output
-each: the repeat should hit the cache and the other salt must not. A backend that
-reports no ``cached_tokens``, caches nothing or does not answer the probe cannot be
-checked and is allowed (logged): only a hit seen across salts refuses it.
+each: the repeat should hit the cache and the other salt must not. A hit seen across
+salts refuses the backend. One that reports 0 on the repeat caches nothing and has
+nothing to share. One whose isolation cannot be checked, because it reports no
+``cached_tokens`` (vLLM without ``--enable-prompt-tokens-details``) or does not
+answer the probe (``SaltProbeFailed``: it refused it, failed or timed out), is not
+routed either, unless its worker entry says ``trust_cache_salt = true``.
 """
 
 from __future__ import annotations
@@ -22,22 +25,40 @@ PROBE_TOKENS = 320  # more than two KV blocks of 128 tokens
 log = logging.getLogger(__name__)
 
 
+class SaltProbeFailed(Exception):
+    """The backend did not answer the probe as an OpenAI server does."""
+
+
 async def salt_isolation_problem(session: aiohttp.ClientSession, url: str,
                                  headers: Mapping[str, str], served_model: str,
-                                 token_ids: Sequence[int], timeout_s: float) -> str | None:
-    """None when the backend keeps salts apart or cannot be checked; else the reason."""
+                                 token_ids: Sequence[int], timeout_s: float,
+                                 trust_unchecked: bool = False) -> str | None:
+    """None when the backend keeps salts apart, caches nothing, or cannot be checked
+    and ``trust_unchecked``; else why it may not be routed to tenants. Raises
+    ``SaltProbeFailed`` when a probe request fails and not ``trust_unchecked``."""
     salt, other = secrets.token_urlsafe(24), secrets.token_urlsafe(24)
     try:
         await _cached_tokens(session, url, headers, served_model, token_ids, salt, timeout_s)
         repeat = await _cached_tokens(session, url, headers, served_model, token_ids, salt,
                                       timeout_s)
+        if repeat is None and trust_unchecked:
+            log.info("%s: reports no cached_tokens; cache_salt trusted unchecked", url)
+            return None
+        if repeat is None:
+            return ("reports no cached_tokens, so its cache_salt isolation cannot be "
+                    "checked (vLLM: --enable-prompt-tokens-details; or set "
+                    "trust_cache_salt = true on the worker)")
         if not repeat:
             return None
         crossed = await _cached_tokens(session, url, headers, served_model, token_ids, other,
                                        timeout_s)
-    except (aiohttp.ClientError, TimeoutError, ValueError, KeyError, TypeError) as exc:
-        log.info("%s: cache_salt not checked (%s: %s)", url, type(exc).__name__, exc)
-        return None
+    except (aiohttp.ClientError, TimeoutError, ValueError, KeyError, TypeError,
+            AttributeError) as exc:
+        failure = f"cache_salt probe failed: {type(exc).__name__}: {exc}"
+        if trust_unchecked:
+            log.info("%s: %s; cache_salt trusted unchecked", url, failure)
+            return None
+        raise SaltProbeFailed(failure) from exc
     if crossed:
         return (f"ignores cache_salt: a prompt cached under one salt hit {crossed} tokens "
                 "under another, so tenants would share its prefix cache")

@@ -43,7 +43,7 @@ def runtime_key_problem(worker: WorkerSpec, prefix: str,
     own = default_key_env(worker.worker_id, prefix)
     if env != own:
         return f"api_key_env: a worker added at run time may read only {own!r} (named for its id)"
-    if not CANONICAL_ID.match(worker.worker_id):
+    if not CANONICAL_ID.fullmatch(worker.worker_id):
         return ("id: a worker added at run time with a key needs an id of lower-case letters, "
                 "digits and '-'")
     for config in config_workers:

@@ -50,7 +50,7 @@ class ModelRenamer:
 def refusal(error: ApiError) -> ApiError:
     """The router's own error for a backend's client error: the same status and field
     name (``param``, when it is a plain field name), none of the backend's text."""
-    param = error.param if error.param and _FIELD_NAME.match(error.param) else None
+    param = error.param if error.param and _FIELD_NAME.fullmatch(error.param) else None
     return ApiError(error.status, f"the model backend refused this request (HTTP "
                                   f"{error.status}); quote the X-Request-Id when reporting it",
                     param=param, code="backend_refused")

@@ -62,7 +62,6 @@ from router.forward.relay import (
     answered,
     note_usage,
     token_usage,
-    write_to_client,
 )
 from router.front.tokenization import Prompt
 
@@ -118,7 +117,7 @@ class Proxy:
             if worker.kind == "radix":
                 await self._relay_generate(call, relay, worker, exchange)
             elif call.request.endpoint == COMPLETIONS:
-                await self._pass_openai(client, call, worker, exchange)
+                await self._pass_openai(client, call, relay, worker, exchange)
             elif call.request.stream:
                 await self._relay_openai_chat(call, relay, worker, exchange)
             else:
@@ -200,8 +199,8 @@ class Proxy:
         note_usage(exchange, shaped["usage"])
         client.respond_json(200, shaped)
 
-    async def _pass_openai(self, client: Client, call: Call, worker: WorkerState,
-                           exchange: Exchange) -> None:
+    async def _pass_openai(self, client: Client, call: Call, relay: Relay,
+                           worker: WorkerState, exchange: Exchange) -> None:
         path, body = self._openai_body(call, worker)
         upstream = await self._upstream.post(worker, path, body, call.request)
         try:
@@ -221,13 +220,13 @@ class Proxy:
             except (StopAsyncIteration, *MALFORMED) as exc:
                 raise unavailable(worker, EOFError("empty stream") if isinstance(
                     exc, StopAsyncIteration) else exc) from exc
-            await client.start_stream()
-            answered(exchange)
-            await self._pass_lines(client, call, worker, first, lines, exchange)
+            await relay.send(b"", exchange)  # the stream's head
+            await self._pass_lines(client, call, relay, worker, first, lines, exchange)
         finally:
             upstream.close()
 
-    async def _pass_lines(self, client: Client, call: Call, worker: WorkerState,
+    @staticmethod
+    async def _pass_lines(client: Client, call: Call, relay: Relay, worker: WorkerState,
                           line: bytes, lines: AsyncIterator[bytes],
                           exchange: Exchange) -> None:
         """Copy an OpenAI completions stream to the client up to its ``[DONE]``, each
@@ -252,9 +251,9 @@ class Proxy:
                             line = await anext(lines)
                             continue
                 elif line.rstrip() == b"data: [DONE]":
-                    await write_to_client(client, DONE_FRAME, self._write_timeout_s, exchange)
+                    await relay.send(DONE_FRAME, exchange)
                     return
-                await write_to_client(client, line, self._write_timeout_s, exchange)
+                await relay.send(line, exchange)
                 if exchange.status == CLIENT_CLOSED:
                     return
                 line = await anext(lines)
@@ -265,8 +264,7 @@ class Proxy:
         log.warning("request %s: worker %s failed mid-stream: %s: %s", client.request_id,
                     worker.worker_id, type(exc).__name__, exc)
         exchange.status = 502
-        await write_to_client(client, sse_frame(worker_failed().body()) + DONE_FRAME,
-                              self._write_timeout_s, exchange)
+        await relay.send(sse_frame(worker_failed().body()) + DONE_FRAME, exchange)
 
 
 def _completion_events(batch: Batch) -> Batch:

@@ -133,7 +133,7 @@ class Relay:
                  include_usage: bool, num_choices: int, num_prompt_tokens: int,
                  write_timeout_s: float) -> None:
         self._client = client
-        self._write_timeout_s = write_timeout_s
+        self._write_budget_s = write_timeout_s
         self._shape = shape
         self._stream = stream
         self._include_usage = include_usage
@@ -198,7 +198,7 @@ class Relay:
             elif line.startswith(USAGE_PREFIX):
                 note_token_usage(exchange, parse_usage(line))
         if out:
-            await self._send(b"".join(out), exchange)
+            await self.send(b"".join(out), exchange)
         return exchange.status == CLIENT_CLOSED
 
     def _commit_event(self, out: list[bytes], exchange: Exchange) -> None:
@@ -221,7 +221,7 @@ class Relay:
             if event is None:
                 if not self.progress.num_steps:
                     raise ValueError("the stream ended before its first event")
-                await self._send(b"".join(frames) + DONE_FRAME, exchange)
+                await self.send(b"".join(frames) + DONE_FRAME, exchange)
                 return True
             if "usage" in event:
                 usage = token_usage(event["usage"])
@@ -235,7 +235,7 @@ class Relay:
                 exchange.num_completion_tokens += len(event["text"][:1])
                 frames.append(self._shape.chunk(event["index"], event["text"],
                                                 event["finish_reason"]))
-        await self._send(b"".join(frames), exchange)
+        await self.send(b"".join(frames), exchange)
         return exchange.status == CLIENT_CLOSED
 
     async def finish(self, exchange: Exchange) -> None:
@@ -244,12 +244,12 @@ class Relay:
         usage = TokenUsage(self._num_prompt_tokens, self.progress.num_tokens, 0)
         note_token_usage(exchange, usage)
         frames = self._shape.usage_chunk(usage) if self._include_usage else b""
-        await self._send(frames + DONE_FRAME, exchange)
+        await self.send(frames + DONE_FRAME, exchange)
 
     async def fail(self, exchange: Exchange, code: str = "upstream_error") -> None:
         """End a started stream with an error event and ``[DONE]`` (status 502)."""
         assert self._stream, "a whole answer fails before its first byte"
-        await self._send(sse_frame(worker_failed(code).body()) + DONE_FRAME, exchange)
+        await self.send(sse_frame(worker_failed(code).body()) + DONE_FRAME, exchange)
         exchange.status = 502 if exchange.status != CLIENT_CLOSED else CLIENT_CLOSED
 
     async def _worker_error(self, event: dict[str, Any], frames: list[bytes],
@@ -258,13 +258,13 @@ class Relay:
         code = error.get("code") if isinstance(error, dict) else None
         if not self._stream:
             raise ValueError(f"the worker sent an error event ({code})")
-        await self._send(b"".join(frames), exchange)
+        await self.send(b"".join(frames), exchange)
         await self.fail(exchange, code if isinstance(code, str) else "upstream_error")
         return True
 
     async def _end_rendered(self, out: list[bytes], exchange: Exchange) -> bool:
         if self._stream:
-            await self._send(b"".join(out) + DONE_FRAME, exchange)
+            await self.send(b"".join(out) + DONE_FRAME, exchange)
             return True
         if self._whole_body is None:
             raise ValueError("the stream ended without its body")
@@ -272,27 +272,26 @@ class Relay:
         answered(exchange)
         return True
 
-    async def _send(self, data: bytes, exchange: Exchange) -> None:
+    async def send(self, data: bytes, exchange: Exchange) -> None:
+        """Write ``data`` to the client, starting its stream first if need be. The
+        writes of one answer may wait ``write_timeout_s`` in all: a client gone, or
+        one that does not read the answer in that time (its connection is then
+        dropped), marks the exchange ``CLIENT_CLOSED``, and the caller stops, closing
+        the upstream and its in-flight count."""
         if not self._client.started:
             await self._client.start_stream()
             answered(exchange)
         if exchange.status == CLIENT_CLOSED or not data:
             return
-        await write_to_client(self._client, data, self._write_timeout_s, exchange)
-
-
-async def write_to_client(client: Client, data: bytes, timeout_s: float,
-                          exchange: Exchange) -> None:
-    """Write ``data`` to the client within ``timeout_s``. A client gone, or one that
-    does not read it in time (its connection is then dropped), marks the exchange
-    ``CLIENT_CLOSED``: the caller stops, closing the upstream and its in-flight count."""
-    try:
-        await client.write(data, timeout_s)
-    except ConnectionResetError:
-        exchange.status = CLIENT_CLOSED
-    except TimeoutError:
-        exchange.status = CLIENT_CLOSED
-        client.abort()
+        started = time.monotonic()
+        try:
+            await self._client.write(data, max(self._write_budget_s, 1e-3))
+        except ConnectionResetError:
+            exchange.status = CLIENT_CLOSED
+        except TimeoutError:
+            exchange.status = CLIENT_CLOSED
+            self._client.abort()
+        self._write_budget_s -= time.monotonic() - started
 
 
 def _nothing() -> None:

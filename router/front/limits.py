@@ -11,6 +11,7 @@ that disconnects never leaves a concurrency slot or a reservation held.
 from __future__ import annotations
 
 import asyncio
+import functools
 import uuid
 from collections.abc import Coroutine
 from dataclasses import dataclass, replace
@@ -84,11 +85,12 @@ class TenantLimiter:
 
     async def admit(self, tenant: Tenant, num_prompt_tokens: int,
                     max_completion_tokens: int) -> Admission:
-        """``hold`` then ``reserve``, giving the hold back if the reservation is refused."""
+        """``hold`` then ``reserve``, giving the hold back if the reservation is refused
+        or the caller is cancelled."""
         admission = await self.hold(tenant)
         try:
             return await self.reserve(admission, num_prompt_tokens, max_completion_tokens)
-        except ApiError:
+        except (ApiError, asyncio.CancelledError):
             await self.release(admission, 0)
             raise
 
@@ -135,7 +137,9 @@ class TenantLimiter:
                       max_completion_tokens: int) -> Admission:
         """The admission with ``num_prompt_tokens + max_completion_tokens`` reserved in
         the minute window (the hold's token among them), or 429 (413 when it could
-        never fit the limit); the caller still releases ``admission`` either way."""
+        never fit the limit); the caller still releases ``admission`` either way. If
+        the caller is cancelled meanwhile, the reservation still completes and is
+        settled to nothing at once."""
         tokens_per_minute = admission.tenant.limits.tokens_per_minute
         if admission.hold_id is None or tokens_per_minute is None:
             return admission
@@ -145,13 +149,25 @@ class TenantLimiter:
                 413, f"prompt and max_tokens x n need {num_reserved} tokens, more than this "
                 f"key's tokens_per_minute ({tokens_per_minute})",
                 param="max_tokens", code="prompt_too_long")
-        reservation_id = uuid.uuid4().hex
-        wait_s = await self._state.reserve_tokens(admission.tenant.tenant_id, reservation_id,
-                                                  num_reserved - 1, tokens_per_minute)
+        key, reservation_id = admission.tenant.tenant_id, uuid.uuid4().hex
+        task = asyncio.ensure_future(self._state.reserve_tokens(
+            key, reservation_id, num_reserved - 1, tokens_per_minute))
+        try:
+            wait_s = await asyncio.shield(task)
+        except asyncio.CancelledError:
+            task.add_done_callback(functools.partial(
+                self._settle_abandoned, key, reservation_id, num_reserved - 1))
+            raise
         if wait_s is not None:
             raise _rate_limited(tokens_per_minute, wait_s)
         return replace(admission, reservation_id=reservation_id,
                        num_prompt_tokens=num_prompt_tokens, num_reserved=num_reserved)
+
+    def _settle_abandoned(self, key: str, reservation_id: str, num_reserved: int,
+                          task: asyncio.Future[float | None]) -> None:
+        if not task.cancelled() and task.exception() is None and task.result() is None:
+            self._in_background(self._state.settle_tokens(key, reservation_id, num_reserved,
+                                                          0, 0))
 
     async def tokens_in_window(self, tenant_id: str) -> int:
         """Tokens reserved or charged against ``tenant_id``'s minute window now."""

@@ -73,7 +73,7 @@ class Http1Client(Client):
         self._connection = connection
         self._message = message
         given = message.headers.get(b"x-request-id", b"").decode("latin-1")
-        self.request_id = given if VALID_ID.match(given) else os.urandom(16).hex()
+        self.request_id = given if VALID_ID.fullmatch(given) else os.urandom(16).hex()
         self._started = False
         self._answered = False
         self._chunked = message.version != "1.0"

@@ -28,7 +28,7 @@ def request_id(request: web.Request) -> str:
 async def request_id_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
     """Assign the request's id before anything else runs (see the module docstring)."""
     given = request.headers.get(HEADER, "")
-    request[_KEY] = given if VALID_ID.match(given) else uuid.uuid4().hex
+    request[_KEY] = given if VALID_ID.fullmatch(given) else uuid.uuid4().hex
     return await handler(request)
 
 

@@ -11,10 +11,12 @@ outbox is bounded and dropped while down.
 
 The stream is bounded in bytes, not only in entries: each entry's key is cut to
 what the index keeps of it (``RouterIndex.kept_key``: the worker's approximate
-capacity in tokens), every batch trims by count (``MAXLEN ~ stream_maxlen``) and by
-age (``XTRIM MINID``: entries older than ``approximate_ttl_s``, dead in every
-index, go). So it holds at most ``stream_maxlen`` entries of at most
-``approximate_capacity_tokens`` tokens each, all younger than ``approximate_ttl_s``.
+capacity in tokens) and to ``stream_entry_max_tokens`` (the other routers learn the
+first 8,192 tokens of a longer prompt by default: where most shared prefixes end),
+every batch trims by count (``MAXLEN ~ stream_maxlen``) and by age (``XTRIM MINID``:
+entries older than ``approximate_ttl_s``, dead in every index, go). So it holds at
+most ``stream_maxlen`` entries of at most ``stream_entry_max_tokens`` tokens each,
+all younger than ``approximate_ttl_s``: about 330 MB at the defaults.
 """
 
 from __future__ import annotations
@@ -63,8 +65,9 @@ class RoutedStream:
     def note(self, worker: WorkerState, key: bytes, scope: str) -> None:
         """Queue a decision for ``worker`` if it is approximate and Redis is up."""
         if worker.kind == "openai" and worker.namespace is not None and self._link.up:
+            kept = self._index.kept_key(worker.worker_id, key)
             self._outbox.append((worker.namespace, worker.worker_id, scope,
-                                 self._index.kept_key(worker.worker_id, key)))
+                                 kept[: self._link.config.stream_entry_max_tokens * TOKEN_BYTES]))
             self._wake.set()
 
     async def _join(self) -> None:

@@ -69,6 +69,8 @@ def test_timeouts_and_drain_are_read() -> None:
         ({"workers": [{"id": "w0", "model": "demo", "url": "http://x", "kind": "vllm",
                        "kv_events_replay": "ipc:///tmp/r"}]}, "workers[0].kv_events_replay"),
         ({"workers": [{"id": "w0", "model": "demo", "url": "ftp://x"}]}, "workers[0].url"),
+        ({"workers": [{"id": "w0\n", "model": "demo", "url": "http://x"}]}, "workers[0].id"),
+        ({"redis": {"key_prefix": "radix\n"}}, "redis.key_prefix"),
         ({"auth": {"tenants": {"public": {"key_digests": []}}}}, "auth.tenants.public"),
         ({"auth": {"tenants": {"anonymous": {"key_digests": []}}}}, "auth.tenants.anonymous"),
         ({"auth": {"tenants": {"direct": {"key_digests": []}}}}, "auth.tenants.direct"),

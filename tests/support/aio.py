@@ -107,10 +107,19 @@ def failing_upstream(status: int) -> web.Application:
     return app
 
 
+NOTHING_CACHED = {"object": "text_completion", "choices": [
+    {"index": 0, "text": "x", "finish_reason": "length"}], "usage": {
+    "prompt_tokens": 1, "completion_tokens": 1, "prompt_tokens_details": {"cached_tokens": 0}}}
+
+
 def scripted_stream(pieces: list[bytes]):
     """A handler whose stream is ``pieces``, each sent on its own after a short pause
-    (so each is a separate network read on the router's side)."""
+    (so each is a separate network read on the router's side). A request that does
+    not ask for a stream (the router's ``cache_salt`` probe) gets a one-token answer
+    from an engine that caches nothing."""
     async def handler(request: web.Request) -> web.StreamResponse:
+        if not (await request.json()).get("stream"):
+            return web.json_response(NOTHING_CACHED)
         out = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
         await out.prepare(request)
         for piece in pieces:

@@ -63,13 +63,15 @@ def keyed_demo_config(workers: Mapping[str, str], kind: str = "radix") -> dict[s
 
 def make_config(urls: list[str], kind: str = "radix", policy: str = "round_robin",
                 poll_interval_s: float = 0.1, model: dict[str, Any] | None = None,
-                **limits: int) -> RouterConfig:
+                worker: dict[str, Any] | None = None, **limits: int) -> RouterConfig:
     """Model ``demo`` (demo tokenizer, one public prefix, ``model``'s extra fields)
-    served by ``urls`` as u0, u1, ...; tenant alice with ``limits``."""
+    served by ``urls`` as u0, u1, ... (with ``worker``'s extra fields); tenant alice
+    with ``limits``."""
     return parse_config({
         "models": {"demo": model_table(**{"public_prefixes": [{"text": "x" * 40}],
                                           **(model or {})})},
-        "workers": worker_list({f"u{i}": url for i, url in enumerate(urls)}, kind=kind),
+        "workers": worker_list({f"u{i}": url for i, url in enumerate(urls)}, kind=kind,
+                               **(worker or {})),
         "policy": {"name": policy},
         "registry": {"poll_interval_s": poll_interval_s},
         "auth": auth_section({"alice": limits}),
@@ -77,16 +79,17 @@ def make_config(urls: list[str], kind: str = "radix", policy: str = "round_robin
 
 
 def shared_config(redis_url: str, workers: list[dict[str, str]],
-                  model: dict[str, Any] | None = None, **sections: Any) -> RouterConfig:
+                  model: dict[str, Any] | None = None, redis: dict[str, Any] | None = None,
+                  **sections: Any) -> RouterConfig:
     """Model ``demo`` (``model``'s extra fields) on ``workers``, Redis at ``redis_url``
-    with fast syncs, tenant alice, and ``sections``."""
+    with fast syncs (and ``redis``'s extra fields), tenant alice, and ``sections``."""
     return parse_config({
         **sections,
         "models": {"demo": model_table(**(model or {}))},
         "workers": workers,
         "registry": {"poll_interval_s": 0.1},
         "redis": {"url": redis_url, "key_prefix": "peers-test", "heartbeat_interval_s": 0.1,
-                  "lease_ttl_s": 2.0, "sync_interval_s": 0.1},
+                  "lease_ttl_s": 2.0, "sync_interval_s": 0.1, **(redis or {})},
         "auth": auth_section({"alice": {}}),
     })
 

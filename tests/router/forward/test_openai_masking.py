@@ -62,7 +62,8 @@ async def test_a_backend_refusal_is_our_own_error(caplog) -> None:
 
     caplog.set_level(logging.INFO, logger="router.forward.proxy")
     async with serving(backend(refuse)) as up, \
-            running_router(make_config([up], kind="openai")) as (url, _), \
+            running_router(make_config([up], kind="openai",  # it refuses the salt probe too
+                                       worker={"trust_cache_salt": True})) as (url, _), \
             aiohttp.ClientSession() as session:
         for body in (STREAM, {**STREAM, "stream": False}):
             async with session.post(f"{url}/v1/completions", json=body, headers=ALICE) as resp:

@@ -109,6 +109,27 @@ async def test_the_routed_stream_holds_only_what_indexes_keep(redis_server) -> N
                 await client.aclose()
 
 
+async def test_a_routed_stream_entry_is_cut_to_the_entry_cap(redis_server) -> None:
+    """Under the default approximate capacity (a million tokens) a long prompt's entry
+    still holds only ``stream_entry_max_tokens`` tokens."""
+    async with serving(instant_upstream.create_app("x")) as up:
+        config = shared_config(redis_server.url,
+                               [{"id": "vllm", "model": "demo", "url": up, "kind": "openai"}],
+                               redis={"stream_entry_max_tokens": 32})
+        client = redis.Redis.from_url(redis_server.url)
+        async with running_router(config, shared=True) as (url, _), \
+                aiohttp.ClientSession() as session:
+            try:
+                status, _ = await post(session, f"{url}/v1/completions",
+                                       {"model": "demo", "prompt": "z" * 5_000,
+                                        "max_tokens": 1}, ALICE)
+                assert status == 200
+                entries = await eventually(lambda: client.xrange("peers-test:routed"), 3.0)
+                assert [len(fields[b"k"]) for _, fields in entries] == [32 * 4]
+            finally:
+                await client.aclose()
+
+
 async def test_a_shared_worker_must_pass_the_admin_rules(redis_server, monkeypatch) -> None:
     """Whoever writes to Redis cannot make a router send its secret, or a worker's key
     (under another id, or under that worker's own id at another URL), to a host."""

@@ -168,17 +168,22 @@ def test_connections_from_before_a_redis_restart_reconnect_without_a_fallback(
 
 
 class Gated:
-    """A shared state whose ``method`` waits for ``gate`` (after setting ``entered``)."""
+    """A shared state whose ``method`` waits for ``gate`` (after setting ``entered``),
+    from its call number ``from_call`` (counting from 1) on."""
 
-    def __init__(self, state: RedisSharedState, method: str) -> None:
+    def __init__(self, state: RedisSharedState, method: str, from_call: int = 1) -> None:
         self._state = state
         self._method = method
+        self._calls_left = from_call - 1
         self.entered = asyncio.Event()
         self.gate = asyncio.Event()
 
     def __getattr__(self, name: str) -> Any:
         attr = getattr(self._state, name)
         if name != self._method:
+            return attr
+        if self._calls_left:
+            self._calls_left -= 1
             return attr
 
         async def gated(*args: Any) -> Any:
@@ -213,6 +218,31 @@ def test_a_client_gone_mid_admission_or_mid_release_leaks_no_slot(redis_server, 
             gated.gate.set()
             await eventually(no_slot_held, timeout_s=2.0)
             await limiter.release(await limiter.admit(alice, 10, 0), 0)
+
+    run(main)
+
+
+def test_a_client_gone_mid_reservation_leaves_nothing_in_the_window(redis_server) -> None:
+    """Cancelled while its reservation (the second ``reserve_tokens``) is on its way to
+    Redis: the reservation lands after the client left and is settled to nothing,
+    the hold is given back."""
+    alice = Tenant("alice", TenantLimits(max_concurrent_requests=1, tokens_per_minute=1000))
+
+    async def main() -> None:
+        async with routers(redis_server, 1) as [(link, state)]:
+            gated = Gated(state, "reserve_tokens", from_call=2)
+            limiter = TenantLimiter(gated)  # type: ignore[arg-type]
+            task = asyncio.create_task(limiter.admit(alice, 10, 500))
+            await gated.entered.wait()
+            task.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await task
+            gated.gate.set()
+
+            async def window_empty() -> bool:
+                return (await limiter.tokens_in_window("alice") == 0
+                        and await link.client.hgetall("test:slots:r0") == {})
+            await eventually(window_empty, timeout_s=2.0)
 
     run(main)
 
