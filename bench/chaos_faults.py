@@ -4,22 +4,28 @@
 three demo workers) started through the supervisor, with the handles a fault and
 a health check need. Each fault is an async function that injects it and returns
 when it has ended (the supervisor restarted what was killed, a hung worker was
-continued, hostile clients closed), with notes on what it saw. Every signal goes to
-a PID the supervisor announced; every socket goes to 127.0.0.1.
+continued, hostile clients closed), with notes on what it saw. The last three are
+the attacks of ``harness.attacks`` (heads and bodies past the router's bounds), with
+``/health`` timed while they run. Every signal goes to a PID the supervisor
+announced; every socket goes to 127.0.0.1.
 """
 
 from __future__ import annotations
 
 import asyncio
+import itertools
 import signal
 import subprocess
 import tempfile
+import time
+from collections import Counter
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 import aiohttp
 
 from bench.chaos_traffic import Slowloris, close_all, open_non_reading
+from harness import attacks
 from harness.up_process import TENANT_KEYS, UpProcess, up_config
 
 NUM_WORKERS = 3
@@ -167,9 +173,61 @@ async def slowloris(deployment: Deployment, hold_s: float) -> dict:
     return {"num_clients": 64, "num_closed_by_server": attack.num_closed_by_server}
 
 
+async def _attack(router: str, attack: Callable[[], bytes], num_clients: int,
+                  hold_s: float) -> dict:
+    """``attack`` over and over from ``num_clients`` threads for ``hold_s`` while
+    ``/health`` of ``router`` is timed: how many, the statuses they got, and /health."""
+    statuses: Counter[int | None] = Counter()
+
+    def client(deadline: float) -> None:
+        while time.monotonic() < deadline:
+            statuses[attacks.status_code(attack())] += 1
+
+    deadline = time.monotonic() + hold_s
+    with attacks.HealthWatch(router).running() as health:
+        await asyncio.gather(*(asyncio.to_thread(client, deadline) for _ in range(num_clients)))
+    return {"num_attacks": sum(statuses.values()),
+            "statuses": {str(code): n for code, n in sorted(statuses.items(), key=str)},
+            "health": health.summary()}
+
+
+async def header_flood(deployment: Deployment, hold_s: float) -> dict:
+    """8 clients on router0 sending request heads that never end (header values, and
+    every fourth a header name), for ``hold_s``: each should get 431."""
+    router, calls = deployment.routers[0], itertools.count()
+
+    def attack() -> bytes:
+        if next(calls) % 4 == 3:
+            return attacks.unterminated_header_name(router, max_bytes=4 << 20)
+        return attacks.unterminated_header(router, max_bytes=4 << 20)
+
+    return await _attack(router, attack, 8, hold_s)
+
+
+async def body_flood(deployment: Deployment, hold_s: float) -> dict:
+    """8 clients on router1 sending 32 MiB prompts of token ids as tenant carol (every
+    other one chunked, so only its bytes tell), for ``hold_s``: each should get 413."""
+    router, calls = deployment.routers[1], itertools.count()
+
+    def attack() -> bytes:
+        return attacks.oversize_token_prompt(router, TENANT_KEYS["carol"],
+                                             chunked=next(calls) % 2 == 1)
+
+    return await _attack(router, attack, 8, hold_s)
+
+
+async def handed_off_flood(deployment: Deployment, hold_s: float) -> dict:
+    """8 clients on router0 sending ``GET /health`` with a 31 MiB body, for ``hold_s``:
+    answered without the body being held."""
+    router = deployment.routers[0]
+    return await _attack(router, lambda: attacks.oversize_handed_off_body(router), 8, hold_s)
+
+
 Fault = Callable[[Deployment, float], Awaitable[dict]]
 FAULTS: dict[str, Fault] = {
     "kill_worker": kill_worker, "hang_worker": hang_worker, "kill_redis": kill_redis,
     "restart_router": restart_router, "drop_connections": drop_connections,
     "non_reading_clients": non_reading_clients, "slowloris": slowloris,
+    "header_flood": header_flood, "body_flood": body_flood,
+    "handed_off_flood": handed_off_flood,
 }

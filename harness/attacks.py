@@ -1,0 +1,176 @@
+"""Hostile clients of a router, and what to watch while they run.
+
+Each attack is a plain function on raw sockets to a loopback router, bounded in the
+bytes it sends and the seconds it takes, that returns the status line the router
+answered (``b""`` when it closed without one). They are the reproductions of the
+audit behind docs/security.md's "Hostile input" section: a header that never ends,
+a header name that never ends, a token-id body far past a tenant's limits, and a
+large body on a route the lean server hands to aiohttp. ``HealthWatch`` times
+``GET /health`` from another client while they run; ``rss_bytes`` reads a process's
+resident memory from ``/proc``. The hostile suite (tests/router/test_e2e_hostile.py)
+and the chaos soak (``bench.chaos_faults``) use both.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import select
+import socket
+import statistics
+import threading
+import time
+import urllib.parse
+from collections.abc import Iterator
+from pathlib import Path
+
+CHUNK = 64 * 1024
+# A prompt of token ids, about 5 bytes per id: "[1000, 1000, ...]".
+_TOKEN_IDS = b"1000, " * (CHUNK // 6)
+
+
+def _connect(url: str, timeout_s: float) -> socket.socket:
+    parts = urllib.parse.urlsplit(url)
+    sock = socket.create_connection((parts.hostname, parts.port), timeout=timeout_s)
+    sock.settimeout(timeout_s)
+    return sock
+
+
+def _answer(sock: socket.socket) -> bytes:
+    """The status line the peer sent (``b""`` if it closed without one, or went quiet
+    past the socket's timeout)."""
+    received = b""
+    with contextlib.suppress(OSError):
+        while b"\r\n" not in received and len(received) < 4096:
+            chunk = sock.recv(4096)
+            if not chunk:
+                break
+            received += chunk
+    return received.split(b"\r\n", 1)[0] if b"\r\n" in received else b""
+
+
+def _send_until_answered(sock: socket.socket, head: bytes, filler: bytes, max_bytes: int
+                         ) -> bytes:
+    """Send ``head``, then ``filler`` over and over up to ``max_bytes`` in all or until
+    the router answers or closes; the router's status line."""
+    sent = 0
+    try:
+        sock.sendall(head)
+        while sent < max_bytes:
+            sock.sendall(filler)
+            sent += len(filler)
+            if _peer_spoke(sock):
+                break
+    except OSError:
+        pass  # the router closed: its answer may be waiting all the same
+    return _answer(sock)
+
+
+def _peer_spoke(sock: socket.socket) -> bool:
+    """Whether bytes or an end of stream from the router are waiting; never blocks."""
+    return bool(select.select([sock], [], [], 0)[0])
+
+
+def unterminated_header(url: str, max_bytes: int = 16 << 20, timeout_s: float = 20.0
+                        ) -> bytes:
+    """``GET /health`` with a header value that never ends (no CRLF), sent up to
+    ``max_bytes``: the router should answer 431 once the head passes its limit."""
+    with _connect(url, timeout_s) as sock:
+        return _send_until_answered(sock, b"GET /health HTTP/1.1\r\nHost: x\r\nX-Big: ",
+                                    b"a" * CHUNK, max_bytes)
+
+
+def unterminated_header_name(url: str, max_bytes: int = 16 << 20, timeout_s: float = 20.0
+                             ) -> bytes:
+    """``GET /health`` with a header name that never ends (no colon, no CRLF)."""
+    with _connect(url, timeout_s) as sock:
+        return _send_until_answered(sock, b"GET /health HTTP/1.1\r\nHost: x\r\n",
+                                    b"X" * CHUNK, max_bytes)
+
+
+def oversize_token_prompt(url: str, api_key: str, num_bytes: int = 32 << 20,
+                          chunked: bool = False, timeout_s: float = 20.0) -> bytes:
+    """``POST /v1/completions`` whose prompt is ``num_bytes`` of token ids, announced
+    by Content-Length (or chunked, so only the bytes tell): the router should refuse
+    it (413) before it reads, let alone decodes, the body."""
+    length = b"Transfer-Encoding: chunked" if chunked else b"Content-Length: %d" % num_bytes
+    start, filler = b'{"model": "demo", "prompt": [', _TOKEN_IDS
+    if chunked:
+        start, filler = _chunk(start), _chunk(filler)
+    head = (b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            b"Authorization: Bearer " + api_key.encode() + b"\r\n" + length + b"\r\n\r\n"
+            + start)
+    with _connect(url, timeout_s) as sock:
+        return _send_until_answered(sock, head, filler, num_bytes)
+
+
+def _chunk(data: bytes) -> bytes:
+    return b"%x\r\n%b\r\n" % (len(data), data)
+
+
+def oversize_handed_off_body(url: str, num_bytes: int = 31 << 20, timeout_s: float = 20.0
+                             ) -> bytes:
+    """``GET /health`` (a route the lean server hands to aiohttp) with a ``num_bytes``
+    body: the router should answer without holding the body first."""
+    head = b"GET /health HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n" % num_bytes
+    with _connect(url, timeout_s) as sock:
+        return _send_until_answered(sock, head, b"x" * CHUNK, num_bytes)
+
+
+def status_code(status_line: bytes) -> int | None:
+    """The code of an ``HTTP/1.1 431 ...`` status line; None for none."""
+    parts = status_line.split(b" ", 2)
+    return int(parts[1]) if len(parts) >= 2 and parts[1].isdigit() else None
+
+
+def rss_bytes(pid: int) -> int:
+    """The resident memory of process ``pid`` (``VmRSS`` in ``/proc/PID/status``)."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) * 1024
+    raise ValueError(f"no VmRSS for process {pid}")
+
+
+class HealthWatch:
+    """``GET /health`` on its own connection every ``interval_s`` in a thread, from
+    ``start`` to ``stop``: the latency of each (a failed or refused call counts as
+    ``timeout_s``)."""
+
+    def __init__(self, url: str, interval_s: float = 0.05, timeout_s: float = 10.0) -> None:
+        self._url = url
+        self._interval_s = interval_s
+        self._timeout_s = timeout_s
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self.latencies_s: list[float] = []
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            started = time.monotonic()
+            try:
+                with _connect(self._url, self._timeout_s) as sock:
+                    sock.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+                    ok = status_code(_answer(sock)) == 200
+            except OSError:
+                ok = False
+            self.latencies_s.append(time.monotonic() - started if ok else self._timeout_s)
+            self._stop.wait(self._interval_s)
+
+    @contextlib.contextmanager
+    def running(self) -> Iterator[HealthWatch]:
+        """Watch while the ``with`` block runs."""
+        self._thread.start()
+        try:
+            yield self
+        finally:
+            self._stop.set()
+            self._thread.join(self._timeout_s + 1)
+
+    def median_s(self) -> float:
+        """The median latency (infinite before any call ended)."""
+        return statistics.median(self.latencies_s) if self.latencies_s else float("inf")
+
+    def summary(self) -> str:
+        """Count, median and worst, for an assertion message or a report."""
+        worst = max(self.latencies_s, default=float("inf"))
+        return (f"{len(self.latencies_s)} calls, median {self.median_s() * 1000:.0f} ms, "
+                f"worst {worst * 1000:.0f} ms")
