@@ -61,12 +61,16 @@ class Message:
             self.refuse(body_too_large(max_bytes))
 
     def refuse(self, error: ApiError) -> None:
-        """Fail the body with ``error``; what arrives of it from now on is dropped
-        unread (so the client can still read the answer), not kept."""
+        """Fail the body with ``error``, a body already complete too (unless it failed
+        already); what arrives of it from now on is dropped unread (so the client can
+        still read the answer), not kept."""
         self.chunks, self.sink = [], _drop
-        if not self.body.done():
-            self.body.set_exception(error)
-            self.body.exception()  # retrieved: the pipeline may not be reading it
+        if self.body.done():
+            if self.body.cancelled() or self.body.exception() is not None:
+                return  # it failed already, for its own reason
+            self.body = self.body.get_loop().create_future()
+        self.body.set_exception(error)
+        self.body.exception()  # retrieved: the pipeline may not be reading it
 
     def raw(self, body: bytes) -> bytes:
         """The request re-written for aiohttp, framed by ``Content-Length``."""
