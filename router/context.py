@@ -80,7 +80,8 @@ class Router:
                 return
             base = NamespaceDigest(worker.namespace or "")
             await KVEventFollower(
-                index, WorkerId(worker.worker_id), worker.url, session, worker.headers,
+                index, WorkerId(worker.worker_id), worker.url, session, metrics.kv_events,
+                worker.headers,
                 lambda namespace: worker.lora.event_namespace(namespace, base,
                                                               worker.worker_namespace)).run()
 

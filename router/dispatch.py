@@ -46,7 +46,8 @@ ENDPOINTS = {"/v1/completions": COMPLETIONS, "/v1/chat/completions": CHAT}
 
 async def serve_openai(router: Router, client: Client, endpoint: str) -> None:
     """Serve one OpenAI request (``endpoint``: ``ENDPOINTS``' values) to ``client``;
-    counts every outcome in ``router_requests_total``."""
+    counts every outcome in ``router_requests_total``, and every refusal in
+    ``router_refused_requests_total``."""
     started = time.monotonic()
     tenant_id, worker_id, code = "unknown", NO_WORKER, 500
     exchange, route = Exchange(503), None
@@ -88,6 +89,7 @@ async def serve_openai(router: Router, client: Client, endpoint: str) -> None:
         code = exchange.status
     except ApiError as exc:
         code = exc.status
+        router.metrics.count_refusal(exc)
         raise
     except asyncio.CancelledError:
         code = CLIENT_CLOSED

@@ -3,19 +3,30 @@
 Counters and histograms are updated as requests pass; the gauges (index size, worker
 readiness and load) are refreshed from their owners when ``/metrics`` is scraped. A
 stream that fails after its first byte (an error frame, then ``[DONE]``) is counted
-in ``router_requests_total`` with code 502, like an error before it.
+in ``router_requests_total`` with code 502, like an error before it. A refused
+request is counted in ``router_refused_requests_total`` too, by its reason. The
+process's own ``process_*`` metrics (resident memory, CPU, file descriptors) are read
+from ``/proc`` at each scrape.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator, Mapping
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    ProcessCollector,
+    generate_latest,
+)
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from radix.api_errors import ApiError
 from radix.token_cache import CacheStats
-from router.fleet.events.vllm.follower import KVEventMetrics
+from router.fleet.events.metrics import KVEventMetrics
 from router.fleet.registry import WorkerState
 from router.routing.index import IndexStats
 from router.siblings.protocol import Siblings
@@ -24,6 +35,13 @@ _LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 
                     1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 _DECISION_BUCKETS = (0.00001, 0.000025, 0.00005, 0.0001, 0.00025, 0.0005, 0.001,
                      0.0025, 0.005, 0.01)
+# The ``reason`` of ``router_refused_requests_total``: the error code of each refusal
+# the router makes itself (``front/auth``, ``client``, ``front/limits``, ``dispatch``),
+# and ``invalid_request`` for any other 4xx (a malformed body, an unknown model, a
+# client error a worker found). Every child exists from the start.
+REFUSAL_REASONS = ("invalid_api_key", "invalid_request", "request_too_large",
+                   "request_timeout", "max_tokens_too_large", "prompt_too_long",
+                   "concurrency_limit", "rate_limit_exceeded", "no_worker", "saturated")
 
 
 class RouterMetrics:
@@ -33,6 +51,7 @@ class RouterMetrics:
                  index_stats: Callable[[], IndexStats] | None = None) -> None:
         self.registry = CollectorRegistry()
         r = self.registry
+        ProcessCollector(registry=r)
         r.register(_TokenCacheCollector(token_cache_stats))
         if index_stats is not None:
             r.register(_IndexCollector(index_stats))
@@ -60,6 +79,10 @@ class RouterMetrics:
         self.ttft_seconds = Histogram("router_ttft_seconds", "Time to the first byte sent",
                                       buckets=_LATENCY_BUCKETS, registry=r)
         self.retries = Counter("router_retries", "Attempts moved to another worker", registry=r)
+        refused = Counter("router_refused_requests",
+                          "Requests refused (4xx, 503 no_worker or saturated), by reason",
+                          ["reason"], registry=r)
+        self._refusals = {reason: refused.labels(reason) for reason in REFUSAL_REASONS}
         self.kv_events = KVEventMetrics(r)
         self._request_counters: dict[tuple[str, str, int], Counter] = {}
         self._token_counters: dict[str, tuple[Counter, Counter]] = {}
@@ -80,6 +103,17 @@ class RouterMetrics:
             counter = self._request_counters[key] = self.requests.labels(worker_id, tenant_id,
                                                                          str(code))
         counter.inc()
+
+    def count_refusal(self, error: ApiError) -> None:
+        """Count a request answered with ``error`` in ``router_refused_requests_total``
+        when ``error`` is a refusal: under its code when that is one of
+        ``REFUSAL_REASONS``, else under ``invalid_request`` when it is a 4xx. Any other
+        5xx (502: the worker failed) is a failure, not a refusal: not counted."""
+        counter = self._refusals.get(error.code or "")
+        if counter is None and error.status < 500:
+            counter = self._refusals["invalid_request"]
+        if counter is not None:
+            counter.inc()
 
     def count_tokens(self, worker_id: str, num_prompt_tokens: int, num_matched_tokens: int
                      ) -> None:

@@ -15,10 +15,10 @@ Engine thread loop::
         publish stats; hand outputs to the loop; publish new KV events
 
 A request that fails alone (``RequestOutput.error``) ends its stream with an
-``EngineError``. A step that fails as a whole (the batched model call) aborts every
-request in flight and sets ``batch_failed`` until someone (the worker's readiness
-keeper, ``workers.engine.selftest.keep_ready``) has checked the engine again. If the
-thread itself dies, ``failed`` becomes True for good.
+``EngineError``. A step that fails as a whole (the batched model call) is counted and
+aborts every request in flight (``Engine.fail_step``), and sets ``batch_failed`` until
+someone (the worker's readiness keeper, ``workers.engine.selftest.keep_ready``) has
+checked the engine again. If the thread itself dies, ``failed`` becomes True for good.
 """
 
 from __future__ import annotations
@@ -237,9 +237,9 @@ class AsyncEngine:
     def _step(self) -> dict[int, RequestOutput]:
         try:
             return self._engine.step()
-        except Exception:
+        except Exception as exc:
             log.exception("engine step failed; aborting every request in flight")
-            self._post(self._fail, self._engine.abort_all())
+            self._post(self._fail, self._engine.fail_step(exc))
             self._post(self.batch_failed.set)
             return {}
 

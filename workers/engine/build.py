@@ -20,7 +20,7 @@ from importlib.metadata import version
 from pathlib import Path
 
 import torch
-from prometheus_client import CollectorRegistry
+from prometheus_client import CollectorRegistry, ProcessCollector
 
 from radix.cost_model import Profile
 from radix.model_source import DEMO_MODEL, resolve_model_path
@@ -238,6 +238,7 @@ def build_worker(config: WorkerConfig, worker_id: str, secret: bytes) -> BuiltWo
     model_limit = backend.max_positions
     max_model_len = min(config.model.max_model_len or model_limit, model_limit, plan.num_tokens)
     registry = CollectorRegistry()
+    ProcessCollector(registry=registry)  # process_*: resident memory, CPU, descriptors
     lora = build_lora(config.lora, backend.lora_shapes, backend.loader, backend.needs_weights,
                       namespace, secret, registry)
     runner = backend.make_runner(manager.tensors, scales, backend.loader)

@@ -11,7 +11,11 @@ One request's failure ends that request only: an exception while preparing its
 inputs, sampling its rows or detokenizing its tokens is logged, its blocks are
 released, and its last output carries an error; the rest of the batch goes on.
 Only an exception from the batched model call (or the scheduler) leaves ``step``,
-and then the caller aborts every request.
+and then the caller fails the step (``fail_step``), which aborts every request.
+Failed steps are counted (``engine_failed_steps_total``), and so is every torch
+out-of-memory error the engine catches (``engine_out_of_memory_total``): one that
+failed a step, a batch sampled again request by request, or one request alone (its
+inputs, its sampling, its LoRA adapter's load).
 
 Invariant (checked by tests between steps): every sequence in ``scheduler.running``
 holds blocks in the KV manager, no other does; free + cached + in-use = total.
@@ -21,6 +25,7 @@ from __future__ import annotations
 
 import itertools
 import logging
+import sys
 import time
 from collections.abc import Sequence as SequenceOf
 
@@ -84,6 +89,8 @@ class Engine:
         self._block_size = manager.block_size
         self._num_prompt_tokens = 0
         self._num_generation_tokens = 0
+        self._num_failed_steps = 0
+        self._num_out_of_memory = 0
 
     # ---- requests ------------------------------------------------------------------
 
@@ -122,9 +129,12 @@ class Engine:
         if state.request.adapter is not None:
             self.adapters.end(state.request.adapter, state.lora_slot is not None)
 
-    def abort_all(self) -> list[int]:
-        """Abort every request (after an engine failure); returns their ids, with those
+    def fail_step(self, error: Exception) -> list[int]:
+        """After ``step`` raised ``error``: count the failed step (and ``error`` when it
+        is torch's out of memory), abort every request and return their ids, with those
         of requests that failed alone in the failed step (their outputs are dropped)."""
+        self._num_failed_steps += 1
+        self._count_out_of_memory(error)
         request_ids = [*self._requests, *self._failures]
         self._failures.clear()
         for request_id in list(self._requests):
@@ -175,12 +185,18 @@ class Engine:
 
     def _fail(self, state: RequestState, stage: str) -> None:
         """End ``state`` alone after an exception in ``stage`` (call from its handler):
-        log it, release its blocks, queue its error output."""
+        log it (and count it when it is out of memory), release its blocks, queue its
+        error output."""
         log.exception("request %d failed while %s; the rest of the batch goes on",
                       state.request_id, stage)
+        self._count_out_of_memory(sys.exception())
         self.abort_request(state.request_id)
         self._failures[state.request_id] = RequestOutput(
             (), error=f"the worker failed while {stage} for this request")
+
+    def _count_out_of_memory(self, error: BaseException | None) -> None:
+        if isinstance(error, torch.OutOfMemoryError):
+            self._num_out_of_memory += 1
 
     def _postprocess(
         self, chunks: SequenceOf[ScheduledChunk], logits: torch.Tensor
@@ -230,7 +246,8 @@ class Engine:
         fails (None for its rows)."""
         try:
             return _sample_rows(logits, rows, seqs)
-        except Exception:
+        except Exception as exc:
+            self._count_out_of_memory(exc)
             log.warning("batched sampling failed; sampling each request on its own")
         by_request: dict[int, list[int]] = {}
         for i, seq in enumerate(seqs):
@@ -334,6 +351,8 @@ class Engine:
             num_preemptions=self.scheduler.num_preemptions,
             num_swaps=self.scheduler.num_swaps,
             num_stalls=self.scheduler.num_stalls,
+            num_failed_steps=self._num_failed_steps,
+            num_out_of_memory=self._num_out_of_memory,
             num_prompt_tokens=self._num_prompt_tokens,
             num_generation_tokens=self._num_generation_tokens,
             tail_fill=TailBlockFill.measure(

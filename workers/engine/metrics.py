@@ -48,6 +48,8 @@ class EngineStats:
     cow_copies_total: int
     preemptions_total: int
     engine_stalls_total: int
+    engine_failed_steps_total: int
+    engine_out_of_memory_total: int
     prompt_tokens_total: int
     generation_tokens_total: int
     kv_tail_block_fill_ratio: float
@@ -85,6 +87,8 @@ class EngineStats:
         num_preemptions: int,
         num_swaps: int,
         num_stalls: int,
+        num_failed_steps: int,
+        num_out_of_memory: int,
         num_prompt_tokens: int,
         num_generation_tokens: int,
         tail_fill: TailBlockFill,
@@ -104,6 +108,8 @@ class EngineStats:
             cow_copies_total=kv.num_cow_copies_total,
             preemptions_total=num_preemptions,
             engine_stalls_total=num_stalls,
+            engine_failed_steps_total=num_failed_steps,
+            engine_out_of_memory_total=num_out_of_memory,
             prompt_tokens_total=num_prompt_tokens,
             generation_tokens_total=num_generation_tokens,
             kv_tail_block_fill_ratio=tail_fill.fill_ratio,
@@ -195,6 +201,10 @@ _COUNTERS = {
     "kv_disk_auth_failures_total": "Disk-tier block files that could not be read or failed"
     " authentication (torn, tampered, another secret; dropped).",
     "engine_stalls_total": "Requests that could not be admitted with nothing running (a bug).",
+    "engine_failed_steps_total": "Batched engine steps that raised; every request in flight"
+    " failed with the step.",
+    "engine_out_of_memory_total": "torch.OutOfMemoryError (CUDA out of memory) caught by the"
+    " engine: each that failed a step, a batched sampling or one request.",
     "prompt_tokens_total": "Prompt tokens of requests whose prefill completed (cached or not).",
     "generation_tokens_total": "Output tokens generated (all choices, aborted requests too).",
 }

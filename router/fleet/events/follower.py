@@ -10,13 +10,16 @@ answers NDJSON (one JSON event a line, an empty line a heartbeat) is read as tha
   (H) becomes the position; ``stored`` events with that same seq are the snapshot body;
 - any other event must carry the current epoch and ``seq = last + 1``.
 
-A gap, an event of a new epoch that does not start with ``cleared``, or a malformed
-line or frame (``EventDecodeError``, logged) ends the stream and reconnects *without*
-``since``: the worker answers with a snapshot. A dropped connection or a silent one
+A gap, an event of a new epoch that does not start with ``cleared``, or a line or
+frame that is malformed (``EventDecodeError``) or over ``max_message_bytes`` (both
+logged and counted in ``router_kv_event_decode_errors_total``) ends the stream and
+reconnects *without* ``since``: the worker answers with a snapshot. A dropped connection or a silent one
 (nothing, not even a heartbeat, for ``read_timeout_s``) reconnects *with*
 ``since=last&epoch=E``: the worker resumes, or sends a snapshot when it cannot.
-Reconnects back off exponentially up to ``max_backoff_s``, reset by a stream that
-delivered an event. Cancelling the task closes the connection and ends ``run``.
+Any other exception (a bug) is logged and counted
+(``router_kv_event_follower_restarts_total``), and the follower starts over from a
+snapshot. Reconnects back off exponentially up to ``max_backoff_s``, reset by a stream
+that delivered an event. Cancelling the task closes the connection and ends ``run``.
 """
 
 from __future__ import annotations
@@ -38,6 +41,7 @@ from radix.events import (
     decode_event,
     decode_frame,
 )
+from router.fleet.events.metrics import KVEventMetrics
 from router.routing.index import RouterIndex, WorkerId
 
 log = logging.getLogger(__name__)
@@ -78,9 +82,14 @@ class _Resync(Exception):
     """The stream cannot be continued: reconnect for a snapshot."""
 
 
+class _Malformed(_Resync):
+    """A line or frame that does not decode, or is over ``max_message_bytes``."""
+
+
 class KVEventFollower:
     """Streams one worker's KV events into ``index`` under ``worker_id``.
 
+    ``metrics`` count its decode errors and restarts under ``worker_id``.
     ``headers`` go with every request (the worker's ``Authorization``). When
     ``namespace_of`` is given, each event is filed under ``namespace_of(its
     namespace)``: the router's own digest of that namespace (the worker's base or one
@@ -88,7 +97,8 @@ class KVEventFollower:
     """
 
     def __init__(self, index: RouterIndex, worker_id: WorkerId, url: str,
-                 session: aiohttp.ClientSession, headers: Mapping[str, str] | None = None,
+                 session: aiohttp.ClientSession, metrics: KVEventMetrics,
+                 headers: Mapping[str, str] | None = None,
                  namespace_of: Callable[[str], str] | None = None,
                  config: FollowerConfig | None = None) -> None:
         self.index = index
@@ -105,6 +115,8 @@ class KVEventFollower:
         self._connected = False
         self._num_events = self._num_connects = self._num_resyncs = 0
         self._last_error: str | None = None
+        self._decode_errors = metrics.decode_errors.labels(worker_id)
+        self._restarts = metrics.restarts.labels(worker_id)
 
     def status(self) -> FollowerStatus:
         """A snapshot of the follower's position and counters."""
@@ -121,6 +133,8 @@ class KVEventFollower:
                 await self._stream()
                 self._last_error = "stream ended"
             except _Resync as exc:
+                if isinstance(exc, _Malformed):
+                    self._decode_errors.inc()
                 self._resume = False
                 self._num_resyncs += 1
                 self._last_error = str(exc)
@@ -131,6 +145,7 @@ class KVEventFollower:
             except Exception as exc:  # a bug must not end following: log it, start over
                 self._resume = False
                 self._last_error = f"{type(exc).__name__}: {exc}"
+                self._restarts.inc()
                 log.exception("kv events of %s: unexpected error; resyncing", self.worker_id)
             finally:
                 self._connected = False
@@ -189,7 +204,7 @@ async def _json_lines(content: aiohttp.StreamReader, max_message_bytes: int
             try:
                 yield [decode_event(line)]
             except EventDecodeError as exc:
-                raise _Resync(f"malformed event: {exc}") from exc
+                raise _Malformed(f"malformed event: {exc}") from exc
 
 
 async def _frames(content: aiohttp.StreamReader, max_frame_bytes: int
@@ -202,14 +217,14 @@ async def _frames(content: aiohttp.StreamReader, max_frame_bytes: int
             head = await content.readexactly(FRAME_HEADER.size)
             (size,) = FRAME_HEADER.unpack(head)
             if size > max_frame_bytes:
-                raise _Resync(f"event frame of {size} bytes, over {max_frame_bytes}")
+                raise _Malformed(f"event frame of {size} bytes, over {max_frame_bytes}")
             body = await content.readexactly(size)
         except asyncio.IncompleteReadError:
             return
         try:
             yield decode_frame(body)
         except EventDecodeError as exc:
-            raise _Resync(f"malformed event: {exc}") from exc
+            raise _Malformed(f"malformed event: {exc}") from exc
 
 
 async def _lines(content: aiohttp.StreamReader, max_message_bytes: int) -> AsyncIterator[bytes]:
@@ -225,4 +240,4 @@ async def _lines(content: aiohttp.StreamReader, max_message_bytes: int) -> Async
             start = end + 1
         del buffer[:start]
         if len(buffer) > max_message_bytes:
-            raise _Resync(f"event line over {max_message_bytes} bytes")
+            raise _Malformed(f"event line over {max_message_bytes} bytes")

@@ -120,10 +120,10 @@ def test_a_failed_batch_caches_only_the_positions_written_before_it():
         raise RuntimeError("device fault")
 
     engine._runner.execute = fail
-    with pytest.raises(RuntimeError):
+    with pytest.raises(RuntimeError) as failed:
         engine.step()  # positions 16..31 were assigned, never written
     assert engine.manager.num_computed_tokens(seq.seq_id) == 32
     assert engine.scheduler.num_written_tokens(seq) == 16
-    assert engine.abort_all() == [0]
+    assert engine.fail_step(failed.value) == [0]
     assert engine.manager.stats().num_cached_tokens == 16
     engine.manager.check_invariants()

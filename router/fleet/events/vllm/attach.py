@@ -17,7 +17,8 @@ import aiohttp
 import zmq.asyncio
 
 from radix.openai.salt import CacheSalts
-from router.fleet.events.vllm.follower import Endpoints, KVEventMetrics, VllmEventFollower
+from router.fleet.events.metrics import KVEventMetrics
+from router.fleet.events.vllm.follower import Endpoints, VllmEventFollower
 from router.fleet.events.vllm.parity import token_parity_problem
 from router.fleet.events.vllm.translate import VllmTranslator
 from router.fleet.probes import openai_namespace

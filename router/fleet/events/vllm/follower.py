@@ -41,48 +41,21 @@ from typing import Protocol
 
 import zmq
 import zmq.asyncio
-from prometheus_client import CollectorRegistry, Counter, Histogram
 from zmq.utils.monitor import parse_monitor_message
 
 from radix.events import KVEvent
+from router.fleet.events.metrics import KVEventMetrics
 from router.fleet.events.vllm.translate import VllmTranslator
 from router.fleet.events.vllm.wire import END_OF_REPLAY, WireError, decode_batch, decode_seq
 from router.routing.index import WorkerId
 
 log = logging.getLogger(__name__)
-_LAG_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1.0, 5.0)
 _MONITORED = zmq.EVENT_CONNECTED | zmq.EVENT_DISCONNECTED
 _REPLAY_YIELD_EVERY = 64
 MAX_MESSAGE_BYTES = 64 * 2**20
 MAX_REPLAY_BYTES = 512 * 2**20
 MAX_REPLAY_BATCHES = 100_000  # vLLM keeps 10,000 by default
 RESTART_DELAY_S = 1.0
-
-
-class KVEventMetrics:
-    """Counters of every worker's event stream, labelled by worker:
-    ``router_kv_events_total`` (batches applied), ``router_kv_event_gaps_total``,
-    ``router_kv_event_replays_total``, ``router_kv_event_resyncs_total`` (the worker's
-    entries cleared), ``router_kv_event_decode_errors_total``,
-    ``router_kv_event_follower_restarts_total`` and the lag from the engine's batch
-    timestamp to the index, ``router_kv_event_lag_seconds``."""
-
-    def __init__(self, registry: CollectorRegistry) -> None:
-        def counter(name: str, text: str) -> Counter:
-            return Counter(name, text, ["worker"], registry=registry)
-
-        self.events = counter("router_kv_events", "KV event batches applied to the index")
-        self.gaps = counter("router_kv_event_gaps", "Gaps seen in a worker's event sequence")
-        self.replays = counter("router_kv_event_replays", "Replays asked of a worker")
-        self.resyncs = counter("router_kv_event_resyncs",
-                               "Times a worker's index entries were cleared and rebuilt")
-        self.decode_errors = counter("router_kv_event_decode_errors",
-                                     "Malformed KV event messages or events, skipped")
-        self.restarts = counter("router_kv_event_follower_restarts",
-                                "Followers started over after an error that ended them")
-        self.lag = Histogram("router_kv_event_lag_seconds",
-                             "Engine batch timestamp to applied in the index",
-                             buckets=_LAG_BUCKETS, registry=registry)
 
 
 class EventSink(Protocol):

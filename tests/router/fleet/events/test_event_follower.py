@@ -15,12 +15,14 @@ import logging
 
 import aiohttp
 from aiohttp import web
+from prometheus_client import CollectorRegistry
 
 from bench.sim_cache import SimCache
 from radix.events import KVEvent, encode_event
 from radix.keys import to_key
 from radix.tree import PUBLIC
 from router.fleet.events.follower import FollowerConfig, KVEventFollower
+from router.fleet.events.metrics import KVEventMetrics
 from router.routing.index import RouterIndex
 from tests.support.aio import eventually
 
@@ -138,14 +140,16 @@ def assert_index_mirrors(index: RouterIndex, cache: SimCache, namespace: str = N
 
 
 def run_with_follower(test, log_size: int = 1000, **follower_args):
-    """Run ``test(server, index, follower)`` with a following task; cancel it after."""
+    """Run ``test(server, index, follower)`` with a following task; cancel it after.
+    ``follower_args`` override the follower's (``metrics`` to read its counters)."""
 
     async def main() -> None:
         server = EventLogServer(log_size)
         await server.start()
         index = RouterIndex()
         async with aiohttp.ClientSession() as session:
-            args = {"headers": {"Authorization": f"Bearer {KEY}"}, "config": FAST, **follower_args}
+            args = {"headers": {"Authorization": f"Bearer {KEY}"}, "config": FAST,
+                    "metrics": KVEventMetrics(CollectorRegistry()), **follower_args}
             follower = KVEventFollower(index, "w", server.url, session, **args)
             task = asyncio.create_task(follower.run())
             try:
@@ -161,6 +165,11 @@ def run_with_follower(test, log_size: int = 1000, **follower_args):
 
 def caught_up(server: EventLogServer, follower: KVEventFollower):
     return lambda: (follower.status().epoch, follower.status().last_seq) == (server.cache.epoch, server.head)
+
+
+def counted(registry: CollectorRegistry, name: str) -> float:
+    """Worker ``w``'s ``router_<name>_total`` (0 before its first count)."""
+    return registry.get_sample_value(f"router_{name}_total", {"worker": "w"}) or 0
 
 
 def test_snapshot_then_live_events_build_the_workers_cache():
@@ -207,19 +216,64 @@ def test_a_gap_resyncs_from_a_snapshot():
     run_with_follower(test)
 
 
-def test_a_malformed_line_is_logged_and_resyncs_without_crashing(caplog):
+def test_a_malformed_line_is_logged_counted_and_resyncs_without_crashing(caplog):
+    registry = CollectorRegistry()
+
     async def test(server, index, follower):
         server.insert([1, 2, 3, 4, 5])
         await eventually(caught_up(server, follower), FOLLOW_S)
+        assert counted(registry, "kv_event_decode_errors") == 0
         with caplog.at_level(logging.WARNING, logger="router.fleet.events.follower"):
             server.inject(b'{"type": "stored", "seq": "x"}\n')
             await eventually(lambda: follower.status().num_resyncs == 1, FOLLOW_S)
         assert "malformed event" in caplog.text and "event.seq" in caplog.text
+        assert counted(registry, "kv_event_decode_errors") == 1
+        server.insert([2, 2, 2, 2, 2])
+        await eventually(caught_up(server, follower), FOLLOW_S)
+        assert_index_mirrors(index, server.cache)
+        assert counted(registry, "kv_event_follower_restarts") == 0
+
+    run_with_follower(test, metrics=KVEventMetrics(registry))
+
+
+def test_a_line_over_the_message_bound_is_counted_as_a_decode_error():
+    registry = CollectorRegistry()
+
+    async def test(server, index, follower):
+        server.insert([1, 2, 3, 4, 5])
+        await eventually(caught_up(server, follower), FOLLOW_S)
+        server.inject(b"x" * 300)  # no newline within the bound
+        await eventually(lambda: counted(registry, "kv_event_decode_errors") == 1, FOLLOW_S)
         server.insert([2, 2, 2, 2, 2])
         await eventually(caught_up(server, follower), FOLLOW_S)
         assert_index_mirrors(index, server.cache)
 
-    run_with_follower(test)
+    bounded = FollowerConfig(initial_backoff_s=0.01, max_backoff_s=0.05, read_timeout_s=2.0,
+                             max_message_bytes=256)
+    run_with_follower(test, metrics=KVEventMetrics(registry), config=bounded)
+
+
+def test_a_follower_that_fails_starts_over_from_a_snapshot_and_is_counted(caplog):
+    registry = CollectorRegistry()
+
+    async def test(server, index, follower):
+        server.insert([1, 2, 3, 4, 5])
+        await eventually(caught_up(server, follower), FOLLOW_S)
+
+        def fail_once(worker_id, event) -> None:  # a bug anywhere below the follower
+            del index.apply_event
+            raise RuntimeError("a bug")
+
+        index.apply_event = fail_once
+        server.insert([2, 2, 2, 2, 2])
+        await eventually(lambda: counted(registry, "kv_event_follower_restarts") == 1, FOLLOW_S)
+        assert "unexpected error" in caplog.text
+        await eventually(caught_up(server, follower), FOLLOW_S)
+        assert server.requests[-1] == {}, "started over from a snapshot"
+        assert_index_mirrors(index, server.cache)
+        assert counted(registry, "kv_event_decode_errors") == 0
+
+    run_with_follower(test, metrics=KVEventMetrics(registry))
 
 
 def test_a_worker_restart_clears_its_entries_and_follows_the_new_epoch():
@@ -267,7 +321,8 @@ def test_a_refused_key_is_retried_with_backoff_and_cancel_ends_the_task():
         server = EventLogServer()
         await server.start()
         async with aiohttp.ClientSession() as session:
-            follower = KVEventFollower(RouterIndex(), "w", server.url, session, config=FAST)
+            follower = KVEventFollower(RouterIndex(), "w", server.url, session,
+                                       KVEventMetrics(CollectorRegistry()), config=FAST)
             task = asyncio.create_task(follower.run())
             await eventually(lambda: len(server.requests) >= 3, FOLLOW_S)
             assert "HTTP 401" in (follower.status().last_error or "")
@@ -287,6 +342,7 @@ def test_cancel_closes_a_live_stream():
         server.insert([1, 2, 3, 4, 5])
         async with aiohttp.ClientSession() as session:
             follower = KVEventFollower(RouterIndex(), "w", server.url, session,
+                                       KVEventMetrics(CollectorRegistry()),
                                        headers={"Authorization": f"Bearer {KEY}"}, config=FAST)
             task = asyncio.create_task(follower.run())
             await eventually(caught_up(server, follower), FOLLOW_S)

@@ -14,11 +14,13 @@ import contextlib
 
 import aiohttp
 import pytest
+from prometheus_client import CollectorRegistry
 
 from radix.events import decode_event
 from radix.keys import to_key
 from radix.tree import PUBLIC
 from router.fleet.events.follower import FollowerConfig, KVEventFollower
+from router.fleet.events.metrics import KVEventMetrics
 from router.routing.index import RouterIndex
 from tests.support.aio import eventually
 
@@ -59,7 +61,8 @@ async def follow_and_compare(url: str, prompts: list[tuple[list[int], str, int]]
     async with aiohttp.ClientSession() as session:
         async with session.get(f"{url}/ready") as resp:
             namespace = (await resp.json())["namespace_digest"]
-        follower = KVEventFollower(live, "w", url, session, config=FollowerConfig(initial_backoff_s=0.01))
+        follower = KVEventFollower(live, "w", url, session, KVEventMetrics(CollectorRegistry()),
+                                   config=FollowerConfig(initial_backoff_s=0.01))
         task = asyncio.create_task(follower.run())
         try:
             queries = []

@@ -17,7 +17,8 @@ import zmq.asyncio
 from prometheus_client import CollectorRegistry
 
 from radix.keys import to_key
-from router.fleet.events.vllm.follower import Endpoints, KVEventMetrics, VllmEventFollower
+from router.fleet.events.metrics import KVEventMetrics
+from router.fleet.events.vllm.follower import Endpoints, VllmEventFollower
 from router.fleet.events.vllm.translate import VllmTranslator
 from router.routing.index import RouterIndex
 from tests.support.aio import eventually

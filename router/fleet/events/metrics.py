@@ -1,0 +1,40 @@
+"""The Prometheus counters of the KV event followers, shared by both kinds.
+
+vLLM followers (``router.fleet.events.vllm.follower``) count every one of them; radix
+workers' followers (``router.fleet.events.follower``) count their decode errors and
+restarts (their position, connects and resyncs are in ``GET /admin/index``).
+"""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Histogram
+
+_LAG_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1.0, 5.0)
+
+
+class KVEventMetrics:
+    """Counters of every worker's event stream, labelled by worker:
+    ``router_kv_events_total`` (batches applied), ``router_kv_event_gaps_total``,
+    ``router_kv_event_replays_total``, ``router_kv_event_resyncs_total`` (the worker's
+    entries cleared), ``router_kv_event_decode_errors_total`` (malformed messages,
+    events, lines or frames, skipped or resynced from),
+    ``router_kv_event_follower_restarts_total`` (a follower started over after an
+    error that would have ended it) and the lag from the engine's batch timestamp to
+    the index, ``router_kv_event_lag_seconds``."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        def counter(name: str, text: str) -> Counter:
+            return Counter(name, text, ["worker"], registry=registry)
+
+        self.events = counter("router_kv_events", "KV event batches applied to the index")
+        self.gaps = counter("router_kv_event_gaps", "Gaps seen in a worker's event sequence")
+        self.replays = counter("router_kv_event_replays", "Replays asked of a worker")
+        self.resyncs = counter("router_kv_event_resyncs",
+                               "Times a worker's index entries were cleared and rebuilt")
+        self.decode_errors = counter("router_kv_event_decode_errors",
+                                     "Malformed KV event messages, events, lines or frames")
+        self.restarts = counter("router_kv_event_follower_restarts",
+                                "Followers started over after an error that ended them")
+        self.lag = Histogram("router_kv_event_lag_seconds",
+                             "Engine batch timestamp to applied in the index",
+                             buckets=_LAG_BUCKETS, registry=registry)
