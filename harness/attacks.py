@@ -122,12 +122,13 @@ def status_code(status_line: bytes) -> int | None:
     return int(parts[1]) if len(parts) >= 2 and parts[1].isdigit() else None
 
 
-def rss_bytes(pid: int) -> int:
-    """The resident memory of process ``pid`` (``VmRSS`` in ``/proc/PID/status``)."""
+def rss_bytes(pid: int, field: str = "VmRSS") -> int:
+    """The resident memory of process ``pid`` now (``VmRSS`` in ``/proc/PID/status``),
+    or its peak so far with ``field="VmHWM"``."""
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
+        if line.startswith(f"{field}:"):
             return int(line.split()[1]) * 1024
-    raise ValueError(f"no VmRSS for process {pid}")
+    raise ValueError(f"no {field} for process {pid}")
 
 
 class HealthWatch:

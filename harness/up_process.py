@@ -34,7 +34,8 @@ def up_config(num_workers: int, num_routers: int = 1, launch_redis: bool = False
               max_concurrent_requests: int = 64, keepalive_timeout_s: float = 15.0) -> str:
     """A deployment of demo workers on free ports, ``num_routers`` routers (sharing a
     launched Redis with ``launch_redis``; closing a connection that sends no complete
-    request for ``keepalive_timeout_s``), the tenants of ``TENANT_KEYS``, the admin
+    request for ``keepalive_timeout_s``), the tenants of ``TENANT_KEYS`` (4,096 prompt
+    and 512 output tokens each, as a deployment facing untrusted keys sets), the admin
     key ``ADMIN_KEY``, and ``launch`` settings (restart policy) for ``up``."""
     lines = ["[listen]", "port = 0", f"keepalive_timeout_s = {keepalive_timeout_s}",
              "[metrics]", "port = 0",
@@ -46,7 +47,8 @@ def up_config(num_workers: int, num_routers: int = 1, launch_redis: bool = False
              "[auth]", "allow_anonymous = false", f'admin_key_digest = "{hash_key(ADMIN_KEY)}"']
     for tenant, key in TENANT_KEYS.items():
         lines += [f"[auth.tenants.{tenant}]", f'key_digests = ["{hash_key(key)}"]',
-                  "max_output_tokens = 512", f"max_concurrent_requests = {max_concurrent_requests}",
+                  "max_prompt_tokens = 4096", "max_output_tokens = 512",
+                  f"max_concurrent_requests = {max_concurrent_requests}",
                   "tokens_per_minute = 100000000"]
     if launch_redis:
         lines += ["[redis]", "launch = true", 'key_prefix = "chaos"', "command_timeout_s = 0.5",

@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from concurrent.futures import ThreadPoolExecutor
 from operator import attrgetter
 
 from radix.api_errors import ApiError
@@ -38,6 +39,10 @@ from router.routing.views import RouteRequest, WorkerView
 
 NO_WORKER = "none"
 INLINE_DECODE_BYTES = 256 * 1024  # about 1 ms of decoding; larger bodies go to a thread
+# One thread decodes the large bodies, one at a time: a decoded body can take several
+# times its bytes (a list of token ids about 7x), so however many arrive at once, only
+# one is ever expanded.
+_LARGE_BODIES = ThreadPoolExecutor(1, thread_name_prefix="large-body")
 access_log = logging.getLogger("router.access")
 
 
@@ -104,13 +109,15 @@ async def serve_openai(router: Router, client: Client, endpoint: str) -> None:
 
 async def decode(router: Router, body: bytes, endpoint: str, tenant: Tenant
                  ) -> tuple[ModelTokenizer, str | None, OpenAIRequest]:
-    """``parse_request`` of ``body``: on a worker thread past ``INLINE_DECODE_BYTES``,
-    so a large body (its JSON decoding and checks take milliseconds) does not hold the
-    event loop that every other request shares."""
+    """``parse_request`` of ``body``; past ``INLINE_DECODE_BYTES`` on the one thread
+    that decodes large bodies, in turn, so a large body (its JSON decoding and checks
+    take milliseconds) does not hold the event loop that every other request shares,
+    and many at once cannot multiply the memory a decoded body takes."""
     args = (body, endpoint, router.models, tenant.limits, router.registry.adapters())
     if len(body) <= INLINE_DECODE_BYTES:
         return parse_request(*args)
-    return await asyncio.get_running_loop().run_in_executor(None, parse_request, *args)
+    return await asyncio.get_running_loop().run_in_executor(_LARGE_BODIES, parse_request,
+                                                            *args)
 
 
 async def tokenize(model: ModelTokenizer, parsed: OpenAIRequest, tenant_id: str) -> Prompt:

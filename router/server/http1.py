@@ -70,7 +70,7 @@ class Http1Connection(asyncio.Protocol):
         self._settings = settings
         self._loop = asyncio.get_running_loop()
         self._requests = RequestParser(self._loop, settings.max_body_bytes, settings.endpoints,
-                                       self._queued, self._completed)
+                                       self._queued, self._completed, self._hold_body)
         self._queue: deque[Message] = deque()
         self._task: asyncio.Task[None] | None = None
         self._transport: asyncio.Transport | None = None
@@ -81,6 +81,8 @@ class Http1Connection(asyncio.Protocol):
         self._num_forwarded = 0
         self._closing = False
         self._reading_paused = False
+        self._queue_full = False
+        self._body_held = False
         self.lost = False
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -129,10 +131,30 @@ class Http1Connection(asyncio.Protocol):
         """A request's head is complete: it waits its turn."""
         self._cancel_idle_timer()
         self._queue.append(message)
-        if len(self._queue) > MAX_QUEUED_REQUESTS and self._transport is not None:
-            self._transport.pause_reading()
-            self._reading_paused = True
+        if len(self._queue) > MAX_QUEUED_REQUESTS:
+            self._queue_full = True
+            self._set_reading()
         self._next()
+
+    def _hold_body(self) -> None:
+        """The body being parsed passed ``UNBOUNDED_BODY_BYTES`` before its bound is
+        known: read no more until it is (``release_body``)."""
+        self._body_held = True
+        self._set_reading()
+
+    def release_body(self) -> None:
+        """The body's bound is known (or it goes to aiohttp as it comes): read again."""
+        self._body_held = False
+        self._set_reading()
+
+    def _set_reading(self) -> None:
+        """Pause reading while too many requests wait or a body waits for its bound,
+        read otherwise; once parsing has stopped, ``_fail`` and ``_close`` decide."""
+        paused = self._queue_full or self._body_held
+        if (paused != self._reading_paused and self._transport is not None
+                and not self._requests.stopped):
+            (self._transport.pause_reading if paused else self._transport.resume_reading)()
+            self._reading_paused = paused
 
     def _completed(self) -> None:
         if self._aiohttp is not None:
@@ -204,9 +226,8 @@ class Http1Connection(asyncio.Protocol):
                 if self._closing or self.closes_after(message):
                     self._close()
                     return
-                if self._reading_paused and self._transport is not None:
-                    self._reading_paused = False
-                    self._transport.resume_reading()
+                self._queue_full = False
+                self._set_reading()
             self._arm_idle_timer()
         finally:
             self._task = None
@@ -303,9 +324,8 @@ class Http1Connection(asyncio.Protocol):
             self._num_forwarded += 1
         if self._queue:
             self.send_continue(self._queue[0])
-        if self._reading_paused and self._transport is not None:
-            self._reading_paused = False
-            self._transport.resume_reading()
+        self._queue_full = self._body_held = False  # bodies now stream to aiohttp
+        self._set_reading()
 
     def _close(self) -> None:
         """Close; when the client may still be sending (a request refused before its

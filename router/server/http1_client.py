@@ -56,6 +56,9 @@ class Connection(Protocol):
     def send_continue(self, message: Message) -> None:
         """``100 Continue`` when ``message`` asked for it and nothing was sent yet."""
 
+    def release_body(self) -> None:
+        """Read the socket again if it paused for a body whose bound was not known."""
+
     def closes_after(self, message: Message) -> bool:
         """The connection closes after the answer to ``message``."""
 
@@ -85,6 +88,7 @@ class Http1Client(Client):
     async def read_body(self, timeout_s: float, max_bytes: int) -> bytes:
         message = self._message
         message.limit_body(max_bytes)
+        self._connection.release_body()
         if message.body.done():  # the common case: no timer, no waiting
             return message.body.result()
         self._connection.send_continue(message)

@@ -25,6 +25,9 @@ from radix.api_errors import ApiError
 from router.client import body_too_large
 
 MAX_URL_BYTES = 8 * 1024
+# What of a body is read before its bound is known (the tenant's, once its key and
+# slot are checked): past it, reading pauses until then.
+UNBOUNDED_BODY_BYTES = 64 * 1024
 MAX_HEAD_BYTES = 64 * 1024
 MAX_HEADERS = 100
 # The last read may carry the end of a head and then the body: it is counted whole.
@@ -108,8 +111,9 @@ class RequestParser:
 
     def __init__(self, loop: asyncio.AbstractEventLoop, max_body_bytes: int,
                  endpoints: Mapping[bytes, str], on_head: Callable[[Message], None],
-                 on_complete: Callable[[], None]) -> None:
+                 on_complete: Callable[[], None], on_body_held: Callable[[], None]) -> None:
         self._loop = loop
+        self._on_body_held = on_body_held
         self._max_body_bytes = max_body_bytes
         self._endpoints = endpoints
         self._on_head = on_head
@@ -204,6 +208,9 @@ class RequestParser:
             raise ApiError(413, f"request body over {self._max_body_bytes} bytes")
         if message.max_body_bytes is not None and message.size > message.max_body_bytes:
             message.refuse(body_too_large(message.max_body_bytes))
+        elif (message.max_body_bytes is None and message.sink is None
+              and message.size > UNBOUNDED_BODY_BYTES):
+            self._on_body_held()
 
     def on_message_complete(self) -> None:
         message = self._current()

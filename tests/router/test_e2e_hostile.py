@@ -1,9 +1,11 @@
 """The hostile suite: the audit's reproductions (``harness.attacks``) against a real
 router process in front of an instant upstream. Each attack runs from several clients
 at once, bounded in bytes and seconds, while ``GET /health`` is timed from another
-client; each must get its clear refusal, leave the router's resident memory (read
-from ``/proc``) within 64 MiB of where it was, and keep ``/health`` answering in a
-median under 200 ms (before the fixes: 1.3 s to 12.7 s, and 0.2 to 6.3 GB of memory).
+client; each must get its clear refusal, keep the router's peak resident memory
+(``VmHWM`` in ``/proc``) within 64 MiB of where it was, and keep ``/health`` answering
+in a median under 200 ms (before the fixes: 1.3 s to 12.7 s, and 0.2 to 6.3 GB of
+memory). One attack comes while the shared Redis stalls, so that each request waits
+for its concurrency slot, and with it for its tenant's bound, while its body arrives.
 The median, not the worst call, so that a shared CI machine's hiccup is not a failure.
 """
 
@@ -12,12 +14,16 @@ from __future__ import annotations
 import sys
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import pytest
+import redis
 
 from harness import attacks
 from harness.procs import ManagedProcess, start_process, start_router
+from router.up.launcher import RedisServer
 from tests.support.polling import wait_until
 from tests.support.router_calls import complete, num_ready_workers
 from tests.support.router_configs import ALICE, auth_section, model_table, to_toml, worker_list
@@ -29,12 +35,16 @@ MAX_MEDIAN_HEALTH_S = 0.2
 
 
 @pytest.fixture(scope="module")
-def router(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ManagedProcess]:
-    upstream = start_process([sys.executable, "-m", "harness.instant_upstream"])
-    path: Path = tmp_path_factory.mktemp("router") / "router.toml"
-    path.write_text(to_toml({"models": {"demo": model_table()},
-                             "auth": auth_section({"alice": {"max_prompt_tokens": 4096}}),
-                             "workers": worker_list({"u0": upstream.url})}))
+def upstream() -> Iterator[ManagedProcess]:
+    process = start_process([sys.executable, "-m", "harness.instant_upstream"])
+    yield process
+    process.stop()
+
+
+@contextmanager
+def warm_router(path: Path, config: dict[str, Any]) -> Iterator[ManagedProcess]:
+    """A router on ``config`` (written to ``path``), ready and warmed."""
+    path.write_text(to_toml(config))
     process = start_router(path)
     try:
         wait_until(lambda: num_ready_workers(process) == 1, 60, "the worker to be ready")
@@ -43,20 +53,29 @@ def router(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ManagedProcess]
         yield process
     finally:
         process.stop()
-        upstream.stop()
         assert "Traceback" not in process.log_text()
+
+
+@pytest.fixture(scope="module")
+def router(tmp_path_factory: pytest.TempPathFactory, upstream: ManagedProcess
+           ) -> Iterator[ManagedProcess]:
+    with warm_router(tmp_path_factory.mktemp("router") / "router.toml",
+                     {"models": {"demo": model_table()},
+                      "auth": auth_section({"alice": {"max_prompt_tokens": 4096}}),
+                      "workers": worker_list({"u0": upstream.url})}) as process:
+        yield process
 
 
 def under_attack(router: ManagedProcess, attack: Callable[[], bytes], num_clients: int,
                  num_attacks: int) -> list[int | None]:
     """Run ``attack`` ``num_attacks`` times from ``num_clients`` threads while /health
     is timed; check memory and /health; the status codes the attacks got."""
-    rss_before = attacks.rss_bytes(router.proc.pid)
+    peak_before = attacks.rss_bytes(router.proc.pid, "VmHWM")
     with attacks.HealthWatch(router.url).running() as health, \
             ThreadPoolExecutor(num_clients) as pool:
         statuses = list(pool.map(lambda _: attacks.status_code(attack()), range(num_attacks)))
-    growth = attacks.rss_bytes(router.proc.pid) - rss_before
-    assert growth < MAX_RSS_GROWTH_BYTES, f"the router grew by {growth >> 20} MiB"
+    growth = attacks.rss_bytes(router.proc.pid, "VmHWM") - peak_before
+    assert growth < MAX_RSS_GROWTH_BYTES, f"the router's peak grew by {growth >> 20} MiB"
     assert health.median_s() < MAX_MEDIAN_HEALTH_S, health.summary()
     assert complete(router.url, "still serving", ALICE)[0] == 200
     return statuses
@@ -89,3 +108,26 @@ def test_large_bodies_on_handed_off_routes_are_not_held(router) -> None:
     """20 clients send ``GET /health`` with a 31 MiB body: answered, nothing held."""
     statuses = under_attack(router, lambda: attacks.oversize_handed_off_body(router.url), 20, 20)
     assert all(status is not None for status in statuses), statuses
+
+
+def test_bodies_are_not_read_while_their_tenants_bound_waits_on_a_stalled_redis(
+        tmp_path: Path, upstream: ManagedProcess) -> None:
+    """Redis stalls for 3 s (``CLIENT PAUSE``) while 9 clients send 32 MiB prompts:
+    each request waits for its slot, and with it for its bound, yet the router reads
+    no more than ``UNBOUNDED_BODY_BYTES`` of each meanwhile; then 413 each."""
+    server = RedisServer()
+    try:
+        config = {"models": {"demo": model_table()},
+                  "auth": auth_section({"alice": {"max_prompt_tokens": 4096,
+                                                  "max_concurrent_requests": 64}}),
+                  "workers": worker_list({"u0": upstream.url}),
+                  "redis": {"url": server.url, "command_timeout_s": 10.0,
+                            "lease_ttl_s": 30.0}}
+        with warm_router(tmp_path / "router.toml", config) as router:
+            with redis.Redis.from_url(server.url) as client:
+                client.execute_command("CLIENT", "PAUSE", 3000, "ALL")
+            statuses = under_attack(router, lambda: attacks.oversize_token_prompt(
+                router.url, ALICE), 9, 9)
+    finally:
+        server.stop()
+    assert statuses == [413] * 9
