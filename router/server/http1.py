@@ -105,6 +105,7 @@ class Http1Connection(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.lost = True
+        self._requests.release()
         self._settings.connections.discard(self)
         self._cancel_idle_timer()
         if self._write_ready is not None and not self._write_ready.done():
@@ -340,7 +341,7 @@ class Http1Connection(asyncio.Protocol):
                 or (message is not None and not message.body.done())):
             transport.close()
             return
-        self._requests.stopped = True
+        self._requests.release()
         with contextlib.suppress(OSError, RuntimeError):
             transport.write_eof()
         transport.resume_reading()

@@ -118,9 +118,8 @@ class RequestParser:
         self._endpoints = endpoints
         self._on_head = on_head
         self._on_complete = on_complete
-        self._parser = httptools.HttpRequestParser(self)
+        self._parser: httptools.HttpRequestParser | None = httptools.HttpRequestParser(self)
         self.current: Message | None = None
-        self.stopped = False
         self._in_head = False
         self._head_bytes_fed = 0
 
@@ -129,14 +128,15 @@ class RequestParser:
         while a head is incomplete count toward the head's limit before llhttp sees
         any of them: a head still open after ``MAX_HEAD_BYTES`` + ``MAX_URL_BYTES`` of
         them is a 431, whatever its headers look like."""
-        if self.stopped:
+        parser = self._parser
+        if parser is None:
             return None
         if self._in_head or self.current is None:
             self._head_bytes_fed += len(data)
             if self._head_bytes_fed > MAX_HEAD_BYTES + MAX_URL_BYTES + _LAST_READ_BYTES:
                 return self._stop(ApiError(431, f"request head over {MAX_HEAD_BYTES} bytes"))
         try:
-            self._parser.feed_data(data)
+            parser.feed_data(data)
         except httptools.HttpParserUpgrade:
             return self._stop(ApiError(400, "protocol upgrades are not supported"))
         except httptools.HttpParserCallbackError as exc:
@@ -146,8 +146,19 @@ class RequestParser:
             return self._stop(ApiError(400, f"malformed request: {exc}"))
         return None
 
+    @property
+    def stopped(self) -> bool:
+        """Parsing has stopped (an error, or ``release``): ``feed`` drops what comes."""
+        return self._parser is None
+
+    def release(self) -> None:
+        """Stop parsing and let go of llhttp's parser now, with what it buffered (up to
+        a head's limit): the parser and this object refer to each other, and a cycle
+        would wait for the collector, which a router runs rarely (``tune_gc``)."""
+        self._parser = None
+
     def _stop(self, error: ApiError) -> ApiError:
-        self.stopped = True
+        self.release()
         return error
 
     def on_message_begin(self) -> None:
@@ -178,6 +189,7 @@ class RequestParser:
         self._in_head, self._head_bytes_fed = False, 0
         message = self._current()
         parser = self._parser
+        assert parser is not None
         message.method = parser.get_method()
         message.version = parser.get_http_version()
         message.keep_alive = parser.should_keep_alive()
