@@ -167,10 +167,8 @@ class SimWorker:
                 self.cache.tree.num_tokens() / self.config.kv_capacity_tokens, None)
 
     def admit(self, job: Job) -> None:
-        """Take ``job`` now: match its prefix (an engine's admission) and queue it."""
+        """Take ``job`` now: queue it (its prefix is matched when its prefill starts)."""
         request = job.request
-        cached = self.cache.match(request.prompt, request.tenant)
-        job.num_cached_tokens = min(cached, request.num_prompt_tokens - 1)
         self.num_waiting_tokens += request.num_prompt_tokens
         self.num_requests += 1
         self.queue.append(job)
@@ -180,9 +178,14 @@ class SimWorker:
         if self.prefilling or not self.queue or self.num_decoding >= self.config.max_num_seqs:
             return
         job = self.queue.popleft()
-        self.num_waiting_tokens -= job.request.num_prompt_tokens
+        request = job.request
+        # An engine matches a prefix when it schedules the request, not when it arrives:
+        # a request that waited behind the prefill of its own prefix finds it cached.
+        cached = self.cache.match(request.prompt, request.tenant)
+        job.num_cached_tokens = min(cached, request.num_prompt_tokens - 1)
+        self.num_waiting_tokens -= request.num_prompt_tokens
         self.prefilling = True
-        prefill_s = self._prefill_s(job.num_cached_tokens, job.request.num_prompt_tokens)
+        prefill_s = self._prefill_s(job.num_cached_tokens, request.num_prompt_tokens)
         self.busy_s += prefill_s
         self.cluster.at(self.cluster.now + prefill_s, lambda: self._prefilled(job))
 
@@ -312,9 +315,10 @@ class Cluster:
             self.polled = [w.load() for w in self.workers]
             self.next_poll_s = self.now + self.config.poll_interval_s
         scope = self._scope(request)
-        matched = self.index.match(NAMESPACE, request.prompt, scope)
-        get = matched.get
-        views = [_view((w.worker_id, get(w.worker_id, 0), *in_flight, *polled, *NO_ADAPTER))
+        matched, routed = self.index.match_routed(NAMESPACE, request.prompt, scope)
+        get, get_routed = matched.get, routed.get
+        views = [_view((w.worker_id, get(w.worker_id, 0), *in_flight, *polled, *NO_ADAPTER,
+                        get_routed(w.worker_id, 0)))
                  for w, in_flight, polled in zip(self.workers, self.in_flight, self.polled, strict=True)]
         decision = self.policy.choose(RouteRequest(NAMESPACE, request.prompt, request.num_prompt_tokens,
                                                    scope), views)

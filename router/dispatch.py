@@ -21,6 +21,7 @@ import logging
 import time
 from concurrent.futures import ThreadPoolExecutor
 from operator import attrgetter
+from typing import NamedTuple
 
 from radix.api_errors import ApiError
 from radix.keys import TOKEN_BYTES
@@ -82,8 +83,9 @@ async def serve_openai(router: Router, client: Client, endpoint: str) -> None:
             route = router.canary.route(model.name, workers, tenant_id, prompt.key)
             if route is not None:
                 workers = route.workers
-            matched = match(router, workers, prompt, tenant, adapter)
-            ranked = choose(router, workers, matched, prompt, tenant,
+            matches = match(router, workers, prompt, tenant, adapter)
+            matched = matches.tokens
+            ranked = choose(router, workers, matches, prompt, tenant,
                             route.fallback if route is not None else [], adapter)
             router.metrics.decision_seconds.observe(time.monotonic() - decision_started)
             worker = await forward(router, client, call, ranked, matched, exchange)
@@ -131,31 +133,45 @@ async def tokenize(model: ModelTokenizer, parsed: OpenAIRequest, tenant_id: str)
                                                             tenant_id)
 
 
+class Matches(NamedTuple):
+    """What ``match`` found: tokens of the prompt each worker holds, and of those the
+    ones only routed there, not yet reported stored (``RouterIndex.match_routed``)."""
+
+    tokens: dict[str, int]
+    routed: dict[str, int]
+
+
 def match(router: Router, workers: list[WorkerState], prompt: Prompt,
-          tenant: Tenant, adapter: str | None = None) -> dict[str, int]:
+          tenant: Tenant, adapter: str | None = None) -> Matches:
     """Tokens of the prompt each worker holds in the namespace of ``adapter`` (the base
     model's for None), by one walk per namespace in use; for an engine that reuses
     whole blocks only (vLLM: ``cache_block_size``), what it will reuse: whole blocks,
     and never the prompt's last token (it computes that one)."""
     matched: dict[str, int] = {}
+    routed: dict[str, int] = {}
     by_namespace: dict[str, list[str]] = {}
     for w in workers:
         namespace = w.lora.namespace(adapter, w.namespace)
         if namespace is not None:
             by_namespace.setdefault(namespace, []).append(w.worker_id)
     for namespace, worker_ids in by_namespace.items():
-        found = router.index.match(namespace, prompt.key, tenant.tenant_id)
+        found, found_routed = router.index.match_routed(namespace, prompt.key, tenant.tenant_id)
         matched.update((i, found[i]) for i in worker_ids if i in found)
+        routed.update((i, found_routed[i]) for i in worker_ids if i in found_routed)
     for worker in workers:
         block_size = worker.cache_block_size
-        if block_size is not None and worker.worker_id in matched:
+        worker_id = worker.worker_id
+        if block_size is not None and worker_id in matched:
             reusable = (len(prompt.token_ids) - 1) // block_size * block_size
-            matched[worker.worker_id] = min(matched[worker.worker_id] // block_size * block_size,
-                                            reusable)
-    return matched
+            num_tokens = matched[worker_id]
+            matched[worker_id] = min(num_tokens // block_size * block_size, reusable)
+            if worker_id in routed:  # the routed part is the match's end: what of it is left
+                num_stored = num_tokens - routed[worker_id]
+                routed[worker_id] = max(matched[worker_id] - num_stored, 0)
+    return Matches(matched, routed)
 
 
-def choose(router: Router, workers: list[WorkerState], matched: dict[str, int],
+def choose(router: Router, workers: list[WorkerState], matches: Matches,
            prompt: Prompt, tenant: Tenant, fallback: list[WorkerState],
            adapter: str | None = None) -> list[WorkerState]:
     """The workers to try, best first, at most ``proxy.max_attempts`` of them, weighing
@@ -180,7 +196,8 @@ def choose(router: Router, workers: list[WorkerState], matched: dict[str, int],
             num_waiting_tokens=w.load.num_waiting_tokens,
             kv_cache_usage_ratio=w.load.kv_cache_usage_ratio,
             max_num_requests=w.load.max_num_requests,
-            num_matched_tokens=matched.get(w.worker_id, 0),
+            num_matched_tokens=matches.tokens.get(w.worker_id, 0),
+            num_matched_routed_tokens=matches.routed.get(w.worker_id, 0),
             adapter_load_ms=(0.0 if adapter is None
                              else w.lora.load_ms(adapter, default_load_ms)),
             adapter_swap_share=(0.0 if adapter is None else w.lora.swap_share(

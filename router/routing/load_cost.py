@@ -107,14 +107,25 @@ def num_active_requests(view: WorkerView) -> int:
 
 
 def num_queued_prefill_tokens(view: WorkerView) -> int:
-    """Prompt tokens this router sent the worker that still wait for prefill: each
-    request's uncached part (prompt minus its match at decision) until its first
-    token. Requests past their first token (decoding) are not counted: they share
-    steps with a new prefill but do not delay it by their prompts. The polled
-    ``num_waiting_tokens`` is not used here: an engine matches a prefix only at
-    admission, so it counts waiting prompts whole, cached prefix included, and a
-    sticky owner's queue of cached turns would look like recomputation."""
-    return view.num_in_flight_prompt_tokens
+    """Prompt tokens this router sent the worker that still wait for prefill ahead of
+    this request: each request's uncached part (prompt minus its match at decision)
+    until its first token, less ``num_shared_prefill_tokens``. Requests past their
+    first token (decoding) are not counted: they share steps with a new prefill but do
+    not delay it by their prompts. The polled ``num_waiting_tokens`` is not used here:
+    an engine matches a prefix only at admission, so it counts waiting prompts whole,
+    cached prefix included, and a sticky owner's queue of cached turns would look like
+    recomputation."""
+    return view.num_in_flight_prompt_tokens - num_shared_prefill_tokens(view)
+
+
+def num_shared_prefill_tokens(view: WorkerView) -> int:
+    """Tokens of the worker's in-flight prefill that compute this request's own
+    prefix: the part of its match that is routed but not yet stored, up to what is in
+    flight. They are no queue in front of the request: it waits for the rest of that
+    prefill, which it would otherwise compute in full somewhere else, then computes
+    only its suffix (its match already counts them as cached)."""
+    routed, in_flight = view.num_matched_routed_tokens, view.num_in_flight_prompt_tokens
+    return routed if routed < in_flight else in_flight
 
 
 def is_saturated(view: WorkerView) -> bool:
@@ -135,11 +146,13 @@ def load_cost(view: WorkerView, weights: PolicyWeights) -> float:
 
 def load_costs(views: Sequence[WorkerView], weights: PolicyWeights) -> list[float]:
     """``load_cost`` of each of ``views``, in order: queued prompt tokens (polled plus
-    in flight), active requests (``num_active_requests``) and KV usage, weighted. One
-    pass with the weights read once: the policies call it for every worker per request."""
+    in flight, less the prefill of the request's own prefix: ``num_shared_prefill_tokens``),
+    active requests (``num_active_requests``) and KV usage, weighted. One pass with the
+    weights read once: the policies call it for every worker per request."""
     queued, running, kv = weights.queued_token_cost, weights.running_request_cost, weights.kv_usage_cost
     return [
-        queued * (v.num_waiting_tokens + v.num_in_flight_prompt_tokens)
+        queued * (v.num_waiting_tokens + v.num_in_flight_prompt_tokens
+                  - num_shared_prefill_tokens(v))
         + running * (v.num_requests_running if v.num_requests_running > v.num_in_flight_requests
                      else v.num_in_flight_requests)
         + kv * v.kv_cache_usage_ratio

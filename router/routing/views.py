@@ -27,7 +27,10 @@ class WorkerView(NamedTuple):
     tokens still to prefill: the uncached part (prompt - matched at decision) until the
     first token arrives (whole prompts held to the end overstate a hot worker's queue).
     The polled fields are the worker's last reported load;
-    ``num_matched_tokens`` comes from ``RouterIndex.match``; ``adapter_load_ms`` is
+    ``num_matched_tokens`` comes from ``RouterIndex.match``, and
+    ``num_matched_routed_tokens`` is the part of it only a speculative entry vouches
+    for (``RouterIndex.match_routed``: a prefix this router just sent there, still
+    being prefilled); ``adapter_load_ms`` is
     how long the request's adapter takes to load there (0: resident, or the base
     model) and ``adapter_swap_share`` the share of a swap it costs (0: nothing is
     evicted; ``WorkerLora.swap_share``). A NamedTuple, as is
@@ -45,3 +48,4 @@ class WorkerView(NamedTuple):
     max_num_requests: int | None = None
     adapter_load_ms: float = 0.0
     adapter_swap_share: float = 0.0
+    num_matched_routed_tokens: int = 0

@@ -128,3 +128,21 @@ def test_a_waiting_prompt_counts_whole_as_the_engine_counts_it():
     # tokens, 100 of them cached (the engine matches only at admission).
     assert policy.seen[3][0].num_waiting_tokens == 150
     assert cluster.results.num_cached_tokens[:3] == [0, 100, 100]
+
+
+@pytest.mark.parametrize("num_background", [0, 2])
+def test_a_burst_for_a_cold_document_within_its_first_prefill_lands_on_its_owner(num_background):
+    """16 workers; a 3,200-token document first seen at 0 s (its prefill takes 3.2 s)
+    and asked for again five times in the next 160 ms, alone or after two 500-token
+    requests per worker: one full prefill, then five hits on the same worker (each
+    waits for that prefill, then computes only its 64-token question)."""
+    roomy = SimConfig(**{**CONFIG.__dict__, "max_num_seqs": 64})
+    cluster = Cluster(SIM_POLICIES["cache_aware"], 16, roomy)
+    background = [TraceRequest(0.0, "t", f"b{i}", tokens(100_000 + 1000 * i, 500), tokens(9000, 4))
+                  for i in range(16 * num_background)]
+    burst = [TraceRequest(at, "t", f"d{i}", tokens(0, 3200) + tokens(50_000 + 100 * i, 64),
+                          tokens(9000, 4))
+             for i, at in enumerate([0.001, 0.004, 0.01, 0.05, 0.1, 0.161])]
+    results = cluster.run(iter(background + burst))
+    cached = dict(zip(results.arrival_s, results.num_cached_tokens, strict=True))
+    assert [cached[r.arrival_s] for r in burst] == [0] + [3200] * 5

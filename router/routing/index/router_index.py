@@ -26,7 +26,7 @@ from radix.events import KVEvent
 from radix.keys import TOKEN_BYTES
 from radix.tree import Scope
 from router.config import IndexConfig
-from router.routing.index.approx import ApproxIndex, Limits, raise_to
+from router.routing.index.approx import ApproxIndex, Limits
 from router.routing.index.blocks import BlockIndex
 from router.routing.index.ids import NamespaceDigest, WorkerId
 
@@ -122,11 +122,26 @@ class RouterIndex:
         """Tokens of ``key`` each worker holds, visible to ``scope`` (its own and PUBLIC
         entries only): max of exact (host- and disk-tier tokens weighted) and
         approximate. Workers with none are left out."""
+        return self.match_routed(namespace, key, scope)[0]
+
+    def match_routed(self, namespace: NamespaceDigest, key: bytes, scope: str
+                     ) -> tuple[dict[WorkerId, int], dict[WorkerId, int]]:
+        """``match``, and for each worker whose KV events are followed, the tokens of
+        its match that only a speculative entry vouches for: a prefix just routed there
+        whose blocks it has not reported stored, which it is still computing (or was
+        never sent). Workers with none are left out of each."""
         found = self._exact.match(namespace, key, scope)
+        routed: dict[WorkerId, int] = {}
         approx = self._approx.get(namespace)
-        if approx is not None:
-            raise_to(found, approx.match(key, Scope(scope), self._clock()))
-        return found
+        if approx is None:
+            return found, routed
+        for worker_id, num_tokens in approx.match(key, Scope(scope), self._clock()).items():
+            num_stored = found.get(worker_id, 0)
+            if num_tokens > num_stored:
+                found[worker_id] = num_tokens
+                if worker_id not in self._approximate_capacity:
+                    routed[worker_id] = num_tokens - num_stored
+        return found, routed
 
     def fingerprint(self) -> str:
         """``BlockIndex.fingerprint`` of the exact part (what the KV events built)."""

@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+from dataclasses import asdict
+
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from radix.keys import to_key
 from router.routing.load_cost import PolicyWeights, rendezvous_order
@@ -201,3 +205,45 @@ def test_an_owner_whose_prefill_queue_outweighs_its_match_loses_stickiness():
     # The bound alone (no count cap) keeps stickiness on.
     alone = make_policy("cache_aware", {"owner_load_cap_factor": 0})
     assert alone.choose(request(), within).chosen == "w0"
+
+
+def test_an_owner_computing_the_prefix_keeps_the_request_at_low_load():
+    # The issue's cold case: 16 workers, one request active (w0 prefilling a 3,200-token
+    # document), so the owner cap is 1 and w0 is over it. The next request shares the
+    # document: w0's match is the routed, not yet stored document, and its 3,200
+    # in-flight tokens are that same prefill, no queue in front. Charged as a queue,
+    # w0 cost 64 + 3,200 + 48 against 3,264 on an idle worker and lost the document.
+    computing = {"num_matched_tokens": 3200, "num_matched_routed_tokens": 3200,
+                 "num_in_flight_prompt_tokens": 3200, "num_in_flight_requests": 1}
+    workers = views(computing, *({} for _ in range(15)))
+    assert make_policy().choose(request(num_prompt_tokens=3264), workers).chosen == "w0"
+    # A stored match with another prefill in flight is a queue: 3,200 tokens ahead.
+    stored = [workers[0]._replace(num_matched_routed_tokens=0), *workers[1:]]
+    assert make_policy().choose(request(num_prompt_tokens=3264), stored).chosen != "w0"
+
+
+@settings(max_examples=300, deadline=None)
+@given(prefix=st.integers(16, 8000), suffix=st.integers(1, 500),
+       ahead=st.integers(0, 20_000), owner_running=st.integers(0, 8),
+       other_queued=st.integers(0, 20_000), other_running=st.integers(0, 8),
+       num_others=st.integers(1, 6), sticky=st.booleans())
+def test_the_cost_never_recomputes_a_prefix_its_owner_is_computing_unless_its_queue_is_longer(
+        prefix, suffix, ahead, owner_running, other_queued, other_running, num_others, sticky):
+    """Brute force over the owner's load ahead of its in-flight prefill of the request's
+    prefix and the others' loads: whenever what waits on the owner ahead of that
+    prefill (queued tokens and running requests, weighted) is less than what a recompute
+    costs elsewhere (the prefix plus that worker's own load), the owner ranks first."""
+    weights = PolicyWeights() if sticky else PolicyWeights(owner_load_cap_factor=0,
+                                                           owner_wait_share=0)
+    owner = WorkerView("owner", num_matched_tokens=prefix, num_matched_routed_tokens=prefix,
+                       num_in_flight_prompt_tokens=ahead + prefix,
+                       num_in_flight_requests=owner_running + 1)
+    others = [WorkerView(f"w{i}", num_in_flight_prompt_tokens=other_queued,
+                         num_in_flight_requests=other_running) for i in range(num_others)]
+    owner_ahead = weights.queued_token_cost * ahead + weights.running_request_cost * (owner_running + 1)
+    recompute = (weights.prefill_cost_per_token * prefix + weights.queued_token_cost * other_queued
+                 + weights.running_request_cost * other_running)
+    decision = make_policy("cache_aware", asdict(weights)).choose(
+        request(num_prompt_tokens=prefix + suffix), [*others, owner])
+    if owner_ahead < recompute:
+        assert decision.chosen == "owner"

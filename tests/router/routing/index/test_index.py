@@ -210,6 +210,21 @@ def test_matched_is_the_max_of_exact_and_approximate_and_reset_drops_both():
     assert match(index, [1, 2, 3, 4, 5, 6]) == {}
 
 
+def test_the_routed_part_of_a_match_is_what_only_a_speculative_entry_vouches_for():
+    clock = Clock()
+    index = RouterIndex(clock=clock)
+    index.set_approximate("oa")
+    index.apply_event("w1", stored(("a0", None, [1, 2, 3, 4])))
+    for worker_id in ("w1", "w2", "oa"):
+        index.note_routed(NS, worker_id, to_key([1, 2, 3, 4, 5, 6]), PUBLIC)
+    key = to_key([1, 2, 3, 4, 5, 6, 7])
+    assert index.match_routed(NS, key, PUBLIC) == ({"w1": 6, "w2": 6, "oa": 6}, {"w1": 2, "w2": 6})
+    index.apply_event("w2", stored(("b0", None, [1, 2, 3, 4]), ("b1", "b0", [5, 6])))
+    assert index.match_routed(NS, key, PUBLIC) == ({"w1": 6, "w2": 6, "oa": 6}, {"w1": 2})
+    clock.now += 5
+    assert index.match_routed(NS, key, PUBLIC) == ({"w1": 4, "w2": 6, "oa": 6}, {})
+
+
 def test_config_and_capacity_are_validated():
     with pytest.raises(ValueError, match="index.speculative_ttl_s"):
         IndexConfig(speculative_ttl_s=0)
