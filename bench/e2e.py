@@ -10,7 +10,11 @@ completions (the peers route on text; ours tokenizes), one tenant (the peers hav
 tenancy), by a bounded load generator: ``--clients`` concurrent streams taking the
 next request in trace order when their last one ends, with a progress bar.
 
-Per setup: TTFT p50/p99 (first streamed text), output tokens/s, the cached fraction
+Each setup sends the trace twice through one router process (``--phases``): "cold",
+on its fresh workers, and "warm", the same requests again right after, so every router
+meets the same cache state in each phase and each phase is reported on its own.
+
+Per setup and phase: TTFT p50/p99 (first streamed text), output tokens/s, the cached fraction
 (sum of ``usage.prompt_tokens_details.cached_tokens`` / sum of ``prompt_tokens``),
 requests per worker (each worker's own ``request_prompt_tokens`` count from its
 ``/metrics``) and their max/mean. All processes share this machine's cores.
@@ -49,6 +53,14 @@ CONFIG = WorkloadConfig(num_docs=24, doc_tokens=(128, 384), system_tokens=(64, 9
                         message_tokens=(16, 48), output_tokens=(8, 16), num_turns=(2, 6),
                         tool_result_tokens=(32, 96), vocab_size=26)
 OURS = "ours cache_aware"
+# Each setup sends its trace twice through one router process: on fresh workers, then
+# again on what the first pass left (docs/bench.md, "Cold and warm").
+PHASES = ("cold", "warm")
+
+
+def results_key(setup: str, phase: str) -> str:
+    """How a setup's phase is named in results and tables: ``ours cache_aware, cold``."""
+    return f"{setup}, {phase}"
 
 
 def prompt_text(request: TraceRequest) -> str:
@@ -173,17 +185,28 @@ def worker_counter(worker: ManagedProcess, name: str) -> float:
     return sum(float(value) for value in re.findall(pattern, str(text), re.M))
 
 
-def run_setup(setup: str, requests: list[TraceRequest], args: argparse.Namespace) -> dict[str, object]:
-    """One router setup on fresh workers: drive the trace and summarize."""
+def run_setup(setup: str, requests: list[TraceRequest], args: argparse.Namespace
+              ) -> dict[str, dict[str, object]]:
+    """One router setup on fresh workers: drive the trace once per phase of
+    ``args.phases`` in one router process ("cold": caches that never saw it; "warm":
+    the same trace again right after) and summarize each."""
+    by_phase: dict[str, dict[str, object]] = {}
     with workers(args.workers, args.kv_cache_bytes) as started, \
             tempfile.TemporaryDirectory(prefix="e2e-") as tmp:
         urls = [w.url for w in started]
         with router(setup, urls, Path(tmp)) as (url, key, _):
-            before = [requests_served(w) for w in started]
-            start = time.perf_counter()
-            outcomes = asyncio.run(drive(url, key, requests, args.clients, setup))
-            wall_s = time.perf_counter() - start
-            per_worker = [requests_served(w) - b for w, b in zip(started, before, strict=True)]
+            for phase in args.phases:
+                before = [requests_served(w) for w in started]
+                start = time.perf_counter()
+                outcomes = asyncio.run(drive(url, key, requests, args.clients, setup))
+                wall_s = time.perf_counter() - start
+                per_worker = [requests_served(w) - b for w, b in zip(started, before, strict=True)]
+                by_phase[phase] = summarize(outcomes, per_worker, wall_s)
+    return by_phase
+
+
+def summarize(outcomes: list, per_worker: list[int], wall_s: float) -> dict[str, object]:
+    """One phase's figures (module docstring)."""
     ok = [o for o in outcomes if o[4] is None]
     ttft = np.array([o[2] for o in ok if o[2] is not None]) if ok else np.array([np.nan])
     mean = max(float(np.mean(per_worker)), 1e-9)
@@ -214,6 +237,9 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--our-weights", nargs="*", default=[], metavar="NAME=VALUE",
                         help="also run ours with these policy weights (to check a change)")
     parser.add_argument("--without-peers", action="store_true", help="our router only")
+    parser.add_argument("--phases", nargs="+", choices=PHASES, default=list(PHASES),
+                        help="cold: the trace on fresh workers; warm: the same trace again, "
+                             "right after, through the same router process")
     args = parser.parse_args(argv)
     requests = list(generate(args.workload, args.requests, 1.0, args.seed, config=CONFIG))
     found = {m: False for m in ("sglang_router", "vllm_router")} if args.without_peers else peers.available()
@@ -225,16 +251,18 @@ def main(argv: list[str] | None = None) -> dict:
               "going on without them")
     results: dict[str, object] = {"workload": args.workload, "num_workers": args.workers,
                                   "missing_peers": missing}
-    print(f"{'router':<28}{'reqs':>5}{'errs':>5}{'cached':>8}{'p50 ms':>8}{'p99 ms':>8}"
+    print(f"{'router, phase':<34}{'reqs':>5}{'errs':>5}{'cached':>8}{'p50 ms':>8}{'p99 ms':>8}"
           f"{'tok/s':>7}{'max/mean':>9}  requests per worker")
     for setup in setups:
-        r = results[setup] = run_setup(setup, requests, args)
-        print(f"{setup:<28}{r['num_requests']:>5}{r['num_errors']:>5}{r['cached_fraction']:>8.1%}"
-              f"{1e3 * r['ttft_p50_s']:>8.0f}{1e3 * r['ttft_p99_s']:>8.0f}"
-              f"{r['output_tokens_per_s']:>7.0f}{r['max_over_mean_load']:>9.2f}  "
-              f"{'/'.join(map(str, r['requests_per_worker']))}", flush=True)
-        if r["first_error"]:
-            print(f"  first error: {r['first_error']}")
+        for phase, r in run_setup(setup, requests, args).items():
+            name = results_key(setup, phase)
+            results[name] = r
+            print(f"{name:<34}{r['num_requests']:>5}{r['num_errors']:>5}{r['cached_fraction']:>8.1%}"
+                  f"{1e3 * r['ttft_p50_s']:>8.0f}{1e3 * r['ttft_p99_s']:>8.0f}"
+                  f"{r['output_tokens_per_s']:>7.0f}{r['max_over_mean_load']:>9.2f}  "
+                  f"{'/'.join(map(str, r['requests_per_worker']))}", flush=True)
+            if r["first_error"]:
+                print(f"  first error: {r['first_error']}")
     return results
 
 

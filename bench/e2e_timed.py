@@ -16,6 +16,12 @@ Waits run ``--time-scale`` times slower than the profile (so the engines' CPU ti
 on this machine stays small beside them); every time reported here is divided back,
 and our router polls its workers' load every ``POLL_INTERVAL_S`` profile seconds.
 
+Phases (``--phases``): each setup sends its tagged trace twice through one router
+process, "cold" (no cache holds the tag) and "warm" (the same requests again, right
+after); each is reported on its own, as workload ``rag cold`` and ``rag warm``. So
+every router meets the same cache state in each phase: none runs on caches another
+router's run or a capacity probe warmed (the capacity is computed from the trace).
+
 Per run: TTFT p50/p99 (client side, first streamed text), cached fraction (usage
 ``cached_tokens`` / ``prompt_tokens``), requests per worker (each worker's metrics)
 and max/mean, goodput: requests per second whose TTFT met ``--slo-s``, the mean CPU
@@ -40,7 +46,15 @@ import numpy as np
 from openai import AsyncOpenAI
 
 from bench import mooncake, peers
-from bench.e2e import WORKER_KEY, drive, requests_served, router, stream_completion, workers
+from bench.e2e import (
+    PHASES,
+    WORKER_KEY,
+    drive,
+    requests_served,
+    router,
+    stream_completion,
+    workers,
+)
 from bench.workloads import TraceRequest, WorkloadConfig, generate
 from harness.procs import http_json, process_cpu_s
 from radix.cost_model import Profile, get_profile
@@ -127,30 +141,39 @@ def summarize(outcomes: list[Outcome], per_worker: list[int], wall_s: float, sca
 
 
 def run_cell(setup: str, started: list, requests: list[TraceRequest], load: str, rps: float,
-             args: argparse.Namespace, log_dir: Path) -> dict[str, object]:
-    """One router setup on the started workers, at one load ("closed" or a fraction)."""
+             args: argparse.Namespace, log_dir: Path, phases: Sequence[str] = ("cold",)
+             ) -> dict[str, dict[str, object]]:
+    """One router setup on the started workers, at one load ("closed" or a fraction),
+    for each of ``phases`` in one router process: "cold" sends the trace, "warm"
+    the same trace again (the workers then hold what the first pass left, and the
+    router knows what it learned or routed then), each phase measured on its own."""
     urls = [w.url for w in started]
+    by_phase: dict[str, dict[str, object]] = {}
     with router(setup, urls, log_dir, POLL_INTERVAL_S / args.time_scale) as (url, key, pid):
-        before = [requests_served(w) for w in started]
-        cpu_before = [w.cpu_s() for w in started]
         router_cpu_before = process_cpu_s(pid)
         time.sleep(IDLE_WINDOW_S)
         idle_cores = (process_cpu_s(pid) - router_cpu_before) / IDLE_WINDOW_S
-        router_cpu_before = process_cpu_s(pid)
-        start, late_s = time.perf_counter(), [0.0]
-        if load == "closed":
-            outcomes = asyncio.run(drive(url, key, requests, args.clients_per_worker * len(urls), setup))
-        else:
-            arrivals = [a * args.time_scale for a in at_load(requests, float(load) * rps)]
-            outcomes = asyncio.run(drive_open(url, key, requests, arrivals, late_s=late_s))
-        wall_s = time.perf_counter() - start
-        per_worker = [requests_served(w) - b for w, b in zip(started, before, strict=True)]
-        cpu_s = [w.cpu_s() - b for w, b in zip(started, cpu_before, strict=True)]
-        router_cpu_s = process_cpu_s(pid) - router_cpu_before
-    return {**summarize(outcomes, per_worker, wall_s, args.time_scale, args.slo_s),
-            "worker_cpu_cores": float(np.mean(cpu_s)) / wall_s,
-            "send_late_p99_s": float(np.percentile(late_s, 99)) / args.time_scale,
-            **router_cpu(router_cpu_s, idle_cores, len(outcomes), wall_s, args.time_scale)}
+        for phase in phases:
+            before = [requests_served(w) for w in started]
+            cpu_before = [w.cpu_s() for w in started]
+            router_cpu_before = process_cpu_s(pid)
+            start, late_s = time.perf_counter(), [0.0]
+            if load == "closed":
+                outcomes = asyncio.run(drive(url, key, requests,
+                                             args.clients_per_worker * len(urls), setup))
+            else:
+                arrivals = [a * args.time_scale for a in at_load(requests, float(load) * rps)]
+                outcomes = asyncio.run(drive_open(url, key, requests, arrivals, late_s=late_s))
+            wall_s = time.perf_counter() - start
+            per_worker = [requests_served(w) - b for w, b in zip(started, before, strict=True)]
+            cpu_s = [w.cpu_s() - b for w, b in zip(started, cpu_before, strict=True)]
+            router_cpu_s = process_cpu_s(pid) - router_cpu_before
+            by_phase[phase] = {
+                **summarize(outcomes, per_worker, wall_s, args.time_scale, args.slo_s),
+                "worker_cpu_cores": float(np.mean(cpu_s)) / wall_s,
+                "send_late_p99_s": float(np.percentile(late_s, 99)) / args.time_scale,
+                **router_cpu(router_cpu_s, idle_cores, len(outcomes), wall_s, args.time_scale)}
+    return by_phase
 
 
 def router_cpu(cpu_s: float, idle_cores: float, num_requests: int, wall_s: float,
@@ -225,6 +248,9 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--slo-s", type=float, default=0.25, help="TTFT SLO (profile seconds)")
     parser.add_argument("--max-batched-tokens", type=int, default=2048)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--phases", nargs="+", choices=PHASES, default=list(PHASES),
+                        help="cold: the trace on caches that never saw it; warm: the same "
+                             "trace again, right after, in the same router process")
     args = parser.parse_args(argv)
     profile = get_profile(args.profile)
     setups = _setups(args)
@@ -246,10 +272,12 @@ def main(argv: list[str] | None = None) -> dict:
                 for load in args.loads:
                     for setup in setups:
                         run += 1
-                        key = f"{workload}/{num_workers}/{load}/{setup}"
-                        r = results["runs"][key] = run_cell(  # type: ignore[index]
-                            setup, started, tagged(trace, run), load, rps, args, Path(tmp))
-                        print(_row(key, r), flush=True)
+                        by_phase = run_cell(setup, started, tagged(trace, run), load, rps,
+                                            args, Path(tmp), args.phases)
+                        for phase, r in by_phase.items():
+                            key = f"{workload} {phase}/{num_workers}/{load}/{setup}"
+                            results["runs"][key] = r  # type: ignore[index]
+                            print(_row(key, r), flush=True)
     return results
 
 

@@ -4,7 +4,8 @@ Runs, in one process and one sitting so every ratio compares runs of the same
 machine state: the simulator (``bench.sim``) for every policy on every workload at
 each worker count, its scaling with workers and requests, the cached fraction
 against the KV capacity; the end-to-end run (``bench.e2e``) of our router and the
-installed peer routers in front of the same workers; the same at cluster scale on timed
+installed peer routers in front of the same workers (each setup's trace twice, cold
+then warm, reported apart; the request counts below are per phase); the same at cluster scale on timed
 workers (``bench.e2e_timed``: 8 and 16 workers, rag, chat and agent at 80% load, rag
 at 16 also at 95% and closed loop; the cache-aware routers) and the simulator checked
 against it (``bench.sim_check``); and the radix core (``bench.radix_bench``); the
@@ -66,24 +67,24 @@ FULL = Plan(workers=(8, 32), workloads=("rag", "chat", "agent", "multitenant"),
             requests_per_worker=100, min_requests=3000, max_requests=4000,
             scaling_workers=(8, 32, 128), scaling_requests=(2000, 4000, 8000),
             cache_sizes=(50_000, 100_000, 200_000),
-            e2e_args=("--workers", "4", "--requests", "200", "--clients", "16"),
+            e2e_args=("--workers", "4", "--requests", "100", "--clients", "16"),
             timed_args=(("--workers", "8", "16", "--workloads", "rag", "chat", "agent", "--loads", "0.8",
-                         "--requests", "80", "--routers", *TIMED_ROUTERS),
+                         "--requests", "40", "--routers", *TIMED_ROUTERS),
                         ("--workers", "16", "--workloads", "rag", "--loads", "0.95", "closed",
-                         "--requests", "80", "--routers", *TIMED_ROUTERS)),
+                         "--requests", "40", "--routers", *TIMED_ROUTERS)),
             sim_check_args=("--workers", "8", "--workloads", "rag", "chat", "--requests", "100"),
             reference_args=("--requests", "5000", "--clients", "64"), radix_requests=20_000,
-            vllm_args=("--requests", "120"), chaos_duration_s=120.0,
+            vllm_args=("--requests", "60"), chaos_duration_s=120.0,
             lora_args=("--requests", "160"))
 QUICK = Plan(workers=(8,), workloads=("rag", "chat"), requests_per_worker=60,
              min_requests=500, max_requests=500, scaling_workers=(4, 8, 16),
              scaling_requests=(250, 500), cache_sizes=(50_000, 200_000),
-             e2e_args=("--workers", "2", "--requests", "24", "--clients", "4"),
+             e2e_args=("--workers", "2", "--requests", "12", "--clients", "4"),
              timed_args=(("--workers", "8", "--workloads", "rag", "--loads", "0.5", "0.8",
-                          "--requests", "60", "--routers", "ours cache_aware", "sglang cache_aware default"),),
+                          "--requests", "30", "--routers", "ours cache_aware", "sglang cache_aware default"),),
              sim_check_args=("--workers", "8", "--workloads", "rag", "--requests", "100"),
              reference_args=("--requests", "500", "--clients", "16"), radix_requests=2000,
-             vllm_args=("--requests", "40"), chaos_duration_s=60.0,
+             vllm_args=("--requests", "20"), chaos_duration_s=60.0,
              lora_args=("--requests", "240", "--routers", "ours", "ours adapter-blind"))
 CACHE_POLICIES = ("cache_aware", "threshold_default", "threshold_tuned", "consistent_hash", "round_robin")
 

@@ -86,7 +86,8 @@ def main(argv: list[str] | None = None) -> dict:
             trace = tagged(list(generate(workload, args.requests, 1.0, args.seed, config=CONFIG)),
                            10_000 + run)
             rps = capacity_rps(trace, profile) * args.workers
-            timed = run_cell("ours cache_aware", started, trace, str(args.load), rps, args, Path(tmp))
+            timed = run_cell("ours cache_aware", started, trace, str(args.load), rps, args,
+                             Path(tmp))["cold"]
             sim = simulate_trace(trace, at_load(trace, args.load * rps), profile, args.workers, args)
             results[workload] = {"timed": timed, "sim": sim}
             print(f"{workload:<12}" + "".join(

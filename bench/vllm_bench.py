@@ -11,11 +11,13 @@ policy where the installed version has one).
 
 The trace: documents of real words picked by Zipf popularity, each request a document
 plus a question, streamed by ``--clients`` closed-loop clients, greedy, a few output
-tokens. Figures per setup: vLLM's own prefix-cache hit fraction (its
+tokens, sent twice per setup through one router process: a cold phase on the reset
+caches and a warm phase right after (``--phases``, as ``bench.e2e``). Figures per
+setup and phase: vLLM's own prefix-cache hit fraction (its
 ``prefix_cache_hits/queries`` counters), TTFT p50/p99, requests per server; for ours,
 the router's predicted cached tokens against vLLM's ``cached_tokens`` per request (from
 the router's access log) and the index lag from vLLM's batch timestamp
-(``router_kv_event_lag_seconds``).
+(``router_kv_event_lag_seconds``, over the router's run so far).
 
 Run: ``python -m bench vllm [--requests N] [--clients C] [--docs D]``.
 """
@@ -37,6 +39,7 @@ import aiohttp
 import numpy as np
 
 from bench import peers
+from bench.e2e import PHASES, results_key
 from harness.procs import ManagedProcess, http_json, router_args, start_process
 from harness.vllm_servers import SERVED_MODEL, SMOLLM2_DIR, VllmServer, available
 from router.front.auth import hash_key
@@ -168,20 +171,32 @@ def lag_under(metrics_url: str, bound_s: float) -> tuple[float, int]:
 
 
 def run_setup(setup: str, servers: list[VllmServer], prompts: list[str],
-              args: argparse.Namespace) -> dict[str, object]:
-    """One router setup on freshly reset servers."""
+              args: argparse.Namespace) -> dict[str, dict[str, object]]:
+    """One router setup on freshly reset servers, once per phase of ``args.phases``
+    through one router process (``bench.e2e.PHASES``)."""
     for server in servers:
         http_json("POST", f"{server.url}/reset_prefix_cache")
+    by_phase: dict[str, dict[str, object]] = {}
     with tempfile.TemporaryDirectory(prefix="vllm-bench-") as tmp, \
             router_for(setup, servers, Path(tmp)) as (url, key, router):
-        before = [prefix_counters(s) for s in servers]
-        start = time.perf_counter()
-        outcomes = asyncio.run(drive(url, key, prompts, args.clients))
-        wall_s = time.perf_counter() - start
-        after = [prefix_counters(s) for s in servers]
-        lag = lag_under(router.metrics_url, 0.02) if router is not None and \
-            setup == "ours exact" else (float("nan"), 0)
-        access = ACCESS.findall(router.log_text()) if router is not None else []
+        for phase in args.phases:
+            num_logged = len(ACCESS.findall(router.log_text())) if router is not None else 0
+            before = [prefix_counters(s) for s in servers]
+            start = time.perf_counter()
+            outcomes = asyncio.run(drive(url, key, prompts, args.clients))
+            wall_s = time.perf_counter() - start
+            after = [prefix_counters(s) for s in servers]
+            lag = lag_under(router.metrics_url, 0.02) if router is not None and \
+                setup == "ours exact" else (float("nan"), 0)
+            access = ACCESS.findall(router.log_text())[num_logged:] if router is not None else []
+            by_phase[phase] = summarize(outcomes, before, after, wall_s, lag, access)
+    return by_phase
+
+
+def summarize(outcomes: list, before: list, after: list, wall_s: float,
+              lag: tuple[float, int], access: list) -> dict[str, object]:
+    """One phase's figures from its outcomes, the servers' prefix counters before and
+    after it, the index lag and the access log lines it added."""
     hits = sum(a[0] - b[0] for a, b in zip(after, before, strict=True))
     queries = sum(a[1] - b[1] for a, b in zip(after, before, strict=True))
     per_server = [int(a[2] - b[2]) for a, b in zip(after, before, strict=True)]
@@ -210,6 +225,9 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--num-blocks", type=int, default=32,
                         help="KV blocks per server (128 tokens each): the documents do not fit")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--phases", nargs="+", choices=PHASES, default=list(PHASES),
+                        help="cold: the trace on reset caches; warm: the same trace again, "
+                             "right after, through the same router process")
     args = parser.parse_args(argv)
     problem = available()
     if problem is not None:
@@ -228,18 +246,20 @@ def main(argv: list[str] | None = None) -> dict:
     try:
         for server in servers:
             server.wait_ready(600)
-        print(f"{'router':<28}{'errs':>5}{'vLLM hit':>9}{'p50 ms':>8}{'p99 ms':>8}"
+        print(f"{'router, phase':<34}{'errs':>5}{'vLLM hit':>9}{'p50 ms':>8}{'p99 ms':>8}"
               f"{'pred=cached':>12}{'lag<20ms':>9}  requests per server")
         for setup in setups:
-            r = results[setup] = run_setup(setup, servers, prompts, args)
-            exact = r.get("predicted_equals_cached")
-            print(f"{setup:<28}{r['num_errors']:>5}{r['vllm_hit_fraction']:>9.1%}"
-                  f"{1e3 * r['ttft_p50_s']:>8.0f}{1e3 * r['ttft_p99_s']:>8.0f}"
-                  f"{'-' if exact is None else f'{exact:.1%}':>12}"
-                  f"{r['lag_within_20ms']:>9.1%}  "
-                  f"{'/'.join(map(str, r['requests_per_server']))}", flush=True)
-            if r["first_error"]:
-                print(f"  first error: {r['first_error']}")
+            for phase, r in run_setup(setup, servers, prompts, args).items():
+                name = results_key(setup, phase)
+                results[name] = r
+                exact = r.get("predicted_equals_cached")
+                print(f"{name:<34}{r['num_errors']:>5}{r['vllm_hit_fraction']:>9.1%}"
+                      f"{1e3 * r['ttft_p50_s']:>8.0f}{1e3 * r['ttft_p99_s']:>8.0f}"
+                      f"{'-' if exact is None else f'{exact:.1%}':>12}"
+                      f"{r['lag_within_20ms']:>9.1%}  "
+                      f"{'/'.join(map(str, r['requests_per_server']))}", flush=True)
+                if r["first_error"]:
+                    print(f"  first error: {r['first_error']}")
     finally:
         for server in servers:
             server.stop()
