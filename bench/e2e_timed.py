@@ -211,7 +211,7 @@ def _workload(name: str, args: argparse.Namespace, profile: Profile) -> list[Tra
     if name != "trace":
         return list(generate(name, args.requests, 1.0, args.seed, config=CONFIG))
     max_output = CONFIG.output_tokens[1]
-    room = profile.max_model_len - max_output - TAG_TOKENS
+    room = profile.max_model_len - max_output - TAG_TOKENS - 1  # and the tokenizer's BOS
     return mooncake.as_requests(mooncake.read(args.trace)[: args.requests], CONFIG.vocab_size,
                                 room, max_output, args.seed)
 
