@@ -16,7 +16,6 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from importlib.metadata import version
 from pathlib import Path
 
 import torch
@@ -26,6 +25,7 @@ from radix.cost_model import Profile
 from radix.model_source import DEMO_MODEL, resolve_model_path
 from radix.namespace import CacheNamespace
 from radix.tokenizer import PromptTokenizer
+from radix.version import project_version
 from workers.attention.backend import backend_name
 from workers.config import EngineConfig, WorkerConfig
 from workers.engine.async_engine import AsyncEngine
@@ -68,7 +68,7 @@ class WorkerIdentity:
     limit, the configured cap and the KV capacity, whichever is smallest.
     ``served_model_names`` are the names requests may use; responses carry the first
     (``model``). ``model_source`` is the model argument as given (``demo``, a packaged
-    name or a path). ``engine_version`` is the installed package's version and
+    name or a path). ``engine_version`` is the project's version (``radix.version``) and
     ``attention_backend`` the kernels that write and read the KV blocks.
     """
 
@@ -258,7 +258,7 @@ def build_worker(config: WorkerConfig, worker_id: str, secret: bytes) -> BuiltWo
         vocab_size=backend.vocab_size,
         kv_plan=plan,
         kv_scales=scales,
-        engine_version=version("radix-router"),
+        engine_version=project_version(),
         attention_backend=backend_name(device),
     )
     _log_plan(identity, backend.source, device, config, num_host_blocks)
