@@ -34,10 +34,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-import xxhash
 
 from bench import mooncake
-from radix.events import EventBlock, KVEvent, decode_frame, encode_msgpack, frame
+from radix.events import FRAME_HEADER, EventBlock, KVEvent, decode_frame, encode_msgpack, frame
+from radix.hashing import BlockHasher
 from radix.keys import TOKEN_BYTES
 from router.routing.index import RouterIndex, WorkerId
 from router.server.serve import tune_gc
@@ -46,6 +46,7 @@ BLOCK_SIZE = 16
 BLOCK_BYTES = BLOCK_SIZE * TOKEN_BYTES
 NAMESPACE = "5a" * 32
 SCOPE = "tenant-0"
+HASHER = BlockHasher(bytes.fromhex(NAMESPACE), "xxh3_128")
 LOOKUP_TOKENS = (2_112, 8_192, 32_768)
 NUM_TIMED_LOOKUPS = 100
 
@@ -73,19 +74,12 @@ class SimWorker:
     def cache(self, key: bytes) -> list[KVEvent]:
         """Cache the path ``key``: a ``stored`` run of the blocks it lacked (the last one
         partial when the path ends inside a block), then a ``removed`` event of what
-        fell out of the LRU. Every block of the path becomes recently used, tail first."""
-        stored: list[EventBlock] = []
-        parent = None
-        chain = []
-        for start in range(0, len(key), BLOCK_BYTES):
-            block = key[start: start + BLOCK_BYTES]
-            block_hash = f"{xxhash.xxh3_64_intdigest(block, int(parent or '0', 16)):016x}"
-            if block_hash not in self._lru:
-                stored.append(EventBlock(block_hash, parent, block))
-            chain.append(block_hash)
-            if len(block) < BLOCK_BYTES:
-                break
-            parent = block_hash
+        fell out of the LRU. Every block of the path becomes recently used, tail first.
+        Blocks are named as our workers name them (``radix.hashing``, 128-bit)."""
+        chain = [block_hash.hex() for block_hash in HASHER.chain(key, BLOCK_SIZE, SCOPE)]
+        stored = [EventBlock(block_hash, chain[i - 1] if i else None,
+                             key[i * BLOCK_BYTES: (i + 1) * BLOCK_BYTES])
+                  for i, block_hash in enumerate(chain) if block_hash not in self._lru]
         for block_hash in reversed(chain):
             self._lru[block_hash] = None
             self._lru.move_to_end(block_hash)
@@ -120,6 +114,13 @@ def replay_steps(rows: list[mooncake.TraceRow], num_workers: int, capacity_block
     return steps
 
 
+def apply(index: RouterIndex, step: Step) -> None:
+    """Decode ``step``'s frame and apply its events, as a router's follower does."""
+    if step.frame:
+        for event in decode_frame(step.frame[FRAME_HEADER.size:]):
+            index.apply_event(step.worker_id, event)
+
+
 def replay(index: RouterIndex, steps: list[Step]) -> dict[str, float]:
     """Time ``steps`` through ``index``: decode and apply each frame, look each prompt
     up first."""
@@ -129,9 +130,7 @@ def replay(index: RouterIndex, steps: list[Step]) -> dict[str, float]:
         started = clock()
         index.match(NAMESPACE, step.prompt, SCOPE)
         looked_up = clock()
-        if step.frame:
-            for event in decode_frame(step.frame[4:]):
-                index.apply_event(step.worker_id, event)
+        apply(index, step)
         event_s += clock() - looked_up
         lookup_s += looked_up - started
     num_blocks = sum(step.num_blocks for step in steps)
@@ -163,9 +162,7 @@ def bytes_per_block(new_index: Callable[[], RouterIndex], steps: list[Step]) -> 
     before = tracemalloc.get_traced_memory()[0]
     index = new_index()
     for step in steps:
-        if step.frame:
-            for event in decode_frame(step.frame[4:]):
-                index.apply_event(step.worker_id, event)
+        apply(index, step)
     held = tracemalloc.get_traced_memory()[0] - before
     tracemalloc.stop()
     stats = index.stats()
