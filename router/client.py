@@ -23,6 +23,8 @@ import orjson
 from radix.api_errors import ApiError
 
 SSE_HEADERS = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
+JSON_HEADERS = {"Content-Type": "application/json"}
+log = logging.getLogger(__name__)
 
 
 def body_too_large(max_bytes: int) -> ApiError:
@@ -30,8 +32,6 @@ def body_too_large(max_bytes: int) -> ApiError:
     the body is not read)."""
     return ApiError(413, f"request body over {max_bytes} bytes for this key",
                     code="request_too_large", headers={"Connection": "close"})
-JSON_HEADERS = {"Content-Type": "application/json"}
-log = logging.getLogger(__name__)
 
 
 class Client(abc.ABC):

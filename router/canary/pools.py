@@ -163,12 +163,12 @@ class ModelPools:
 def _weight(pool: str, weight: object) -> float:
     """``weight`` as a float in [0, ``MAX_POOL_WEIGHT``]; ValueError naming the pool
     otherwise (a JSON integer too large for a float included)."""
-    if type(weight) not in (int, float):
-        raise ValueError(f"weights.{pool}: must be a number in [0, {MAX_POOL_WEIGHT:g}]")
-    try:
-        value = float(weight)  # type: ignore[arg-type]
-    except OverflowError:
-        value = float("inf")
+    value = float("nan")
+    if type(weight) in (int, float):
+        try:
+            value = float(weight)  # type: ignore[arg-type]
+        except OverflowError:
+            value = float("inf")
     if not 0 <= value <= MAX_POOL_WEIGHT:
         raise ValueError(f"weights.{pool}: must be a number in [0, {MAX_POOL_WEIGHT:g}]")
     return value

@@ -326,8 +326,9 @@ class BlockIndex:
                 child = children
             else:
                 break
-            held = child.device if (child.scope == scope or child.scope == PUBLIC) else 0
-            if child.more is not None:
+            if child.more is None:
+                held = child.device if (child.scope == scope or child.scope == PUBLIC) else 0
+            else:
                 held = child.holders(scope)[0]
             still = alive & held
             if still != alive:
