@@ -45,6 +45,16 @@ def _parser() -> argparse.ArgumentParser:
                         help="router processes sharing the port (SO_REUSEPORT)")
     router.add_argument("--redis-url", help="override redis.url (shared state)")
     router.add_argument("--log-level", default="INFO")
+    found = router.add_argument_group(
+        "Kubernetes discovery (sglang-router's flag names; [discovery] in the config)")
+    found.add_argument("--service-discovery", action="store_true",
+                       help='discover workers from pods (discovery.kind = "kubernetes")')
+    found.add_argument("--selector", nargs="+", metavar="KEY=VALUE",
+                       help="the pods' labels (discovery.selector)")
+    found.add_argument("--service-discovery-namespace", metavar="NS",
+                       help="the pods' namespace (discovery.namespace)")
+    found.add_argument("--service-discovery-port", type=int, metavar="PORT",
+                       help="the port the workers serve on (discovery.port)")
     hashing = sub.add_parser("hash-key", help="print the config digest of an API key")
     hashing.add_argument("key")
     for name, module in _EXEC_MODULES.items():
@@ -84,6 +94,33 @@ def with_overrides(config: RouterConfig, host: str | None, port: int | None,
                                redis=redis)
 
 
+def with_discovery(config: RouterConfig, enabled: bool, selector: Sequence[str] | None,
+                   namespace: str | None, port: int | None) -> RouterConfig:
+    """``config`` with sglang-router's discovery flags applied over ``[discovery]``
+    (``--service-discovery`` sets ``kind = "kubernetes"``); ValueError naming a bad
+    flag."""
+    fields: dict[str, object] = {}
+    if enabled:
+        fields["kind"] = "kubernetes"
+    if selector is not None:
+        if any("=" not in item for item in selector):
+            raise ValueError(f"--selector: expected KEY=VALUE, got {' '.join(selector)!r}")
+        fields["selector"] = dict(item.partition("=")[::2] for item in selector)
+    if namespace is not None:
+        fields["namespace"] = namespace
+    if port is not None:
+        fields.update(port=port, port_name=None)
+    if not fields:
+        return config
+    table = {**{f.name: getattr(config.discovery, f.name)
+                for f in dataclasses.fields(config.discovery)}, **fields}
+    try:
+        discovery = type(config.discovery)(**table)
+    except ValueError as exc:
+        raise ValueError(f"--service-discovery: {exc}") from exc
+    return dataclasses.replace(config, discovery=discovery)
+
+
 def limits_for_processes(config: RouterConfig, num_processes: int) -> RouterConfig:
     """``config`` for one of ``num_processes`` router processes: unchanged when they
     share state in Redis (limits are exact across them), else every tenant's
@@ -121,6 +158,8 @@ def _run_router(args: argparse.Namespace) -> int:
         raise ValueError("--processes: must be at least 1")
     config = with_overrides(load_config(args.config), args.host, args.port, args.worker_url,
                             args.metrics_port, args.redis_url)
+    config = with_discovery(config, args.service_discovery, args.selector,
+                            args.service_discovery_namespace, args.service_discovery_port)
     config = limits_for_processes(config, args.processes)
     serve_processes(config, router_secret(config), args.processes)
     return 0

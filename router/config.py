@@ -425,6 +425,79 @@ class IndexConfig(Section, section="index"):
     max_blocks: int = setting(10_000_000, low=1)
 
 
+DISCOVERY_KINDS = ("none", "kubernetes", "inferencepool")
+LABEL_KEY = Pattern(re.compile(r"^([a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?/)?[A-Za-z0-9]"
+                               r"([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$"),
+                    "a Kubernetes label or annotation key ([prefix/]name)")
+K8S_NAME = Pattern(re.compile(r"^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$"),
+                   "a Kubernetes object name (lower-case letters, digits, '-', '.')")
+
+
+@dataclass(frozen=True)
+class DiscoveryConfig(Section, section="discovery"):
+    """Workers found by watching Kubernetes (``router.fleet.discovery``). ``kind``:
+    ``none`` (workers come from the config, the admin API and the shared registry
+    only), ``kubernetes`` (pods in ``namespace`` matching every ``selector`` label) or
+    ``inferencepool`` (the pods and target ports of the InferencePool ``pool`` in
+    ``namespace``). A pod serves on ``port``, or on its container port named
+    ``port_name``; it is a worker of kind ``worker_kind`` for ``model``, else for
+    the model its ``model_label`` label or annotation names, else for the one model
+    its ``/v1/models`` lists that this router serves. ``role_label`` marks a
+    disaggregated fleet's pods (only ``both`` is routed until PD mode lands). A vLLM
+    pod's ZMQ KV event ports come from its ``kv_events_port_annotation`` and
+    ``kv_events_replay_port_annotation``. ``api_key_env`` (any variable: the operator
+    sets it) is every discovered worker's key; without it a pod ``p`` takes the key
+    named for its id under ``admin.worker_key_env_prefix`` when that variable is set.
+    The watch is re-listed after every error and every ``resync_s`` (retries back off
+    from ``retry_initial_s`` to ``retry_max_s``); a pod being deleted stops taking
+    requests and keeps those in flight for up to ``drain_timeout_s``. ``kubeconfig``:
+    a kubeconfig file; None uses the pod's service account (in cluster), else
+    ``$KUBECONFIG`` or ``~/.kube/config``."""
+
+    kind: str = setting("none", choices=DISCOVERY_KINDS)
+    namespace: str = setting("default", pattern=K8S_NAME)
+    selector: Mapping[str, str] = setting(default_factory=lambda: MappingProxyType({}))
+    pool: str | None = setting(None, pattern=K8S_NAME)
+    port: int | None = setting(None, low=1, high=65535)
+    port_name: str | None = None
+    worker_kind: str = setting("radix", choices=WORKER_KINDS)
+    model: str | None = setting(None, pattern=NAME)
+    model_label: str = setting("radix-router/model", pattern=LABEL_KEY)
+    role_label: str = setting("radix-router/role", pattern=LABEL_KEY)
+    kv_events_port_annotation: str = setting("radix-router/kv-events-port", pattern=LABEL_KEY)
+    kv_events_replay_port_annotation: str = setting("radix-router/kv-events-replay-port",
+                                                    pattern=LABEL_KEY)
+    api_key_env: str | None = setting(None, pattern=ENV_NAME)
+    resync_s: float = setting(60.0, above=0)
+    watch_timeout_s: float = setting(300.0, above=0)
+    retry_initial_s: float = setting(0.5, above=0)
+    retry_max_s: float = setting(30.0, above=0)
+    drain_timeout_s: float = setting(30.0, low=0)
+    request_timeout_s: float = setting(10.0, above=0)
+    kubeconfig: str | None = None
+
+    def check(self) -> None:
+        """``kubernetes`` needs a selector and a port; ``inferencepool`` a pool (its
+        selector and ports come from it); the retry cap is at least its start."""
+        for key, value in self.selector.items():
+            if not LABEL_KEY.regex.fullmatch(key) or len(value) > 63:
+                raise FieldError("selector", f"{key!r} = {value!r} is not a label", f".{key}")
+        if self.kind == "kubernetes":
+            if not self.selector:
+                raise FieldError("selector", "give the labels that select the worker pods")
+            if (self.port is None) == (self.port_name is None):
+                raise FieldError("port", "give port or port_name (a named container port)")
+        if self.kind == "inferencepool" and self.pool is None:
+            raise FieldError("pool", "give the InferencePool's name")
+        if self.retry_max_s < self.retry_initial_s:
+            raise FieldError("retry_max_s", "must be at least retry_initial_s")
+
+    @property
+    def enabled(self) -> bool:
+        """Whether the router discovers workers."""
+        return self.kind != "none"
+
+
 @dataclass(frozen=True)
 class RouterConfig(Section):
     """The whole router configuration."""
@@ -442,6 +515,7 @@ class RouterConfig(Section):
     metrics: MetricsConfig = MetricsConfig()
     admin: AdminConfig = AdminConfig()
     redis: RedisConfig = RedisConfig()
+    discovery: DiscoveryConfig = DiscoveryConfig()
 
 
 def default_key_env(worker_id: str, prefix: str = WORKER_KEY_ENV_PREFIX) -> str:

@@ -59,6 +59,8 @@ def parse_config(data: Mapping[str, Any]) -> RouterConfig:
     if len(set(ids)) != len(ids):
         raise ValueError("workers: ids must be unique")
     _check_pools(models, workers)
+    if config.discovery.model is not None and config.discovery.model not in models:
+        raise ValueError(f"discovery.model: unknown model {config.discovery.model!r}")
     return replace(config, workers=workers)
 
 

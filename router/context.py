@@ -15,6 +15,7 @@ from aiohttp import web
 from radix.openai.salt import CacheSalts
 from router.canary.controller import Canary
 from router.config import RouterConfig
+from router.fleet.discovery.watcher import KubernetesDiscovery
 from router.fleet.events.follower import KVEventFollower
 from router.fleet.events.vllm.attach import VllmAttacher
 from router.fleet.registry import WorkerRegistry, WorkerState
@@ -53,6 +54,7 @@ class Router:
     siblings: Siblings
     vllm: VllmAttacher
     canary: Canary
+    discovery: KubernetesDiscovery | None
 
     @classmethod
     def build(cls, config: RouterConfig, secret: bytes, state: SharedState,
@@ -91,13 +93,20 @@ class Router:
         pool = UpstreamPool(config.proxy.connect_timeout_s, config.proxy.request_timeout_s)
         canary = Canary(config.models, secret, lambda model, text: models.get(model).tokenizer
                         .encode(text, add_special_tokens=False), metrics.registry)
+        discovery = (KubernetesDiscovery(config, registry, models, session)
+                     if config.discovery.enabled else None)
+        if discovery is not None:
+            metrics.follow_discovery(discovery.status)
         return cls(config, models, auth, TenantLimiter(state), index, policy, session, registry,
-                   Proxy(pool, config.proxy), pool, metrics, salts, siblings, vllm, canary)
+                   Proxy(pool, config.proxy), pool, metrics, salts, siblings, vllm, canary,
+                   discovery)
 
     async def close(self) -> None:
-        """Leave the siblings, stop the canary's guards, stop polling and following every
-        worker, then close the request path's idle connections and the client
-        session."""
+        """Stop discovering, leave the siblings, stop the canary's guards, stop polling
+        and following every worker, then close the request path's idle connections and
+        the client session."""
+        if self.discovery is not None:
+            await self.discovery.close()
         await self.siblings.close()
         await self.canary.close()
         await self.registry.close()

@@ -26,6 +26,7 @@ from prometheus_client.registry import Collector
 
 from radix.api_errors import ApiError
 from radix.token_cache import CacheStats
+from router.fleet.discovery.status import DiscoveryStatus
 from router.fleet.events.metrics import KVEventMetrics
 from router.fleet.registry import WorkerState
 from router.routing.index import IndexStats
@@ -92,6 +93,14 @@ class RouterMetrics:
         shared state is reachable; always 1 without Redis: state is local) and
         ``router_shared_entries_refused_total``."""
         self.registry.register(_SiblingsCollector(siblings))
+
+    def follow_discovery(self, status: DiscoveryStatus) -> None:
+        """Expose discovery (docs/kubernetes.md): ``router_discovery_up`` (1 from a
+        successful LIST until the next error), ``router_discovery_pods`` (pods serving
+        now), ``router_discovery_skipped`` (endpoints not registered),
+        ``router_discovery_lists_total``, ``router_discovery_events_total`` and
+        ``router_discovery_errors_total`` by reason."""
+        self.registry.register(_DiscoveryCollector(status))
 
     def count_request(self, worker_id: str, tenant_id: str, code: int) -> None:
         """Count one finished request in ``router_requests_total``. The labelled child
@@ -172,6 +181,34 @@ class _SiblingsCollector(Collector):
                                   "Shared entries (workers, canary states) this router could "
                                   "not use, each counted once",
                                   value=self._siblings.num_refused_entries)
+
+
+class _DiscoveryCollector(Collector):
+    """Discovery's state and counters, at scrape time."""
+
+    def __init__(self, status: DiscoveryStatus) -> None:
+        self._status = status
+
+    def collect(self) -> Iterator[Metric]:
+        """Six families."""
+        s = self._status
+        yield GaugeMetricFamily("router_discovery_up", "1 from a successful LIST of the "
+                                "watched objects until the next error", value=float(s.up))
+        yield GaugeMetricFamily("router_discovery_pods", "Discovered pods that serve",
+                                value=s.num_pods)
+        yield GaugeMetricFamily("router_discovery_skipped", "Discovered endpoints not "
+                                "registered (role, id taken, model unknown, refused)",
+                                value=s.num_skipped)
+        yield CounterMetricFamily("router_discovery_lists", "Successful LISTs",
+                                  value=s.num_lists)
+        yield CounterMetricFamily("router_discovery_events", "Watch events applied",
+                                  value=s.num_events)
+        errors = CounterMetricFamily("router_discovery_errors", "Failed LISTs and WATCHes "
+                                     "by reason (each followed by a re-LIST)",
+                                     labels=["reason"])
+        for reason, count in s.num_errors.items():
+            errors.add_metric([reason], count)
+        yield errors
 
 
 class _IndexCollector(Collector):

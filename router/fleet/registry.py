@@ -1,11 +1,15 @@
 """The worker registry: which workers exist, which may be routed to, and their load.
 
-Workers come from the config and ``POST /admin/workers``. One poll task per worker
+Workers come from the config, ``POST /admin/workers``, the shared registry and
+discovery (``router.fleet.discovery``), all through ``add``. One poll task per worker
 probes it every ``poll_interval_s`` (``router.fleet.probes``). A worker enters routing when
 a probe passes, and leaves it (and the index: ``RouterIndex.reset_worker``) when a
 probe fails or the proxy cannot reach it; it comes back at the next passing probe.
 While a ``radix`` worker is routable, its KV event follower task runs; it is stopped
 before the worker's index entries are dropped, so no stale event lands afterwards.
+
+A draining worker (``drain``: its pod is being deleted or went unready) takes no new
+request; it is removed once its requests in flight end, or at the drain's deadline.
 
 The workers themselves are ``router.fleet.worker_state``'s ``WorkerState``s; their
 in-flight counts change at decision time (``begin``).
@@ -32,6 +36,7 @@ from router.tasks import cancel_and_wait
 log = logging.getLogger(__name__)
 SALT_PROBE_TIMEOUT_S = 30.0
 SALT_RECHECK_S = 60.0
+DRAIN_POLL_S = 0.05
 
 
 class WorkerIndex(Protocol):
@@ -66,9 +71,10 @@ class WorkerRegistry:
         self._salt_refusals: dict[str, tuple[float, str]] = {}
         self._adapters: dict[str, str] = {}
 
-    def add(self, config: WorkerSpec) -> WorkerState:
+    def add(self, config: WorkerSpec, discovered: bool = False) -> WorkerState:
         """Register a worker and start polling it; ValueError naming the field if the id
-        is taken, the model unknown, the URL missing or its API key variable unset."""
+        is taken, the model unknown, the URL missing or its API key variable unset.
+        ``discovered`` marks a worker discovery found (``WorkerState.discovered``)."""
         if config.worker_id in self._workers:
             raise ValueError(f"id: worker {config.worker_id!r} already exists")
         self._models.get(config.model)
@@ -80,7 +86,7 @@ class WorkerRegistry:
             if not key:
                 raise ValueError(f"api_key_env: ${config.api_key_env} is not set")
             headers["Authorization"] = f"Bearer {key}"
-        worker = WorkerState(config, config.url, headers)
+        worker = WorkerState(config, config.url, headers, discovered)
         if not worker.has_event_stream:
             self._index.set_approximate(worker.worker_id)
         self._workers[worker.worker_id] = worker
@@ -98,6 +104,30 @@ class WorkerRegistry:
         self._rebuild_adapters()
         return True
 
+    async def drain(self, worker_id: str, timeout_s: float) -> None:
+        """Stop routing to ``worker_id`` now, and remove it once it has no request in
+        flight or ``timeout_s`` passed, whichever is first (unless ``resume`` or
+        ``remove`` came first)."""
+        worker = self._workers.get(worker_id)
+        if worker is None:
+            return
+        worker.draining = True
+        self._rebuild_routable()
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout_s
+        while (worker.num_in_flight_requests > 0 and loop.time() < deadline
+               and worker.draining and self._workers.get(worker_id) is worker):
+            await asyncio.sleep(DRAIN_POLL_S)
+        if worker.draining and self._workers.get(worker_id) is worker:
+            await self.remove(worker_id)
+
+    def resume(self, worker_id: str) -> None:
+        """Route to a draining worker again (its pod is ready again)."""
+        worker = self._workers.get(worker_id)
+        if worker is not None and worker.draining:
+            worker.draining = False
+            self._rebuild_routable()
+
     async def close(self) -> None:
         """Remove every worker."""
         for worker_id in list(self._workers):
@@ -112,7 +142,8 @@ class WorkerRegistry:
         return list(self._workers.values())
 
     def routable(self, model: str) -> list[WorkerState]:
-        """Workers serving ``model`` whose last probe passed (do not mutate the list)."""
+        """Workers serving ``model`` whose last probe passed and that are not draining
+        (do not mutate the list)."""
         return self._routable.get(model, [])
 
     def adapters(self) -> dict[str, str]:
@@ -225,7 +256,7 @@ class WorkerRegistry:
     def _rebuild_routable(self) -> None:
         routable: dict[str, list[WorkerState]] = {}
         for worker in self._workers.values():
-            if worker.ready:
+            if worker.ready and not worker.draining:
                 routable.setdefault(worker.model, []).append(worker)
         self._routable = routable
 

@@ -45,14 +45,17 @@ class WorkerState:
     dispatcher, the proxy and the admin routes. ``config`` is what it was registered
     with; ``namespace`` is the router-side digest of the worker's base cache namespace
     (None until the first passing probe), ``worker_namespace`` the worker's own digest
-    of it; ``lora`` its LoRA adapters (``router.routing.adapters``)."""
+    of it; ``lora`` its LoRA adapters (``router.routing.adapters``). ``discovered``: it
+    came from ``router.fleet.discovery`` (each router discovers its own; never shared);
+    ``draining``: it takes no new request and leaves once those in flight end."""
 
     __slots__ = ("config", "worker_id", "kind", "model", "url", "headers", "ready", "reason",
                  "namespace", "epoch", "served_model", "load", "num_in_flight_requests",
                  "num_in_flight_prompt_tokens", "stats", "index_mode", "index_reason",
-                 "cache_block_size", "worker_namespace", "lora")
+                 "cache_block_size", "worker_namespace", "lora", "discovered", "draining")
 
-    def __init__(self, config: WorkerSpec, url: str, headers: dict[str, str]) -> None:
+    def __init__(self, config: WorkerSpec, url: str, headers: dict[str, str],
+                 discovered: bool = False) -> None:
         self.config = config
         self.worker_id = config.worker_id
         self.kind = config.kind
@@ -73,6 +76,8 @@ class WorkerState:
         self.cache_block_size: int | None = None
         self.worker_namespace: str | None = None
         self.lora = WorkerLora()
+        self.discovered = discovered
+        self.draining = False
 
     @property
     def has_event_stream(self) -> bool:
@@ -84,6 +89,7 @@ class WorkerState:
         return {
             "id": self.worker_id, "kind": self.kind, "model": self.model, "url": self.url,
             "ready": self.ready, "reason": self.reason, "namespace": self.namespace,
+            "discovered": self.discovered, "draining": self.draining,
             "epoch": self.epoch, "served_model": self.served_model,
             "index_mode": self.index_mode, "index_reason": self.index_reason,
             "cache_block_size": self.cache_block_size,

@@ -125,6 +125,15 @@ async def index_stats(request: web.Request) -> web.Response:
                               "workers": workers})
 
 
+async def discovery_state(request: web.Request) -> web.Response:
+    """``GET /admin/discovery``: what discovery has seen (``DiscoveryStatus``), or
+    ``{"kind": "none"}`` when the router discovers nothing."""
+    router = await _admin(request)
+    if router.discovery is None:
+        return web.json_response({"kind": "none"})
+    return web.json_response(router.discovery.status.to_dict())
+
+
 async def canary_state(request: web.Request) -> web.Response:
     """``GET /admin/canary``: per model with pools, each pool's weight, workers, trip
     and guard window (``router.canary.controller``)."""
@@ -161,6 +170,7 @@ def add_admin_routes(app: web.Application) -> None:
         web.post("/admin/workers", change_workers),
         web.post("/admin/public-prefixes", add_public_prefix),
         web.get("/admin/index", index_stats),
+        web.get("/admin/discovery", discovery_state),
         web.get("/admin/canary", canary_state),
         web.post("/admin/canary", set_canary_weights),
     ])

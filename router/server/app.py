@@ -115,6 +115,8 @@ def create_app(router: Router) -> web.Application:
         await router.siblings.start(router.registry, router.models, router.index, router.canary)
         router.canary.start(router.registry.routable, router.session,
                             router.siblings.canary_changed)
+        if router.discovery is not None:
+            await router.discovery.start()
 
     async def close(app: web.Application) -> None:
         await router.close()

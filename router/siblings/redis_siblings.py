@@ -17,6 +17,10 @@ counter, written together by every change (admin or guard) on any router; every
 ``sync_interval_s`` a router whose read shows a new version adopts each model's
 entry (``Canary.adopt``), the last writer winning.
 
+Discovered workers (``router.fleet.discovery``) are never shared: every router
+discovers them itself from the same API server, so they converge without Redis; a
+shared entry never replaces or removes one.
+
 Joining or rejoining (the resync hook) publishes every worker and prefix this
 router holds (its config's, and changes made while Redis was down), then loads the
 rest. Config workers are thus re-asserted by each router that starts. Canary state
@@ -181,7 +185,8 @@ class RedisSiblings:
     async def _rejoin(self) -> None:
         """Resync hook: publish everything held here, then load everything shared."""
         for worker in self._registry.workers():
-            await self._publish_worker(worker)
+            if not worker.discovered:
+                await self._publish_worker(worker)
         for name in self._models.names():
             for key in self._models.get(name).public_prefixes.registered():
                 await self._publish_prefix(name, key)
@@ -242,7 +247,7 @@ class RedisSiblings:
                 self._refuse(f"worker {worker_id}", raw, f"{type(exc).__name__}: {exc}")
         for worker_id, (config, fields) in shared.items():
             local = self._registry.get(worker_id)
-            if local is not None and shared_fields(local) == fields:
+            if local is not None and (local.discovered or shared_fields(local) == fields):
                 continue
             if local is not None:
                 await self._registry.remove(worker_id)
@@ -253,7 +258,7 @@ class RedisSiblings:
             except ValueError as exc:
                 self._refuse(f"worker {worker_id}", entries[worker_id.encode()], str(exc))
         for worker in self._registry.workers():
-            if worker.worker_id not in listed:
+            if worker.worker_id not in listed and not worker.discovered:
                 await self._registry.remove(worker.worker_id)
                 log.info("worker %s removed by the shared registry (version %d)",
                          worker.worker_id, version)

@@ -7,7 +7,7 @@ import pytest
 from radix.openai.rendered import RenderSpec
 from radix.openai.requests import COMPLETIONS, parse_openai_request
 from radix.tokenizer import PromptTokenizer
-from router.cli import limits_for_processes, with_overrides
+from router.cli import limits_for_processes, with_discovery, with_overrides
 from router.config import DEFAULT_CONFIG
 from router.config_toml import load_config, parse_config
 from router.forward.proxy import Call, generate_request
@@ -99,6 +99,17 @@ def test_timeouts_and_drain_are_read() -> None:
         ({"launch": {"max_crashes": 0}}, "launch.max_crashes"),
         ({"launch": {"restart_backoff_initial_s": 2, "restart_backoff_max_s": 1}},
          "launch.restart_backoff_max_s: must be at least"),
+        ({"discovery": {"kind": "consul"}}, "discovery.kind"),
+        ({"discovery": {"kind": "kubernetes", "port": 8000}}, "discovery.selector: give"),
+        ({"discovery": {"kind": "kubernetes", "selector": {"app": "w"}}}, "discovery.port: give"),
+        ({"discovery": {"kind": "kubernetes", "selector": {"app": "w"}, "port": 1,
+                        "port_name": "http"}}, "discovery.port: give port or port_name"),
+        ({"discovery": {"kind": "kubernetes", "selector": {"bad key!": "w"}, "port": 1}},
+         "discovery.selector.bad key!"),
+        ({"discovery": {"kind": "inferencepool"}}, "discovery.pool: give"),
+        ({"discovery": {"namespace": "Not_A_Namespace"}}, "discovery.namespace"),
+        ({"discovery": {"model": "nope"}}, "discovery.model: unknown model 'nope'"),
+        ({"discovery": {"worker_kind": "sglang"}}, "discovery.worker_kind"),
     ],
 )
 def test_errors_name_the_field(patch: dict, field: str) -> None:
@@ -250,3 +261,15 @@ def test_canary_errors_name_the_field(config: dict, message: str) -> None:
     with pytest.raises(ValueError) as error:
         parse_config(config)
     assert str(error.value).startswith(message), str(error.value)
+
+
+def test_sglang_router_discovery_flags_set_the_discovery_section() -> None:
+    config = parse_config(BASE)
+    found = with_discovery(config, True, ["app=vllm", "tier=gpu"], "serving", 8000).discovery
+    assert (found.kind, dict(found.selector), found.namespace, found.port) == (
+        "kubernetes", {"app": "vllm", "tier": "gpu"}, "serving", 8000)
+    assert with_discovery(config, False, None, None, None) is config
+    with pytest.raises(ValueError, match="--selector: expected KEY=VALUE"):
+        with_discovery(config, True, ["app"], None, 8000)
+    with pytest.raises(ValueError, match="discovery.selector: give the labels"):
+        with_discovery(config, True, None, None, 8000)

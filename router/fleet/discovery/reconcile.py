@@ -1,0 +1,212 @@
+"""``DiscoveredWorkers``: keeps the registry's discovered workers equal to the pods'
+endpoints, one pass at a time.
+
+``want`` hands over the endpoints wanted now (by worker id); a single task compares
+them with what discovery registered and changes the registry until they agree:
+
+- an endpoint no longer wanted is drained (``WorkerRegistry.drain``: no new request,
+  removed once those in flight end or ``drain_timeout_s`` passed); wanted again while
+  draining (a pod flapping Ready), it is resumed;
+- an endpoint that changed (a new UID or IP under the same name: the pod was
+  replaced) is removed before the new one is added, so no request goes to the old
+  address after the new one exists;
+- a new endpoint is registered through the same checks as ``POST /admin/workers``
+  (``parse_worker``, the key variable named for its id: ``router.fleet.worker_keys``)
+  and then probed like any worker before it is routed to.
+
+An endpoint without a model label asks the pod's ``/v1/models`` for the one model of
+this router it serves; until it answers, the endpoint waits (retried every
+``MODEL_RETRY_S``). Pods whose role is not ``both``, whose id is taken by a worker
+from elsewhere, or whose registration is refused are skipped and counted.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+from collections.abc import Mapping
+
+import aiohttp
+
+from router.config import RouterConfig, WorkerSpec, default_key_env
+from router.config_toml import parse_worker
+from router.fleet.discovery.pods import PodEndpoint
+from router.fleet.discovery.status import DiscoveryStatus
+from router.fleet.registry import WorkerRegistry
+from router.fleet.worker_keys import runtime_key_problem
+from router.front.tokenization import Models
+from router.tasks import cancel_and_wait
+
+log = logging.getLogger(__name__)
+MODEL_RETRY_S = 5.0
+MODEL_UNKNOWN = "its /v1/models lists no model of this router (yet)"
+
+
+class DiscoveredWorkers:
+    """The registry side of discovery (see the module docstring). Call ``want`` from
+    the event loop; ``close`` stops the task and the drains (the workers stay: the
+    registry's own close removes them)."""
+
+    def __init__(self, config: RouterConfig, registry: WorkerRegistry, models: Models,
+                 session: aiohttp.ClientSession, status: DiscoveryStatus) -> None:
+        self._config = config
+        self._discovery = config.discovery
+        self._registry = registry
+        self._models = models
+        self._session = session
+        self._status = status
+        self._wanted: dict[str, PodEndpoint] = {}
+        self._added: dict[str, PodEndpoint] = {}
+        self._drains: dict[str, asyncio.Task[None]] = {}
+        self._skipped: dict[str, str] = {}
+        self._wake = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+        self._retry: asyncio.TimerHandle | None = None
+
+    def start(self) -> None:
+        """Start the reconciling task."""
+        self._task = asyncio.create_task(self._run())
+
+    def want(self, endpoints: Mapping[str, PodEndpoint]) -> None:
+        """The endpoints that should be workers now, by worker id."""
+        self._wanted = dict(endpoints)
+        self._status.num_pods = len({e.uid for e in endpoints.values()})
+        self._wake.set()
+
+    async def close(self) -> None:
+        """Stop reconciling and draining."""
+        if self._retry is not None:
+            self._retry.cancel()
+        if self._task is not None:
+            await cancel_and_wait(self._task)
+        for task in list(self._drains.values()):
+            await cancel_and_wait(task)
+
+    async def _run(self) -> None:
+        while True:
+            await self._wake.wait()
+            self._wake.clear()
+            try:
+                await self._reconcile(self._wanted)
+            except Exception:  # a bug here must not end discovery
+                log.exception("reconciling discovered workers failed")
+
+    async def _reconcile(self, wanted: Mapping[str, PodEndpoint]) -> None:
+        for worker_id, added in list(self._added.items()):
+            endpoint = wanted.get(worker_id)
+            registered = self._registry.get(worker_id)
+            if registered is None or not registered.discovered:  # removed by an admin
+                self._added.pop(worker_id)
+                self._drains.pop(worker_id, None)
+            elif endpoint is None:
+                self._start_drain(worker_id)
+            elif endpoint != added:
+                await self._remove(worker_id, f"replaced by {endpoint.url} (pod {endpoint.uid})")
+            elif worker_id in self._drains:
+                await cancel_and_wait(self._drains.pop(worker_id))
+                self._registry.resume(worker_id)
+                log.info("discovered worker %s ready again", worker_id)
+        self._status.num_skipped = 0
+        pending = False
+        for worker_id, endpoint in wanted.items():
+            if worker_id in self._added:
+                continue
+            spec, why = await self._spec(endpoint)
+            if spec is None:
+                pending |= why == MODEL_UNKNOWN
+                self._skip(worker_id, why)
+                continue
+            try:
+                self._registry.add(spec, discovered=True)
+            except ValueError as exc:
+                self._skip(worker_id, str(exc))
+                continue
+            self._added[worker_id] = endpoint
+            self._skipped.pop(worker_id, None)
+            log.info("discovered worker %s at %s (pod %s, model %s)", worker_id, endpoint.url,
+                     endpoint.uid, spec.model)
+        if pending and self._retry is None:
+            self._retry = asyncio.get_running_loop().call_later(MODEL_RETRY_S, self._rewake)
+
+    def _rewake(self) -> None:
+        self._retry = None
+        self._wake.set()
+
+    def _skip(self, worker_id: str, why: str) -> None:
+        self._status.num_skipped += 1
+        if self._skipped.get(worker_id) != why:
+            self._skipped[worker_id] = why
+            log.warning("discovered pod endpoint %s not registered: %s", worker_id, why)
+
+    def _start_drain(self, worker_id: str) -> None:
+        if worker_id in self._drains:
+            return
+        log.info("discovered worker %s leaving: draining for at most %gs", worker_id,
+                 self._discovery.drain_timeout_s)
+
+        async def drain() -> None:
+            await self._registry.drain(worker_id, self._discovery.drain_timeout_s)
+            self._added.pop(worker_id, None)
+            self._drains.pop(worker_id, None)
+
+        self._drains[worker_id] = asyncio.create_task(drain())
+
+    async def _remove(self, worker_id: str, why: str) -> None:
+        task = self._drains.pop(worker_id, None)
+        if task is not None:
+            await cancel_and_wait(task)
+        await self._registry.remove(worker_id)
+        self._added.pop(worker_id, None)
+        log.info("discovered worker %s removed: %s", worker_id, why)
+
+    async def _spec(self, endpoint: PodEndpoint) -> tuple[WorkerSpec | None, str]:
+        """(the worker to register, "") or (None, why not)."""
+        if endpoint.role != "both":
+            return None, (f"role {endpoint.role!r}: only role 'both' is routed (no "
+                          f"prefill/decode mode yet)")
+        taken = self._registry.get(endpoint.worker_id)
+        if taken is not None:
+            return None, "the id is taken by a worker not from discovery"
+        prefix = self._config.admin.worker_key_env_prefix
+        own_key = default_key_env(endpoint.worker_id, prefix)
+        key_env = self._discovery.api_key_env or (own_key if os.environ.get(own_key) else None)
+        model = endpoint.model or await self._served_model(endpoint, key_env)
+        if model is None:
+            return None, MODEL_UNKNOWN
+        fields = {"id": endpoint.worker_id, "model": model, "url": endpoint.url,
+                  "kind": self._discovery.worker_kind}
+        if key_env is not None:
+            fields["api_key_env"] = key_env
+        if self._discovery.worker_kind == "vllm":
+            for name, port in (("kv_events", endpoint.kv_events_port),
+                               ("kv_events_replay", endpoint.kv_events_replay_port)):
+                if port is not None:
+                    fields[name] = endpoint.zmq(port)
+        try:
+            spec = parse_worker(fields, {n: None for n in self._models.names()},
+                                f"discovery pod {endpoint.worker_id}", prefix)
+        except ValueError as exc:
+            return None, str(exc)
+        if self._discovery.api_key_env is None and (
+                problem := runtime_key_problem(spec, prefix, self._config.workers)):
+            return None, problem
+        return spec, ""
+
+    async def _served_model(self, endpoint: PodEndpoint, key_env: str | None) -> str | None:
+        """The first model the pod's ``/v1/models`` lists that this router serves."""
+        key = os.environ.get(key_env) if key_env is not None else None
+        headers = {"Authorization": f"Bearer {key}"} if key else {}
+        try:
+            async with self._session.get(
+                    f"{endpoint.url}/v1/models", headers=headers,
+                    timeout=aiohttp.ClientTimeout(total=self._discovery.request_timeout_s)
+            ) as resp:
+                body = await resp.json(content_type=None) if resp.status == 200 else None
+        except (aiohttp.ClientError, TimeoutError, ValueError):
+            return None
+        names = set(self._models.names())
+        for entry in (body or {}).get("data") or () if isinstance(body, dict) else ():
+            if isinstance(entry, dict) and entry.get("id") in names:
+                return entry["id"]
+        return None
