@@ -7,7 +7,8 @@ Body: exactly one of ``token_ids`` (a JSON list, for people) and ``token_ids_b64
 routers send, a third of the cost of decoding and checking a JSON list), and::
 
     {"request_id"?, "scope"?, "num_public_tokens"?, "num_resumed_tokens"?,
-     "max_cached_tokens"?, "sampling"?, "stream"?, "render"?, "adapter"?}
+     "max_cached_tokens"?, "sampling"?, "stream"?, "render"?, "adapter"?,
+     "kv_transfer_params"?}
 
 ``scope`` defaults to ``direct`` (``radix.tree.DIRECT``, as on a worker's own OpenAI
 routes); ``num_public_tokens`` (default 0) is a multiple of the block size, at most
@@ -18,6 +19,8 @@ fields of ``radix.openai.sampling``. ``num_resumed_tokens`` (default 0, only wit
 already delivered (a router resuming a cut stream): they count as completion tokens
 and their text is not sent again. ``render`` (a ``RenderSpec``, streams only) makes
 the stream carry the client's OpenAI answer itself (``radix.openai.rendered``).
+``kv_transfer_params`` (an object, ``radix.kv_transfer``) makes the request one leg
+of a disaggregated prefill/decode pair.
 
 Without ``render`` the answer is plain: streamed, one ``step_event`` per choice per
 step, then a ``usage_event``, then ``[DONE]``; whole, ``whole_answer``.
@@ -42,7 +45,7 @@ PATH = "/generate"
 MAX_ID_CHARS = 256
 WIRE_FIELDS = ("request_id", "token_ids", "token_ids_b64", "scope", "num_public_tokens",
                "num_resumed_tokens", "max_cached_tokens", "sampling", "stream", "render",
-               "adapter")
+               "adapter", "kv_transfer_params")
 
 
 @dataclass(frozen=True)
@@ -61,6 +64,7 @@ class GenerateRequest:
     max_cached_tokens: int | None = None
     request_id: str | None = None
     adapter: str | None = None
+    kv_transfer_params: dict[str, Any] | None = None
 
     def to_wire(self) -> dict[str, Any]:
         """The JSON body: defaults and absent values left out."""
@@ -72,7 +76,8 @@ class GenerateRequest:
         optional = (("num_public_tokens", self.num_public_tokens or None),
                     ("num_resumed_tokens", self.num_resumed_tokens or None),
                     ("max_cached_tokens", self.max_cached_tokens),
-                    ("request_id", self.request_id), ("adapter", self.adapter))
+                    ("request_id", self.request_id), ("adapter", self.adapter),
+                    ("kv_transfer_params", self.kv_transfer_params))
         body.update((name, value) for name, value in optional if value is not None)
         return body
 
@@ -100,11 +105,13 @@ class GenerateRequest:
         render = RenderSpec.parse(fields.object("render")) if fields.has("render") else None
         if render is not None and not stream:
             raise bad_request("render needs stream = true", "render")
+        transfer = fields.object("kv_transfer_params").data if fields.has(
+            "kv_transfer_params") else None
         request = GenerateRequest(
             prompt_key, fields.string("scope", DIRECT, MAX_ID_CHARS) or DIRECT, sampling,
             stream, render, num_public, num_resumed, fields.integer("max_cached_tokens", None, lo=0),
             fields.string("request_id", None, MAX_ID_CHARS),
-            fields.string("adapter", None, MAX_ID_CHARS))
+            fields.string("adapter", None, MAX_ID_CHARS), transfer)
         return request, token_ids
 
 

@@ -19,7 +19,15 @@ import sys
 from typing import Any
 
 from radix.namespace import load_secret
-from workers.config import DEVICES, KV_CACHE_DTYPES, PREEMPTION_MODES, WorkerConfig, load_config
+from workers.config import (
+    DEVICES,
+    KV_CACHE_DTYPES,
+    KV_TRANSFER_FALLBACKS,
+    PREEMPTION_MODES,
+    WorkerConfig,
+    load_config,
+    parse_kv_transfer_config,
+)
 from workers.kv.plan import parse_bytes
 from workers.server.access import check_listen_address, load_api_key
 
@@ -57,6 +65,8 @@ _FLAG_FIELDS = {
     "max_lora_rank": ("lora", "max_lora_rank"),
     "allow_runtime_lora_updates": ("lora", "allow_runtime_updates"),
     "lora_root": ("lora", "roots"),
+    "kv_transfer_timeout_s": ("kv_transfer", "timeout_s"),
+    "kv_transfer_fallback": ("kv_transfer", "fallback"),
 }
 
 
@@ -119,6 +129,13 @@ def _parser() -> argparse.ArgumentParser:
         help="allow POST /v1/load_lora_adapter and /v1/unload_lora_adapter")
     add("--lora-root", nargs="+", metavar="DIR",
         help="the directories run-time adapter loads may read from (one or more)")
+    add("--kv-transfer-config", metavar="JSON",
+        help="prefill/decode role, vLLM's form: '{\"kv_role\": \"kv_producer\" | "
+             "\"kv_consumer\" | \"kv_both\", \"kv_port\": PORT}' (docs/pd.md)")
+    add("--kv-transfer-timeout-s", type=float,
+        help="a producer holds a request's blocks this long for its consumer (default 480)")
+    add("--kv-transfer-fallback", choices=KV_TRANSFER_FALLBACKS,
+        help="a consumer whose pull failed: fail the request (503) or recompute")
     add("--log-level", default="INFO", choices=("DEBUG", "INFO", "WARNING", "ERROR"))
     return parser
 
@@ -131,6 +148,9 @@ def config_from_args(args: argparse.Namespace) -> WorkerConfig:
         value = getattr(args, dest)
         if value is not None:
             overrides.setdefault(section, {})[name] = value
+    if args.kv_transfer_config is not None:
+        overrides.setdefault("kv_transfer", {}).update(
+            parse_kv_transfer_config(args.kv_transfer_config))
     return load_config(args.config).with_overrides(overrides)
 
 

@@ -23,6 +23,8 @@ KV_CACHE_DTYPES = ("auto", "fp8_e4m3", "fp8_e5m2")
 PREEMPTION_MODES = ("recompute", "swap", "auto")
 DEVICES = ("auto", "cpu", "cuda")
 DEFAULT_CACHE_BYTES = 256 * 2**20
+KV_ROLES = ("none", "kv_producer", "kv_consumer", "kv_both")
+KV_TRANSFER_FALLBACKS = ("fail", "recompute")
 
 
 @dataclass(frozen=True)
@@ -218,6 +220,55 @@ def parse_lora_module(entry: str) -> tuple[str, str]:
 
 
 @dataclass(frozen=True)
+class KVTransferConfig(Section, section="kv_transfer"):
+    """Prefill/decode disaggregation (docs/pd.md), vLLM's roles: a ``kv_producer``
+    prefills and holds a request's blocks for a consumer to pull from its transfer
+    port ``kv_port`` (0: a free one) for at most ``timeout_s``; a ``kv_consumer`` pulls
+    the blocks its own cache lacks before it decodes; ``kv_both`` does either. The
+    producer advertises ``kv_host`` (default: ``server.host``). A pull that fails or
+    takes over ``pull_timeout_s`` fails its request (503 ``kv_transfer_failed``)
+    unless ``fallback`` is ``recompute``."""
+
+    kv_role: str = setting("none", choices=KV_ROLES)
+    kv_port: int = setting(0, low=0, high=65535)
+    kv_host: str | None = None
+    timeout_s: float = setting(480.0, above=0)
+    pull_timeout_s: float = setting(30.0, above=0)
+    fallback: str = setting("fail", choices=KV_TRANSFER_FALLBACKS)
+
+    @property
+    def produces(self) -> bool:
+        """Whether this worker prefills for others."""
+        return self.kv_role in ("kv_producer", "kv_both")
+
+    @property
+    def consumes(self) -> bool:
+        """Whether this worker pulls prefilled blocks."""
+        return self.kv_role in ("kv_consumer", "kv_both")
+
+
+def parse_kv_transfer_config(text: str) -> dict[str, Any]:
+    """vLLM's ``--kv-transfer-config`` JSON (``kv_role``, ``kv_port``, ``kv_ip``; a
+    ``kv_connector`` other than ``RadixConnector`` is refused) as ``[kv_transfer]``
+    fields."""
+    try:
+        data = json.loads(text)
+    except ValueError as exc:
+        raise FieldError("kv_role", f"--kv-transfer-config is not JSON: {exc}") from exc
+    if not isinstance(data, dict):
+        raise FieldError("kv_role", "--kv-transfer-config must be a JSON object")
+    connector = data.pop("kv_connector", "RadixConnector")
+    if connector != "RadixConnector":
+        raise FieldError("kv_role", f"kv_connector {connector!r}: this worker speaks "
+                                    f"RadixConnector only")
+    names = {"kv_role": "kv_role", "kv_port": "kv_port", "kv_ip": "kv_host"}
+    unknown = set(data) - set(names)
+    if unknown:
+        raise FieldError("kv_role", f"--kv-transfer-config: unknown keys {sorted(unknown)}")
+    return {names[k]: v for k, v in data.items()}
+
+
+@dataclass(frozen=True)
 class WorkerConfig(Section):
     """The whole worker configuration, one section per component."""
 
@@ -226,6 +277,7 @@ class WorkerConfig(Section):
     kv: KVSettings = field(default_factory=KVSettings)
     engine: EngineConfig = field(default_factory=EngineConfig)
     lora: LoraSettings = field(default_factory=LoraSettings)
+    kv_transfer: KVTransferConfig = field(default_factory=KVTransferConfig)
 
     def with_overrides(self, overrides: Mapping[str, Mapping[str, Any]]) -> WorkerConfig:
         """A copy with ``{section: {field: value}}`` replaced (validated like TOML values)."""

@@ -221,6 +221,59 @@ class KVCacheManager:
         self.num_host_restored_blocks_total += num_restored
         return cache.match(key, scope) if num_restored else hit
 
+    def pin(self, pin_id: SeqId, key: bytes, scope: Scope) -> list[BlockId]:
+        """Hold the whole blocks of ``key`` (a radix key) cached for ``scope`` in the base
+        namespace, as sequence ``pin_id`` (``free`` releases them): nothing evicts or
+        changes them meanwhile. Returns their ids, in order: the cached whole-block
+        prefix of ``key``, possibly shorter than it (empty: nothing held)."""
+        if pin_id in self._seqs:
+            raise ValueError(f"sequence {pin_id} is already admitted")
+        step = self.block_size * TOKEN_BYTES
+        whole = key[: len(key) - len(key) % step]
+        hit = self.prefix_cache.match(whole, scope)
+        num_tokens = hit.num_cached_tokens - hit.num_cached_tokens % self.block_size
+        if not num_tokens:
+            return []
+        seq = self._try_admit(whole[: num_tokens * TOKEN_BYTES], scope, num_tokens,
+                              self.prefix_cache)
+        if seq is None:
+            return []
+        self._seqs[pin_id] = seq
+        return list(seq.block_table[: seq.num_computed_tokens // self.block_size])
+
+    def import_blocks(self, pin_id: SeqId, key: bytes, scope: Scope, num_public_tokens: int,
+                      num_local_tokens: int, blocks: Sequence[bytes]) -> bool:
+        """Cache the whole blocks of ``key`` for ``scope`` in the base namespace: its first
+        ``num_local_tokens`` (whole blocks) as this cache holds them, the next
+        ``len(blocks)`` blocks written from ``blocks`` (``KVCacheTensors.read_slots``
+        bytes), the first ``num_public_tokens`` under ``PUBLIC``; then hold them as
+        sequence ``pin_id`` (``free`` releases them). The insert emits their KV events
+        like any commit. False, holding nothing, when the local part is no longer
+        cached or there is no room."""
+        if pin_id in self._seqs:
+            raise ValueError(f"sequence {pin_id} is already admitted")
+        if num_local_tokens % self.block_size:
+            raise ValueError(f"num_local_tokens must be whole blocks, got {num_local_tokens}")
+        num_tokens = num_local_tokens + len(blocks) * self.block_size
+        if num_tokens * TOKEN_BYTES > len(key):
+            raise ValueError(f"{len(blocks)} blocks go past the key's end")
+        seq = self._try_admit(key[: num_local_tokens * TOKEN_BYTES], scope, num_tokens,
+                              self.prefix_cache)
+        if seq is None:
+            return False
+        if seq.num_computed_tokens < num_local_tokens:
+            self._seqs[pin_id] = seq
+            self.free(pin_id)
+            return False
+        first = num_local_tokens // self.block_size
+        for k, data in enumerate(blocks):
+            self.tensors.write_block(seq.block_table[first + k], data)
+        seq.num_computed_tokens = num_tokens
+        seq.num_public_tokens = min(num_public_tokens, num_tokens)
+        self._seqs[pin_id] = seq
+        self.commit(pin_id, key[: num_tokens * TOKEN_BYTES])
+        return True
+
     def expire_host(self, now: float) -> int:
         """Drop the host tier's entries expired at ``now`` (wall-clock seconds; admissions
         do this too); returns how many."""

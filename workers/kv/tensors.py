@@ -94,6 +94,11 @@ class KVCacheTensors:
         staging.copy_(gathered)
         return staging.numpy().tobytes()
 
+    def read_block(self, block: BlockId) -> bytes:
+        """``read_slots`` of every position of ``block``: what ``write_block`` takes."""
+        start = block * self.block_size
+        return self.read_slots(range(start, start + self.block_size))
+
     def write_block(self, block: BlockId, data: bytes) -> None:
         """Overwrite ``block`` in every layer, K and V, with bytes from ``read_slots`` of
         ``block_size`` slots (the block's own layout)."""

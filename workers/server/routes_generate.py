@@ -13,15 +13,18 @@ import uuid
 from aiohttp import web
 
 from radix.generate import GenerateRequest, step_event, usage_event, whole_answer
+from radix.kv_transfer import wants_remote_decode, wants_remote_prefill
 from radix.openai.rendered import RenderedAnswer
 from radix.openai.responses import TokenUsage
 from workers.engine.request import GenerationRequest, RequestOutput, Usage
 from workers.engine.stopping import StopChecker
+from workers.kv_transfer.producer import Producer
 from workers.server.errors import ApiError
 from workers.server.routes_lora import adapter_names
 from workers.server.sampling import generation_request
 from workers.server.state import STATE, ServerState, read_fields
 from workers.server.streaming import collect, stream_response
+from workers.server.transfer_legs import producer_of, pull_remote_prefill
 
 
 def _token_usage(usage: Usage) -> TokenUsage:
@@ -38,9 +41,26 @@ async def generate(request: web.Request) -> web.StreamResponse:
         raise ApiError(404, f"the LoRA adapter {call.adapter!r} is not registered on this "
                             f"worker", param="adapter", code="model_not_found")
     request_id = call.request_id or uuid.uuid4().hex
+    producer, pulled = None, None
+    if wants_remote_decode(call.kv_transfer_params):
+        producer = producer_of(state.transfer, call)
+    elif wants_remote_prefill(call.kv_transfer_params):
+        pulled = await pull_remote_prefill(state.transfer, call)
+    try:
+        return await _run(request, state, call, token_ids, request_id,
+                          fields.has("token_ids_b64"), producer)
+    finally:
+        if pulled is not None:
+            await pulled[0].release(pulled[1])
+
+
+async def _run(request: web.Request, state: ServerState, call: GenerateRequest,
+               token_ids: tuple[int, ...], request_id: str, as_b64: bool,
+               producer: Producer | None) -> web.StreamResponse:
+    limits = state.limits
     engine_request = generation_request(
         token_ids, call.sampling, limits,
-        "token_ids_b64" if fields.has("token_ids_b64") else "token_ids", scope=call.scope,
+        "token_ids_b64" if as_b64 else "token_ids", scope=call.scope,
         num_public_tokens=call.num_public_tokens, num_resumed_tokens=call.num_resumed_tokens,
         max_cached_tokens=call.max_cached_tokens, prompt_key=call.prompt_key,
         adapter=call.adapter, request_id=request_id,
@@ -52,7 +72,11 @@ async def generate(request: web.Request) -> web.StreamResponse:
                                      lambda output: _rendered_events(answer, output))
     if not call.stream:
         choices, usage = await collect(state.engine, engine_request, timeout_s)
-        return web.json_response(whole_answer(request_id, choices, _token_usage(usage)))
+        answer = whole_answer(request_id, choices, _token_usage(usage))
+        if producer is not None:
+            remote = await producer.hold(call.prompt_key, call.scope, call.num_public_tokens)
+            answer["kv_transfer_params"] = remote.to_params()
+        return web.json_response(answer)
 
     def render(output: RequestOutput) -> list[object]:
         events: list[object] = [step_event(request_id, delta) for delta in output.deltas]

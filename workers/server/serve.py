@@ -32,6 +32,7 @@ from workers.config import WorkerConfig
 from workers.engine.async_engine import AsyncEngine
 from workers.engine.build import build_worker
 from workers.engine.selftest import keep_ready, run_self_test
+from workers.kv_transfer.service import KVTransfer
 from workers.server.app import create_app
 from workers.server.state import ServerState
 
@@ -59,11 +60,21 @@ async def serve(config: WorkerConfig, secret: bytes, api_key: str | None,
     url = base_url(server_config.host, port)
     worker_id = server_config.worker_id or f"{server_config.host}:{port}"
     worker = await asyncio.to_thread(build_worker, config, worker_id, secret)
-    state = ServerState(server_config, worker, api_key)
+    loop = asyncio.get_running_loop()
+    worker.engine.start(loop)
+    transfer = None
+    if config.kv_transfer.kv_role != "none":
+        try:
+            transfer = await KVTransfer.start(config.kv_transfer, worker,
+                                              config.kv.hash_algorithm, api_key,
+                                              server_config.host)
+        except BaseException:
+            worker.engine.stop()
+            raise
+    state = ServerState(server_config, worker, api_key, transfer=transfer)
     runner = web.AppRunner(create_app(state), handler_cancellation=True, access_log=None)
     await runner.setup()
     stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, stop.set)
     keeper: asyncio.Task[None] | None = None
@@ -72,7 +83,6 @@ async def serve(config: WorkerConfig, secret: bytes, api_key: str | None,
     try:
         await web.SockSite(runner, sock, shutdown_timeout=SHUTDOWN_TIMEOUT_S).start()
         log.info("worker %s listening on %s (model %s)", worker_id, url, worker.identity.model)
-        worker.engine.start(loop)
         await asyncio.sleep(server_config.self_test_delay_s)
         await run_self_test(worker.engine, vocab_size, block_size)
         state.ready.set()
@@ -96,6 +106,8 @@ async def serve(config: WorkerConfig, secret: bytes, api_key: str | None,
             if task is not None:
                 task.cancel()
         worker.engine.kv_feed.drop_all()  # KV event streams never end by themselves
+        if transfer is not None:
+            await transfer.close()
         await runner.cleanup()
         worker.engine.stop()
 

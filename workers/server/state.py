@@ -13,6 +13,7 @@ from radix.openai.json_body import decode_json_object
 from workers.config import ServerConfig
 from workers.engine.async_engine import AsyncEngine
 from workers.engine.build import BuiltWorker, WorkerIdentity
+from workers.kv_transfer.service import KVTransfer
 from workers.server.sampling import RequestLimits
 
 
@@ -22,12 +23,13 @@ class ServerState:
     but ``/health`` and ``/openapi.json`` (None: no key, loopback only). ``ready`` is set while the last
     self-test passed and no batched step has failed since; ``unhandled_errors``
     counts exceptions that reached the error middleware (a bug, never a client's
-    fault)."""
+    fault). ``transfer``: this worker's prefill/decode roles (None: neither)."""
 
     config: ServerConfig
     worker: BuiltWorker
     api_key: str | None = None
     ready: asyncio.Event = field(default_factory=asyncio.Event)
+    transfer: KVTransfer | None = None
     unhandled_errors: Counter = field(init=False)
 
     def __post_init__(self) -> None:

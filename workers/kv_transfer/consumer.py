@@ -1,0 +1,148 @@
+"""``Consumer``: pulls the blocks of a prompt that another worker prefilled, the ones
+its own cache lacks, and imports them before the request runs.
+
+Before any byte moves, the consumer checks what the producer's params claim: the same
+namespace digest (model, weights, tokenizer, RoPE, KV dtype and layout, FP8 scales),
+block size and dtype, and block hashes equal to the ones it computes itself for the
+prompt's whole blocks (so the blocks are this prompt's, in this scope). It asks for
+the blocks past the whole-block prefix it already caches, checks each block's index,
+hash and size as it arrives, imports them (``KVCacheManager.import_blocks``: written
+into fresh blocks, cached, announced in its KV events, held until ``release``), then
+acknowledges so the producer lets go. Every failure is a ``TransferError`` with its
+reason; nothing is imported unless every block arrived.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from dataclasses import dataclass
+
+from radix.keys import TOKEN_BYTES
+from radix.kv_transfer import RemotePrefill
+from workers.engine.async_engine import AsyncEngine
+from workers.kv.ids import SeqId
+from workers.kv_transfer.identity import TransferIdentity
+from workers.kv_transfer.metrics import TransferMetrics
+from workers.kv_transfer.wire import TransferError, receive, send, sign
+
+
+@dataclass(frozen=True)
+class Pulled:
+    """A finished pull: the pin holding the prompt's blocks (release it once the
+    request is admitted or over), the blocks this worker already had, and the blocks
+    it received."""
+
+    pin_id: SeqId
+    num_local_blocks: int
+    num_received_blocks: int
+
+
+class Consumer:
+    """The consumer side (see the module docstring)."""
+
+    def __init__(self, engine: AsyncEngine, identity: TransferIdentity, key: bytes,
+                 timeout_s: float, metrics: TransferMetrics) -> None:
+        self._engine = engine
+        self._identity = identity
+        self._key = key
+        self._timeout_s = timeout_s
+        self._metrics = metrics
+
+    async def pull(self, remote: RemotePrefill, key: bytes, scope: str,
+                   num_public_tokens: int) -> Pulled:
+        """Pull and import what this worker lacks of ``remote``'s blocks for the prompt
+        ``key``; TransferError (counted by reason) on any failure."""
+        started = time.monotonic()
+        try:
+            async with asyncio.timeout(self._timeout_s):
+                pulled = await self._pull(remote, key, scope, num_public_tokens)
+        except TimeoutError:
+            self._metrics.failures.labels("timeout").inc()
+            raise TransferError("timeout", f"the pull took over {self._timeout_s:g} s") from None
+        except TransferError as exc:
+            self._metrics.failures.labels(exc.reason).inc()
+            raise
+        self._metrics.pull_seconds.observe(time.monotonic() - started)
+        return pulled
+
+    async def release(self, pulled: Pulled) -> None:
+        """Let the imported blocks go (they stay cached, evictable)."""
+        await self._engine.call(lambda e: e.manager.free(pulled.pin_id))
+
+    async def _pull(self, remote: RemotePrefill, key: bytes, scope: str,
+                    num_public_tokens: int) -> Pulled:
+        ident = self._identity
+        for name, theirs, mine in (("namespace", remote.namespace, ident.namespace),
+                                   ("block_size", remote.block_size, ident.block_size),
+                                   ("kv_dtype", remote.kv_dtype, ident.kv_dtype)):
+            if theirs != mine:
+                raise TransferError("mismatch", f"the producer's {name} {theirs!r} differs "
+                                                f"from this worker's {mine!r}")
+        wanted = list(remote.block_hashes)
+        if wanted != ident.block_hashes(key, scope, num_public_tokens)[: len(wanted)]:
+            raise TransferError("mismatch", "the producer's block hashes do not name this "
+                                            "prompt's blocks")
+        step = ident.block_size
+        num_cached = await self._engine.call(
+            lambda e: e.manager.prefix_cache.match(key[: len(wanted) * step * TOKEN_BYTES], scope)
+            .num_cached_tokens)
+        num_local = min(num_cached // step, len(wanted))
+        blocks = await self._fetch(remote, wanted, num_local) if num_local < len(wanted) else []
+        pin_id = ident.next_pin_id()
+        imported = await self._engine.call(lambda e: e.manager.import_blocks(
+            pin_id, key, scope, num_public_tokens, num_local * step, blocks))
+        if not imported:
+            raise TransferError("evicted", "this worker's own part of the prefix was evicted "
+                                           "during the pull, or no room for the blocks")
+        await self._acknowledge(remote)
+        self._metrics.blocks_received.inc(len(blocks))
+        self._metrics.bytes_received.inc(len(blocks) * ident.block_bytes)
+        return Pulled(pin_id, num_local, len(blocks))
+
+    async def _connect(self, remote: RemotePrefill
+                       ) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+        try:
+            return await asyncio.open_connection(remote.host, remote.port)
+        except OSError as exc:
+            raise TransferError("unreachable", f"cannot reach the producer at "
+                                               f"{remote.host}:{remote.port}: {exc}") from exc
+
+    async def _fetch(self, remote: RemotePrefill, wanted: list[str], first: int) -> list[bytes]:
+        ident = self._identity
+        reader, writer = await self._connect(remote)
+        try:
+            await send(writer, sign(self._key, {
+                "op": "pull", "transfer_id": remote.transfer_id, "first_block": first,
+                "block_hashes": wanted[first:], "namespace": ident.namespace,
+                "block_size": ident.block_size, "kv_dtype": ident.kv_dtype}))
+            status, _ = await receive(reader, 0)
+            if status.get("ok") is not True:
+                raise TransferError("refused", f"the producer refused the pull: "
+                                               f"{status.get('error')}: {status.get('message')}")
+            blocks = []
+            for index in range(first, len(wanted)):
+                header, data = await receive(reader, ident.block_bytes)
+                if (header.get("index") != index or header.get("hash") != wanted[index]
+                        or len(data) != ident.block_bytes):
+                    raise TransferError("protocol", f"block {index} arrived wrong")
+                blocks.append(data)
+            return blocks
+        except (ConnectionError, OSError) as exc:
+            raise TransferError("unreachable", f"the producer went away: {exc}") from exc
+        finally:
+            writer.close()
+            with contextlib.suppress(ConnectionError, OSError):
+                await writer.wait_closed()
+
+    async def _acknowledge(self, remote: RemotePrefill) -> None:
+        """Tell the producer it may let go (best effort: its deadline releases too)."""
+        with contextlib.suppress(TransferError, ConnectionError, OSError):
+            reader, writer = await self._connect(remote)
+            try:
+                await send(writer, sign(self._key, {"op": "ack",
+                                                    "transfer_id": remote.transfer_id}))
+                await receive(reader, 0)
+            finally:
+                writer.close()
