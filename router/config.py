@@ -20,6 +20,7 @@ from radix.tree import RESERVED_SCOPES
 
 DEFAULT_CONFIG = Path(__file__).resolve().parent.parent / "configs" / "local.toml"
 WORKER_KINDS = ("radix", "vllm", "openai")
+WORKER_ROLES = ("both", "prefill", "decode")
 RESERVED_TENANTS: tuple[str, ...] = RESERVED_SCOPES
 WORKER_KEY_ENV_PREFIX = "RADIX_WORKER_KEY_"
 REDIS_KEY_PREFIX = Pattern(re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,63}$"),
@@ -178,7 +179,10 @@ class WorkerSpec(Section):
     one, and ``up`` puts its generated key there. ``trust_cache_salt`` routes an
     ``openai``/``vllm`` backend whose ``cache_salt`` isolation cannot be checked (it
     reports no ``cached_tokens`` or does not answer the probe,
-    ``router.fleet.salt_probe``)."""
+    ``router.fleet.salt_probe``). ``role`` (docs/pd.md): ``prefill`` workers only
+    prefill for others, ``decode`` workers take whole requests and the decode legs of
+    disaggregated ones, ``both`` either (a ``radix`` worker's ``--kv-transfer-config``
+    must say the same)."""
 
     worker_id: str = setting(pattern=NAME, key="id")
     model: str
@@ -189,6 +193,7 @@ class WorkerSpec(Section):
     kv_events: str | None = None
     kv_events_replay: str | None = None
     trust_cache_salt: bool = False
+    role: str = setting("both", choices=WORKER_ROLES)
 
     def check(self) -> None:
         """A URL or a launch command; a URL that is ``http(s)://HOST[:PORT][/PATH]``;
@@ -442,8 +447,8 @@ class DiscoveryConfig(Section, section="discovery"):
     ``namespace``). A pod serves on ``port``, or on its container port named
     ``port_name``; it is a worker of kind ``worker_kind`` for ``model``, else for
     the model its ``model_label`` label or annotation names, else for the one model
-    its ``/v1/models`` lists that this router serves. ``role_label`` marks a
-    disaggregated fleet's pods (only ``both`` is routed until PD mode lands). A vLLM
+    its ``/v1/models`` lists that this router serves. ``role_label`` gives a
+    disaggregated fleet's pods their role (``prefill``, ``decode``; default ``both``). A vLLM
     pod's ZMQ KV event ports come from its ``kv_events_port_annotation`` and
     ``kv_events_replay_port_annotation``. ``api_key_env`` (any variable: the operator
     sets it) is every discovered worker's key; without it a pod ``p`` takes the key
@@ -499,6 +504,18 @@ class DiscoveryConfig(Section, section="discovery"):
 
 
 @dataclass(frozen=True)
+class PDConfig(Section, section="pd"):
+    """Prefill/decode disaggregation (docs/pd.md), for models whose workers have
+    ``prefill`` or ``decode`` roles: the decode worker is chosen first; when it would
+    compute fewer than ``min_uncached_tokens`` of the prompt itself, it serves the
+    request whole, else a prefill worker prefills and the decode worker pulls the
+    blocks it lacks. ``protocol``: the ``kv_transfer_params`` shape (vLLM's)."""
+
+    min_uncached_tokens: int = setting(256, low=0)
+    protocol: str = setting("vllm", choices=("vllm",))
+
+
+@dataclass(frozen=True)
 class RouterConfig(Section):
     """The whole router configuration."""
 
@@ -516,6 +533,7 @@ class RouterConfig(Section):
     admin: AdminConfig = AdminConfig()
     redis: RedisConfig = RedisConfig()
     discovery: DiscoveryConfig = DiscoveryConfig()
+    pd: PDConfig = PDConfig()
 
 
 def default_key_env(worker_id: str, prefix: str = WORKER_KEY_ENV_PREFIX) -> str:

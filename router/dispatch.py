@@ -20,6 +20,7 @@ import asyncio
 import logging
 import time
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
 from operator import attrgetter
 from typing import NamedTuple
 
@@ -30,6 +31,7 @@ from router.client import Client
 from router.context import Router
 from router.fleet.registry import WorkerState
 from router.forward.attempt import RETRY_AFTER_S, UpstreamUnavailable
+from router.forward.pool import UpstreamError
 from router.forward.proxy import Call
 from router.forward.relay import CLIENT_CLOSED, Exchange
 from router.front.auth import Tenant
@@ -45,6 +47,7 @@ INLINE_DECODE_BYTES = 256 * 1024  # about 1 ms of decoding; larger bodies go to 
 # one is ever expanded.
 _LARGE_BODIES = ThreadPoolExecutor(1, thread_name_prefix="large-body")
 access_log = logging.getLogger("router.access")
+log = logging.getLogger(__name__)
 
 
 ENDPOINTS = {"/v1/completions": COMPLETIONS, "/v1/chat/completions": CHAT}
@@ -85,9 +88,18 @@ async def serve_openai(router: Router, client: Client, endpoint: str) -> None:
                 workers = route.workers
             matches = match(router, workers, prompt, tenant, adapter)
             matched = matches.tokens
-            ranked = choose(router, workers, matches, prompt, tenant,
-                            route.fallback if route is not None else [], adapter)
+            fallback = route.fallback if route is not None else []
+            split = split_roles(workers)
+            if split is None:
+                ranked = choose(router, workers, matches, prompt, tenant, fallback, adapter)
+            else:
+                ranked = choose(router, split[0], matches, prompt, tenant, fallback, adapter)
             router.metrics.decision_seconds.observe(time.monotonic() - decision_started)
+            if split is not None:
+                call = await disaggregate(router, call, ranked[0], split[1], matches, prompt,
+                                          tenant)
+                if call.kv_transfer_params is not None:  # a failed pull decodes whole there
+                    ranked = [ranked[0], *ranked]
             worker = await forward(router, client, call, ranked, matched, exchange)
             worker_id = worker.worker_id
             learn(router, client, worker, prompt, matched, exchange, started)
@@ -223,6 +235,51 @@ def choose(router: Router, workers: list[WorkerState], matches: Matches,
     return [by_id[i] for i in decision.ranked[:num_attempts]]
 
 
+def split_roles(workers: list[WorkerState]) -> tuple[list[WorkerState], list[WorkerState]] | None:
+    """(the workers that take whole requests and decode legs, those that prefill for
+    others) when some worker has a prefill or decode role; None otherwise."""
+    if all(w.role == "both" for w in workers):
+        return None
+    return ([w for w in workers if w.role != "prefill"],
+            [w for w in workers if w.role != "decode"])
+
+
+async def disaggregate(router: Router, call: Call, decode: WorkerState,
+                       prefillers: list[WorkerState], matches: Matches, prompt: Prompt,
+                       tenant: Tenant) -> Call:
+    """``call`` for its decode worker ``decode`` (chosen first, by match and load): as
+    it is when ``decode`` would compute fewer than ``pd.min_uncached_tokens`` of the
+    prompt itself (or the request cannot be split: ``n`` > 1, an adapter, a worker
+    that is not ``radix``), else with the ``kv_transfer_params`` of a prefill leg run
+    on the best prefill worker (docs/pd.md). A failed prefill leg leaves ``call``
+    whole: the decode worker computes the prompt, counted as a fallback."""
+    counts = router.metrics.pd_requests
+    num_uncached = len(prompt.token_ids) - matches.tokens.get(decode.worker_id, 0)
+    candidates = [w for w in prefillers if w is not decode and w.kind == "radix"]
+    if (num_uncached < router.config.pd.min_uncached_tokens or not candidates
+            or decode.kind != "radix" or call.adapter is not None
+            or call.request.sampling.n != 1):
+        counts["aggregated"].inc()
+        return call
+    prefill = choose(router, candidates, matches, prompt, tenant, [])[0]
+    num_tokens = max(len(prompt.token_ids) - matches.tokens.get(prefill.worker_id, 0), 0)
+    in_flight = router.registry.begin(prefill, num_tokens)
+    router.index.note_routed(prefill.namespace, prefill.worker_id, prompt.key, call.scope)
+    try:
+        params = await router.proxy.prefill(call, prefill)
+    except (UpstreamUnavailable, UpstreamError, ApiError) as exc:
+        log.warning("request %s: prefill leg on %s failed (%s): decoding whole on %s",
+                    call.request_id, prefill.worker_id, exc, decode.worker_id)
+        if isinstance(exc, UpstreamUnavailable) and exc.worker_down:
+            await router.registry.mark_failed(prefill, str(exc))
+        counts["fallback"].inc()
+        return call
+    finally:
+        in_flight.end()
+    counts["disaggregated"].inc()
+    return replace(call, kv_transfer_params=params)
+
+
 async def forward(router: Router, client: Client, call: Call, ranked: list[WorkerState],
                   matched: dict[str, int], exchange: Exchange) -> WorkerState:
     """Try the ranked workers in turn until the client is answered, filling in
@@ -258,6 +315,7 @@ async def forward(router: Router, client: Client, call: Call, ranked: list[Worke
             return worker
         except UpstreamUnavailable as exc:
             failure = exc
+            call = replace(call, kv_transfer_params=None)  # the blocks were for that worker
             if exc.worker_down:
                 await router.registry.mark_failed(worker, str(exc))
         finally:

@@ -45,6 +45,9 @@ REFUSAL_REASONS = ("invalid_api_key", "invalid_request", "request_too_large",
                    "concurrency_limit", "rate_limit_exceeded", "no_worker", "saturated")
 
 
+PD_MODES = ("disaggregated", "aggregated", "fallback")
+
+
 class RouterMetrics:
     """All router metrics (names in docs/operations.md, Monitoring). One instance per app."""
 
@@ -80,6 +83,11 @@ class RouterMetrics:
         self.ttft_seconds = Histogram("router_ttft_seconds", "Time to the first byte sent",
                                       buckets=_LATENCY_BUCKETS, registry=r)
         self.retries = Counter("router_retries", "Attempts moved to another worker", registry=r)
+        pd = Counter("router_pd_requests", "Requests to models with prefill/decode roles, by "
+                     "how they ran: disaggregated, aggregated (few uncached tokens, n > 1, an "
+                     "adapter, no prefill worker) or fallback (the prefill leg failed)",
+                     ["mode"], registry=r)
+        self.pd_requests = {mode: pd.labels(mode) for mode in PD_MODES}
         refused = Counter("router_refused_requests",
                           "Requests refused (4xx, 503 no_worker or saturated), by reason",
                           ["reason"], registry=r)
@@ -197,7 +205,7 @@ class _DiscoveryCollector(Collector):
         yield GaugeMetricFamily("router_discovery_pods", "Discovered pods that serve",
                                 value=s.num_pods)
         yield GaugeMetricFamily("router_discovery_skipped", "Discovered endpoints not "
-                                "registered (role, id taken, model unknown, refused)",
+                                "registered (id taken, model unknown, refused)",
                                 value=s.num_skipped)
         yield CounterMetricFamily("router_discovery_lists", "Successful LISTs",
                                   value=s.num_lists)

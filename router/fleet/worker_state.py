@@ -52,7 +52,7 @@ class WorkerState:
     __slots__ = ("config", "worker_id", "kind", "model", "url", "headers", "ready", "reason",
                  "namespace", "epoch", "served_model", "load", "num_in_flight_requests",
                  "num_in_flight_prompt_tokens", "stats", "index_mode", "index_reason",
-                 "cache_block_size", "worker_namespace", "lora", "discovered", "draining")
+                 "cache_block_size", "worker_namespace", "lora", "discovered", "draining", "role")
 
     def __init__(self, config: WorkerSpec, url: str, headers: dict[str, str],
                  discovered: bool = False) -> None:
@@ -78,6 +78,7 @@ class WorkerState:
         self.lora = WorkerLora()
         self.discovered = discovered
         self.draining = False
+        self.role = config.role
 
     @property
     def has_event_stream(self) -> bool:
@@ -87,7 +88,8 @@ class WorkerState:
     def to_dict(self) -> dict[str, object]:
         """JSON view for ``GET /admin/workers``."""
         return {
-            "id": self.worker_id, "kind": self.kind, "model": self.model, "url": self.url,
+            "id": self.worker_id, "kind": self.kind, "role": self.role, "model": self.model,
+            "url": self.url,
             "ready": self.ready, "reason": self.reason, "namespace": self.namespace,
             "discovered": self.discovered, "draining": self.draining,
             "epoch": self.epoch, "served_model": self.served_model,

@@ -83,6 +83,7 @@ class Call:
     max_cached_tokens: int | None = None
     request_id: str | None = None
     adapter: str | None = None
+    kv_transfer_params: dict[str, Any] | None = None
 
 
 def generate_request(call: Call, render: RenderSpec) -> GenerateRequest:
@@ -92,7 +93,7 @@ def generate_request(call: Call, render: RenderSpec) -> GenerateRequest:
         call.prompt.key, call.scope, replace(call.request.sampling, max_tokens=call.max_tokens),
         stream=True, render=render, num_public_tokens=call.prompt.num_public_tokens,
         max_cached_tokens=call.max_cached_tokens, request_id=call.request_id,
-        adapter=call.adapter)
+        adapter=call.adapter, kv_transfer_params=call.kv_transfer_params)
 
 
 class Proxy:
@@ -137,6 +138,30 @@ class Proxy:
             log.error("request %s: worker %s refused a resume: %s", client.request_id,
                       worker.worker_id, exc)
             raise UpstreamUnavailable(str(exc), False, worker_failed()) from exc
+
+    async def prefill(self, call: Call, worker: WorkerState) -> dict[str, Any]:
+        """Run ``call``'s prefill leg on ``worker`` (a ``kv_producer``: one token, not
+        streamed, ``do_remote_decode``) and return the ``kv_transfer_params`` its answer
+        carries for the decode leg; ``UpstreamUnavailable`` or ``ApiError`` when it
+        fails, ``UpstreamError`` when the answer carries none."""
+        request = GenerateRequest(
+            call.prompt.key, call.scope, replace(call.request.sampling, max_tokens=1, n=1),
+            num_public_tokens=call.prompt.num_public_tokens,
+            max_cached_tokens=call.max_cached_tokens, request_id=call.request_id,
+            kv_transfer_params={"do_remote_decode": True})
+        upstream = await self._upstream.post(worker, GENERATE_PATH, request.to_wire(),
+                                             call.request)
+        try:
+            answer = orjson.loads(await upstream.read())
+        except MALFORMED as exc:
+            raise unavailable(worker, exc) from exc
+        finally:
+            upstream.close()
+        params = answer.get("kv_transfer_params") if isinstance(answer, dict) else None
+        if not isinstance(params, dict):
+            raise UpstreamError(f"worker {worker.worker_id}'s prefill answer has no "
+                                f"kv_transfer_params (is it a kv_producer?)")
+        return params
 
     async def _relay_generate(self, call: Call, relay: Relay, worker: WorkerState,
                               exchange: Exchange) -> None:

@@ -59,10 +59,12 @@ log = logging.getLogger(__name__)
 
 
 def shared_fields(worker: WorkerState) -> dict[str, str]:
-    """What travels to other routers: id, model, kind, url and the name (never the
-    value) of the worker's key variable."""
+    """What travels to other routers: id, model, kind, url, the role when it is not
+    ``both``, and the name (never the value) of the worker's key variable."""
     fields = {"id": worker.worker_id, "model": worker.model, "kind": worker.kind,
               "url": worker.url}
+    if worker.role != "both":
+        fields["role"] = worker.role
     if worker.config.api_key_env is not None:
         fields["api_key_env"] = worker.config.api_key_env
     return fields

@@ -16,8 +16,10 @@ them with what discovery registered and changes the registry until they agree:
 
 An endpoint without a model label asks the pod's ``/v1/models`` for the one model of
 this router it serves; until it answers, the endpoint waits (retried every
-``MODEL_RETRY_S``). Pods whose role is not ``both``, whose id is taken by a worker
-from elsewhere, or whose registration is refused are skipped and counted.
+``MODEL_RETRY_S``). A pod's role label (``prefill``, ``decode``, ``both``) is its
+worker's role (docs/pd.md). Pods whose id is taken by a worker from elsewhere, or
+whose registration is refused (an unknown role or model, a bad key), are skipped and
+counted.
 """
 
 from __future__ import annotations
@@ -162,9 +164,6 @@ class DiscoveredWorkers:
 
     async def _spec(self, endpoint: PodEndpoint) -> tuple[WorkerSpec | None, str]:
         """(the worker to register, "") or (None, why not)."""
-        if endpoint.role != "both":
-            return None, (f"role {endpoint.role!r}: only role 'both' is routed (no "
-                          f"prefill/decode mode yet)")
         taken = self._registry.get(endpoint.worker_id)
         if taken is not None:
             return None, "the id is taken by a worker not from discovery"
@@ -175,7 +174,7 @@ class DiscoveredWorkers:
         if model is None:
             return None, MODEL_UNKNOWN
         fields = {"id": endpoint.worker_id, "model": model, "url": endpoint.url,
-                  "kind": self._discovery.worker_kind}
+                  "kind": self._discovery.worker_kind, "role": endpoint.role}
         if key_env is not None:
             fields["api_key_env"] = key_env
         if self._discovery.worker_kind == "vllm":

@@ -236,11 +236,14 @@ async def test_roles_models_and_keys_of_discovered_pods(tmp_path, monkeypatch):
         server.add_pod("keyed", "127.0.0.1", p3, LABELS)
         server.add_pod("unknown", "127.0.0.1", p3, {**LABELS, "radix-router/model": "nope"})
         async with running_router(discovery_config(server, tmp_path)) as (url, router):
-            await eventually(lambda: set(routed(router)) == {"plain", "labelled", "keyed"})
+            await eventually(lambda: set(routed(router)) == {"plain", "labelled", "keyed",
+                                                              "prefill"})
+            assert router.registry.get("prefill").role == "prefill"
+            assert router.registry.get("plain").role == "both"
             assert router.registry.get("keyed").config.api_key_env == "RADIX_WORKER_KEY_KEYED"
             assert router.registry.get("keyed").headers == {"Authorization": "Bearer k-keyed"}
             assert router.registry.get("plain").config.api_key_env is None
-            await eventually(lambda: router.discovery.status.num_skipped == 2)
+            await eventually(lambda: router.discovery.status.num_skipped == 1)  # unknown model
 
 
 async def test_an_inference_pool_selects_the_pods_and_ports(tmp_path):
