@@ -28,22 +28,25 @@ PROMPT = "Disaggregated serving moves the prompt's cache from one worker to anot
 
 def metric(worker: ManagedProcess, name: str) -> float:
     """One unlabelled sample of ``worker``'s ``/metrics``."""
-    _, text = worker.get_json("/metrics")
-    for family in text_string_to_metric_families(str(text)):
-        for sample in family.samples:
-            if sample.name == name:
-                return sample.value
-    raise AssertionError(f"no sample {name}")
+    return metric_labelled(worker, name, {})
 
 
-def router_metric(router: ManagedProcess, name: str, labels: dict) -> float:
-    """One sample of the router's ``/metrics``."""
-    _, text = http_json("GET", f"{router.metrics_url}/metrics")
-    for family in text_string_to_metric_families(str(text)):
+def metric_labelled(worker: ManagedProcess, name: str, labels: dict) -> float:
+    """One sample of ``worker``'s ``/metrics``."""
+    return _sample(str(worker.get_json("/metrics")[1]), name, labels)
+
+
+def _sample(text: str, name: str, labels: dict) -> float:
+    for family in text_string_to_metric_families(text):
         for sample in family.samples:
             if sample.name == name and sample.labels == labels:
                 return sample.value
     raise AssertionError(f"no sample {name} {labels}")
+
+
+def router_metric(router: ManagedProcess, name: str, labels: dict) -> float:
+    """One sample of the router's ``/metrics``."""
+    return _sample(str(http_json("GET", f"{router.metrics_url}/metrics")[1]), name, labels)
 
 
 @pytest.fixture(scope="module")
@@ -106,6 +109,36 @@ def test_a_prompt_the_decode_worker_holds_runs_there_whole(pd_fleet):
     assert status == 200, answer
     assert metric(prefill, "kv_transfer_blocks_sent_total") == sent
     assert router_metric(router, "router_pd_requests_total", {"mode": "aggregated"}) >= 1
+
+
+def test_a_failed_pull_is_retried_whole_on_the_decode_worker(pd_fleet, tmp_path):
+    _, prefill, _, _ = pd_fleet
+    decode = start_worker("--kv-transfer-config", '{"kv_role": "kv_consumer"}',
+                          api_key="another-key")  # cannot sign pulls for the producer
+    path = tmp_path / "router.toml"
+    path.write_text(to_toml({
+        "models": {"demo": model_table()},
+        "registry": {"poll_interval_s": 0.2},
+        "auth": auth_section({"alice": {}}),
+        "pd": {"min_uncached_tokens": 32},
+        "workers": [*worker_list({"p0": prefill.url}, api_key_env=WORKER_KEY_ENV,
+                                 role="prefill"),
+                    *worker_list({"d1": decode.url}, api_key_env="OTHER_KEY",
+                                 role="decode")],
+    }))
+    router = start_router(path, env={WORKER_KEY_ENV: WORKER_KEY, "OTHER_KEY": "another-key"})
+    try:
+        wait_until_ready(router)
+        status, answer = complete(router, "A third document to prefill elsewhere. " * 5,
+                                  max_tokens=4, temperature=0)
+        assert status == 200, answer
+        assert metric_labelled(decode, "kv_transfer_failures_total", {"reason": "refused"}) == 1
+        assert router_metric(router, "router_pd_requests_total", {"mode": "disaggregated"}) == 1
+        assert router_metric(router, "router_retries_total", {}) == 1
+        assert answer["usage"]["prompt_tokens_details"]["cached_tokens"] == 0  # whole, retried
+    finally:
+        router.stop()
+        decode.stop()
 
 
 def test_a_gone_prefill_worker_leaves_the_request_whole_on_the_decode_worker(pd_fleet):
