@@ -28,6 +28,7 @@ from bench import (
     lora_decode_bench,
     model_bench,
     multi_router,
+    pd_bench,
     radix_bench,
     reference,
     router_overhead,
@@ -76,6 +77,7 @@ BENCHMARKS: dict[str, Callable[[list[str]], dict]] = {
     "chaos": chaos.main,
     "lora": lora_bench.main,
     "canary": canary_bench.main,
+    "pd": pd_bench.main,
 }
 
 

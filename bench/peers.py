@@ -62,7 +62,8 @@ def available() -> dict[str, bool]:
     return found
 
 
-def _completes(url: str, model: str, api_key: str) -> bool:
+def completes(url: str, model: str, api_key: str) -> bool:
+    """Whether one one-token completion through ``url`` answers 200."""
     body = json.dumps({"model": model, "prompt": "ping", "max_tokens": 1}).encode()
     request = urllib.request.Request(f"{url}/v1/completions", body, {
         "Content-Type": "application/json", "Authorization": f"Bearer {api_key}"})
@@ -105,7 +106,7 @@ def start_peer(setup: PeerSetup, worker_urls: Sequence[str], api_key: str, model
     while time.monotonic() < deadline:
         if process.poll() is not None:
             break
-        if _completes(peer.url, model, api_key):
+        if completes(peer.url, model, api_key):
             return peer
         time.sleep(0.5)
     peer.stop()

@@ -28,6 +28,9 @@ GIB = 2**30
 # bookkeeping, one small copy per projection) is an assumption; docs/adapters.md.
 PCIE5_H2D_BYTES_PER_S = 50e9
 LORA_LOAD_OVERHEAD_S = 2e-3
+# The prefill-to-decode KV link of a disaggregated fleet: one 400 Gb/s RDMA NIC per GPU
+# (ConnectX-7, what NIXL moves blocks over), 50 GB/s, taken at its line rate.
+RDMA_400G_BYTES_PER_S = 50e9
 
 
 @dataclass(frozen=True)
@@ -71,7 +74,8 @@ class Profile:
     over all the GPUs of a tensor-parallel group), the model's context limit, and the
     step costs. ``hidden_size``, ``intermediate_size`` and ``num_attention_heads``
     give the projections' shapes a LoRA adapter must fit (None: adapters are refused);
-    a load costs ``lora_bytes / h2d_bytes_per_s + lora_load_overhead_s``."""
+    a load costs ``lora_bytes / h2d_bytes_per_s + lora_load_overhead_s``. KV blocks move
+    between a prefill and a decode worker at ``link_bytes_per_s``."""
 
     name: str
     model: str
@@ -88,6 +92,7 @@ class Profile:
     num_attention_heads: int | None = None
     h2d_bytes_per_s: float = PCIE5_H2D_BYTES_PER_S
     lora_load_overhead_s: float = LORA_LOAD_OVERHEAD_S
+    link_bytes_per_s: float = RDMA_400G_BYTES_PER_S
 
     def lora_load_s(self, lora_bytes: int) -> float:
         """Seconds to load an adapter of ``lora_bytes`` into a slot."""

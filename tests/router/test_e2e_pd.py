@@ -22,7 +22,7 @@ from tests.support.router_configs import (
     worker_list,
 )
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("e2e_pd")]
 PROMPT = "Disaggregated serving moves the prompt's cache from one worker to another. " * 3
 
 
@@ -49,6 +49,25 @@ def router_metric(router: ManagedProcess, name: str, labels: dict) -> float:
     return _sample(str(http_json("GET", f"{router.metrics_url}/metrics")[1]), name, labels)
 
 
+def pd_config(directory, prefill: ManagedProcess, decode_id: str, decode: ManagedProcess,
+              decode_key_env: str):
+    """A router config in ``directory``: model demo, prefill worker p0 (its key in
+    WORKER_KEY_ENV), the decode worker ``decode_id`` (its key in ``decode_key_env``),
+    PD from 32 uncached tokens; returns its path."""
+    path = directory / "router.toml"
+    path.write_text(to_toml({
+        "models": {"demo": model_table()},
+        "registry": {"poll_interval_s": 0.2},
+        "auth": auth_section({"alice": {}}),
+        "pd": {"min_uncached_tokens": 32},
+        "workers": [*worker_list({"p0": prefill.url}, api_key_env=WORKER_KEY_ENV,
+                                 role="prefill"),
+                    *worker_list({decode_id: decode.url}, api_key_env=decode_key_env,
+                                 role="decode")],
+    }))
+    return path
+
+
 @pytest.fixture(scope="module")
 def pd_fleet(tmp_path_factory):
     """(router, prefill worker, decode worker, aggregated worker)."""
@@ -61,17 +80,7 @@ def pd_fleet(tmp_path_factory):
     try:
         for worker in (prefill, decode, whole):
             worker.wait_ready(120)
-        path = tmp_path_factory.mktemp("pd") / "router.toml"
-        path.write_text(to_toml({
-            "models": {"demo": model_table()},
-            "registry": {"poll_interval_s": 0.2},
-            "auth": auth_section({"alice": {}}),
-            "pd": {"min_uncached_tokens": 32},
-            "workers": [*worker_list({"p0": prefill.url}, api_key_env=WORKER_KEY_ENV,
-                                     role="prefill"),
-                        *worker_list({"d0": decode.url}, api_key_env=WORKER_KEY_ENV,
-                                     role="decode")],
-        }))
+        path = pd_config(tmp_path_factory.mktemp("pd"), prefill, "d0", decode, WORKER_KEY_ENV)
         router = start_router(path, env={WORKER_KEY_ENV: WORKER_KEY})
         wait_until_ready(router)
         yield router, prefill, decode, whole
@@ -115,17 +124,7 @@ def test_a_failed_pull_is_retried_whole_on_the_decode_worker(pd_fleet, tmp_path)
     _, prefill, _, _ = pd_fleet
     decode = start_worker("--kv-transfer-config", '{"kv_role": "kv_consumer"}',
                           api_key="another-key")  # cannot sign pulls for the producer
-    path = tmp_path / "router.toml"
-    path.write_text(to_toml({
-        "models": {"demo": model_table()},
-        "registry": {"poll_interval_s": 0.2},
-        "auth": auth_section({"alice": {}}),
-        "pd": {"min_uncached_tokens": 32},
-        "workers": [*worker_list({"p0": prefill.url}, api_key_env=WORKER_KEY_ENV,
-                                 role="prefill"),
-                    *worker_list({"d1": decode.url}, api_key_env="OTHER_KEY",
-                                 role="decode")],
-    }))
+    path = pd_config(tmp_path, prefill, "d1", decode, "OTHER_KEY")
     router = start_router(path, env={WORKER_KEY_ENV: WORKER_KEY, "OTHER_KEY": "another-key"})
     try:
         wait_until_ready(router)

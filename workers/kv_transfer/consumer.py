@@ -9,7 +9,9 @@ the blocks past the whole-block prefix it already caches, checks each block's in
 hash and size as it arrives, imports them (``KVCacheManager.import_blocks``: written
 into fresh blocks, cached, announced in its KV events, held until ``release``), then
 acknowledges so the producer lets go. Every failure is a ``TransferError`` with its
-reason; nothing is imported unless every block arrived.
+reason; nothing is imported unless every block arrived. A timed worker
+(``link_s_per_block``) also waits the time its profile's real blocks would take on
+the link.
 """
 
 from __future__ import annotations
@@ -43,7 +45,9 @@ class Consumer:
     """The consumer side (see the module docstring)."""
 
     def __init__(self, engine: AsyncEngine, identity: TransferIdentity, key: bytes,
-                 timeout_s: float, metrics: TransferMetrics) -> None:
+                 timeout_s: float, metrics: TransferMetrics, link_s_per_block: float = 0.0
+                 ) -> None:
+        self._link_s_per_block = link_s_per_block
         self._engine = engine
         self._identity = identity
         self._key = key
@@ -90,6 +94,8 @@ class Consumer:
             .num_cached_tokens)
         num_local = min(num_cached // step, len(wanted))
         blocks = await self._fetch(remote, wanted, num_local) if num_local < len(wanted) else []
+        if self._link_s_per_block:  # a timed worker: the real blocks' time on the link
+            await asyncio.sleep(len(blocks) * self._link_s_per_block)
         pin_id = ident.next_pin_id()
         imported = await self._engine.call(lambda e: e.manager.import_blocks(
             pin_id, key, scope, num_public_tokens, num_local * step, blocks))

@@ -27,9 +27,11 @@ class KVTransfer:
 
     @classmethod
     async def start(cls, config: KVTransferConfig, worker: BuiltWorker, hash_algorithm: str,
-                    api_key: str | None, bind_host: str) -> KVTransfer:
+                    api_key: str | None, bind_host: str, link_s_per_block: float = 0.0
+                    ) -> KVTransfer:
         """Build the roles of ``config`` for ``worker`` (its engine thread running) and
-        open the producer's transfer port; the transfer is signed with ``api_key``."""
+        open the producer's transfer port; the transfer is signed with ``api_key``. A
+        timed worker's consumer waits ``link_s_per_block`` per pulled block."""
         engine = worker.engine
         block_bytes = await engine.call(lambda e: len(e.manager.tensors.read_block(0)))
         ident = worker.identity
@@ -42,8 +44,8 @@ class KVTransfer:
                     else None)
         metrics = TransferMetrics(worker.registry, producer.held_stats if producer else
                                   lambda: (0, 0.0))
-        consumer = (Consumer(engine, identity, key, config.pull_timeout_s, metrics)
-                    if config.consumes else None)
+        consumer = (Consumer(engine, identity, key, config.pull_timeout_s, metrics,
+                             link_s_per_block) if config.consumes else None)
         if producer is not None:
             producer.metrics = metrics
             await producer.start(bind_host, config.kv_port, config.kv_host or bind_host)

@@ -49,6 +49,14 @@ def timed_kv_spec(profile: Profile, block_size: int) -> KVCacheSpec:
                        profile.kv_dtype, block_size)
 
 
+def timed_link_s_per_block(profile: Profile, block_size: int, time_scale: float) -> float:
+    """Seconds one block of the profile's real shape takes over its prefill-to-decode
+    link, ``time_scale`` times slower: what a timed consumer waits per pulled block
+    (its own blocks are a few bytes)."""
+    return timed_kv_spec(profile, block_size).kv_bytes_per_block / profile.link_bytes_per_s \
+        * time_scale
+
+
 def timed_tensor_spec(block_size: int) -> KVCacheSpec:
     """The layout a timed worker's KV tensors are allocated with: one float32 element
     per token slot, K and V."""

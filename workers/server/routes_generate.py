@@ -13,7 +13,6 @@ import uuid
 from aiohttp import web
 
 from radix.generate import GenerateRequest, step_event, usage_event, whole_answer
-from radix.kv_transfer import wants_remote_decode, wants_remote_prefill
 from radix.openai.rendered import RenderedAnswer
 from radix.openai.responses import TokenUsage
 from workers.engine.request import GenerationRequest, RequestOutput, Usage
@@ -24,7 +23,7 @@ from workers.server.routes_lora import adapter_names
 from workers.server.sampling import generation_request
 from workers.server.state import STATE, ServerState, read_fields
 from workers.server.streaming import collect, stream_response
-from workers.server.transfer_legs import producer_of, pull_remote_prefill
+from workers.server.transfer_legs import Leg, hold, leg_of
 
 
 def _token_usage(usage: Usage) -> TokenUsage:
@@ -41,22 +40,16 @@ async def generate(request: web.Request) -> web.StreamResponse:
         raise ApiError(404, f"the LoRA adapter {call.adapter!r} is not registered on this "
                             f"worker", param="adapter", code="model_not_found")
     request_id = call.request_id or uuid.uuid4().hex
-    producer, pulled = None, None
-    if wants_remote_decode(call.kv_transfer_params):
-        producer = producer_of(state.transfer, call)
-    elif wants_remote_prefill(call.kv_transfer_params):
-        pulled = await pull_remote_prefill(state.transfer, call)
-    try:
+    leg = Leg(call.kv_transfer_params, call.prompt_key, call.scope, call.num_public_tokens,
+              call.adapter, call.stream)
+    async with leg_of(state.transfer, leg) as producer:
         return await _run(request, state, call, token_ids, request_id,
-                          fields.has("token_ids_b64"), producer)
-    finally:
-        if pulled is not None:
-            await pulled[0].release(pulled[1])
+                          fields.has("token_ids_b64"), producer and (producer, leg))
 
 
 async def _run(request: web.Request, state: ServerState, call: GenerateRequest,
                token_ids: tuple[int, ...], request_id: str, as_b64: bool,
-               producer: Producer | None) -> web.StreamResponse:
+               prefill_leg: tuple[Producer, Leg] | None) -> web.StreamResponse:
     limits = state.limits
     engine_request = generation_request(
         token_ids, call.sampling, limits,
@@ -73,9 +66,8 @@ async def _run(request: web.Request, state: ServerState, call: GenerateRequest,
     if not call.stream:
         choices, usage = await collect(state.engine, engine_request, timeout_s)
         answer = whole_answer(request_id, choices, _token_usage(usage))
-        if producer is not None:
-            remote = await producer.hold(call.prompt_key, call.scope, call.num_public_tokens)
-            answer["kv_transfer_params"] = remote.to_params()
+        if prefill_leg is not None:
+            answer["kv_transfer_params"] = await hold(*prefill_leg)
         return web.json_response(answer)
 
     def render(output: RequestOutput) -> list[object]:

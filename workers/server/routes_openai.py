@@ -7,7 +7,8 @@ Requests run in scope ``direct``, or in their ``cache_salt``'s scope (see
 neutral values are dropped first (``routes_peers``). Long prompt texts are tokenized on a
 thread, off the event loop. Streams end with a usage chunk when
 ``stream_options.include_usage`` is set, then ``data: [DONE]``; a timeout
-mid-stream sends an error event before ``[DONE]``.
+mid-stream sends an error event before ``[DONE]``. ``kv_transfer_params`` makes a
+request one leg of a disaggregated pair, as on vLLM (``transfer_legs``, docs/pd.md).
 """
 
 from __future__ import annotations
@@ -16,14 +17,19 @@ import asyncio
 
 from aiohttp import web
 
+from radix.keys import to_key
+from radix.kv_transfer import wants_remote_decode
 from radix.openai.json_body import decode_json_object
 from radix.openai.prompt import prompt_token_ids
 from radix.openai.requests import CHAT, COMPLETIONS, INLINE_TOKENIZE_CHARS, OpenAIRequest
 from radix.openai.responses import ChoiceText, ResponseShape, TokenUsage
-from workers.engine.request import RequestOutput, Usage
+from workers.engine.request import GenerationRequest, RequestOutput, Usage
+from workers.kv_transfer.producer import Producer
 from workers.server import openai_schema, routes_lora, routes_peers
+from workers.server.errors import bad_request
 from workers.server.state import STATE
 from workers.server.streaming import collect, stream_response
+from workers.server.transfer_legs import Leg, hold, leg_of
 
 
 def token_usage(usage: Usage) -> TokenUsage:
@@ -68,18 +74,37 @@ async def _token_ids(parsed: OpenAIRequest, request: web.Request) -> tuple[int, 
 async def _serve(request: web.Request, endpoint: str) -> web.StreamResponse:
     state = request.app[STATE]
     body = routes_peers.strip_peer_fields(decode_json_object(await request.read()))
+    params = body.pop("kv_transfer_params", None)
+    if params is not None and not isinstance(params, dict):
+        raise bad_request("kv_transfer_params must be an object", "kv_transfer_params")
+    if wants_remote_decode(params):  # vllm-router adds it; the one token is discarded
+        body.pop("min_tokens", None)
     tokenizer = state.worker.tokenizer
     served = state.identity.served_model_names
     parsed = openai_schema.parse(body, endpoint, state.limits, served, tokenizer,
                                  routes_lora.adapter_names(state))
     engine_request = openai_schema.engine_request(parsed, await _token_ids(parsed, request),
                                                   state.limits, served)
+    leg = Leg(params, to_key(engine_request.prompt_token_ids), engine_request.scope, 0,
+              engine_request.adapter, parsed.stream)
+    async with leg_of(state.transfer, leg) as producer:
+        return await _answer(request, endpoint, parsed, engine_request,
+                             producer and (producer, leg))
+
+
+async def _answer(request: web.Request, endpoint: str, parsed: OpenAIRequest,
+                  engine_request: GenerationRequest,
+                  prefill_leg: tuple[Producer, Leg] | None) -> web.StreamResponse:
+    state = request.app[STATE]
     shape = ResponseShape(endpoint, parsed.model or state.identity.model)
     timeout_s = state.config.request_timeout_s
     if not parsed.stream:
         choices, usage = await collect(state.engine, engine_request, timeout_s)
-        return web.json_response(shape.whole(
-            [ChoiceText(c.index, c.text, c.finish_reason) for c in choices], token_usage(usage)))
+        answer = shape.whole([ChoiceText(c.index, c.text, c.finish_reason) for c in choices],
+                             token_usage(usage))
+        if prefill_leg is not None:
+            answer["kv_transfer_params"] = await hold(*prefill_leg)
+        return web.json_response(answer)
 
     def render(output: RequestOutput) -> list[bytes]:
         frames = [shape.chunk(d.index, d.text, d.finish_reason) for d in output.deltas]

@@ -33,6 +33,7 @@ from workers.engine.async_engine import AsyncEngine
 from workers.engine.build import build_worker
 from workers.engine.selftest import keep_ready, run_self_test
 from workers.kv_transfer.service import KVTransfer
+from workers.model.timed import timed_link_s_per_block, timed_profile
 from workers.server.app import create_app
 from workers.server.state import ServerState
 
@@ -65,9 +66,12 @@ async def serve(config: WorkerConfig, secret: bytes, api_key: str | None,
     transfer = None
     if config.kv_transfer.kv_role != "none":
         try:
+            profile = timed_profile(config.model.name)
+            link_s = 0.0 if profile is None else timed_link_s_per_block(
+                profile, config.kv.block_size, config.model.time_scale)
             transfer = await KVTransfer.start(config.kv_transfer, worker,
                                               config.kv.hash_algorithm, api_key,
-                                              server_config.host)
+                                              server_config.host, link_s)
         except BaseException:
             worker.engine.stop()
             raise

@@ -1,4 +1,5 @@
-"""The two legs of a disaggregated request on ``/generate`` (docs/pd.md).
+"""The two legs of a disaggregated request, on ``/generate`` and the OpenAI routes
+(docs/pd.md).
 
 ``prefill_for_remote``: a ``kv_producer`` given ``{"do_remote_decode": true}`` runs the
 request (not streamed, base model only), then holds the prompt's blocks and answers
@@ -6,15 +7,18 @@ with the ``kv_transfer_params`` where they wait. ``pull_remote_prefill``: a
 ``kv_consumer`` given those params pulls the blocks it lacks before the request runs;
 a failed pull is a 503 ``kv_transfer_failed`` (with ``Retry-After``), or, with
 ``fallback = "recompute"``, a counted, logged recompute. A worker without the role
-answers 400.
+answers 400. ``leg_of`` wraps a route's run in the right one of these.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Any
 
-from radix.generate import GenerateRequest
-from radix.kv_transfer import RemotePrefill
+from radix.kv_transfer import RemotePrefill, wants_remote_decode, wants_remote_prefill
 from workers.kv_transfer.consumer import Consumer, Pulled
 from workers.kv_transfer.producer import Producer
 from workers.kv_transfer.service import KVTransfer
@@ -24,35 +28,72 @@ from workers.server.errors import ApiError, bad_request
 log = logging.getLogger(__name__)
 
 
-def producer_of(transfer: KVTransfer | None, call: GenerateRequest) -> Producer:
-    """This worker's producer for ``call``; 400 when it has none or ``call`` cannot be
-    a prefill leg (streamed, or for an adapter)."""
+@dataclass(frozen=True)
+class Leg:
+    """What the legs need of a request, from ``/generate`` or an OpenAI route: its
+    ``kv_transfer_params``, prompt key, scope, public tokens, adapter, and whether it
+    streams."""
+
+    params: dict[str, Any] | None
+    prompt_key: bytes
+    scope: str
+    num_public_tokens: int = 0
+    adapter: str | None = None
+    stream: bool = False
+
+
+@contextlib.asynccontextmanager
+async def leg_of(transfer: KVTransfer | None, leg: Leg) -> AsyncIterator[Producer | None]:
+    """Run the body as ``leg`` says: a prefill leg gets this worker's producer (hold
+    its blocks with ``hold`` once it ran); a decode leg pulls first, and lets the
+    pulled blocks go after; any other request runs as it is (None)."""
+    if wants_remote_decode(leg.params):
+        yield producer_of(transfer, leg)
+        return
+    pulled = await pull_remote_prefill(transfer, leg) if wants_remote_prefill(
+        leg.params) else None
+    try:
+        yield None
+    finally:
+        if pulled is not None:
+            await pulled[0].release(pulled[1])
+
+
+def producer_of(transfer: KVTransfer | None, leg: Leg) -> Producer:
+    """This worker's producer for ``leg``; 400 when it has none or the request cannot
+    be a prefill leg (streamed, or for an adapter)."""
     if transfer is None or transfer.producer is None:
         raise bad_request("do_remote_decode: this worker is not a kv_producer "
                           "(--kv-transfer-config)", "kv_transfer_params")
-    if call.stream or call.adapter is not None:
+    if leg.stream or leg.adapter is not None:
         raise bad_request("a prefill leg is not streamed and runs the base model",
                           "kv_transfer_params")
     return transfer.producer
 
 
-async def pull_remote_prefill(transfer: KVTransfer | None, call: GenerateRequest
+async def hold(producer: Producer, leg: Leg) -> dict[str, Any]:
+    """After the prefill leg ran: hold its blocks; the ``kv_transfer_params`` to answer."""
+    remote = await producer.hold(leg.prompt_key, leg.scope, leg.num_public_tokens)
+    return remote.to_params()
+
+
+async def pull_remote_prefill(transfer: KVTransfer | None, leg: Leg
                               ) -> tuple[Consumer, Pulled] | None:
-    """Pull the blocks ``call``'s params name; (consumer, what it holds) to release
+    """Pull the blocks ``leg``'s params name; (consumer, what it holds) to release
     after the request, or None when the pull failed and the worker recomputes."""
     if transfer is None or transfer.consumer is None:
         raise bad_request("do_remote_prefill: this worker is not a kv_consumer "
                           "(--kv-transfer-config)", "kv_transfer_params")
-    if call.adapter is not None:
+    if leg.adapter is not None:
         raise bad_request("disaggregated requests run the base model", "kv_transfer_params")
     try:
-        remote = RemotePrefill.parse(call.kv_transfer_params or {})
+        remote = RemotePrefill.parse(leg.params or {})
     except ValueError as exc:
         raise bad_request(str(exc), "kv_transfer_params") from exc
     consumer = transfer.consumer
     try:
-        return consumer, await consumer.pull(remote, call.prompt_key, call.scope,
-                                             call.num_public_tokens)
+        return consumer, await consumer.pull(remote, leg.prompt_key, leg.scope,
+                                             leg.num_public_tokens)
     except TransferError as exc:
         if transfer.config.fallback != "recompute":
             raise ApiError(503, f"the KV transfer from {remote.engine_id} failed "

@@ -9,7 +9,12 @@ from radix.cost_model import PROFILES, CostModel, get_profile
 from tests.workers.engine.engine_support import make_engine, prompt, request, run
 from workers.kv.plan import plan_kv_cache
 from workers.model.runner import StepInput
-from workers.model.timed import TimedRunner, timed_kv_spec, timed_profile
+from workers.model.timed import (
+    TimedRunner,
+    timed_kv_spec,
+    timed_link_s_per_block,
+    timed_profile,
+)
 
 COST = CostModel(a=0.004, b=3e-5, c=1e-9, d=0.007, e=2e-5, f=5e-8)
 
@@ -132,3 +137,10 @@ def test_unknown_profiles_and_plain_names():
     assert timed_profile("demo") is None
     with pytest.raises(ValueError, match="llama3-8b-h100"):
         timed_profile("timed:nope")
+
+
+def test_a_pulled_block_waits_its_real_bytes_over_the_profile_link():
+    profile = get_profile("llama3-8b-h100")  # 32 layers x 8 KV heads x 128 x bf16, K and V
+    block_bytes = 16 * 32 * 8 * 128 * 2 * 2
+    assert timed_link_s_per_block(profile, 16, 1.0) == pytest.approx(block_bytes / 50e9)
+    assert timed_link_s_per_block(profile, 16, 20.0) == pytest.approx(20 * block_bytes / 50e9)
