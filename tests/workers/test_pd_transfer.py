@@ -185,6 +185,8 @@ def test_refusals_come_before_any_block_moves(fleet):
     assert status == 400 and "not a kv_producer" in answer["error"]["message"]
     status, answer = generate(fleet["consumer"], token_ids, 2, {"do_remote_prefill": True})
     assert status == 400 and answer["error"]["param"] == "kv_transfer_params"
+    status, answer = generate(fleet["consumer"], token_ids, 2, {"a": 1})  # neither leg
+    assert status == 400 and answer["error"]["param"] == "kv_transfer_params"
     status, answer = generate(fleet["consumer"], token_ids, 3, params)  # the real one works
     assert status == 200 and answer["usage"]["cached_tokens"] == 5 * B
     for name in ("producer", "consumer", "fp8", "wrong_key"):

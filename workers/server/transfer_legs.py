@@ -46,7 +46,12 @@ class Leg:
 async def leg_of(transfer: KVTransfer | None, leg: Leg) -> AsyncIterator[Producer | None]:
     """Run the body as ``leg`` says: a prefill leg gets this worker's producer (hold
     its blocks with ``hold`` once it ran); a decode leg pulls first, and lets the
-    pulled blocks go after; any other request runs as it is (None)."""
+    pulled blocks go after; a request without params runs as it is (None); params that
+    ask for neither leg are a 400."""
+    if leg.params is not None and not (wants_remote_decode(leg.params)
+                                       or wants_remote_prefill(leg.params)):
+        raise bad_request("kv_transfer_params must ask for a leg: do_remote_decode or "
+                          "do_remote_prefill true", "kv_transfer_params")
     if wants_remote_decode(leg.params):
         yield producer_of(transfer, leg)
         return
