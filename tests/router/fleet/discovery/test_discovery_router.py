@@ -284,11 +284,12 @@ async def test_routers_sharing_redis_discover_each_for_itself_and_converge(tmp_p
                           "kubeconfig": server.kubeconfig(str(tmp_path / "kubeconfig")),
                           "retry_initial_s": 0.05},
         })
-        async with running_router(config, shared=True) as (_, one), \
+        async with asyncio.timeout(90), running_router(config, shared=True) as (_, one), \
                 running_router(config, shared=True) as (_, two):
             for router in (one, two):
                 await eventually(lambda r=router: set(routed(r)) == {"fixed", "w0", "w1"})
-            shared = redis.Redis.from_url(redis_server.url)
+            shared = redis.Redis.from_url(redis_server.url, socket_timeout=5,
+                                          socket_connect_timeout=5)
             assert set(await shared.hkeys("discovery-test:workers")) == {b"fixed"}
             server.delete("w1")
             server.add_pod("w2", "127.0.0.1", p1, LABELS)
