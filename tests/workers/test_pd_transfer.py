@@ -69,16 +69,14 @@ def tokens_of(answer: dict) -> list[int]:
 
 @pytest.fixture(scope="module")
 def fleet() -> Iterator[dict[str, ManagedProcess]]:
-    """An aggregated worker, three producers (one holding blocks 1 s only, one to be
-    killed) and four
-    consumers (the main one, one with another key, one whose namespace differs (FP8
-    KV), one that recomputes on a failed pull), all on the demo model."""
+    """Two producers (the second holds blocks 1 s only, and a later test kills it) and
+    four consumers (the main one, one with another key, one whose namespace differs
+    (FP8 KV), one that recomputes on a failed pull), all on the demo model. The main
+    producer also gives the aggregated answers: without params a request runs whole."""
     flags = {
-        "aggregated": ((), KEY),
         "producer": (("--kv-transfer-config", PRODUCER), KEY),
         "short_producer": (("--kv-transfer-config", PRODUCER, "--kv-transfer-timeout-s", "1"),
                            KEY),
-        "doomed_producer": (("--kv-transfer-config", PRODUCER), KEY),
         "consumer": (("--kv-transfer-config", CONSUMER), KEY),
         "wrong_key": (("--kv-transfer-config", CONSUMER), "another-key"),
         "fp8": (("--kv-transfer-config", CONSUMER, "--kv-cache-dtype", "fp8_e4m3"), KEY),
@@ -105,7 +103,7 @@ def prefill(fleet: dict[str, ManagedProcess], token_ids: list[int],
 
 def test_decode_after_a_remote_prefill_equals_the_aggregated_run(fleet):
     token_ids = prompt(1)
-    _, expected = generate(fleet["aggregated"], token_ids, 8)
+    _, expected = generate(fleet["producer"], token_ids, 8)
     received = metric(fleet["consumer"], "kv_transfer_blocks_received_total")
     params = prefill(fleet, token_ids)
     assert params["do_remote_prefill"] is True and len(params["remote_block_ids"]) == 5
@@ -120,7 +118,7 @@ def test_decode_after_a_remote_prefill_equals_the_aggregated_run(fleet):
 
 def test_a_consumer_holding_part_of_the_prefix_pulls_only_the_rest(fleet):
     token_ids = prompt(2)
-    _, expected = generate(fleet["aggregated"], token_ids, 6)
+    _, expected = generate(fleet["producer"], token_ids, 6)
     assert generate(fleet["consumer"], token_ids[: 2 * B + 3], 1)[0] == 200  # caches 2 blocks
     received = metric(fleet["consumer"], "kv_transfer_blocks_received_total")
     sent = metric(fleet["producer"], "kv_transfer_blocks_sent_total")
@@ -150,9 +148,9 @@ def test_an_expired_hold_is_a_clear_503_and_holds_nothing(fleet):
 
 def test_a_producer_that_is_gone_fails_the_request_unless_recompute_was_asked(fleet):
     token_ids = prompt(4)
-    _, expected = generate(fleet["aggregated"], token_ids, 5)
-    params = prefill(fleet, token_ids, "doomed_producer")
-    fleet["doomed_producer"].stop()  # killed before anyone pulled
+    _, expected = generate(fleet["producer"], token_ids, 5)
+    params = prefill(fleet, token_ids, "short_producer")
+    fleet["short_producer"].stop()  # killed before anyone pulled (no later test uses it)
     status, answer = generate(fleet["consumer"], token_ids, 5, params)
     assert status == 503 and answer["error"]["code"] == "kv_transfer_failed"
     assert "unreachable" in answer["error"]["message"]
@@ -197,7 +195,7 @@ def test_the_openai_routes_take_the_same_params_as_vllms_proxy_sends_them(fleet)
     prompt_text = "Disaggregated prefill through the OpenAI route, as vLLM's proxy does. " * 2
     body = {"model": "demo", "prompt": prompt_text, "max_tokens": 6, "temperature": 0,
             "ignore_eos": True}
-    _, expected = fleet["aggregated"].post_json("/v1/completions", body)
+    _, expected = fleet["producer"].post_json("/v1/completions", body)
     status, prefilled = fleet["producer"].post_json("/v1/completions", {
         **body, "max_tokens": 1, "stream": False, "kv_transfer_params": {
             "do_remote_decode": True, "do_remote_prefill": False, "remote_engine_id": None,
