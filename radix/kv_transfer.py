@@ -23,12 +23,12 @@ _ID = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
 
 def wants_remote_decode(params: Mapping[str, Any] | None) -> bool:
     """Whether ``params`` ask this worker to prefill and hold the blocks for another."""
-    return bool(params) and params.get("do_remote_decode") is True  # type: ignore[union-attr]
+    return params is not None and params.get("do_remote_decode") is True
 
 
 def wants_remote_prefill(params: Mapping[str, Any] | None) -> bool:
     """Whether ``params`` say the prompt's blocks wait on another worker."""
-    return bool(params) and params.get("do_remote_prefill") is True  # type: ignore[union-attr]
+    return params is not None and params.get("do_remote_prefill") is True
 
 
 @dataclass(frozen=True)
