@@ -8,6 +8,7 @@ by the app's cleanup.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import aiohttp
 from aiohttp import web
@@ -15,7 +16,6 @@ from aiohttp import web
 from radix.openai.salt import CacheSalts
 from router.canary.controller import Canary
 from router.config import RouterConfig
-from router.fleet.discovery.watcher import KubernetesDiscovery
 from router.fleet.events.follower import KVEventFollower
 from router.fleet.events.vllm.attach import VllmAttacher
 from router.fleet.registry import WorkerRegistry, WorkerState
@@ -32,6 +32,9 @@ from router.siblings.redis_siblings import RedisSiblings
 from router.state.redis_state.limits import RedisSharedState
 from router.state.redis_state.link import RedisLink
 from router.state.shared_state import InProcessSharedState, SharedState
+
+if TYPE_CHECKING:  # the Kubernetes client is imported only by a router that discovers
+    from router.fleet.discovery.watcher import KubernetesDiscovery
 
 
 @dataclass
@@ -93,9 +96,11 @@ class Router:
         pool = UpstreamPool(config.proxy.connect_timeout_s, config.proxy.request_timeout_s)
         canary = Canary(config.models, secret, lambda model, text: models.get(model).tokenizer
                         .encode(text, add_special_tokens=False), metrics.registry)
-        discovery = (KubernetesDiscovery(config, registry, models, session)
-                     if config.discovery.enabled else None)
-        if discovery is not None:
+        discovery = None
+        if config.discovery.enabled:
+            from router.fleet.discovery.watcher import KubernetesDiscovery
+
+            discovery = KubernetesDiscovery(config, registry, models, session)
             metrics.follow_discovery(discovery.status)
         return cls(config, models, auth, TenantLimiter(state), index, policy, session, registry,
                    Proxy(pool, config.proxy), pool, metrics, salts, siblings, vllm, canary,

@@ -7,7 +7,6 @@ import asyncio
 import logging
 
 import aiohttp
-from kubernetes_asyncio.client.exceptions import ApiException
 
 log = logging.getLogger(__name__)
 ERROR_REASONS = ("expired", "forbidden", "closed", "unreachable", "error")
@@ -22,6 +21,10 @@ def error_reason(exc: BaseException) -> str:
     resource version is compacted), ``forbidden`` (401/403: RBAC or credentials),
     ``closed`` (the stream ended early), ``unreachable`` (no connection, a timeout),
     ``error`` (anything else)."""
+    # Imported here: the client's package costs a router half a second and tens of MB
+    # at start, which only a router that discovers should pay.
+    from kubernetes_asyncio.client.exceptions import ApiException
+
     if isinstance(exc, ApiException):
         if exc.status == 410:
             return "expired"
