@@ -8,9 +8,9 @@ prefill worker that is gone leaves the request whole on the decode worker."""
 from __future__ import annotations
 
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
 
 from harness.procs import ManagedProcess, http_json, start_router, start_worker
+from tests.support.metric_samples import sample
 from tests.support.polling import wait_until
 from tests.support.router_calls import admin, complete, wait_until_ready
 from tests.support.router_configs import (
@@ -26,27 +26,14 @@ pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("e2e_pd")]
 PROMPT = "Disaggregated serving moves the prompt's cache from one worker to another. " * 3
 
 
-def metric(worker: ManagedProcess, name: str) -> float:
-    """One unlabelled sample of ``worker``'s ``/metrics``."""
-    return metric_labelled(worker, name, {})
-
-
-def metric_labelled(worker: ManagedProcess, name: str, labels: dict) -> float:
+def metric(worker: ManagedProcess, name: str, labels: dict | None = None) -> float:
     """One sample of ``worker``'s ``/metrics``."""
-    return _sample(str(worker.get_json("/metrics")[1]), name, labels)
-
-
-def _sample(text: str, name: str, labels: dict) -> float:
-    for family in text_string_to_metric_families(text):
-        for sample in family.samples:
-            if sample.name == name and sample.labels == labels:
-                return sample.value
-    raise AssertionError(f"no sample {name} {labels}")
+    return sample(worker.get_json("/metrics")[1], name, labels)
 
 
 def router_metric(router: ManagedProcess, name: str, labels: dict) -> float:
     """One sample of the router's ``/metrics``."""
-    return _sample(str(http_json("GET", f"{router.metrics_url}/metrics")[1]), name, labels)
+    return sample(http_json("GET", f"{router.metrics_url}/metrics")[1], name, labels)
 
 
 def pd_config(directory, prefill: ManagedProcess, decode_id: str, decode: ManagedProcess,
@@ -131,7 +118,7 @@ def test_a_failed_pull_is_retried_whole_on_the_decode_worker(pd_fleet, tmp_path)
         status, answer = complete(router, "A third document to prefill elsewhere. " * 5,
                                   max_tokens=4, temperature=0)
         assert status == 200, answer
-        assert metric_labelled(decode, "kv_transfer_failures_total", {"reason": "refused"}) == 1
+        assert metric(decode, "kv_transfer_failures_total", {"reason": "refused"}) == 1
         assert router_metric(router, "router_pd_requests_total", {"mode": "disaggregated"}) == 1
         assert router_metric(router, "router_retries_total", {}) == 1
         assert answer["usage"]["prompt_tokens_details"]["cached_tokens"] == 0  # whole, retried

@@ -13,6 +13,7 @@ import pytest
 from bench.peers import PEERS_PYTHON, available, completes
 from harness.procs import http_json, start_worker
 from router.up.launcher import free_port
+from tests.support.metric_samples import sample
 
 pytestmark = [pytest.mark.slow, pytest.mark.skipif(
     not available()["vllm_router"], reason="vllm-router is not installed in bench/.peers")]
@@ -21,9 +22,7 @@ PROMPT = "Disaggregated by vllm-router, prefilled and pulled between our workers
 
 def counter(url: str, name: str) -> float:
     """One unlabelled sample of a keyless worker's ``/metrics``."""
-    _, text = http_json("GET", f"{url}/metrics")
-    return next(float(line.split()[-1]) for line in str(text).splitlines()
-                if line.startswith(name + " "))
+    return sample(http_json("GET", f"{url}/metrics")[1], name)
 
 
 def test_vllm_router_pd_mode_moves_blocks_between_our_workers(tmp_path):

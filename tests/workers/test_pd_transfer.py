@@ -13,9 +13,9 @@ import time
 from collections.abc import Iterator
 
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
 
 from harness.procs import ManagedProcess, start_worker
+from tests.support.metric_samples import sample
 from tests.support.polling import wait_until
 
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("pd_transfer")]
@@ -42,12 +42,7 @@ def generate(worker: ManagedProcess, token_ids: list[int], max_tokens: int,
 
 def metric(worker: ManagedProcess, name: str, labels: dict | None = None) -> float:
     """The value of one sample of ``worker``'s ``/metrics``."""
-    _, text = worker.get_json("/metrics")
-    for family in text_string_to_metric_families(str(text)):
-        for sample in family.samples:
-            if sample.name == name and (labels is None or sample.labels == labels):
-                return sample.value
-    raise AssertionError(f"no sample {name} {labels or ''}")
+    return sample(worker.get_json("/metrics")[1], name, labels)
 
 
 def used_blocks(worker: ManagedProcess) -> int:

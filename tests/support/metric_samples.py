@@ -1,0 +1,17 @@
+"""Reading one sample out of a Prometheus text exposition (a ``/metrics`` answer)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from prometheus_client.parser import text_string_to_metric_families
+
+
+def sample(text: object, name: str, labels: Mapping[str, str] | None = None) -> float:
+    """The value of the sample ``name`` (``..._total`` for a counter) with exactly
+    ``labels`` (None: the first sample of that name); AssertionError when none is."""
+    for family in text_string_to_metric_families(str(text)):
+        for found in family.samples:
+            if found.name == name and (labels is None or found.labels == dict(labels)):
+                return found.value
+    raise AssertionError(f"no sample {name} {dict(labels or {})}")
