@@ -23,7 +23,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import subprocess
 import tempfile
 import time
 from collections.abc import Iterator
@@ -34,7 +33,7 @@ from openai import AsyncOpenAI
 
 from bench.e2e import TENANT_KEY, WORKER_KEY, prompt_text, worker_counter
 from bench.e2e_timed import CONFIG, at_load, capacity_rps, tagged, warm_up
-from bench.peers import PEERS_PYTHON, PeerProcess, PeerSetup, available, completes
+from bench.peers import PEERS_PYTHON, PeerSetup, available, launch
 from bench.workloads import TraceRequest, generate
 from harness.procs import (
     ManagedProcess,
@@ -107,17 +106,9 @@ def vllm_router_pd(started: list[ManagedProcess], roles: tuple[str, ...],
             "--prometheus-host", "127.0.0.1", "--log-level", "warning"]
     for worker, role in zip(started, roles, strict=True):
         args += ["--prefill" if role == "prefill" else "--decode", worker.url]
-    log_path = log_dir / "vllm-router-pd.log"
-    with log_path.open("wb") as log:
-        process = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT)
-    peer = PeerProcess(process, f"http://127.0.0.1:{port}", log_path)
+    peer = launch(args, port, TENANT_KEY, "demo", log_dir / "vllm-router-pd.log",
+                  READY_TIMEOUT_S, "vllm-router PD mode")
     try:
-        deadline = time.monotonic() + READY_TIMEOUT_S
-        while not completes(peer.url, "demo", TENANT_KEY):
-            if process.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"vllm-router PD mode did not serve:\n"
-                                   f"{log_path.read_text(errors='replace')[-2000:]}")
-            time.sleep(0.5)
         yield peer.url
     finally:
         peer.stop()

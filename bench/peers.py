@@ -98,9 +98,17 @@ def start_peer(setup: PeerSetup, worker_urls: Sequence[str], api_key: str, model
     """Start ``setup`` (plus ``extra_args``) in front of ``worker_urls``; RuntimeError
     with its log's tail when no completion goes through within ``timeout_s``."""
     port = free_port()
-    log = log_path.open("wb")
-    process = subprocess.Popen([*setup.args(worker_urls, port, free_port(), api_key), *extra_args],
-                               stdout=log, stderr=subprocess.STDOUT)
+    return launch([*setup.args(worker_urls, port, free_port(), api_key), *extra_args], port,
+                  api_key, model, log_path, timeout_s, f"{setup.module} {setup.policy}")
+
+
+def launch(args: Sequence[str], port: int, api_key: str, model: str, log_path: Path,
+           timeout_s: float, what: str) -> PeerProcess:
+    """Run the peer command ``args`` (listening on ``port``, its output to ``log_path``)
+    until a completion of ``model`` goes through it; RuntimeError naming ``what`` with
+    its log's tail when none does within ``timeout_s``."""
+    with log_path.open("wb") as log:
+        process = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT)
     peer = PeerProcess(process, f"http://127.0.0.1:{port}", log_path)
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
@@ -111,4 +119,4 @@ def start_peer(setup: PeerSetup, worker_urls: Sequence[str], api_key: str, model
         time.sleep(0.5)
     peer.stop()
     tail = log_path.read_text(errors="replace")[-2000:]
-    raise RuntimeError(f"{setup.module} {setup.policy} did not serve within {timeout_s} s:\n{tail}")
+    raise RuntimeError(f"{what} did not serve within {timeout_s} s:\n{tail}")
