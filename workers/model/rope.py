@@ -60,7 +60,8 @@ def dynamic_ntk_inv_freq(config: ModelConfig, seq_lens: torch.Tensor) -> torch.T
 class RotaryEmbedding(nn.Module):
     """Cos/sin tables of RoPE for given positions, computed once per forward pass.
 
-    Guarantees: ``apply_rotary(x, *rope(positions, dtype))`` rotates ``x`` exactly as
+    Guarantees: ``workers.fused.reference.apply_rotary(x, *rope(positions, dtype))``
+    rotates ``x`` exactly as
     transformers' ``apply_rotary_pos_emb`` does (rotate-half layout, attention scaling
     folded into cos/sin). The frequencies are a plain float32 tensor, not a buffer:
     casting the model to a 16-bit dtype or building it on the meta device leaves them
@@ -89,13 +90,6 @@ class RotaryEmbedding(nn.Module):
         cos = emb.cos() * self.attention_scaling
         sin = emb.sin() * self.attention_scaling
         return cos.to(dtype)[:, None, :], sin.to(dtype)[:, None, :]
-
-
-def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotate heads ``x`` [T, heads, head_dim] by the tables of ``RotaryEmbedding``."""
-    half = x.shape[-1] // 2
-    rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
-    return (x * cos) + (rotated * sin)
 
 
 def _default_inv_freq(base: float, dim: int) -> torch.Tensor:

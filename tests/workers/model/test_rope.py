@@ -7,13 +7,9 @@ import torch
 from transformers import LlamaConfig
 from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
+from workers.fused.reference import apply_rotary
 from workers.model.config import ModelConfig
-from workers.model.rope import (
-    RotaryEmbedding,
-    apply_rotary,
-    dynamic_ntk_inv_freq,
-    inverse_frequencies,
-)
+from workers.model.rope import RotaryEmbedding, dynamic_ntk_inv_freq, inverse_frequencies
 
 SCALINGS = [
     None,

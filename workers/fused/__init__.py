@@ -1,0 +1,1 @@
+"""Fused elementwise kernels for the Llama decoder: RMSNorm, residual add, RoPE, SwiGLU."""
