@@ -34,8 +34,8 @@ from workers.engine.metrics import EngineMetrics
 from workers.engine.request import GenerationParams, GenerationRequest
 from workers.kv.build import build_kv_cache_manager
 from workers.model.demo import demo_config
-from workers.model.runner import StepInput
 from workers.model.sampler import SamplingParams
+from workers.model.step_input import StepInput
 from workers.model.timed import TimedRunner, timed_tensor_spec
 
 BLOCK_SIZE = 16

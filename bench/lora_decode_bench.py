@@ -24,7 +24,8 @@ from workers.lora.peft_files import read_adapter
 from workers.lora.weights import LoraWeights
 from workers.model.demo import ensure_demo_checkpoint
 from workers.model.loader import load_model
-from workers.model.runner import ModelRunner, StepInput
+from workers.model.runner import ModelRunner
+from workers.model.step_input import StepInput
 
 BLOCK_SIZE = 16
 BATCH = 16

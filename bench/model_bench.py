@@ -25,8 +25,9 @@ import torch
 
 from workers.model.demo import ensure_demo_checkpoint
 from workers.model.loader import LoadedModel, load_model
-from workers.model.runner import ModelRunner, StepInput
+from workers.model.runner import ModelRunner
 from workers.model.sampler import SamplingParams, sample
+from workers.model.step_input import StepInput
 
 BLOCK_SIZE = 16
 CACHED_FRACTIONS = (0.0, 0.5, 0.95)

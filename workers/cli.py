@@ -39,6 +39,7 @@ _FLAG_FIELDS = {
     "max_model_len": ("model", "max_model_len"),
     "num_threads": ("model", "num_threads"),
     "time_scale": ("model", "time_scale"),
+    "enforce_eager": ("model", "enforce_eager"),
     "host": ("server", "host"),
     "port": ("server", "port"),
     "worker_id": ("server", "worker_id"),
@@ -84,6 +85,8 @@ def _parser() -> argparse.ArgumentParser:
     add("--num-threads", type=int, help="torch CPU threads (default: torch's choice)")
     add("--time-scale", type=float,
         help="timed models only: every wait this many times longer (default 1)")
+    add("--enforce-eager", action="store_const", const=True,
+        help="CUDA: run decode steps eagerly, without capturing them in CUDA graphs")
     add("--host", help="address to listen on (default 127.0.0.1)")
     add("--port", type=int, help="port to listen on; 0 picks a free one")
     add("--worker-id", help="id in KV events and /ready (default HOST:PORT)")

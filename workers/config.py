@@ -66,7 +66,9 @@ class ModelSettings(Section, section="model"):
     multiplies every wait of a timed model (``timed:<profile>``): a cluster of many
     timed workers on a few cores runs that many times slower than the GPUs it models,
     so the engine's own CPU time stays small beside the waits (benchmarks divide what
-    they measure by it).
+    they measure by it). ``enforce_eager`` turns off the CUDA graphs decode steps are
+    otherwise replayed from on CUDA (vLLM's ``--enforce-eager``; the CPU is always
+    eager).
     """
 
     name: str = "demo"
@@ -75,6 +77,7 @@ class ModelSettings(Section, section="model"):
     max_model_len: int | None = setting(None, low=1)
     num_threads: int | None = setting(None, low=1)
     time_scale: float = setting(1.0, above=0)
+    enforce_eager: bool = False
 
     @property
     def served_names(self) -> tuple[str, ...]:

@@ -25,7 +25,8 @@ from workers.kv.build import build_kv_cache_manager
 from workers.kv.ids import SeqId
 from workers.kv.plan import plan_kv_cache
 from workers.model.loader import LoadedModel
-from workers.model.runner import ModelRunner, StepInput
+from workers.model.runner import ModelRunner
+from workers.model.step_input import StepInput
 
 SCOPE = Scope("quality")
 

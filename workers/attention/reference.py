@@ -32,8 +32,12 @@ def write_kv(
     v_scale: float = 1.0,
 ) -> None:
     """Store ``key``/``value`` [T, num_kv_heads, head_dim] into cache slots ``slot_mapping``
-    [T], quantized with ``k_scale``/``v_scale`` when the cache is FP8."""
+    [T], quantized with ``k_scale``/``v_scale`` when the cache is FP8. A negative slot
+    (a padding row of a decode graph bucket) stores nothing."""
     num_kv_heads, head_dim = key_cache.shape[2:]
+    if bool((slot_mapping < 0).any()):
+        keep = slot_mapping >= 0
+        key, value, slot_mapping = key[keep], value[keep], slot_mapping[keep]
     key_cache.view(-1, num_kv_heads, head_dim)[slot_mapping] = quantize(key, k_scale, key_cache.dtype)
     value_cache.view(-1, num_kv_heads, head_dim)[slot_mapping] = quantize(
         value, v_scale, value_cache.dtype

@@ -41,6 +41,8 @@ def _store_kv_kernel(
 ):
     token = tl.program_id(0).to(tl.int64)
     slot = tl.load(slot_ptr + token).to(tl.int64)
+    if slot < 0:  # a padding row of a captured decode bucket: nothing to store
+        return
     heads = tl.arange(0, HEADS_P)[:, None]
     dims = tl.arange(0, DIM_P)[None, :]
     mask = (heads < NUM_KV_HEADS) & (dims < HEAD_DIM)
@@ -205,7 +207,8 @@ def _decode_reduce_kernel(
     )
     m_max = tl.max(m, 0)
     weight = tl.where(m == float("-inf"), 0.0, tl.exp2(m - m_max))
-    out = tl.sum(acc * weight[:, None], 0) / tl.sum(l_part * weight, 0)
+    denominator = tl.sum(l_part * weight, 0)
+    out = tl.sum(acc * weight[:, None], 0) / tl.where(denominator == 0.0, 1.0, denominator)
     tl.store(out_ptr + seq * stride_ot + head * stride_oh + dims, out.to(out_ptr.dtype.element_ty),
              mask=dims < HEAD_DIM)
 
@@ -220,7 +223,8 @@ def store_kv(
     v_scale: float = 1.0,
 ) -> None:
     """Store ``key``/``value`` [T, kv_heads, head_dim] into cache slots ``slot_mapping`` [T]
-    int64, divided by ``k_scale``/``v_scale`` and saturated when the cache is FP8."""
+    int64, divided by ``k_scale``/``v_scale`` and saturated when the cache is FP8. A
+    negative slot (a padding row) stores nothing."""
     _check_cache(key_cache, value_cache)
     num_kv_heads, head_dim = key_cache.shape[2:]
     for name, tensor in (("key", key), ("value", value)):

@@ -44,9 +44,10 @@ from workers.lora.peft_files import BaseShapes
 from workers.lora.service import LoraService, build_lora
 from workers.lora.weights import LoraWeights
 from workers.model.config import ModelConfig
+from workers.model.decode_graphs import CudaGraphCapture
 from workers.model.demo import demo_config, ensure_demo_checkpoint
 from workers.model.loader import load_model
-from workers.model.runner import ModelRunner
+from workers.model.runner import GraphPlan, ModelRunner
 from workers.model.timed import (
     TimedRunner,
     TimedSlotLoader,
@@ -152,7 +153,7 @@ class _Backend:
     spec: KVCacheSpec
     tensor_spec: KVCacheSpec
     kv_budget: KVBudget
-    make_runner: Callable[[KVCacheTensors, KVScales, SlotLoader | None],
+    make_runner: Callable[[KVCacheTensors, KVScales, SlotLoader | None, int],
                           ModelRunner | TimedRunner]
     source: str
     lora_shapes: BaseShapes | None
@@ -175,16 +176,21 @@ def _checkpoint_backend(config: WorkerConfig, device: torch.device) -> _Backend:
     slots = (LoraWeights(shapes, config.lora.max_loras, config.lora.max_lora_rank, dtype, device)
              if config.lora.enable else None)
 
-    def make_runner(tensors: KVCacheTensors, scales: KVScales,
-                    loader: SlotLoader | None) -> ModelRunner:
+    graphs = decode_graphs(config, device)
+
+    def make_runner(tensors: KVCacheTensors, scales: KVScales, loader: SlotLoader | None,
+                    max_model_len: int) -> ModelRunner:
         lora = loader if isinstance(loader, LoraWeights) else None
+        plan = None if graphs is None else GraphPlan(
+            graphs, config.engine.max_num_seqs, max_model_len)
         return ModelRunner(loaded.model, tensors.key_caches, tensors.value_caches,
-                           spec.block_size, scales, lora)
+                           spec.block_size, scales, lora, plan)
 
     return _Backend(
         loaded.tokenizer, loaded.weights_digest, model_config.rope_fingerprint(),
         model_config.vocab_size, model_config.max_position_embeddings, spec, spec,
-        kv_budget(config, device, loaded.model, spec, model_config.max_position_embeddings),
+        kv_budget(config, device, loaded.model, spec, model_config.max_position_embeddings,
+                  graphs is not None),
         make_runner, str(path), shapes, slots, True)
 
 
@@ -200,7 +206,7 @@ def _timed_backend(profile: Profile, config: WorkerConfig) -> _Backend:
     return _Backend(
         tokenizer, profile_digest(profile), rope, vocab_size, profile.max_model_len, spec,
         timed_tensor_spec(config.kv.block_size), KVBudget(profile.kv_cache_bytes, "timed profile"),
-        lambda tensors, scales, loader: TimedRunner(profile.cost, vocab_size, letters,
+        lambda tensors, scales, loader, max_model_len: TimedRunner(profile.cost, vocab_size, letters,
                                                     time_scale=config.model.time_scale),
         f"timed profile {profile.name} ({profile.model})", timed_lora_shapes(profile),
         TimedSlotLoader(profile, config.model.time_scale) if config.lora.enable else None,
@@ -241,7 +247,7 @@ def build_worker(config: WorkerConfig, worker_id: str, secret: bytes) -> BuiltWo
     ProcessCollector(registry=registry)  # process_*: resident memory, CPU, descriptors
     lora = build_lora(config.lora, backend.lora_shapes, backend.loader, backend.needs_weights,
                       namespace, secret, registry)
-    runner = backend.make_runner(manager.tensors, scales, backend.loader)
+    runner = backend.make_runner(manager.tensors, scales, backend.loader, max_model_len)
     engine = Engine(manager, runner, backend.tokenizer, config.engine, max_model_len,
                     EngineMetrics(registry), lora.slots, spec.dtype)
     max_in_flight = config.engine.max_num_seqs + config.engine.max_waiting_requests
@@ -335,6 +341,14 @@ def kv_scales(spec: KVCacheSpec, scales_file: str | None, weights_digest: str) -
         log.warning("KV cache dtype %s without a scales file: unit scales (run "
                     "python -m workers.model.calibrate)", spec.dtype)
     return KVScales.unit(spec.num_layers)
+
+
+def decode_graphs(config: WorkerConfig, device: torch.device) -> CudaGraphCapture | None:
+    """How decode steps are captured: CUDA graphs on CUDA unless ``enforce_eager``;
+    None (every step eager) elsewhere."""
+    if device.type != "cuda" or config.model.enforce_eager:
+        return None
+    return CudaGraphCapture()
 
 
 def _device(name: str) -> torch.device:

@@ -47,8 +47,9 @@ from workers.engine.stopping import StopChecker
 from workers.engine.trace import log_finished
 from workers.kv.manager import KVCacheManager
 from workers.lora.adapters import AdapterSlots
-from workers.model.runner import ModelRunner, StepInput
+from workers.model.runner import ModelRunner
 from workers.model.sampler import position_generator, sample
+from workers.model.step_input import StepInput
 
 log = logging.getLogger(__name__)
 

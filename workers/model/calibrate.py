@@ -23,7 +23,8 @@ from radix.model_source import DEMO_MODEL, resolve_model_path
 from workers.kv.scales import calibration_record
 from workers.model.demo import ensure_demo_checkpoint
 from workers.model.loader import LoadedModel, load_model
-from workers.model.runner import ModelRunner, StepInput
+from workers.model.runner import ModelRunner
+from workers.model.step_input import StepInput
 
 BLOCK_SIZE = 16
 

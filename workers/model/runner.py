@@ -4,13 +4,15 @@ The runner owns no scheduling and no block allocation. The caller (the engine)
 decides what runs and hands over, per sequence, the new token ids, how many tokens
 are already cached, and a block table it has allocated; the runner lays the batch
 out, writes the new tokens' K/V into their slots and returns next-token logits.
+Decode steps that captured graphs hold (``workers.model.decode_graphs``) replay them;
+everything else (prefill chunks, mixed batches, adapters, larger batches) runs eagerly.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from itertools import chain
-from typing import NamedTuple
 
 import torch
 
@@ -19,24 +21,19 @@ from workers.attention.metadata import AttentionMetadata, int_tensor
 from workers.kv.scales import KVScales
 from workers.lora.segments import segments_from_rows
 from workers.lora.weights import LoraWeights
+from workers.model.decode_graphs import DecodeGraphs, GraphCapture
 from workers.model.llama import LlamaForCausalLM
+from workers.model.step_input import StepInput
 
 
-class StepInput(NamedTuple):
-    """One sequence's share of a step.
+@dataclass(frozen=True)
+class GraphPlan:
+    """Decode graphs for a runner: how to capture them, and the most sequences and
+    tokens per sequence a decode step they replay may have."""
 
-    ``token_ids``: new tokens computed now (a prefill chunk, or one decode token).
-    ``num_computed_tokens``: tokens already in the cache; the new ones take positions
-    ``[num_computed_tokens, num_computed_tokens + len(token_ids))``.
-    ``block_table``: physical block ids covering all those positions. The caller
-    guarantees the blocks written this step are owned by this sequence alone.
-    ``lora_slot``: the adapter slot the sequence runs (None: the base model).
-    """
-
-    token_ids: Sequence[int]
-    num_computed_tokens: int
-    block_table: Sequence[int]
-    lora_slot: int | None = None
+    capture: GraphCapture
+    max_num_seqs: int
+    max_model_len: int
 
 
 class ModelRunner:
@@ -47,7 +44,9 @@ class ModelRunner:
     its dtype or in an FP8 dtype stored with ``scales`` (default: unit scales, the only
     ones a cache in the model's dtype accepts). They are mutated in place by
     ``execute`` (only the slots of new tokens). ``lora`` holds the adapter slots that
-    entries with a ``lora_slot`` run (None: LoRA off).
+    entries with a ``lora_slot`` run (None: LoRA off). ``graphs`` captures decode
+    steps at construction (None, or a model with dynamic-NTK RoPE, whose frequencies
+    depend on a host-side check: every step eager).
     """
 
     def __init__(
@@ -58,6 +57,7 @@ class ModelRunner:
         block_size: int,
         scales: KVScales | None = None,
         lora: LoraWeights | None = None,
+        graphs: GraphPlan | None = None,
     ) -> None:
         config = model.config
         if not len(key_caches) == len(value_caches) == config.num_hidden_layers:
@@ -96,6 +96,10 @@ class ModelRunner:
         self.block_size = block_size
         self.num_blocks = key_caches[0].shape[0]
         self.device = weight.device
+        self.graphs = None if graphs is None or model.rotary.is_dynamic else DecodeGraphs(
+            self._decode, graphs.capture, max_num_seqs=graphs.max_num_seqs,
+            max_blocks_per_seq=-(-graphs.max_model_len // block_size), block_size=block_size,
+            num_blocks=self.num_blocks, device=self.device)
 
     def execute(self, batch: Sequence[StepInput]) -> torch.Tensor:
         """Float32 logits [len(batch), vocab] for the last new token of each entry.
@@ -103,6 +107,9 @@ class ModelRunner:
         Raises ValueError on an empty batch, an empty ``token_ids`` or a block table
         that is too short or names a block outside the cache.
         """
+        if self.graphs is not None and batch and self.graphs.runs(batch):
+            with torch.inference_mode():
+                return self.graphs.execute(batch)
         metadata = AttentionMetadata.build(
             [len(step.token_ids) for step in batch],
             [step.num_computed_tokens for step in batch],
@@ -123,3 +130,8 @@ class ModelRunner:
             if metadata.max_query_len > 1:  # else token b is sequence b's last already
                 hidden = hidden[metadata.last_token_indices]
             return self.model.compute_logits(hidden)
+
+    def _decode(self, input_ids: torch.Tensor, metadata: AttentionMetadata) -> torch.Tensor:
+        """Logits of a decode step (one token per sequence): what the graphs capture."""
+        with torch.inference_mode():
+            return self.model.compute_logits(self.model(input_ids, self.caches, metadata))

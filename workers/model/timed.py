@@ -27,7 +27,7 @@ import torch
 from radix.cost_model import CostModel, Profile, get_profile
 from workers.kv.spec import KVCacheSpec
 from workers.lora.peft_files import AdapterSpec, BaseShapes
-from workers.model.runner import StepInput
+from workers.model.step_input import StepInput
 
 TIMED_PREFIX = "timed:"
 # The logit of the chosen token over zeros elsewhere: with a vocabulary of a few

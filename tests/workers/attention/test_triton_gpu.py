@@ -66,7 +66,8 @@ def test_store_kv_matches_reference():
 def test_demo_model_generates_the_same_tokens_on_gpu_and_cpu(tmp_path):
     from workers.model.demo import ensure_demo_checkpoint
     from workers.model.loader import load_model
-    from workers.model.runner import ModelRunner, StepInput
+    from workers.model.runner import ModelRunner
+    from workers.model.step_input import StepInput
 
     path = ensure_demo_checkpoint(tmp_path)
     outputs = []

@@ -34,6 +34,8 @@ CASE_NAMES = [
     "decode-bs32-tile16-splits3",
     "decode-bs8-splits2",
     "store-kv",
+    "store-kv-padding-slots",
+    "decode-padding-rows",
     "decode-stale-nan-slots",
     "rejects-non-contiguous-cache",
     *(

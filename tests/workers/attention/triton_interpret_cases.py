@@ -80,6 +80,43 @@ def store_error() -> float:
     return max((a - b).abs().max().item() for a, b in zip(caches, ours, strict=True))
 
 
+@case("store-kv-padding-slots")
+def store_padding_error() -> float:
+    """Slot -1 (a padding row of a decode graph bucket) stores nothing, in both."""
+    generator = torch.Generator().manual_seed(7)
+    caches = [torch.randn(4, 16, 2, 32, generator=generator) for _ in range(2)]
+    key, value = torch.randn(2, 5, 2, 32, generator=generator)
+    slots = torch.tensor([3, -1, 17, -1, 40])
+    ours = [c.clone() for c in caches]
+    before = [c.clone() for c in caches]
+    reference.write_kv(*caches, key, value, slots)
+    triton_kernels.store_kv(*ours, key, value, slots)
+    changed = sum(int((c != b).any(-1).any(-1).sum()) for c, b in zip(ours, before, strict=True))
+    if changed != 6:  # 3 slots x key and value
+        return float("inf")
+    return max((a - b).abs().max().item() for a, b in zip(caches, ours, strict=True))
+
+
+@case("decode-padding-rows")
+def decode_padding_error() -> float:
+    """Rows of length 0 (padding) read no key and give finite zeros, split or not;
+    the real rows equal the reference."""
+    c = make_case([1, 1, 1], [40, 0, 70], 16, 4, 2, seed=8)
+    m = c.metadata
+    seq_lens = m.seq_lens.clone()
+    seq_lens[1] = 0
+    worst = 0.0
+    for splits in (1, 3):
+        got = triton_kernels.paged_decode(c.query, c.key_cache, c.value_cache, seq_lens,
+                                          m.block_tables, c.scale, num_splits=splits)
+        if bool(got[1].any()) or not bool(torch.isfinite(got).all()):
+            return float("inf")
+        want = reference.paged_decode(c.query[[0, 2]], c.key_cache, c.value_cache,
+                                      seq_lens[[0, 2]], m.block_tables[[0, 2]], c.scale)
+        worst = max(worst, (got[[0, 2]] - want).abs().max().item())
+    return worst
+
+
 @case("decode-stale-nan-slots")
 def stale_nan() -> float:
     c = make_case([1], [20], 16, seed=3)

@@ -8,7 +8,7 @@ import pytest
 from radix.cost_model import PROFILES, CostModel, get_profile
 from tests.workers.engine.engine_support import make_engine, prompt, request, run
 from workers.kv.plan import plan_kv_cache
-from workers.model.runner import StepInput
+from workers.model.step_input import StepInput
 from workers.model.timed import (
     TimedRunner,
     timed_kv_spec,

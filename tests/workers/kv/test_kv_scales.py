@@ -90,7 +90,8 @@ def test_an_fp8_namespace_never_equals_one_without(demo, record, tmp_path):
 
 def test_runner_with_an_fp8_cache_tracks_the_fp32_logits(demo, record, tmp_path):
     from workers.kv.tensors import KVCacheTensors
-    from workers.model.runner import ModelRunner, StepInput
+    from workers.model.runner import ModelRunner
+    from workers.model.step_input import StepInput
 
     prompt = demo.tokenizer.encode("The quick brown fox jumps over the lazy dog")
     logits = {}

@@ -12,7 +12,8 @@ from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCau
 
 from radix.tokenizer import demo_tokenizer_files
 from workers.model.llama import LlamaForCausalLM as PagedLlama
-from workers.model.runner import ModelRunner, StepInput
+from workers.model.runner import ModelRunner
+from workers.model.step_input import StepInput
 
 TINY = {
     "vocab_size": 320,
@@ -88,12 +89,14 @@ def hf_greedy(model: torch.nn.Module, prompt: Sequence[int], num_tokens: int) ->
 
 
 def new_caches(model: PagedLlama, num_blocks: int, block_size: int) -> tuple[list, list]:
-    """Zeroed per-layer key and value caches in the layout the runner expects."""
+    """Zeroed per-layer key and value caches in the layout the runner expects, on the
+    model's device."""
     config = model.config
     shape = (num_blocks, block_size, config.num_key_value_heads, config.head_dim)
-    dtype = model.lm_head.weight.dtype
-    keys = [torch.zeros(shape, dtype=dtype) for _ in range(config.num_hidden_layers)]
-    values = [torch.zeros(shape, dtype=dtype) for _ in range(config.num_hidden_layers)]
+    weight = model.lm_head.weight
+    keys = [torch.zeros(shape, dtype=weight.dtype, device=weight.device)
+            for _ in range(config.num_hidden_layers)]
+    values = [torch.zeros_like(key) for key in keys]
     return keys, values
 
 

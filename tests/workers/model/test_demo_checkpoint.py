@@ -17,7 +17,8 @@ from tests.workers.model.hf_checkpoints import (
 )
 from workers.model.demo import demo_dir_name, ensure_demo_checkpoint, write_demo_checkpoint
 from workers.model.loader import load_model
-from workers.model.runner import ModelRunner, StepInput
+from workers.model.runner import ModelRunner
+from workers.model.step_input import StepInput
 
 # Golden hashes: a change here changes what "demo" means; bump DEMO_VERSION with it.
 GOLDEN_SHA256 = {

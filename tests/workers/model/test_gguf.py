@@ -21,7 +21,8 @@ from tests.workers.model.hf_checkpoints import (
 )
 from workers.model.gguf_weights import unpermute_rows
 from workers.model.loader import load_model
-from workers.model.runner import ModelRunner, StepInput
+from workers.model.runner import ModelRunner
+from workers.model.step_input import StepInput
 
 CORPUS = [f"document {i}: the quick brown fox {i * 7} jumps over lazy dogs" for i in range(200)]
 BLOCK_SIZE = 4

@@ -11,7 +11,8 @@ from tests.workers.model.hf_checkpoints import (
     write_hf_checkpoint,
 )
 from workers.model.loader import load_model
-from workers.model.runner import ModelRunner, StepInput
+from workers.model.runner import ModelRunner
+from workers.model.step_input import StepInput
 
 BLOCK_SIZE = 8
 NUM_BLOCKS = 40

@@ -8,7 +8,8 @@ import torch
 from tests.workers.model.hf_checkpoints import new_caches
 from workers.model.demo import ensure_demo_checkpoint
 from workers.model.loader import load_model
-from workers.model.runner import ModelRunner, StepInput
+from workers.model.runner import ModelRunner
+from workers.model.step_input import StepInput
 
 
 @pytest.fixture(scope="module")

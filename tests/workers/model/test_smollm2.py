@@ -12,7 +12,8 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from radix.model_source import load_tokenizer, packaged_model_path
 from tests.workers.model.hf_checkpoints import hf_greedy, new_caches, paged_greedy
 from workers.model.loader import load_model
-from workers.model.runner import ModelRunner, StepInput
+from workers.model.runner import ModelRunner
+from workers.model.step_input import StepInput
 
 NAME = "SmolLM2-135M-Instruct"
 PROMPTS = (
