@@ -19,7 +19,7 @@ import torch
 from workers.attention.backend import LayerKVCache
 from workers.attention.metadata import AttentionMetadata, int_tensor
 from workers.kv.scales import KVScales
-from workers.lora.segments import segments_from_rows
+from workers.lora.segments import LoraSegments, segments_from_rows
 from workers.lora.weights import LoraWeights
 from workers.model.decode_graphs import DecodeGraphs, GraphCapture
 from workers.model.llama import LlamaForCausalLM
@@ -45,8 +45,9 @@ class ModelRunner:
     ones a cache in the model's dtype accepts). They are mutated in place by
     ``execute`` (only the slots of new tokens). ``lora`` holds the adapter slots that
     entries with a ``lora_slot`` run (None: LoRA off). ``graphs`` captures decode
-    steps at construction (None, or a model with dynamic-NTK RoPE, whose frequencies
-    depend on a host-side check: every step eager).
+    steps at construction, with and without adapters when ``lora`` is set (None, or a
+    model with dynamic-NTK RoPE, whose frequencies depend on a host-side check: every
+    step eager).
     """
 
     def __init__(
@@ -99,13 +100,14 @@ class ModelRunner:
         self.graphs = None if graphs is None or model.rotary.is_dynamic else DecodeGraphs(
             self._decode, graphs.capture, max_num_seqs=graphs.max_num_seqs,
             max_blocks_per_seq=-(-graphs.max_model_len // block_size), block_size=block_size,
-            num_blocks=self.num_blocks, device=self.device)
+            num_blocks=self.num_blocks, device=self.device, adapters=lora is not None)
 
     def execute(self, batch: Sequence[StepInput]) -> torch.Tensor:
         """Float32 logits [len(batch), vocab] for the last new token of each entry.
 
         Raises ValueError on an empty batch, an empty ``token_ids`` or a block table
-        that is too short or names a block outside the cache.
+        that is too short or names a block outside the cache. A replayed step's logits
+        are valid until the next call.
         """
         if self.graphs is not None and batch and self.graphs.runs(batch):
             with torch.inference_mode():
@@ -131,7 +133,13 @@ class ModelRunner:
                 hidden = hidden[metadata.last_token_indices]
             return self.model.compute_logits(hidden)
 
-    def _decode(self, input_ids: torch.Tensor, metadata: AttentionMetadata) -> torch.Tensor:
-        """Logits of a decode step (one token per sequence): what the graphs capture."""
+    def _decode(self, input_ids: torch.Tensor, metadata: AttentionMetadata,
+                runs: LoraSegments | None) -> torch.Tensor:
+        """Logits of a decode step (one token per sequence), adding the adapters' deltas
+        to the rows of ``runs``: what the graphs capture."""
+        lora_batch = None
+        if runs is not None and self.lora is not None:
+            lora_batch = self.lora.batch(runs, input_ids.shape[0])
         with torch.inference_mode():
-            return self.model.compute_logits(self.model(input_ids, self.caches, metadata))
+            hidden = self.model(input_ids, self.caches, metadata, lora_batch)
+            return self.model.compute_logits(hidden)

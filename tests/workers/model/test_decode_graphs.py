@@ -68,7 +68,7 @@ def test_buckets_are_powers_of_two_to_16_then_multiples_of_16(max_num_seqs, size
 
 def test_every_bucket_is_captured_once_largest_first_and_a_batch_takes_the_smallest(model):
     capture = CountingCapture()
-    graphs = DecodeGraphs(lambda ids, metadata: ids.float()[:, None], capture, max_num_seqs=20,
+    graphs = DecodeGraphs(lambda ids, metadata, runs: ids.float()[:, None], capture, max_num_seqs=20,
                           max_blocks_per_seq=2, block_size=4, num_blocks=8,
                           device=torch.device("cpu"))
     assert graphs.sizes == (1, 2, 4, 8, 16, 32)
@@ -78,6 +78,26 @@ def test_every_bucket_is_captured_once_largest_first_and_a_batch_takes_the_small
         out = graphs.execute(batch)
         assert capture.replayed[-1] == bucket_index
         assert out.flatten().tolist() == [7.0 + row for row in range(batch_size)]
+
+
+def test_adapter_rows_are_one_run_each_and_replay_the_adapter_graphs():
+    capture = CountingCapture()
+    seen = []
+
+    def decode(ids, metadata, runs):
+        seen.append(None if runs is None else
+                    (runs.starts.tolist(), runs.ends.tolist(), runs.slots.tolist()))
+        return ids.float()[:, None]
+
+    graphs = DecodeGraphs(decode, capture, max_num_seqs=4, max_blocks_per_seq=2, block_size=4,
+                          num_blocks=8, device=torch.device("cpu"), adapters=True)
+    assert len(capture.captured) == 6  # buckets 4, 2, 1 without adapters, then with
+    seen.clear()
+    graphs.execute([StepInput([5], 0, [1], 3), StepInput([6], 0, [2]), StepInput([7], 0, [3], 1)])
+    assert capture.replayed[-1] == 3  # bucket 4 with adapters
+    assert seen[-1] == ([0, 1, 2, 3], [1, 1, 3, 3], [3, 0, 1, 0])  # [1, 1) and [3, 3): empty
+    graphs.execute([StepInput([5], 0, [1]), StepInput([6], 0, [2])])
+    assert capture.replayed[-1] == 1 and seen[-1] is None  # bucket 2, base model only
 
 
 def prefill(graphed: ModelRunner, eager: ModelRunner, prompts: list[list[int]],

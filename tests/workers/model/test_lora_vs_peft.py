@@ -27,9 +27,10 @@ from workers.lora.adapters import AdapterSlots
 from workers.lora.peft_files import read_adapter
 from workers.lora.service import adapter_namespace
 from workers.lora.weights import LoraWeights
+from workers.model.decode_graphs import EagerCapture
 from workers.model.demo import ensure_demo_checkpoint
 from workers.model.loader import load_model
-from workers.model.runner import ModelRunner
+from workers.model.runner import GraphPlan, ModelRunner
 from workers.model.sampler import SamplingParams
 from workers.server.streaming import collect
 
@@ -68,8 +69,10 @@ def reference(checkpoint):
     return lambda adapter, prompt: hf_greedy(models[adapter], prompt, NUM_TOKENS)
 
 
-def lora_engine(checkpoint, max_loras: int, num_blocks: int = 64, max_num_seqs: int = 64) -> Engine:
-    """An engine over the checkpoint with every adapter registered in ``max_loras`` slots."""
+def lora_engine(checkpoint, max_loras: int, num_blocks: int = 64, max_num_seqs: int = 64,
+                graphs: GraphPlan | None = None) -> Engine:
+    """An engine over the checkpoint with every adapter registered in ``max_loras`` slots
+    (decode steps replayed through ``graphs`` when given)."""
     model_dir, paths = checkpoint
     loaded = load_model(model_dir)
     spec = kv_spec(loaded.config, BLOCK_SIZE)
@@ -82,10 +85,24 @@ def lora_engine(checkpoint, max_loras: int, num_blocks: int = 64, max_num_seqs: 
     for name, path in paths.items():
         slots.register(read_adapter(name, path, shapes, MAX_RANK))
     runner = ModelRunner(loaded.model, manager.tensors.key_caches, manager.tensors.value_caches,
-                         BLOCK_SIZE, lora=weights)
+                         BLOCK_SIZE, lora=weights, graphs=graphs)
     config = EngineConfig(max_num_seqs=max_num_seqs)
     return Engine(manager, runner, loaded.tokenizer, config, 256,
                   EngineMetrics(CollectorRegistry()), slots)
+
+
+class ReplayCounter(EagerCapture):
+    """An eager capture that counts replays."""
+
+    def __init__(self) -> None:
+        self.replays = 0
+
+    def capture(self, step):
+        def replay():
+            self.replays += 1
+            return step()
+
+        return replay
 
 
 def prompt_ids(length: int, seed: int) -> list[int]:
@@ -149,8 +166,13 @@ def test_the_same_prompt_under_another_adapter_or_the_base_model_hits_nothing(ch
     assert {event.namespace for event in snapshot if event.type == "stored"} == stored
 
 
-def test_a_batch_mixing_two_adapters_and_the_base_model_is_exact(checkpoint, reference):
-    engine = lora_engine(checkpoint, max_loras=2)
+@pytest.mark.parametrize("graphs", [False, True], ids=["eager", "decode-graphs"])
+def test_a_batch_mixing_two_adapters_and_the_base_model_is_exact(checkpoint, reference, graphs):
+    # With graphs, decode steps replay the bucket's step function over static buffers
+    # (EagerCapture: the function a CUDA graph records), each row its own adapter run.
+    capture = ReplayCounter()
+    engine = lora_engine(checkpoint, max_loras=2,
+                         graphs=GraphPlan(capture, 8, 256) if graphs else None)
     prompts = {i: prompt_ids(20 + 7 * i, seed=10 + i) for i in range(6)}
     adapters = ["alpha", None, "beta", "beta", None, "alpha"]
     batch_sizes = []
@@ -159,6 +181,7 @@ def test_a_batch_mixing_two_adapters_and_the_base_model_is_exact(checkpoint, ref
     for i, adapter in enumerate(adapters):
         assert results[i][0] == reference(adapter, prompts[i]), (i, adapter)
     assert max(batch_sizes) == 6  # all six ran in the same steps
+    assert capture.replays == (NUM_TOKENS - 1 if graphs else 0)  # every decode step
 
 
 def test_swaps_loads_and_unloads_under_traffic_lose_no_request_and_leak_no_block(checkpoint):
