@@ -183,8 +183,14 @@ def _checkpoint_backend(config: WorkerConfig, device: torch.device) -> _Backend:
         lora = loader if isinstance(loader, LoraWeights) else None
         plan = None if graphs is None else GraphPlan(
             graphs, config.engine.max_num_seqs, max_model_len)
-        return ModelRunner(loaded.model, tensors.key_caches, tensors.value_caches,
-                           spec.block_size, scales, lora, plan)
+        try:
+            return ModelRunner(loaded.model, tensors.key_caches, tensors.value_caches,
+                               spec.block_size, scales, lora, plan)
+        except RuntimeError as exc:  # torch's errors while capturing are RuntimeErrors
+            if plan is None:
+                raise
+            raise ValueError(f"capturing decode steps in CUDA graphs failed ({exc}); "
+                             "--enforce-eager runs them without graphs") from exc
 
     return _Backend(
         loaded.tokenizer, loaded.weights_digest, model_config.rope_fingerprint(),
