@@ -7,14 +7,14 @@ block_size`` blocks). So the step is captured once per bucket of batch sizes (1,
 launches one graph instead of hundreds of kernels. What a step reads lives in one
 static int32 buffer on the device, laid out per bucket ``b`` as::
 
-    | token ids b | positions b | slots b | seq_lens b | adapter runs 3 x b | block tables b x width |
+    | tokens b | positions b | slots b | seq_lens b | adapter runs 3 x b | tables b x width |
 
 and a step fills it with one host-to-device copy. A batch of ``n`` sequences runs
 the smallest bucket ``b >= n``; rows ``n .. b-1`` are padding: token 0, position 0,
-slot -1 (the K/V store skips it), sequence length 0 (attention reads no key). Their
-outputs are undefined and dropped; every op is row-wise, so they reach no real row. Stale table entries past a sequence's
-length are never read (kernels stop at ``seq_lens``), so a step writes only the
-blocks its sequences have.
+slot -1 (the K/V store skips it), sequence length 0 (attention reads no key), an
+empty adapter run. Their outputs are undefined and dropped; every op is row-wise, so
+they reach no real row. Stale table entries past a sequence's length are never read
+(kernels stop at ``seq_lens``), so a step writes only the blocks its sequences have.
 
 The capture is behind ``GraphCapture``: ``CudaGraphCapture`` records CUDA graphs
 (all buckets share one memory pool, captured largest first, as vLLM and nano-vllm

@@ -5,7 +5,7 @@ decides what runs and hands over, per sequence, the new token ids, how many toke
 are already cached, and a block table it has allocated; the runner lays the batch
 out, writes the new tokens' K/V into their slots and returns next-token logits.
 Decode steps that captured graphs hold (``workers.model.decode_graphs``) replay them;
-everything else (prefill chunks, mixed batches, adapters, larger batches) runs eagerly.
+everything else (prefill chunks, mixed batches, larger batches) runs eagerly.
 """
 
 from __future__ import annotations
