@@ -142,16 +142,20 @@ class DecodeGraphs:
         until the next call. Raises ValueError when a block table does not cover its
         position or names a block outside the cache, before anything is written."""
         size = next(size for size in self.sizes if size >= len(batch))
-        packed = self._pack(batch, size)
-        self._host[: len(packed)].copy_(torch.frombuffer(packed, dtype=torch.int32))
+        packed = torch.frombuffer(self._pack(batch, size), dtype=torch.int32)
+        low, high = torch.aminmax(packed[ROW_FIELDS * size :])  # every table at once
+        if not 0 <= int(low) <= int(high) < self.num_blocks:
+            raise ValueError(f"block table names a block outside [0, {self.num_blocks})")
+        self._host[: len(packed)].copy_(packed)
         self._buffer[: len(packed)].copy_(self._host[: len(packed)], non_blocking=True)
         with_adapters = any(step.lora_slot is not None for step in batch)
         return self._replays[size, with_adapters]()[: len(batch)]
 
     def _pack(self, batch: Sequence[StepInput], size: int) -> array:
-        """The bucket's buffer contents for ``batch``, padding rows included. Each
-        row is its own adapter run: ``[row, row + 1)`` under its slot, or the empty
-        run ``[row, row)`` for a base-model row."""
+        """The bucket's buffer contents for ``batch``, padding rows included (table
+        entries past a row's blocks are 0). Each row is its own adapter run: ``[row,
+        row + 1)`` under its slot, or the empty run ``[row, row)`` for a base-model
+        row."""
         packed = self._padding_array(size)
         tables = ROW_FIELDS * size
         for row, step in enumerate(batch):
@@ -159,8 +163,6 @@ class DecodeGraphs:
             if position // self.block_size >= len(table):
                 raise ValueError(f"sequence {row}: {len(table)} blocks of {self.block_size} "
                                  f"cannot hold {position + 1} tokens")
-            if table and not 0 <= min(table) <= max(table) < self.num_blocks:
-                raise ValueError(f"block table names a block outside [0, {self.num_blocks})")
             block = table[position // self.block_size]
             packed[row] = step.token_ids[0]
             packed[size + row] = position
