@@ -29,6 +29,7 @@ from __future__ import annotations
 import argparse
 import json
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -106,9 +107,22 @@ def build_model(args: argparse.Namespace, device: torch.device) -> LlamaForCausa
     return model.eval()
 
 
+def max_model_len(args: argparse.Namespace) -> int:
+    """Tokens a sequence may reach here: the prompt, every decode step the script
+    takes (warm-ups, timed steps, the profiled step), and room to spare."""
+    return args.prompt + 4 * args.steps + 64
+
+
+def blocks_per_seq(args: argparse.Namespace) -> int:
+    """Blocks of one sequence's table: ``max_model_len`` tokens, as wide as a graph's."""
+    return -(-max_model_len(args) // BLOCK_SIZE)
+
+
 def make_runner(model: LlamaForCausalLM, args: argparse.Namespace, device: torch.device,
-                num_blocks: int, graphs: bool, max_num_seqs: int) -> ModelRunner:
-    """A runner over fresh caches; ``graphs``: decode steps replayed from captures."""
+                batch: int, graphs: bool) -> ModelRunner:
+    """A runner over fresh caches for ``batch`` sequences; ``graphs``: decode steps
+    replayed from captures."""
+    num_blocks = batch * blocks_per_seq(args)
     config = model.config
     shape = (num_blocks, BLOCK_SIZE, config.num_key_value_heads, config.head_dim)
     dtype = DTYPES[args.dtype]
@@ -116,18 +130,35 @@ def make_runner(model: LlamaForCausalLM, args: argparse.Namespace, device: torch
     values = [torch.zeros_like(k) for k in keys]
     plan = None
     if graphs:
-        capture = CudaGraphCapture() if device.type == "cuda" else EagerCapture()
-        plan = GraphPlan(capture, max_num_seqs, args.prompt + 4 * args.steps + 64)
+        plan = GraphPlan(ReplayCounter(device), batch, max_model_len(args))
     return ModelRunner(model, keys, values, BLOCK_SIZE, graphs=plan)
+
+
+class ReplayCounter:
+    """CUDA graphs on CUDA (replayed eagerly elsewhere), counting replays."""
+
+    def __init__(self, device: torch.device) -> None:
+        self._capture = CudaGraphCapture() if device.type == "cuda" else EagerCapture()
+        self.replays = 0
+
+    def capture(self, step: Callable[[], torch.Tensor]) -> Callable[[], torch.Tensor]:
+        """The inner capture's replay, counted."""
+        replay = self._capture.capture(step)
+
+        def counted() -> torch.Tensor:
+            self.replays += 1
+            return replay()
+
+        return counted
 
 
 class DecodeBatch:
     """``batch`` sequences with their prompts prefilled in ``runner``; ``step()`` decodes
     one greedy token for each."""
 
-    def __init__(self, runner: ModelRunner, batch: int, prompt: int) -> None:
+    def __init__(self, runner: ModelRunner, args: argparse.Namespace, batch: int) -> None:
         self.runner = runner
-        per_seq = -(-(prompt + 8 * 64) // BLOCK_SIZE)
+        per_seq, prompt = blocks_per_seq(args), args.prompt
         self.tables = [list(range(row * per_seq, (row + 1) * per_seq)) for row in range(batch)]
         self.lengths = [prompt] * batch
         generator = torch.Generator().manual_seed(1)
@@ -137,18 +168,21 @@ class DecodeBatch:
                                                                      strict=True)])
         self.tokens = logits.argmax(-1).tolist()
 
+    def next_batch(self) -> list[StepInput]:
+        """The next decode step's inputs."""
+        return [StepInput([token], length, table) for token, length, table
+                in zip(self.tokens, self.lengths, self.tables, strict=True)]
+
+    def replays(self) -> bool:
+        """Whether the runner replays the next step from its graphs."""
+        graphs = self.runner.graphs
+        return graphs is not None and graphs.runs(self.next_batch())
+
     def step(self) -> list[int]:
         """Decode one token per sequence (greedy); returns the tokens."""
-        batch = [StepInput([token], length, table) for token, length, table
-                 in zip(self.tokens, self.lengths, self.tables, strict=True)]
-        self.tokens = self.runner.execute(batch).argmax(-1).tolist()
+        self.tokens = self.runner.execute(self.next_batch()).argmax(-1).tolist()
         self.lengths = [length + 1 for length in self.lengths]
         return self.tokens
-
-
-def blocks_for(batch: int, prompt: int) -> int:
-    """Cache blocks ``DecodeBatch`` uses for ``batch`` sequences of ``prompt`` tokens."""
-    return batch * -(-(prompt + 8 * 64) // BLOCK_SIZE)
 
 
 def graphs_match_eager(model: LlamaForCausalLM, args: argparse.Namespace,
@@ -156,8 +190,9 @@ def graphs_match_eager(model: LlamaForCausalLM, args: argparse.Namespace,
     """Whether 16 greedy tokens at batch 1 are the same replayed and eager."""
     outputs = []
     for graphs in (False, True):
-        runner = make_runner(model, args, device, blocks_for(1, args.prompt), graphs, 1)
-        decode = DecodeBatch(runner, 1, args.prompt)
+        decode = DecodeBatch(make_runner(model, args, device, 1, graphs), args, 1)
+        if decode.replays() != graphs:
+            raise SystemExit(f"bench.gpu_engine: graphs {'not ' if graphs else ''}replayed")
         outputs.append([decode.step()[0] for _ in range(16)])
     return outputs[0] == outputs[1]
 
@@ -171,17 +206,18 @@ def time_runner(model: LlamaForCausalLM, args: argparse.Namespace, device: torch
     floor_ms = (weight_bytes + kv_bytes) / (args.hbm_gbs * 1e9) * 1e3
     row: dict[str, Any] = {"batch": batch, "floor_ms": round(floor_ms, 4)}
     for mode, graphs in (("eager", False), ("graphs", True)):
-        runner = make_runner(model, args, device, blocks_for(batch, args.prompt), graphs, batch)
-        decode = DecodeBatch(runner, batch, args.prompt)
+        decode = DecodeBatch(make_runner(model, args, device, batch, graphs), args, batch)
+        replays = decode.replays()
         ms = median_ms(decode.step, args.steps)
         row[mode] = {
+            "replayed": replays,
             "ms": ms,
             "tokens_per_s": round(batch / ms * 1e3),
             "read_gbs": round((weight_bytes + kv_bytes) / (ms * 1e6)),
             "x_floor": round(ms / floor_ms, 1),
             "kernels": kernels_per_step(decode.step, device),
         }
-        del runner, decode
+        del decode
     return row
 
 
@@ -214,16 +250,15 @@ def time_engine(model: LlamaForCausalLM, args: argparse.Namespace, device: torch
     from workers.model.sampler import SamplingParams
 
     spec = kv_spec(model.config, BLOCK_SIZE)
-    num_blocks = blocks_for(batch, args.prompt) + 16
+    num_blocks = batch * blocks_per_seq(args) + 16
     manager = build_kv_cache_manager(spec, num_blocks, namespace_digest=b"gpu-engine",
                                      worker_id="gpu-engine", device=device,
                                      secret=b"gpu-engine")
-    capture = CudaGraphCapture() if device.type == "cuda" else EagerCapture()
-    max_model_len = args.prompt + 4 * args.steps + 64
+    capture = ReplayCounter(device)
     runner = ModelRunner(model, manager.tensors.key_caches, manager.tensors.value_caches,
-                         BLOCK_SIZE, graphs=GraphPlan(capture, batch, max_model_len))
+                         BLOCK_SIZE, graphs=GraphPlan(capture, batch, max_model_len(args)))
     config = EngineConfig(max_batched_tokens=max(args.prompt * batch, 2048), max_num_seqs=batch)
-    engine = Engine(manager, runner, PromptTokenizer.demo(), config, max_model_len,
+    engine = Engine(manager, runner, PromptTokenizer.demo(), config, max_model_len(args),
                     EngineMetrics(CollectorRegistry()))
     generator = torch.Generator().manual_seed(2)
     sampling = SamplingParams(temperature=0, max_tokens=3 * args.steps + 8, ignore_eos=True)
@@ -235,11 +270,12 @@ def time_engine(model: LlamaForCausalLM, args: argparse.Namespace, device: torch
         engine.step()
     if device.type == "cuda":
         torch.cuda.synchronize()
-    start = time.perf_counter()
+    start, replays = time.perf_counter(), capture.replays
     for _ in range(args.steps):
         engine.step()
     ms = (time.perf_counter() - start) / args.steps * 1e3
-    return {"batch": batch, "ms": round(ms, 4), "tokens_per_s": round(batch / ms * 1e3)}
+    return {"batch": batch, "ms": round(ms, 4), "tokens_per_s": round(batch / ms * 1e3),
+            "replayed_steps": capture.replays - replays}
 
 
 def time_transformers(model: LlamaForCausalLM, args: argparse.Namespace,
@@ -257,7 +293,9 @@ def time_transformers(model: LlamaForCausalLM, args: argparse.Namespace,
         tie_word_embeddings=True)
     with device:
         hf = transformers.LlamaForCausalLM(hf_config).to(DTYPES[args.dtype]).eval()
-    hf.load_state_dict(model.state_dict(), strict=False)
+    missing = hf.load_state_dict(model.state_dict(), strict=False).missing_keys
+    if missing:
+        raise SystemExit(f"bench.gpu_engine: transformers' model lacks weights {missing[:3]}")
     hf.generation_config.eos_token_id = None
     hf.generation_config.pad_token_id = 0
     rows = []

@@ -36,6 +36,7 @@ def test_smoke_run_on_a_tiny_model(tmp_path, capsys):
     assert [row["batch"] for row in results["runner"]] == [1, 3]
     for row in results["runner"]:
         assert row["floor_ms"] > 0 and row["eager"]["ms"] > 0 and row["graphs"]["ms"] > 0
-    assert [row["batch"] for row in results["engine"]] == [1, 3]
+        assert row["graphs"]["replayed"] and not row["eager"]["replayed"]
+    assert [(row["batch"], row["replayed_steps"]) for row in results["engine"]] == [(1, 2), (3, 2)]
     assert [row["batch"] for row in results["transformers"]] == [1, 3]
     assert "| 3 |" in capsys.readouterr().out
