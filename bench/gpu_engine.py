@@ -104,6 +104,8 @@ def build_model(args: argparse.Namespace, device: torch.device) -> LlamaForCausa
     })
     with device:
         model = LlamaForCausalLM(config, DTYPES[args.dtype])
+    if device.type == "cuda":
+        model.merge_projections()  # as the loader does on CUDA
     return model.eval()
 
 

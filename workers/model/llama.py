@@ -28,9 +28,12 @@ from workers.attention.metadata import AttentionMetadata
 from workers.fused import ops
 from workers.lora.weights import LoraBatch
 from workers.model.config import ModelConfig
+from workers.model.merged import MergedProjection, merge_linears
 from workers.model.rope import RotaryEmbedding
 
 RopeTables = tuple[torch.Tensor, torch.Tensor]
+QKV = ("q_proj", "k_proj", "v_proj")
+GATE_UP = ("gate_proj", "up_proj")
 
 
 def _project(owner: nn.Module, name: str, layer: int, x: torch.Tensor,
@@ -38,6 +41,18 @@ def _project(owner: nn.Module, name: str, layer: int, x: torch.Tensor,
     """The projection ``owner.<name>`` of ``x``, plus its LoRA delta when there is one."""
     out = getattr(owner, name)(x)
     return out if lora is None else lora.add(layer, name, x, out)
+
+
+def _project_all(owner: nn.Module, names: tuple[str, ...], merged: MergedProjection | None,
+                 layer: int, x: torch.Tensor, lora: LoraBatch | None) -> list[torch.Tensor]:
+    """The projections ``names`` of ``x`` (one GEMM when ``merged``), each plus its LoRA
+    delta when there is one."""
+    if merged is None:
+        return [_project(owner, name, layer, x, lora) for name in names]
+    outs = merged(x)
+    if lora is None:
+        return list(outs)
+    return [lora.add(layer, name, x, out) for name, out in zip(names, outs, strict=True)]
 
 
 class RMSNorm(nn.Module):
@@ -75,6 +90,12 @@ class Attention(nn.Module):
         self.k_proj = nn.Linear(hidden, kv_size, bias=bias, **factory)
         self.v_proj = nn.Linear(hidden, kv_size, bias=bias, **factory)
         self.o_proj = nn.Linear(q_size, hidden, bias=config.o_proj_bias, **factory)
+        self.qkv: MergedProjection | None = None
+
+    def merge_projections(self) -> None:
+        """Compute q, k and v with one GEMM from now on (``workers.model.merged``)."""
+        if self.qkv is None:
+            self.qkv = merge_linears(self, QKV)
 
     def forward(
         self,
@@ -86,9 +107,7 @@ class Attention(nn.Module):
     ) -> torch.Tensor:
         """Attend ``hidden`` [T, hidden] over the cache after storing its own K/V there."""
         num_tokens, layer = hidden.shape[0], self.layer_index
-        query = _project(self, "q_proj", layer, hidden, lora)
-        key = _project(self, "k_proj", layer, hidden, lora)
-        value = _project(self, "v_proj", layer, hidden, lora)
+        query, key, value = _project_all(self, QKV, self.qkv, layer, hidden, lora)
         query = query.view(num_tokens, self.num_heads, self.head_dim)
         key = key.view(num_tokens, self.num_kv_heads, self.head_dim)
         value = value.view(num_tokens, self.num_kv_heads, self.head_dim)
@@ -109,13 +128,18 @@ class MLP(nn.Module):
         self.gate_proj = nn.Linear(hidden, inner, bias=bias, **factory)
         self.up_proj = nn.Linear(hidden, inner, bias=bias, **factory)
         self.down_proj = nn.Linear(inner, hidden, bias=bias, **factory)
+        self.gate_up: MergedProjection | None = None
+
+    def merge_projections(self) -> None:
+        """Compute gate and up with one GEMM from now on (``workers.model.merged``)."""
+        if self.gate_up is None:
+            self.gate_up = merge_linears(self, GATE_UP)
 
     def forward(self, x: torch.Tensor, lora: LoraBatch | None = None) -> torch.Tensor:
         """Apply the feed-forward block to ``x`` [T, hidden]."""
         layer = self.layer_index
-        inner = ops.silu_and_mul(_project(self, "gate_proj", layer, x, lora),
-                                 _project(self, "up_proj", layer, x, lora))
-        return _project(self, "down_proj", layer, inner, lora)
+        gate, up = _project_all(self, GATE_UP, self.gate_up, layer, x, lora)
+        return _project(self, "down_proj", layer, ops.silu_and_mul(gate, up), lora)
 
 
 class DecoderLayer(nn.Module):
@@ -201,6 +225,15 @@ class LlamaForCausalLM(nn.Module):
             hidden, residual = layer(hidden, residual, rope, cache, metadata, lora)
         assert residual is not None  # a model has at least one layer
         return self.model.norm.add(hidden, residual)[0]
+
+    def merge_projections(self) -> None:
+        """Every layer computes q/k/v and gate/up as one GEMM each from now on; the
+        parameters keep their names, values and memory (``workers.model.merged``).
+        The loader does it on CUDA; the CPU keeps transformers' separate GEMMs, whose
+        rounding the greedy-equality tests hold it to."""
+        for layer in self.model.layers:
+            layer.self_attn.merge_projections()
+            layer.mlp.merge_projections()
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """Float32 logits [N, vocab] of hidden states [N, hidden]."""

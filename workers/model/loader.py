@@ -97,12 +97,15 @@ def _meta_model(config: ModelConfig) -> LlamaForCausalLM:
 def _assemble(
     model: LlamaForCausalLM, state: Mapping[str, torch.Tensor], config: ModelConfig
 ) -> LlamaForCausalLM:
-    """Put ``state`` into the meta ``model`` (tying the head if the config says so)."""
+    """Put ``state`` into the meta ``model`` (tying the head if the config says so); on
+    CUDA, merge its q/k/v and gate/up projections (``LlamaForCausalLM.merge_projections``)."""
     state = dict(state)
     if config.tie_word_embeddings:
         state["lm_head.weight"] = state["model.embed_tokens.weight"]
     model.load_state_dict(state, strict=True, assign=True)
     model.tie_weights()
+    if model.lm_head.weight.is_cuda:
+        model.merge_projections()
     return model.eval()
 
 
