@@ -69,8 +69,10 @@ class WorkerIdentity:
     limit, the configured cap and the KV capacity, whichever is smallest.
     ``served_model_names`` are the names requests may use; responses carry the first
     (``model``). ``model_source`` is the model argument as given (``demo``, a packaged
-    name or a path). ``engine_version`` is the project's version (``radix.version``) and
-    ``attention_backend`` the kernels that write and read the KV blocks.
+    name or a path). ``engine_version`` is the project's version (``radix.version``),
+    ``attention_backend`` the kernels that write and read the KV blocks, and
+    ``decode_graph_sizes`` the batch sizes whose decode steps replay CUDA graphs (empty:
+    every step eager).
     """
 
     worker_id: str
@@ -85,6 +87,7 @@ class WorkerIdentity:
     kv_scales: KVScales
     engine_version: str
     attention_backend: str
+    decode_graph_sizes: tuple[int, ...] = ()
 
     @property
     def model(self) -> str:
@@ -108,6 +111,7 @@ class WorkerIdentity:
             "max_model_len": self.max_model_len,
             "engine_version": self.engine_version,
             "attention_backend": self.attention_backend,
+            "decode_graph_sizes": list(self.decode_graph_sizes),
         }
 
     def kv_plan_dict(self) -> dict[str, object]:
@@ -272,6 +276,8 @@ def build_worker(config: WorkerConfig, worker_id: str, secret: bytes) -> BuiltWo
         kv_scales=scales,
         engine_version=project_version(),
         attention_backend=backend_name(device),
+        decode_graph_sizes=(runner.graphs.sizes if isinstance(runner, ModelRunner)
+                            and runner.graphs is not None else ()),
     )
     _log_plan(identity, backend.source, device, config, num_host_blocks)
     if num_disk_blocks:

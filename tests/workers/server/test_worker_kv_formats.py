@@ -46,6 +46,7 @@ def test_ready_and_info_report_the_kv_dtype_and_the_scale_source(worker):
     assert ready["namespace"]["kv_scales_digest"] and ready["namespace"]["kv_dtype"] == "float8_e4m3fn"
     assert ready["engine_version"] == version("radix-router")
     assert ready["attention_backend"] == "torch-reference"
+    assert ready["decode_graph_sizes"] == []  # the CPU runs every step eagerly
     assert ready["namespace"]["kv_layout_version"] == KV_LAYOUT_VERSION
     status, info = worker.get_json("/info")
     assert status == 200 and info["kv_scales"] == ready["kv_scales"]
