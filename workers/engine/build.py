@@ -311,6 +311,8 @@ def _log_plan(identity: WorkerIdentity, source: str, device: torch.device,
              else "off")
     log.info("namespace fingerprint %s (prefix cache %s)", identity.namespace_digest,
              "on" if config.kv.prefix_cache else "off")
+    log.info("decode steps: %s", f"replayed from CUDA graphs at batch sizes "
+             f"{list(identity.decode_graph_sizes)}" if identity.decode_graph_sizes else "eager")
 
 
 def cache_namespace(
