@@ -323,20 +323,22 @@ def generate_s(hf: torch.nn.Module, prompts: torch.Tensor, num_tokens: int) -> f
 
 
 def print_table(results: dict[str, Any]) -> None:
-    """The decode table: one row per batch."""
+    """The decode table: one row per batch (``replayed``: graphed steps replayed a graph;
+    ``engine replays``: the engine's timed steps that did)."""
     print(f"device: {results['device']}; weights {results['weights_gib']} GiB; greedy tokens "
           f"with graphs == eager: {results['greedy_graphs_equal_eager']}")
     hf = {row["batch"]: row["ms"] for row in results["transformers"]}
-    engine = {row["batch"]: row["ms"] for row in results["engine"]}
-    print("| batch | floor ms | eager ms | kernels | graphs ms | kernels | graphs x floor | "
-          "graphs read GB/s | engine ms | transformers ms |")
-    print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    engine = {row["batch"]: row for row in results["engine"]}
+    print("| batch | floor ms | eager ms | kernels | graphs ms | kernels | replayed | "
+          "graphs x floor | graphs read GB/s | engine ms | engine replays | transformers ms |")
+    print("|---:|---:|---:|---:|---:|---:|:--:|---:|---:|---:|---:|---:|")
     for row in results["runner"]:
         eager, graphs = row["eager"], row["graphs"]
+        step = engine.get(row["batch"], {})
         print(f"| {row['batch']} | {row['floor_ms']} | {eager['ms']} | {eager['kernels']} | "
-              f"{graphs['ms']} | {graphs['kernels']} | {graphs['x_floor']} | "
-              f"{graphs['read_gbs']} | {engine.get(row['batch'], '-')} | "
-              f"{hf.get(row['batch'], '-')} |")
+              f"{graphs['ms']} | {graphs['kernels']} | {graphs['replayed']} | "
+              f"{graphs['x_floor']} | {graphs['read_gbs']} | {step.get('ms', '-')} | "
+              f"{step.get('replayed_steps', '-')} | {hf.get(row['batch'], '-')} |")
 
 
 if __name__ == "__main__":
