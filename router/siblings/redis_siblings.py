@@ -114,7 +114,7 @@ class RedisSiblings:
         self._link.on_resync(self._rejoin)
         await self._link.start()
         self._stream.start()
-        self._task = asyncio.create_task(self._sync())
+        self._task = asyncio.create_task(self._sync(), name="shared registry sync")
 
     async def close(self) -> None:
         """See ``Siblings.close``."""

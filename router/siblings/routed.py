@@ -55,7 +55,8 @@ class RoutedStream:
 
     def start(self) -> None:
         """Start the publisher and follower tasks."""
-        self._tasks = [asyncio.create_task(self._publish()), asyncio.create_task(self._follow())]
+        self._tasks = [asyncio.create_task(self._publish(), name="routed stream publisher"),
+                       asyncio.create_task(self._follow(), name="routed stream follower")]
 
     async def close(self) -> None:
         """Stop both tasks."""

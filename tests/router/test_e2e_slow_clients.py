@@ -67,7 +67,12 @@ def test_clients_that_never_read_do_not_lock_other_tenants_out(tmp_path: Path) -
         wait_until(lambda: status_of(router.url, BOB) == 200, 60, "the router to serve",
                    interval_s=0.2)
         stalled = [stalled_stream(router.url, ALICE) for _ in range(NUM_STALLED)]
-        time.sleep(3.0)  # past the write timeout: the stalled requests have ended
+        # Past the 1 s write timeout the stalled requests end and free the worker. 8 s
+        # leaves a loaded machine room (a fixed 3 s sleep failed once in CI) and stays
+        # short of what generating 3,500 tokens each takes, so stalled requests left
+        # to run to their end would still fail the test.
+        wait_until(lambda: status_of(router.url, BOB) == 200, 8,
+                   "the stalled requests to end", interval_s=0.5)
         statuses = [status_of(router.url, BOB) for _ in range(5)]
         assert statuses == [200] * 5, statuses
         for sock in stalled:

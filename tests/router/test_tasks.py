@@ -1,4 +1,5 @@
-"""cancel_and_wait: the task ends, and a cancel of the caller is never swallowed."""
+"""cancel_and_wait: the task ends, even one that swallows a cancel, and a cancel of the
+caller is never swallowed."""
 
 from __future__ import annotations
 
@@ -49,5 +50,46 @@ def test_a_cancel_of_the_caller_while_it_waits_propagates() -> None:
         with pytest.raises(asyncio.CancelledError):
             await asyncio.wait_for(closer, 1.0)
         assert rounds == [1] and inner.done()
+
+    asyncio.run(main())
+
+
+async def swallows_one_cancel(rounds: list[int]) -> None:
+    """A poll loop that, like a library catching CancelledError, survives one cancel."""
+    swallowed = False
+    while True:
+        rounds.append(1)
+        try:
+            await asyncio.sleep(0.01)
+        except asyncio.CancelledError:
+            if swallowed:
+                raise
+            swallowed = True
+
+
+def test_a_task_that_swallows_a_cancel_is_cancelled_again(caplog) -> None:
+    async def main() -> None:
+        rounds: list[int] = []
+        task = asyncio.create_task(swallows_one_cancel(rounds))
+        await asyncio.sleep(0.02)
+        await asyncio.wait_for(cancel_and_wait(task, recancel_s=0.05), 1.0)
+        assert task.cancelled() and len(rounds) >= 3
+
+    asyncio.run(main())
+    assert "carried on after a cancel" in caplog.text
+
+
+def test_an_error_the_task_ended_with_is_raised_to_the_closer() -> None:
+    async def fails() -> None:
+        try:
+            await asyncio.sleep(10)
+        except asyncio.CancelledError:
+            raise RuntimeError("cleanup failed") from None
+
+    async def main() -> None:
+        task = asyncio.create_task(fails())
+        await asyncio.sleep(0)
+        with pytest.raises(RuntimeError, match="cleanup failed"):
+            await cancel_and_wait(task)
 
     asyncio.run(main())

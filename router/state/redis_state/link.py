@@ -121,7 +121,7 @@ class RedisLink:
         """One heartbeat now (so a router that can reach Redis starts with the shared
         state loaded), then one every ``heartbeat_interval_s`` in a task."""
         await self.beat()
-        self._task = asyncio.create_task(self._run())
+        self._task = asyncio.create_task(self._run(), name="shared state heartbeat")
 
     async def close(self) -> None:
         """Stop the heartbeat, drop this router's lease (its slots stop counting at
