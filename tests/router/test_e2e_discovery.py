@@ -67,7 +67,8 @@ async def test_a_router_process_follows_pods_to_real_workers(tmp_path, worker_fa
         server.delete("radix-worker-0")
         server.add_pod("radix-worker-0", "127.0.0.1", w2, LABELS)
         moved = {"radix-worker-0": (f"http://127.0.0.1:{w2}", True)}
-        await eventually(lambda: _check(router, lambda s: s == moved), timeout_s=30)
+        await eventually(lambda: _check(router, lambda s: s == moved), timeout_s=30,
+                         describe=lambda: router.log_text()[-4000:])
         status, _ = await asyncio.to_thread(complete, router, "after the move")
         assert status == 200
 

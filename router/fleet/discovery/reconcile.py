@@ -42,6 +42,7 @@ from router.tasks import cancel_and_wait
 
 log = logging.getLogger(__name__)
 MODEL_RETRY_S = 5.0
+FAILED_PASS_RETRY_S = 1.0
 MODEL_UNKNOWN = "its /v1/models lists no model of this router (yet)"
 
 
@@ -91,11 +92,16 @@ class DiscoveredWorkers:
             self._wake.clear()
             try:
                 await self._reconcile(self._wanted)
-            except Exception:  # a bug here must not end discovery
-                log.exception("reconciling discovered workers failed")
+            except Exception:  # a bug here must not end discovery, nor stall it
+                log.exception("reconciling discovered workers failed; again in %gs",
+                              FAILED_PASS_RETRY_S)
+                await asyncio.sleep(FAILED_PASS_RETRY_S)
+                self._wake.set()
 
     async def _reconcile(self, wanted: Mapping[str, PodEndpoint]) -> None:
         for worker_id, added in list(self._added.items()):
+            if self._added.get(worker_id) is not added:
+                continue  # gone while this pass awaited: its drain ended meanwhile
             endpoint = wanted.get(worker_id)
             registered = self._registry.get(worker_id)
             if registered is None or not registered.discovered:  # removed by an admin
