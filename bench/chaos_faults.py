@@ -56,6 +56,7 @@ class Deployment:
         self.up = UpProcess(self.config_path, log=self.workdir / "up.log")
         self.routers: list[str] = []
         self.metrics: list[str] = []
+        self._worker_key: str | None = None
 
     async def start(self, session: aiohttp.ClientSession) -> None:
         await asyncio.to_thread(self.up.wait_banner)
@@ -63,16 +64,22 @@ class Deployment:
         self.metrics = [self.up.metrics_url(name) for name in ROUTERS]
         if not await wait_healthy(session, self, 120.0):
             raise RuntimeError("chaos deployment not healthy after start:\n" + self.up.output())
+        self.worker_key()
 
     @property
     def redis_port(self) -> int:
         return int(self.up.url("redis").rsplit(":", 1)[1].split("/")[0])
 
     def worker_key(self) -> str:
-        """The worker API key ``up`` generated (from a worker's environment)."""
-        raw = Path(f"/proc/{self.up.pid('w0')}/environ").read_bytes().split(b"\0")
-        env = dict(item.decode().partition("=")[::2] for item in raw if item)
-        return env["RADIX_WORKER_API_KEY"]
+        """The worker API key ``up`` generated for the whole run (every worker, and
+        every restart of one, gets the same), read from a worker's environment once,
+        while the deployment is known to be healthy: later, the worker read from may be
+        between a chaos kill and its restart."""
+        if self._worker_key is None:
+            raw = Path(f"/proc/{self.up.pid('w0')}/environ").read_bytes().split(b"\0")
+            env = dict(item.decode().partition("=")[::2] for item in raw if item)
+            self._worker_key = env["RADIX_WORKER_API_KEY"]
+        return self._worker_key
 
 
 async def healthy(session: aiohttp.ClientSession, deployment: Deployment) -> bool:
