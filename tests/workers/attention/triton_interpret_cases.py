@@ -8,26 +8,19 @@ max abs error, or the error text.
 
 from __future__ import annotations
 
-import json
 import os
-from collections.abc import Callable
 
 import torch
 
+from tests.support.triton_interpreter import Cases
 from tests.workers.attention.paged_cases import make_case
 from workers.attention import reference, triton_kernels
 
 assert os.environ.get("TRITON_INTERPRET") == "1", "run with TRITON_INTERPRET=1"
 
-CASES: dict[str, Callable[[], float]] = {}
+CASES = Cases()
+case = CASES.case
 
-
-def case(name: str) -> Callable[[Callable[[], float]], Callable[[], float]]:
-    def register(fn: Callable[[], float]) -> Callable[[], float]:
-        CASES[name] = fn
-        return fn
-
-    return register
 
 
 def prefill_error(
@@ -197,10 +190,4 @@ for fmt in FP8:
 
 
 if __name__ == "__main__":
-    results: dict[str, float | str] = {}
-    for name, fn in CASES.items():
-        try:
-            results[name] = fn()
-        except Exception as exc:  # reported per case by the pytest side
-            results[name] = f"{type(exc).__name__}: {exc}"
-    print(json.dumps(results))
+    CASES.report()

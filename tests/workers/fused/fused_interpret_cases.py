@@ -11,26 +11,20 @@ Inputs are bounded (clamped normals) so every output stays below 4 in magnitude;
 
 from __future__ import annotations
 
-import json
 import os
 from collections.abc import Callable
 
 import torch
 
+from tests.support.triton_interpreter import Cases
 from workers.fused import reference, triton_kernels
 
 assert os.environ.get("TRITON_INTERPRET") == "1", "run with TRITON_INTERPRET=1"
 
-CASES: dict[str, Callable[[], float]] = {}
+CASES = Cases()
+case = CASES.case
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
-
-def case(name: str) -> Callable[[Callable[[], float]], Callable[[], float]]:
-    def register(fn: Callable[[], float]) -> Callable[[], float]:
-        CASES[name] = fn
-        return fn
-
-    return register
 
 
 def bounded(generator: torch.Generator, *shape: int, limit: float = 2.5) -> torch.Tensor:
@@ -172,10 +166,4 @@ def rejects() -> float | str:
 
 
 if __name__ == "__main__":
-    results: dict[str, float | str] = {}
-    for name, fn in CASES.items():
-        try:
-            results[name] = fn()
-        except Exception as exc:  # reported per case by the pytest side
-            results[name] = f"{type(exc).__name__}: {exc}"
-    print(json.dumps(results))
+    CASES.report()

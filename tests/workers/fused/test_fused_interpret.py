@@ -6,14 +6,9 @@ fused_interpret_cases.py); each case is reported as its own test here.
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
-
 import pytest
 
-from harness.procs import REPO_ROOT
+from tests.support.triton_interpreter import run_cases_module
 
 # Its module-scoped process starts once: the whole module runs on one xdist worker.
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("fused_interpret")]
@@ -59,13 +54,7 @@ BFLOAT16_TOLERANCE = 4 * 2**-6
 
 @pytest.fixture(scope="module")
 def results() -> dict[str, float | str]:
-    env = {**os.environ, "TRITON_INTERPRET": "1"}
-    done = subprocess.run(
-        [sys.executable, "-m", CASES_MODULE], cwd=REPO_ROOT, env=env, capture_output=True,
-        text=True, timeout=240,
-    )
-    assert done.returncode == 0, done.stderr[-4000:]
-    return json.loads(done.stdout.strip().splitlines()[-1])
+    return run_cases_module(CASES_MODULE)[0]
 
 
 def test_every_case_ran(results):

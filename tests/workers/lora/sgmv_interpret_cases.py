@@ -8,13 +8,13 @@ and prints one JSON object: dtype name -> "ok", or the falsifying example's erro
 
 from __future__ import annotations
 
-import json
 import os
 
 import torch
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
+from tests.support.triton_interpreter import Cases
 from tests.workers.lora.lora_cases import error_in_ulps, make_problem
 from workers.lora.sgmv import lora_delta_triton
 
@@ -82,11 +82,6 @@ def run_property(dtype: torch.dtype) -> None:
 
 
 if __name__ == "__main__":
-    results: dict[str, str] = {}
-    for name, dtype in DTYPES.items():
-        try:
-            run_property(dtype)
-            results[name] = "ok"
-        except Exception as exc:  # reported per dtype by the pytest side
-            results[name] = f"{type(exc).__name__}: {exc}"
-    print(json.dumps(results))
+    CASES = Cases({name: (lambda dtype=dtype: run_property(dtype) or "ok")
+                   for name, dtype in DTYPES.items()})
+    CASES.report()
