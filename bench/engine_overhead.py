@@ -37,7 +37,7 @@ import torch
 from prometheus_client import CollectorRegistry
 
 from workers.config import EngineConfig
-from workers.engine.build import kv_spec
+from workers.build import kv_spec
 from workers.engine.engine import Engine
 from workers.engine.metrics import EngineMetrics
 from workers.engine.request import GenerationParams, GenerationRequest

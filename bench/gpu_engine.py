@@ -244,7 +244,7 @@ def time_engine(model: LlamaForCausalLM, args: argparse.Namespace, device: torch
 
     from radix.tokenizer import PromptTokenizer
     from workers.config import EngineConfig
-    from workers.engine.build import kv_spec
+    from workers.build import kv_spec
     from workers.engine.engine import Engine
     from workers.engine.metrics import EngineMetrics
     from workers.engine.request import GenerationParams, GenerationRequest

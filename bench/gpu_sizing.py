@@ -1,7 +1,7 @@
 """GPU sizing check: a worker sized by ``gpu_memory_utilization`` stays within it.
 
 Builds the worker's engine as ``python -m workers --device cuda`` would
-(``workers.engine.build.build_worker``, the KV cache sized by ``--gpu-memory-utilization
+(``workers.build.build_worker``, the KV cache sized by ``--gpu-memory-utilization
 F`` with ``kv.cache_bytes`` unset), then serves one request whose prompt is the
 largest step (``engine.max_batched_tokens`` tokens) and reads torch's CUDA memory
 counters: total GPU memory, what torch held before the build, after it (weights and
@@ -21,7 +21,7 @@ import torch
 
 from radix.namespace import load_secret
 from workers.config import EngineConfig, KVSettings, LoraSettings, ModelSettings, WorkerConfig
-from workers.engine.build import build_worker
+from workers.build import build_worker
 from workers.engine.request import GenerationParams, GenerationRequest
 from workers.model.sampler import SamplingParams
 

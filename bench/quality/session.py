@@ -20,7 +20,7 @@ import torch
 
 from radix.tree import Scope
 from workers.config import DEFAULT_CACHE_BYTES, WorkerConfig
-from workers.engine.build import kv_scales, kv_spec
+from workers.build import kv_scales, kv_spec
 from workers.kv.build import build_kv_cache_manager
 from workers.kv.ids import SeqId
 from workers.kv.plan import plan_kv_cache

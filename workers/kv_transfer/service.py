@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 from radix.hashing import BlockHasher
 from workers.config import KVTransferConfig
-from workers.engine.build import BuiltWorker
+from workers.build import BuiltWorker
 from workers.kv_transfer.consumer import Consumer
 from workers.kv_transfer.identity import TransferIdentity
 from workers.kv_transfer.metrics import TransferMetrics

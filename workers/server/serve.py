@@ -30,7 +30,7 @@ from aiohttp import web
 
 from workers.config import WorkerConfig
 from workers.engine.async_engine import AsyncEngine
-from workers.engine.build import build_worker
+from workers.build import build_worker
 from workers.engine.selftest import keep_ready, run_self_test
 from workers.kv_transfer.service import KVTransfer
 from workers.model.timed import timed_link_s_per_block, timed_profile

@@ -12,7 +12,7 @@ from radix.openai.fields import Fields
 from radix.openai.json_body import decode_json_object
 from workers.config import ServerConfig
 from workers.engine.async_engine import AsyncEngine
-from workers.engine.build import BuiltWorker, WorkerIdentity
+from workers.build import BuiltWorker, WorkerIdentity
 from workers.kv_transfer.service import KVTransfer
 from workers.server.sampling import RequestLimits
 

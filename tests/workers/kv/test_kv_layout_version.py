@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 from radix.tokenizer import PromptTokenizer
-from workers.engine.build import cache_namespace
+from workers.build import cache_namespace
 from workers.kv.scales import KVScales
 from workers.kv.spec import KVCacheSpec
 from workers.kv.tensors import KV_LAYOUT_FINGERPRINTS, KV_LAYOUT_VERSION, layout_fingerprint

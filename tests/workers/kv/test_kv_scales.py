@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from radix.namespace import CacheNamespace
-from workers.engine.build import cache_namespace, kv_scales, kv_spec
+from workers.build import cache_namespace, kv_scales, kv_spec
 from workers.kv.plan import plan_kv_cache
 from workers.kv.scales import KVScales, calibration_record, fp8_max, load_scales
 from workers.kv.spec import KVCacheSpec

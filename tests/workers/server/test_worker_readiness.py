@@ -9,7 +9,7 @@ import pytest
 
 from tests.support.aio import eventually, serving
 from workers.config import KVSettings, WorkerConfig
-from workers.engine.build import build_worker
+from workers.build import build_worker
 from workers.engine.selftest import run_self_test
 from workers.server.app import create_app
 from workers.server.state import ServerState
