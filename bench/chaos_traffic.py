@@ -28,6 +28,8 @@ from dataclasses import dataclass
 
 import aiohttp
 
+from harness.sse import data_payloads
+
 MAX_TOKENS = 16
 REQUEST_TIMEOUT_S = 90.0
 
@@ -81,11 +83,7 @@ def _choice_text(choice: dict, chat: bool, stream: bool) -> str:
 async def _read_stream(response: aiohttp.ClientResponse, chat: bool) -> tuple[str, str | None, bool]:
     """(text, error message or None, whether ``[DONE]`` came)."""
     text: list[str] = []
-    async for raw in response.content:
-        line = raw.decode(errors="replace").strip()
-        if not line.startswith("data:"):
-            continue
-        data = line[len("data:"):].strip()
+    async for data in data_payloads(response.content):
         if data == "[DONE]":
             return "".join(text), None, True
         event = json.loads(data)

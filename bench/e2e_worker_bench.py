@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import statistics
 import time
 from dataclasses import asdict, dataclass
@@ -24,6 +23,7 @@ from dataclasses import asdict, dataclass
 import aiohttp
 
 from harness.procs import start_worker
+from harness.sse import json_events
 
 CONCURRENCY = (1, 8, 32)
 MODES = {"cache on": (), "cache off": ("--no-prefix-cache",)}
@@ -57,11 +57,7 @@ async def one_request(
     ttft, token_ids_out = None, []
     async with session.post(f"{url}/generate", json=body) as response:
         response.raise_for_status()
-        async for raw in response.content:
-            line = raw.strip()
-            if not line.startswith(b"data: {"):
-                continue
-            event = json.loads(line[len(b"data: "):])
+        async for event in json_events(response.content):
             if event.get("token_ids"):
                 ttft = ttft if ttft is not None else time.perf_counter() - started
                 token_ids_out += event["token_ids"]

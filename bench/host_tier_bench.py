@@ -24,7 +24,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import json
 import random
 import statistics
 import tempfile
@@ -41,6 +40,7 @@ from harness.procs import (
     start_worker,
     wait_routable,
 )
+from harness.sse import json_events
 from router.up.launcher import stop_all
 
 DEMO_KV_BYTES_PER_TOKEN = 2 * 4 * 4 * 32 * 4  # layers x kv heads x head dim x fp32, K and V
@@ -97,11 +97,7 @@ async def one_request(
     ttft, usage = None, None
     async with session.post(f"{url}/v1/completions", json=body) as response:
         response.raise_for_status()
-        async for raw in response.content:
-            line = raw.strip()
-            if not line.startswith(b"data: {"):
-                continue
-            chunk = json.loads(line[len(b"data: ") :])
+        async for chunk in json_events(response.content):
             if chunk.get("choices") and ttft is None:
                 ttft = time.perf_counter() - started
             usage = chunk.get("usage") or usage

@@ -41,6 +41,7 @@ import numpy as np
 from bench import peers
 from bench.e2e import PHASES, results_key
 from harness.procs import ManagedProcess, http_json, router_args, start_process
+from harness.sse import data_payloads
 from harness.vllm_servers import SERVED_MODEL, SMOLLM2_DIR, VllmServer, available
 from router.front.auth import hash_key
 
@@ -134,8 +135,8 @@ async def drive(url: str, key: str, prompts: list[str], num_clients: int
                                         headers=headers) as resp:
                     if resp.status != 200:
                         return None, f"HTTP {resp.status}: {(await resp.text())[:200]}"
-                    async for line in resp.content:
-                        if ttft is None and line.startswith(b"data: {"):
+                    async for payload in data_payloads(resp.content):
+                        if ttft is None and payload.startswith("{"):
                             ttft = time.perf_counter() - start
             except (aiohttp.ClientError, TimeoutError) as exc:
                 return ttft, f"{type(exc).__name__}: {exc}"

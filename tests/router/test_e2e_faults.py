@@ -29,6 +29,7 @@ from typing import Any
 import pytest
 
 from harness.procs import ManagedProcess, start_router, start_worker
+from harness.sse import data_payload
 from router.up.launcher import RedisServer
 from tests.support.polling import wait_until
 from tests.support.router_calls import admin
@@ -153,10 +154,10 @@ def client_answer(router: ManagedProcess, request: dict[str, Any],
                 return Answer(200, whole["choices"][0]["text"], whole["usage"])
             texts, usage, error = [], None, None
             for raw in response:
-                line = raw.decode().strip()
-                if not line.startswith("data: ") or line == "data: [DONE]":
+                payload = data_payload(raw.decode())
+                if payload is None or payload == "[DONE]":
                     continue
-                event = json.loads(line[6:])
+                event = json.loads(payload)
                 if "error" in event:
                     error = event["error"]
                     continue

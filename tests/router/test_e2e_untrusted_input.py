@@ -25,6 +25,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from harness.procs import ManagedProcess, start_router, start_worker
+from harness.sse import data_lines
 from radix.tokenizer import PromptTokenizer
 from tests.support.polling import wait_until
 from tests.support.router_configs import ALICE, BOB, auth_section, model_table, to_toml, worker_list
@@ -90,8 +91,8 @@ def post(process: ManagedProcess, path: str, body: object, key: str | None = ALI
          ) -> tuple[int, Any]:
     status, raw = post_raw(f"{process.url}{path}", json.dumps(body).encode(), key)
     if raw.startswith(b"data: "):
-        return status, [json.loads(line[6:]) for line in raw.decode().split("\n")
-                        if line.startswith("data: {")]
+        return status, [json.loads(frame) for frame in data_lines(raw.decode())
+                        if frame.startswith("{")]
     return status, json.loads(raw)
 
 

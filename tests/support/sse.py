@@ -5,14 +5,11 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from harness.sse import data_lines
+
 # A streamed completions request that asks for the usage chunk.
 STREAM = {"model": "demo", "prompt": "hello", "max_tokens": 3, "stream": True,
           "stream_options": {"include_usage": True}}
-
-
-def data_lines(text: str) -> list[str]:
-    """The payloads of the ``data:`` lines of ``text``, in order."""
-    return [line[6:] for line in text.split("\n") if line.startswith("data: ")]
 
 
 def sse_objects(text: str) -> list[Any]:

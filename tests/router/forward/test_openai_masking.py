@@ -12,10 +12,11 @@ import pytest
 from aiohttp import web
 
 from harness import instant_upstream
+from harness.sse import data_lines
 from radix.openai.responses import sse_frame
 from tests.support.aio import ALICE, running_router, scripted_stream, serving
 from tests.support.router_configs import make_config
-from tests.support.sse import STREAM, data_lines
+from tests.support.sse import STREAM
 
 pytestmark = pytest.mark.anyio
 BACKEND_MODEL = "/srv/models/qwen2.5-7b-instruct"

@@ -16,6 +16,7 @@ import pytest
 from aiohttp import web
 
 from harness import instant_upstream
+from harness.sse import data_lines
 from radix.keys import from_key
 from radix.openai.rendered import rendered_answer
 from radix.openai.responses import TokenUsage, sse_frame
@@ -174,7 +175,7 @@ async def test_a_stream_whose_choices_all_finished_completes_without_another_wor
 async def test_n_above_one_is_not_resumed_after_the_first_byte() -> None:
     steps = [delta(101, "e", index=0), delta(102, "x", index=1)]
     status, text, seen, _ = await ask("reset", {**STREAM, "n": 2}, steps)
-    frames_out = [line[6:] for line in text.split("\n") if line.startswith("data: ")]
+    frames_out = data_lines(text)
     assert status == 200 and not seen
     assert frames_out[-1] == "[DONE]"
     assert json.loads(frames_out[-2])["error"]["code"] == "upstream_error"
@@ -200,6 +201,6 @@ async def test_an_openai_worker_cut_mid_stream_ends_with_an_error_event() -> Non
             aiohttp.ClientSession() as session, \
             session.post(f"{url}/v1/completions", json=STREAM, headers=ALICE) as resp:
         text = await resp.text()
-    frames = [line[6:] for line in text.split("\n") if line.startswith("data: ")]
+    frames = data_lines(text)
     assert json.loads(frames[0])["choices"][0]["text"] == "a"
     assert json.loads(frames[-2])["error"]["code"] == "upstream_error" and frames[-1] == "[DONE]"

@@ -12,12 +12,13 @@ import pytest
 from aiohttp import web
 
 from harness import instant_upstream
+from harness.sse import data_lines
 from radix.openai.rendered import RenderedAnswer, RenderSpec
 from radix.openai.requests import CHAT, COMPLETIONS
 from radix.openai.responses import ResponseShape, TokenUsage, sse_frame
 from tests.support.aio import ALICE, eventually, running_router, scripted_stream, serving
 from tests.support.router_configs import make_config
-from tests.support.sse import STREAM, data_lines, sse_objects
+from tests.support.sse import STREAM, sse_objects
 
 pytestmark = pytest.mark.anyio
 

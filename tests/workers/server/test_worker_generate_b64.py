@@ -12,6 +12,7 @@ import pytest
 
 from harness.procs import ManagedProcess, start_worker
 from radix.keys import to_key
+from tests.support.sse import sse_objects
 
 # Its module-scoped processes start once: the whole module runs on one xdist worker.
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("worker_generate_b64")]
@@ -37,9 +38,7 @@ def stream_events(worker: ManagedProcess, body: dict[str, object]) -> list[dict[
         f"{worker.url}/generate", data=json.dumps({**body, "stream": True}).encode(),
         headers={"Content-Type": "application/json"})
     raw = urllib.request.urlopen(request).read().decode()
-    frames = [line[6:] for line in raw.splitlines() if line.startswith("data: ")]
-    assert frames[-1] == "[DONE]"
-    return [{k: v for k, v in json.loads(f).items() if k != "request_id"} for f in frames[:-1]]
+    return [{k: v for k, v in event.items() if k != "request_id"} for event in sse_objects(raw)]
 
 
 def test_b64_prompt_generates_what_the_id_list_does(worker):

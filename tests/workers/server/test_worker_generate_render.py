@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 
 from harness.procs import ManagedProcess, start_worker
+from harness.sse import data_lines
 from radix.openai.rendered import TOKENS_PREFIX, USAGE_PREFIX
 
 # Its module-scoped processes start once: the whole module runs on one xdist worker.
@@ -43,8 +44,8 @@ def plain_run(worker) -> tuple[list[int], list[str]]:
     """The plain stream's token ids, and the text each event (one token each) carried."""
     status, text = post(worker, PROMPT)
     assert status == 200
-    events = [json.loads(line[6:]) for line in text.split("\n")
-              if line.startswith("data: {") and '"index"' in line]
+    events = [json.loads(frame) for frame in data_lines(text)
+              if frame.startswith("{") and '"index"' in frame]
     assert all(len(e["token_ids"]) == 1 for e in events)
     return [e["token_ids"][0] for e in events], [e["text"] for e in events]
 
@@ -56,7 +57,7 @@ def rendered_lines(text: str) -> tuple[list[dict], list[dict], list[dict], list[
               if line.startswith(TOKENS_PREFIX.decode())]
     usage = [json.loads(line[len(USAGE_PREFIX):]) for line in lines
              if line.startswith(USAGE_PREFIX.decode())]
-    data = [line[6:] for line in lines if line.startswith("data: ")]
+    data = data_lines(text)
     objects = [json.loads(d) for d in data if d != "[DONE]"]
     return tokens, usage, objects, data
 
