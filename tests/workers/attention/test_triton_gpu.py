@@ -5,14 +5,11 @@ from __future__ import annotations
 import pytest
 import torch
 
+from tests.support.gpu import ON_GPU
 from tests.workers.attention.paged_cases import make_case
 from workers.attention import reference
 
-pytestmark = [
-    pytest.mark.gpu,
-    pytest.mark.xdist_group("gpu"),  # one device: one test on it at a time
-    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device"),
-]
+pytestmark = ON_GPU
 TOLERANCE = {torch.float32: 1e-4, torch.float16: 2e-3, torch.bfloat16: 2e-2}
 
 

@@ -3,9 +3,9 @@ CUDA ``gpu_memory_utilization`` unless bytes are configured."""
 
 from __future__ import annotations
 
-import pytest
 import torch
 
+from tests.support.gpu import on_gpu
 from tests.workers.engine.engine_support import demo_model
 from workers.config import DEFAULT_CACHE_BYTES, KVSettings, WorkerConfig
 from workers.build import kv_spec
@@ -22,9 +22,7 @@ def test_the_cpu_uses_bytes_configured_or_the_default():
     assert kv_budget(configured, cpu, loaded.model, spec, 2048) == (2**20, "kv_cache_bytes")
 
 
-@pytest.mark.gpu
-@pytest.mark.xdist_group("gpu")  # one device: one test on it at a time
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@on_gpu
 def test_cuda_sizes_from_the_utilization_less_weights_and_peak_activation():
     from workers.model.demo import ensure_demo_checkpoint
     from workers.model.loader import load_model

@@ -5,13 +5,10 @@ from __future__ import annotations
 import pytest
 import torch
 
+from tests.support.gpu import ON_GPU
 from workers.fused import reference
 
-pytestmark = [
-    pytest.mark.gpu,
-    pytest.mark.xdist_group("gpu"),  # one device: one test on it at a time
-    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device"),
-]
+pytestmark = ON_GPU
 # One ulp of the dtype at the outputs' magnitude (below 4) on hardware that rounds to
 # nearest; fp32 differs only in summation order.
 TOLERANCE = {torch.float32: 1e-5, torch.float16: 4e-3, torch.bfloat16: 3.2e-2}

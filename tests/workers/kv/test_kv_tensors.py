@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from tests.support.gpu import on_gpu
 from workers.kv.spec import KVCacheSpec
 from workers.kv.tensors import KVCacheTensors, free_memory_budget
 
@@ -45,9 +46,7 @@ def test_free_memory_budget_needs_cuda():
         free_memory_budget(0.9, "cpu", 0)
 
 
-@pytest.mark.gpu
-@pytest.mark.xdist_group("gpu")  # one device: one test on it at a time
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@on_gpu
 def test_cuda_fp8_copy_and_budget():
     spec = KVCacheSpec(2, 2, 8, "fp8", 16)
     kv = KVCacheTensors(spec, num_blocks=4, device="cuda")

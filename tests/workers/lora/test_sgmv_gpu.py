@@ -5,14 +5,11 @@ from __future__ import annotations
 import pytest
 import torch
 
+from tests.support.gpu import ON_GPU
 from tests.workers.lora.lora_cases import error_in_ulps, make_problem
 from workers.lora.delta import lora_delta
 
-pytestmark = [
-    pytest.mark.gpu,
-    pytest.mark.xdist_group("gpu"),  # one device: one test on it at a time
-    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device"),
-]
+pytestmark = ON_GPU
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])

@@ -5,17 +5,14 @@ from __future__ import annotations
 import pytest
 import torch
 
+from tests.support.gpu import ON_GPU
 from tests.workers.model.hf_checkpoints import new_caches
 from workers.model.demo import ensure_demo_checkpoint
 from workers.model.loader import load_model
 from workers.model.runner import GraphPlan, ModelRunner
 from workers.model.step_input import StepInput
 
-pytestmark = [
-    pytest.mark.gpu,
-    pytest.mark.xdist_group("gpu"),  # one device: one test on it at a time
-    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device"),
-]
+pytestmark = ON_GPU
 
 
 def greedy(runner: ModelRunner, prompts: list[list[int]], num_tokens: int,
