@@ -209,17 +209,26 @@ def summarize(outcomes: list, per_worker: list[int], wall_s: float) -> dict[str,
     """One phase's figures (module docstring)."""
     ok = [o for o in outcomes if o[4] is None]
     ttft = np.array([o[2] for o in ok if o[2] is not None]) if ok else np.array([np.nan])
-    mean = max(float(np.mean(per_worker)), 1e-9)
+    return figures(outcomes, ok, ttft, ("output_tokens_per_s", sum(o[3] for o in ok) / wall_s),
+                   per_worker, wall_s)
+
+
+def figures(outcomes: list, ok: list, ttft_s: np.ndarray, rate: tuple[str, float],
+            per_worker: list[int], wall_s: float) -> dict[str, object]:
+    """The figures of one run, in the order reported: request and error counts and the
+    first error (of ``outcomes``), the cached fraction (of ``ok``), TTFT p50/p99 (of
+    ``ttft_s``), the ``rate`` (name, value), the requests per worker and their max/mean,
+    and ``wall_s``."""
     return {
         "num_requests": len(outcomes),
         "num_errors": len(outcomes) - len(ok),
         "first_error": next((o[4] for o in outcomes if o[4]), None),
         "cached_fraction": sum(o[1] for o in ok) / max(sum(o[0] for o in ok), 1),
-        "ttft_p50_s": float(np.percentile(ttft, 50)),
-        "ttft_p99_s": float(np.percentile(ttft, 99)),
-        "output_tokens_per_s": sum(o[3] for o in ok) / wall_s,
+        "ttft_p50_s": float(np.percentile(ttft_s, 50)),
+        "ttft_p99_s": float(np.percentile(ttft_s, 99)),
+        rate[0]: rate[1],
         "requests_per_worker": per_worker,
-        "max_over_mean_load": max(per_worker) / mean,
+        "max_over_mean_load": max(per_worker) / max(float(np.mean(per_worker)), 1e-9),
         "wall_s": wall_s,
     }
 

@@ -50,6 +50,7 @@ from bench.e2e import (
     PHASES,
     WORKER_KEY,
     drive,
+    figures,
     requests_served,
     router,
     stream_completion,
@@ -126,18 +127,8 @@ def summarize(outcomes: list[Outcome], per_worker: list[int], wall_s: float, sca
     """One run's figures, in profile seconds."""
     ok = [o for o in outcomes if o[4] is None and o[2] is not None]
     ttft = np.array([o[2] / scale for o in ok]) if ok else np.array([np.nan])
-    return {
-        "num_requests": len(outcomes),
-        "num_errors": len(outcomes) - len(ok),
-        "first_error": next((o[4] for o in outcomes if o[4]), None),
-        "cached_fraction": sum(o[1] for o in ok) / max(sum(o[0] for o in ok), 1),
-        "ttft_p50_s": float(np.percentile(ttft, 50)),
-        "ttft_p99_s": float(np.percentile(ttft, 99)),
-        "goodput_rps": float((ttft <= slo_s).sum()) / (wall_s / scale),
-        "requests_per_worker": per_worker,
-        "max_over_mean_load": max(per_worker) / max(float(np.mean(per_worker)), 1e-9),
-        "wall_s": wall_s,
-    }
+    goodput_rps = float((ttft <= slo_s).sum()) / (wall_s / scale)
+    return figures(outcomes, ok, ttft, ("goodput_rps", goodput_rps), per_worker, wall_s)
 
 
 def run_cell(setup: str, started: list, requests: list[TraceRequest], load: str, rps: float,
