@@ -11,6 +11,8 @@ import subprocess
 import sys
 from collections.abc import Callable
 
+import pytest
+
 from harness.procs import REPO_ROOT
 
 Case = Callable[[], float | str]
@@ -47,3 +49,26 @@ def run_cases_module(module: str, timeout_s: float = 240) -> tuple[dict, str]:
                           capture_output=True, text=True, timeout=timeout_s)
     assert done.returncode == 0, done.stderr[-4000:]
     return json.loads(done.stdout.strip().splitlines()[-1]), done.stdout
+
+
+def error_suite(cases_module: str, case_names: list[str], tolerance: Callable[[str], float]
+                ) -> tuple[Callable, Callable, Callable]:
+    """The ``results`` fixture and the two tests of a suite whose cases each return an
+    error measure: every case of ``case_names`` ran (and no other), and each one's error
+    is a float below ``tolerance(name)``. A test module binds them to the names
+    ``results``, ``test_every_case_ran`` and ``test_triton_matches_reference``."""
+
+    @pytest.fixture(scope="module")
+    def results() -> dict[str, float | str]:
+        return run_cases_module(cases_module)[0]
+
+    def test_every_case_ran(results):
+        assert sorted(results) == sorted(case_names)
+
+    @pytest.mark.parametrize("name", case_names)
+    def test_triton_matches_reference(results, name):
+        error = results[name]
+        assert isinstance(error, float), error
+        assert error < tolerance(name)
+
+    return results, test_every_case_ran, test_triton_matches_reference

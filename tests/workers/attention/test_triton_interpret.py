@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.support.triton_interpreter import run_cases_module
+from tests.support.triton_interpreter import error_suite
 
 # Its module-scoped processes start once: the whole module runs on one xdist worker.
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("triton_interpret")]
@@ -40,18 +40,5 @@ CASE_NAMES = [
     ),
 ]
 
-
-@pytest.fixture(scope="module")
-def results() -> dict[str, float | str]:
-    return run_cases_module(CASES_MODULE)[0]
-
-
-def test_every_case_ran(results):
-    assert sorted(results) == sorted(CASE_NAMES)
-
-
-@pytest.mark.parametrize("name", CASE_NAMES)
-def test_triton_matches_reference(results, name):
-    error = results[name]
-    assert isinstance(error, float), error
-    assert error < 2e-5
+results, test_every_case_ran, test_triton_matches_reference = error_suite(
+    CASES_MODULE, CASE_NAMES, lambda _name: 2e-5)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.support.triton_interpreter import run_cases_module
+from tests.support.triton_interpreter import error_suite
 
 # Its module-scoped process starts once: the whole module runs on one xdist worker.
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("fused_interpret")]
@@ -51,18 +51,6 @@ FLOAT32_TOLERANCE = 2e-5
 # sign, a missing weight or residual) errs by O(1).
 BFLOAT16_TOLERANCE = 4 * 2**-6
 
-
-@pytest.fixture(scope="module")
-def results() -> dict[str, float | str]:
-    return run_cases_module(CASES_MODULE)[0]
-
-
-def test_every_case_ran(results):
-    assert sorted(results) == sorted(CASE_NAMES)
-
-
-@pytest.mark.parametrize("name", CASE_NAMES)
-def test_triton_matches_reference(results, name):
-    error = results[name]
-    assert isinstance(error, float), error
-    assert error < (BFLOAT16_TOLERANCE if "bfloat16" in name else FLOAT32_TOLERANCE)
+results, test_every_case_ran, test_triton_matches_reference = error_suite(
+    CASES_MODULE, CASE_NAMES,
+    lambda name: BFLOAT16_TOLERANCE if "bfloat16" in name else FLOAT32_TOLERANCE)
