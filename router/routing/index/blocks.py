@@ -169,11 +169,25 @@ class BlockIndex:
             self.reset_worker(worker_id)
 
     def _store(self, worker_id: WorkerId, event: KVEvent) -> None:
-        namespace, medium, scope = NamespaceDigest(event.namespace), event.medium, event.scope
+        """Apply a ``stored`` event: link its blocks, then drop the table if it is left
+        empty and bound the tree."""
+        namespace, medium = NamespaceDigest(event.namespace), event.medium
         tree = self._trees.get(namespace) or self._trees.setdefault(namespace, _Tree())
-        root, tables = tree.root, self._tables.setdefault(worker_id, {})
+        tables = self._tables.setdefault(worker_id, {})
         table = tables.setdefault((namespace, medium), {})
-        bit = self._bits.get(worker_id) or self._new_bit(worker_id)
+        self._link(tree, tables, table, namespace, event,
+                   self._bits.get(worker_id) or self._new_bit(worker_id))
+        if not table:
+            del tables[(namespace, medium)]
+        if tree.num_nodes > self.max_blocks // max(len(self._trees), 1) or (
+                len(tree.leaves) > 2 * tree.num_nodes + _MIN_SWEEP):
+            self._bound(tree)
+
+    def _link(self, tree: _Tree, tables: dict[TableKey, dict[str, _Node]],
+              table: dict[str, _Node], namespace: NamespaceDigest, event: KVEvent,
+              bit: int) -> None:
+        """File ``event``'s blocks as held by worker ``bit``: new nodes, leaves, orphans."""
+        medium, scope, root = event.medium, event.scope, tree.root
         on_device = medium == "device"
         prev_hash: str | None = None
         prev = leaf = None
@@ -186,12 +200,8 @@ class BlockIndex:
                 node, self._num_dead = None, self._num_dead - 1
             if node is None:
                 parent_hash, key = block.parent, block.key
-                if parent_hash is None:
-                    parent = root
-                elif parent_hash == prev_hash:
-                    parent = prev
-                else:
-                    parent = _find(tables, namespace, parent_hash)
+                parent = (root if parent_hash is None else prev if parent_hash == prev_hash
+                          else _find(tables, namespace, parent_hash))
                 if parent is None or not key or len(key) % TOKEN_BYTES:
                     self.num_orphan_blocks += 1
                 else:
@@ -223,11 +233,6 @@ class BlockIndex:
             tree.leaves.append(leaf)
             tree.num_nodes += num_new
             tree.num_tokens += num_new_bytes // TOKEN_BYTES
-        if not table:
-            del tables[(namespace, medium)]
-        if tree.num_nodes > self.max_blocks // max(len(self._trees), 1) or (
-                len(tree.leaves) > 2 * tree.num_nodes + _MIN_SWEEP):
-            self._bound(tree)
 
     def _remove(self, worker_id: WorkerId, event: KVEvent) -> None:
         namespace, medium, scope = NamespaceDigest(event.namespace), event.medium, event.scope
