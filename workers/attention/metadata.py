@@ -17,6 +17,7 @@ from __future__ import annotations
 from array import array
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import torch
 
@@ -69,34 +70,9 @@ class AttentionMetadata:
                 "query_lens, num_computed_tokens and block_tables must be equal, non-empty"
             )
         max_blocks = max(len(table) for table in block_tables)
-        positions: list[int] = []
-        slots: list[int] = []
-        query_start = [0]
-        seq_lens: list[int] = []
-        flat_tables: list[int] = []
-        for b, (new, computed, table) in enumerate(
-            zip(query_lens, num_computed_tokens, block_tables, strict=True)
-        ):
-            end = computed + new
-            if new <= 0 or computed < 0:
-                raise ValueError(f"sequence {b}: needs >= 1 new token and >= 0 computed tokens")
-            if len(table) * block_size < end:
-                raise ValueError(
-                    f"sequence {b}: {len(table)} blocks of {block_size} cannot hold {end} tokens"
-                )
-            if new == 1:
-                positions.append(computed)
-                slots.append(table[computed // block_size] * block_size + computed % block_size)
-            else:
-                positions.extend(range(computed, end))
-                for k in range(computed // block_size, (end - 1) // block_size + 1):
-                    base = (table[k] - k) * block_size
-                    first, last = max(computed, k * block_size), min(end, (k + 1) * block_size)
-                    slots.extend(range(base + first, base + last))
-            query_start.append(query_start[-1] + new)
-            seq_lens.append(end)
-            flat_tables.extend(table)
-            flat_tables.extend([0] * (max_blocks - len(table)))
+        positions, slots, query_start, seq_lens, flat_tables = _lay_out(
+            query_lens, num_computed_tokens, block_tables, block_size, max_blocks
+        )
         if not 0 <= min(flat_tables) <= max(flat_tables) < num_blocks:  # padding is block 0
             raise ValueError(f"block table names a block outside [0, {num_blocks})")
         num_tokens = len(positions)
@@ -111,6 +87,57 @@ class AttentionMetadata:
             max_query_len=max(query_lens),
             max_seq_len=max(seq_lens),
         )
+
+
+class _Layout(NamedTuple):
+    """A batch's fields as Python lists: each new token's position and cache slot, the
+    sequences' query offsets and lengths, and their block tables padded with block 0."""
+
+    positions: list[int]
+    slots: list[int]
+    query_start: list[int]
+    seq_lens: list[int]
+    flat_tables: list[int]
+
+
+def _lay_out(
+    query_lens: Sequence[int],
+    num_computed_tokens: Sequence[int],
+    block_tables: Sequence[Sequence[int]],
+    block_size: int,
+    max_blocks: int,
+) -> _Layout:
+    """Lay the sequences out back to back (``AttentionMetadata.build``'s checks per
+    sequence; the block range is checked by the caller)."""
+    positions: list[int] = []
+    slots: list[int] = []
+    query_start = [0]
+    seq_lens: list[int] = []
+    flat_tables: list[int] = []
+    for b, (new, computed, table) in enumerate(
+        zip(query_lens, num_computed_tokens, block_tables, strict=True)
+    ):
+        end = computed + new
+        if new <= 0 or computed < 0:
+            raise ValueError(f"sequence {b}: needs >= 1 new token and >= 0 computed tokens")
+        if len(table) * block_size < end:
+            raise ValueError(
+                f"sequence {b}: {len(table)} blocks of {block_size} cannot hold {end} tokens"
+            )
+        if new == 1:
+            positions.append(computed)
+            slots.append(table[computed // block_size] * block_size + computed % block_size)
+        else:
+            positions.extend(range(computed, end))
+            for k in range(computed // block_size, (end - 1) // block_size + 1):
+                base = (table[k] - k) * block_size
+                first, last = max(computed, k * block_size), min(end, (k + 1) * block_size)
+                slots.extend(range(base + first, base + last))
+        query_start.append(query_start[-1] + new)
+        seq_lens.append(end)
+        flat_tables.extend(table)
+        flat_tables.extend([0] * (max_blocks - len(table)))
+    return _Layout(positions, slots, query_start, seq_lens, flat_tables)
 
 
 def int_tensor(typecode: str, values: list[int], device: torch.device | str) -> torch.Tensor:
