@@ -65,8 +65,8 @@ class EventBlock(msgspec.Struct, frozen=True, array_like=True):
         return None if self.key is None else tuple(from_key(self.key))
 
 
-class KVEvent(msgspec.Struct, frozen=True, array_like=True):
-    """One entry of a worker's KV event log."""
+class _EventHead(msgspec.Struct, frozen=True):
+    """The fields every form of an event starts with, in the wire order."""
 
     worker: _Text
     epoch: _Text
@@ -74,6 +74,11 @@ class KVEvent(msgspec.Struct, frozen=True, array_like=True):
     type: EventType
     namespace: _Text
     scope: _Text
+
+
+class KVEvent(_EventHead, frozen=True, array_like=True):
+    """One entry of a worker's KV event log."""
+
     blocks: tuple[EventBlock, ...] = ()
     medium: Medium = "device"
 
@@ -100,13 +105,7 @@ class _JsonBlock(msgspec.Struct, forbid_unknown_fields=False):
     tokens: list[_TokenId] | None = None
 
 
-class _JsonEvent(msgspec.Struct, forbid_unknown_fields=False):
-    worker: _Text
-    epoch: _Text
-    seq: _Seq
-    type: EventType
-    namespace: _Text
-    scope: _Text
+class _JsonEvent(_EventHead, forbid_unknown_fields=False):
     blocks: list[_JsonBlock] = []
     medium: Medium = "device"
 
