@@ -18,11 +18,18 @@ class Clock:
         return self.now
 
 
+async def with_r1_reserved(clock: Clock) -> InProcessSharedState:
+    """A 60 s window on ``clock`` in which alice's r1 reserved 2,000 tokens (admitted,
+    asserted) under a limit of 1,000,000."""
+    state = InProcessSharedState(60.0, clock)
+    assert await state.reserve_tokens("alice", "r1", 2_000, 1_000_000) is None
+    return state
+
+
 def test_a_59_second_stream_is_charged_for_a_minute_after_it_ends():
     async def main() -> None:
         clock = Clock()
-        state = InProcessSharedState(60.0, clock)
-        assert await state.reserve_tokens("alice", "r1", 2_000, 1_000_000) is None
+        state = await with_r1_reserved(clock)
         clock.now += 59.0
         await state.settle_tokens("alice", "r1", 2_000, 100, 50_000)
         assert await state.tokens_in_window("alice") == 50_100
@@ -38,8 +45,7 @@ def test_a_59_second_stream_is_charged_for_a_minute_after_it_ends():
 def test_a_reservation_gone_before_its_settle_charges_only_what_it_did_not_reserve():
     async def main() -> None:
         clock = Clock()
-        state = InProcessSharedState(60.0, clock)
-        assert await state.reserve_tokens("alice", "r1", 2_000, 1_000_000) is None
+        state = await with_r1_reserved(clock)
         clock.now += 61.0
         await state.settle_tokens("alice", "r1", 2_000, 100, 1_500)
         assert await state.tokens_in_window("alice") == 0
