@@ -142,15 +142,10 @@ class ModelConfig:
 
 
 def _parse_rope(raw: dict[str, Any], max_positions: int) -> tuple[float, RopeScaling | None]:
-    params = raw.get("rope_parameters")
-    field = "rope_parameters"
-    if params is None:
-        params, field = raw.get("rope_scaling"), "rope_scaling"
-    params = params or {}
-    if not isinstance(params, dict):
-        raise ValueError(f"{field}: must be an object")
-    if any(isinstance(v, dict) for v in params.values()):
-        raise ValueError(f"{field}: per-layer-type RoPE is not supported")
+    """RoPE's base and scaling (None: plain RoPE) from ``rope_parameters``, else
+    ``rope_scaling``, else the top-level fields; raises ValueError for a malformed or
+    unsupported one (per-layer-type, partial rotary, an unknown ``rope_type``)."""
+    params, field = _rope_params(raw)
     theta = params.get("rope_theta", raw.get("rope_theta", 10000.0))
     if not isinstance(theta, (int, float)) or theta <= 0:
         raise ValueError(f"rope_theta: must be a positive number, got {theta!r}")
@@ -163,6 +158,26 @@ def _parse_rope(raw: dict[str, Any], max_positions: int) -> tuple[float, RopeSca
         raise ValueError(
             f"{field}.rope_type: {rope_type!r} is not one of {('default', *ROPE_TYPES)}"
         )
+    return float(theta), _rope_scaling(raw, params, field, rope_type, max_positions)
+
+
+def _rope_params(raw: dict[str, Any]) -> tuple[dict[str, Any], str]:
+    """The RoPE parameters object ({} if none) and the field it came from."""
+    params = raw.get("rope_parameters")
+    field = "rope_parameters"
+    if params is None:
+        params, field = raw.get("rope_scaling"), "rope_scaling"
+    params = params or {}
+    if not isinstance(params, dict):
+        raise ValueError(f"{field}: must be an object")
+    if any(isinstance(v, dict) for v in params.values()):
+        raise ValueError(f"{field}: per-layer-type RoPE is not supported")
+    return params, field
+
+
+def _rope_scaling(raw: dict[str, Any], params: dict[str, Any], field: str, rope_type: str,
+                  max_positions: int) -> RopeScaling:
+    """The scaling of a ``rope_type`` in ``ROPE_TYPES``, checked."""
     original = None
     if rope_type in ("llama3", "yarn"):
         original = raw.get(
@@ -189,7 +204,7 @@ def _parse_rope(raw: dict[str, Any], max_positions: int) -> tuple[float, RopeSca
         "mscale",
         "mscale_all_dim",
     )
-    return float(theta), RopeScaling(
+    return RopeScaling(
         rope_type=rope_type,
         factor=float(factor),
         original_max_position_embeddings=original,
