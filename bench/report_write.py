@@ -4,6 +4,7 @@ they are skipped and the summary says so."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
 
 from bench.lora_bench import markdown_table
@@ -52,12 +53,10 @@ def e2e_table(report: dict) -> list[str]:
     """One row per router setup of the end-to-end run."""
     e2e = report["e2e"]
     lines = [f"workload `{e2e['workload']}`, {e2e['num_workers']} demo workers"
-             + (f"; not installed: {', '.join(e2e['missing_peers'])}" if e2e["missing_peers"] else ""),
+             + _not_installed(e2e),
              "", "| router | requests | errors | cached | TTFT p50 ms | TTFT p99 ms | output tok/s | "
              "max/mean | requests per worker |", "|---|---:|---:|---:|---:|---:|---:|---:|---|"]
-    for setup, r in e2e.items():
-        if not isinstance(r, dict):
-            continue
+    for setup, r in _runs(e2e):
         lines.append(f"| {setup} | {r['num_requests']} | {r['num_errors']} | {r['cached_fraction']:.3f} | "
                      f"{1e3 * r['ttft_p50_s']:.0f} | {1e3 * r['ttft_p99_s']:.0f} | "
                      f"{r['output_tokens_per_s']:.0f} | {r['max_over_mean_load']:.2f} | "
@@ -70,15 +69,25 @@ def reference_table(report: dict) -> list[str]:
     ref = report["reference"]
     lines = [f"{ref['num_requests']} requests; single-worker bound {ref['single_worker_bound']:.4f}; "
              f"LRU {ref['lru_tokens']} of {ref['working_set_tokens']} working-set tokens per worker"
-             + (f"; not installed: {', '.join(ref['missing_peers'])}" if ref["missing_peers"] else ""),
+             + _not_installed(ref),
              "", "| router | reuse unlimited | reuse at LRU | max/mean requests | failed | requests per worker |",
              "|---|---:|---:|---:|---:|---|"]
-    for setup, r in ref.items():
-        if isinstance(r, dict):
-            lines.append(f"| {setup} | {r['reuse_unlimited']:.4f} | {r['reuse_lru']:.3f} | "
-                         f"{r['max_over_mean_requests']:.2f} | {r['num_failed']} | "
-                         f"{'/'.join(map(str, r['requests_per_worker']))} |")
+    for setup, r in _runs(ref):
+        lines.append(f"| {setup} | {r['reuse_unlimited']:.4f} | {r['reuse_lru']:.3f} | "
+                     f"{r['max_over_mean_requests']:.2f} | {r['num_failed']} | "
+                     f"{'/'.join(map(str, r['requests_per_worker']))} |")
     return lines
+
+
+def _not_installed(section: dict) -> str:
+    """``; not installed: A, B`` for the peers a run section lacked; empty when none."""
+    missing = section["missing_peers"]
+    return f"; not installed: {', '.join(missing)}" if missing else ""
+
+
+def _runs(section: dict) -> Iterator[tuple[str, dict]]:
+    """(setup, figures) of each router setup a run section holds, in its order."""
+    return ((setup, r) for setup, r in section.items() if isinstance(r, dict))
 
 
 def chaos_table(report: dict) -> list[str]:
