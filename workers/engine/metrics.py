@@ -19,7 +19,7 @@ from prometheus_client import CollectorRegistry, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from workers.kv.manager import KVCacheManager
+from workers.kv.manager import KVCacheManager, KVCacheStats
 
 _LATENCY_BUCKETS = (
     0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.15, 0.2, 0.3, 0.5,
@@ -94,18 +94,10 @@ class EngineStats:
         tail_fill: TailBlockFill,
     ) -> EngineStats:
         """Read the KV manager's gauges and counters (engine thread only)."""
-        kv = manager.stats()
         return cls(
             num_requests_running=num_requests_running,
             num_requests_waiting=num_requests_waiting,
             num_waiting_tokens=num_waiting_tokens,
-            kv_blocks_total=kv.num_total_blocks,
-            kv_blocks_free=kv.num_free_blocks,
-            kv_blocks_cached=kv.num_cached_blocks,
-            prefix_cache_queries_tokens_total=kv.prefix_cache_queries_tokens_total,
-            prefix_cache_hit_tokens_total=kv.prefix_cache_hit_tokens_total,
-            kv_evicted_blocks_total=kv.num_evicted_blocks_total,
-            cow_copies_total=kv.num_cow_copies_total,
             preemptions_total=num_preemptions,
             engine_stalls_total=num_stalls,
             engine_failed_steps_total=num_failed_steps,
@@ -115,20 +107,7 @@ class EngineStats:
             kv_tail_block_fill_ratio=tail_fill.fill_ratio,
             num_kv_tail_empty_slots=tail_fill.num_empty_slots,
             preemption_swaps_total=num_swaps,
-            kv_host_blocks_total=kv.host.num_host_blocks_total,
-            kv_host_blocks_used=kv.host.num_host_blocks_used,
-            kv_host_hit_blocks_total=kv.host.host_hit_blocks_total,
-            kv_host_bytes_to_host_total=kv.host.host_bytes_to_host_total,
-            kv_host_bytes_to_device_total=kv.host.host_bytes_to_device_total,
-            kv_host_auth_failures_total=kv.host.host_auth_failures_total,
-            kv_host_blocks_to_host_total=kv.host.host_blocks_to_host_total,
-            kv_host_expired_blocks_total=kv.host.host_expired_blocks_total,
-            kv_disk_blocks_total=kv.disk.num_disk_blocks_total,
-            kv_disk_blocks_used=kv.disk.num_disk_blocks_used,
-            kv_disk_hit_blocks_total=kv.disk.disk_hit_blocks_total,
-            kv_disk_bytes_written_total=kv.disk.disk_bytes_written_total,
-            kv_disk_bytes_read_total=kv.disk.disk_bytes_read_total,
-            kv_disk_auth_failures_total=kv.disk.disk_auth_failures_total,
+            **_kv_cache_fields(manager.stats()),
         )
 
     def load(self) -> dict[str, float]:
@@ -139,6 +118,33 @@ class EngineStats:
             "num_waiting_tokens": self.num_waiting_tokens,
             "kv_cache_usage_ratio": self.kv_cache_usage_ratio,
         }
+
+
+def _kv_cache_fields(kv: KVCacheStats) -> dict[str, int]:
+    """``EngineStats``' fields read from the KV manager: device, host and disk tiers."""
+    return {
+        "kv_blocks_total": kv.num_total_blocks,
+        "kv_blocks_free": kv.num_free_blocks,
+        "kv_blocks_cached": kv.num_cached_blocks,
+        "prefix_cache_queries_tokens_total": kv.prefix_cache_queries_tokens_total,
+        "prefix_cache_hit_tokens_total": kv.prefix_cache_hit_tokens_total,
+        "kv_evicted_blocks_total": kv.num_evicted_blocks_total,
+        "cow_copies_total": kv.num_cow_copies_total,
+        "kv_host_blocks_total": kv.host.num_host_blocks_total,
+        "kv_host_blocks_used": kv.host.num_host_blocks_used,
+        "kv_host_hit_blocks_total": kv.host.host_hit_blocks_total,
+        "kv_host_bytes_to_host_total": kv.host.host_bytes_to_host_total,
+        "kv_host_bytes_to_device_total": kv.host.host_bytes_to_device_total,
+        "kv_host_auth_failures_total": kv.host.host_auth_failures_total,
+        "kv_host_blocks_to_host_total": kv.host.host_blocks_to_host_total,
+        "kv_host_expired_blocks_total": kv.host.host_expired_blocks_total,
+        "kv_disk_blocks_total": kv.disk.num_disk_blocks_total,
+        "kv_disk_blocks_used": kv.disk.num_disk_blocks_used,
+        "kv_disk_hit_blocks_total": kv.disk.disk_hit_blocks_total,
+        "kv_disk_bytes_written_total": kv.disk.disk_bytes_written_total,
+        "kv_disk_bytes_read_total": kv.disk.disk_bytes_read_total,
+        "kv_disk_auth_failures_total": kv.disk.disk_auth_failures_total,
+    }
 
 
 @dataclass(frozen=True)
