@@ -2,10 +2,12 @@
 
 A section is a frozen dataclass deriving from ``Section``. Each field's annotation
 is its type; ``setting(default, low=..., high=..., above=..., choices=...,
-pattern=..., key=...)`` adds bounds, allowed values, a name pattern and the TOML key
-when it differs from the field name. Constructing a section validates every field
-(and coerces: a list to a tuple, an int to a float, a table to a read-only mapping);
-``check`` adds the rules between fields. A bad value raises ``FieldError`` (a
+pattern=..., key=..., flag=..., help=...)`` adds bounds, allowed values, a name
+pattern, the TOML key when it differs from the field name, and the command-line
+flag that overrides it with its help (``radix.config_flags`` builds the parser
+from them). Constructing a section validates every field (and coerces: a list to
+a tuple, an int to a float, a table to a read-only mapping); ``check`` adds the
+rules between fields. A bad value raises ``FieldError`` (a
 ``ValueError``) naming the field.
 
 ``read_section`` builds a section from a decoded TOML table: unknown keys are
@@ -22,7 +24,7 @@ import functools
 import re
 import types
 import typing
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any, NamedTuple, TypeVar
 
 
@@ -57,7 +59,7 @@ class FieldError(ValueError):
 
 @dataclasses.dataclass(frozen=True)
 class Spec:
-    """The rules of one field beyond its type (see ``setting``)."""
+    """The rules of one field beyond its type, and its flag (see ``setting``)."""
 
     low: float | None = None
     high: float | None = None
@@ -65,6 +67,11 @@ class Spec:
     choices: tuple[object, ...] | None = None
     pattern: Pattern | None = None
     key: str | None = None
+    flag: str | None = None
+    help: str | None = None
+    parse: Callable[[str], object] | None = None
+    metavar: str | None = None
+    const: object = None
 
 
 _DEFAULT_SPEC = Spec()
@@ -73,11 +80,17 @@ _DEFAULT_SPEC = Spec()
 def setting(default: Any = dataclasses.MISSING, *, default_factory: Any = dataclasses.MISSING,
             low: float | None = None, high: float | None = None, above: float | None = None,
             choices: tuple[object, ...] | None = None, pattern: Pattern | None = None,
-            key: str | None = None) -> Any:
+            key: str | None = None, flag: str | None = None, help: str | None = None,
+            parse: Callable[[str], object] | None = None, metavar: str | None = None,
+            const: object = None) -> Any:
     """A dataclass field with rules: ``low <= value <= high``, ``value > above``, one
     of ``choices``, matching ``pattern`` (for arrays: every item), read from TOML key
-    ``key`` (default: the field name). No default makes the key required."""
-    spec = Spec(low, high, above, choices, pattern, key)
+    ``key`` (default: the field name). No default makes the key required. ``flag``
+    (``--x-y``) overrides the field from the command line, described by ``help``;
+    ``parse`` reads its text (default: by the field's type), ``metavar`` names its
+    value, and ``const`` makes it a switch setting that value (see
+    ``radix.config_flags``)."""
+    spec = Spec(low, high, above, choices, pattern, key, flag, help, parse, metavar, const)
     return dataclasses.field(default=default, default_factory=default_factory,
                              metadata={"spec": spec})
 
