@@ -1,10 +1,11 @@
 """Worker configuration: one frozen ``radix.config_schema.Section`` per component.
 
 A TOML file has one table per component (``[server]``, ``[model]``, ``[kv]``,
-``[engine]``, ``[lora]``) whose keys are the dataclass fields; command-line flags override
-single fields (see ``workers.cli``). Every value is type-checked and validated on
-construction; a bad value raises ``ValueError`` naming ``section.field``, and an
-unknown section or key is an error.
+``[engine]``, ``[lora]``, ``[kv_transfer]``) whose keys are the dataclass fields; a
+field declaring a ``flag`` is also a command-line flag, its one declaration
+(``radix.config_flags`` builds ``workers.cli``'s parser from it). Every value is
+type-checked and validated on construction; a bad value raises ``ValueError`` naming
+``section.field``, and an unknown section or key is an error.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from radix.config_flags import parse_bytes
 from radix.config_schema import FieldError, Section, read_section, setting
 
 HASH_ALGORITHMS = ("blake2b", "xxh3_128")
@@ -40,16 +42,21 @@ class ServerConfig(Section, section="server"):
     once, requests in flight get up to ``drain_timeout_s`` to finish, then it exits.
     """
 
-    host: str = "127.0.0.1"
-    port: int = setting(0, low=0, high=65535)
-    worker_id: str | None = None
+    host: str = setting("127.0.0.1", flag="--host", help="address to listen on")
+    port: int = setting(0, low=0, high=65535, flag="--port",
+                        help="port to listen on; 0 picks a free one")
+    worker_id: str | None = setting(None, flag="--worker-id",
+                                    help="id in KV events and /ready (default HOST:PORT)")
     api_key_file: str | None = None
     request_timeout_s: float = setting(600.0, above=0)
     default_max_tokens: int = setting(256, low=1)
     max_n: int = setting(16, low=1)
     kv_events_heartbeat_s: float = setting(5.0, above=0)
-    self_test_delay_s: float = setting(0.0, low=0)
-    drain_timeout_s: float = setting(30.0, low=0)
+    self_test_delay_s: float = setting(0.0, low=0, flag="--self-test-delay-s",
+                                       help="hold /ready at 503 this long before the self-test")
+    drain_timeout_s: float = setting(30.0, low=0, flag="--drain-timeout-s",
+                                     help="on SIGTERM, how long requests in flight may take "
+                                          "to finish")
 
 
 @dataclass(frozen=True)
@@ -71,13 +78,27 @@ class ModelSettings(Section, section="model"):
     eager).
     """
 
-    name: str = "demo"
-    served_model_names: tuple[str, ...] = ()
-    device: str = setting("cpu", choices=DEVICES)
-    max_model_len: int | None = setting(None, low=1)
-    num_threads: int | None = setting(None, low=1)
-    time_scale: float = setting(1.0, above=0)
-    enforce_eager: bool = False
+    name: str = setting("demo", flag="--model",
+                        help="'demo', 'SmolLM2-135M-Instruct' (packaged), a GGUF file or a "
+                             "local Hugging Face model directory")
+    served_model_names: tuple[str, ...] = setting(
+        (), flag="--served-model-name", metavar="NAME",
+        help="names clients send as 'model' (the first is used in responses; default: "
+             "--model exactly as given)")
+    device: str = setting("cpu", choices=DEVICES, flag="--device",
+                          help="where the model runs")
+    max_model_len: int | None = setting(None, low=1, flag="--max-model-len",
+                                        help="cap on prompt + output tokens (default: the "
+                                             "model's own)")
+    num_threads: int | None = setting(None, low=1, flag="--num-threads",
+                                      help="torch CPU threads (default: torch's choice; 1 on "
+                                           "small machines running several processes)")
+    time_scale: float = setting(1.0, above=0, flag="--time-scale",
+                                help="timed models only: every wait this many times longer")
+    enforce_eager: bool = setting(False, flag="--enforce-eager",
+                                  help="CUDA: run every decode step eagerly instead of "
+                                       "replaying it from CUDA graphs (docs/model.md, Decode "
+                                       "graphs); the CPU is always eager")
 
     @property
     def served_names(self) -> tuple[str, ...]:
@@ -109,17 +130,43 @@ class KVSettings(Section, section="kv"):
     and a restarted worker with the same directory and secret takes it back.
     """
 
-    cache_bytes: int | None = setting(None, low=1)
-    gpu_memory_utilization: float = setting(0.9, above=0, high=1)
-    watermark: float = setting(0.01, low=0, high=0.5)
-    block_size: int = setting(16, low=1)
-    cache_dtype: str = setting("auto", choices=KV_CACHE_DTYPES)
-    scales_file: str | None = None
-    host_cache_bytes: int = setting(0, low=0)
-    host_ttl_s: float | None = setting(None, above=0)
-    disk_cache_dir: str | None = None
-    disk_cache_bytes: int = setting(0, low=0)
-    prefix_cache: bool = True
+    cache_bytes: int | None = setting(
+        None, low=1, flag="--kv-cache-bytes", parse=parse_bytes,
+        help="the KV budget, e.g. 64MiB or 2GiB (unset: 256MiB on the CPU; on CUDA, "
+             "--gpu-memory-utilization)")
+    gpu_memory_utilization: float = setting(
+        0.9, above=0, high=1, flag="--gpu-memory-utilization", metavar="F",
+        help="CUDA without --kv-cache-bytes: KV gets F x total GPU memory - weights - peak "
+             "activation of one max-batched-tokens forward (docs/operations.md, GPU sizing)")
+    watermark: float = setting(0.01, low=0, high=0.5, flag="--kv-watermark",
+                               metavar="FRACTION",
+                               help="share of KV blocks admission leaves free for running "
+                                    "sequences to grow into (at most 0.5)")
+    block_size: int = setting(16, low=1, flag="--block-size", help="tokens per KV block")
+    cache_dtype: str = setting("auto", choices=KV_CACHE_DTYPES, flag="--kv-cache-dtype",
+                               help="KV cache dtype (auto: the model's dtype)")
+    scales_file: str | None = setting(None, flag="--kv-scales", metavar="FILE",
+                                      help="per-layer FP8 K/V scales from python -m "
+                                           "workers.model.calibrate (unset: 1.0)")
+    host_cache_bytes: int = setting(0, low=0, flag="--host-cache-bytes", parse=parse_bytes,
+                                    help="host-memory KV tier, e.g. 4GiB (whole blocks; 0: off, "
+                                         "evicted blocks are dropped); docs/kv-cache.md")
+    host_ttl_s: float | None = setting(None, above=0, flag="--host-ttl-s",
+                                       help="drop host-tier entries, and the disk-tier entries "
+                                            "they become, this many seconds after they "
+                                            "arrived in the host tier (unset: never; needs "
+                                            "--host-cache-bytes)")
+    disk_cache_dir: str | None = setting(None, flag="--disk-cache-dir", metavar="DIR",
+                                         help="directory of the disk KV tier below the host "
+                                              "tier, kept across restarts (files under "
+                                              "DIR/<namespace digest>/, one worker per "
+                                              "directory); docs/kv-cache.md")
+    disk_cache_bytes: int = setting(0, low=0, flag="--disk-cache-bytes", parse=parse_bytes,
+                                    help="disk KV tier size, e.g. 64GiB (0: off; needs "
+                                         "--disk-cache-dir and a host tier)")
+    prefix_cache: bool = setting(True, flag="--no-prefix-cache",
+                                 help="use the null prefix cache (nothing shared; for "
+                                      "comparisons)")
     hash_algorithm: str = setting("blake2b", choices=HASH_ALGORITHMS)
     event_log_size: int = setting(65536, low=1)
 
@@ -154,10 +201,16 @@ class EngineConfig(Section, section="engine"):
     copying it back).
     """
 
-    max_batched_tokens: int = setting(512, low=1)
-    max_num_seqs: int = setting(64, low=1)
-    max_waiting_requests: int = setting(256, low=1)
-    preemption_mode: str = setting("recompute", choices=PREEMPTION_MODES)
+    max_batched_tokens: int = setting(512, low=1, flag="--max-batched-tokens",
+                                      help="tokens computed per engine step")
+    max_num_seqs: int = setting(64, low=1, flag="--max-num-seqs",
+                                help="sequences running at once")
+    max_waiting_requests: int = setting(256, low=1, flag="--max-waiting-requests",
+                                        help="queue bound; beyond it requests get 429")
+    preemption_mode: str = setting("recompute", choices=PREEMPTION_MODES,
+                                   flag="--preemption-mode",
+                                   help="preempted sequences: recompute later, swap to the "
+                                        "host tier, or by length")
     swap_min_tokens: int = setting(256, low=1)
 
 
@@ -174,12 +227,26 @@ class LoraSettings(Section, section="lora"):
     docs/adapters.md.
     """
 
-    enable: bool = False
-    modules: tuple[str, ...] = ()
-    max_loras: int = setting(1, low=1)
-    max_lora_rank: int = setting(16, low=1)
-    allow_runtime_updates: bool = False
-    roots: tuple[str, ...] = ()
+    enable: bool = setting(False, flag="--enable-lora",
+                           help="serve LoRA adapters: slots are allocated beside the KV pool")
+    modules: tuple[str, ...] = setting(
+        (), flag="--lora-modules", metavar="NAME=PATH",
+        help="adapters to register at start: NAME=PATH or vLLM's JSON form "
+             "'{\"name\": ..., \"path\": ..., \"base_model_name\": ...}'; a misfit exits "
+             "naming the field")
+    max_loras: int = setting(1, low=1, flag="--max-loras",
+                             help="adapters resident in slots at once, LRU among the "
+                                  "registered")
+    max_lora_rank: int = setting(16, low=1, flag="--max-lora-rank",
+                                 help="largest adapter rank; slots are this size (a larger r "
+                                      "is refused)")
+    allow_runtime_updates: bool = setting(False, flag="--allow-runtime-lora-updates",
+                                          help="allow POST /v1/load_lora_adapter and "
+                                               "/v1/unload_lora_adapter (else 404; needs "
+                                               "--lora-root)")
+    roots: tuple[str, ...] = setting((), flag="--lora-root", metavar="DIR",
+                                     help="the directories run-time adapter loads may read "
+                                          "from (one or more)")
     max_registered: int = setting(256, low=1)
 
     def check(self) -> None:
@@ -235,9 +302,13 @@ class KVTransferConfig(Section, section="kv_transfer"):
     kv_role: str = setting("none", choices=KV_ROLES)
     kv_port: int = setting(0, low=0, high=65535)
     kv_host: str | None = None
-    timeout_s: float = setting(480.0, above=0)
+    timeout_s: float = setting(480.0, above=0, flag="--kv-transfer-timeout-s",
+                               help="a producer holds a request's blocks this long for its "
+                                    "consumer")
     pull_timeout_s: float = setting(30.0, above=0)
-    fallback: str = setting("fail", choices=KV_TRANSFER_FALLBACKS)
+    fallback: str = setting("fail", choices=KV_TRANSFER_FALLBACKS, flag="--kv-transfer-fallback",
+                            help="a consumer whose pull failed: fail the request (503) or "
+                                 "recompute")
 
     @property
     def produces(self) -> bool:
