@@ -16,8 +16,9 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+from radix.config_flags import add_flags, flag_values, with_values
 from radix.namespace import load_secret
-from router.config import DEFAULT_CONFIG, RouterConfig, redis_url_problem, worker_url_problem
+from router.config import DEFAULT_CONFIG, RouterConfig, worker_url_problem
 from router.config_toml import load_config
 from router.front.auth import hash_key
 
@@ -33,28 +34,15 @@ def _parser() -> argparse.ArgumentParser:
     up.add_argument("--config", default=str(DEFAULT_CONFIG))
     up.add_argument("--port", type=int, help="override the router's listen.port")
     up.add_argument("--metrics-port", type=int, help="override the router's metrics.port")
-    router = sub.add_parser("router", help="run the router alone")
+    router = sub.add_parser("router", help="run the router alone (flags override the "
+                                           "config's fields)")
     router.add_argument("--config", default=str(DEFAULT_CONFIG))
-    router.add_argument("--host", help="override listen.host")
-    router.add_argument("--port", type=int, help="override listen.port (0: a free port)")
-    router.add_argument("--metrics-port", type=int,
-                        help="override metrics.port (0: a free port)")
     router.add_argument("--worker-url", action="append", default=[], metavar="ID=URL",
                         help="set the URL of configured worker ID (repeatable)")
     router.add_argument("--processes", type=int, default=1,
                         help="router processes sharing the port (SO_REUSEPORT)")
-    router.add_argument("--redis-url", help="override redis.url (shared state)")
     router.add_argument("--log-level", default="INFO")
-    found = router.add_argument_group(
-        "Kubernetes discovery (sglang-router's flag names; [discovery] in the config)")
-    found.add_argument("--service-discovery", action="store_true",
-                       help='discover workers from pods (discovery.kind = "kubernetes")')
-    found.add_argument("--selector", nargs="+", metavar="KEY=VALUE",
-                       help="the pods' labels (discovery.selector)")
-    found.add_argument("--service-discovery-namespace", metavar="NS",
-                       help="the pods' namespace (discovery.namespace)")
-    found.add_argument("--service-discovery-port", type=int, metavar="PORT",
-                       help="the port the workers serve on (discovery.port)")
+    add_flags(router, RouterConfig)
     hashing = sub.add_parser("hash-key", help="print the config digest of an API key")
     hashing.add_argument("key")
     for name, module in _EXEC_MODULES.items():
@@ -62,16 +50,23 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
-def with_overrides(config: RouterConfig, host: str | None, port: int | None,
-                   worker_urls: Sequence[str], metrics_port: int | None = None,
-                   redis_url: str | None = None) -> RouterConfig:
-    """``config`` with command-line overrides; ValueError naming a bad ``--worker-url``
-    or ``--redis-url``. A ``redis_url`` replaces ``redis.launch`` (``up`` passes the
-    URL of the server it launched)."""
-    listen = dataclasses.replace(config.listen, host=host or config.listen.host,
-                                 port=config.listen.port if port is None else port)
-    metrics = config.metrics if metrics_port is None else dataclasses.replace(
-        config.metrics, port=metrics_port)
+def with_flags(config: RouterConfig, args: argparse.Namespace) -> RouterConfig:
+    """``config`` with the ``router`` command's flags in ``args``: every config-field
+    flag (``radix.config_flags``; ``--redis-url`` also turns ``redis.launch`` off, as
+    ``up`` passes the URL of the server it launched, and ``--service-discovery-port``
+    replaces ``discovery.port_name``), then ``--worker-url``. ValueError naming the
+    field or flag at fault."""
+    values = flag_values(args, RouterConfig)
+    if "url" in values.get("redis", {}):
+        values["redis"]["launch"] = False
+    if "port" in values.get("discovery", {}):
+        values["discovery"]["port_name"] = None
+    return _with_worker_urls(with_values(config, values), args.worker_url)
+
+
+def _with_worker_urls(config: RouterConfig, worker_urls: Sequence[str]) -> RouterConfig:
+    """``config`` with the URLs of ``--worker-url ID=URL`` items set on its configured
+    workers; ValueError naming ``--worker-url`` on a bad item or an unknown id."""
     urls = {}
     for item in worker_urls:
         worker_id, sep, url = item.partition("=")
@@ -85,40 +80,7 @@ def with_overrides(config: RouterConfig, host: str | None, port: int | None,
         raise ValueError(f"--worker-url: no configured worker {sorted(unknown)[0]!r}")
     workers = tuple(dataclasses.replace(w, url=urls.get(w.worker_id, w.url))
                     for w in config.workers)
-    redis = config.redis
-    if redis_url is not None:
-        if problem := redis_url_problem(redis_url):
-            raise ValueError(f"--redis-url: {problem}")
-        redis = dataclasses.replace(redis, url=redis_url, launch=False)
-    return dataclasses.replace(config, listen=listen, metrics=metrics, workers=workers,
-                               redis=redis)
-
-
-def with_discovery(config: RouterConfig, enabled: bool, selector: Sequence[str] | None,
-                   namespace: str | None, port: int | None) -> RouterConfig:
-    """``config`` with sglang-router's discovery flags applied over ``[discovery]``
-    (``--service-discovery`` sets ``kind = "kubernetes"``); ValueError naming a bad
-    flag."""
-    fields: dict[str, object] = {}
-    if enabled:
-        fields["kind"] = "kubernetes"
-    if selector is not None:
-        if any("=" not in item for item in selector):
-            raise ValueError(f"--selector: expected KEY=VALUE, got {' '.join(selector)!r}")
-        fields["selector"] = dict(item.partition("=")[::2] for item in selector)
-    if namespace is not None:
-        fields["namespace"] = namespace
-    if port is not None:
-        fields.update(port=port, port_name=None)
-    if not fields:
-        return config
-    table = {**{f.name: getattr(config.discovery, f.name)
-                for f in dataclasses.fields(config.discovery)}, **fields}
-    try:
-        discovery = type(config.discovery)(**table)
-    except ValueError as exc:
-        raise ValueError(f"--service-discovery: {exc}") from exc
-    return dataclasses.replace(config, discovery=discovery)
+    return dataclasses.replace(config, workers=workers)
 
 
 def limits_for_processes(config: RouterConfig, num_processes: int) -> RouterConfig:
@@ -156,11 +118,7 @@ def _run_router(args: argparse.Namespace) -> int:
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     if args.processes < 1:
         raise ValueError("--processes: must be at least 1")
-    config = with_overrides(load_config(args.config), args.host, args.port, args.worker_url,
-                            args.metrics_port, args.redis_url)
-    config = with_discovery(config, args.service_discovery, args.selector,
-                            args.service_discovery_namespace, args.service_discovery_port)
-    config = limits_for_processes(config, args.processes)
+    config = limits_for_processes(with_flags(load_config(args.config), args), args.processes)
     serve_processes(config, router_secret(config), args.processes)
     return 0
 

@@ -47,8 +47,9 @@ class ListenConfig(Section, section="listen"):
     request body not complete ``body_timeout_s`` after its handler began reading it is
     a 408."""
 
-    host: str = "127.0.0.1"
-    port: int = setting(0, low=0, high=65535)
+    host: str = setting("127.0.0.1", flag="--host", help="address to listen on")
+    port: int = setting(0, low=0, high=65535, flag="--port",
+                        help="port to listen on (0: a free port)")
     drain_timeout_s: float = setting(60.0, above=0)
     keepalive_timeout_s: float = setting(15.0, above=0)
     body_timeout_s: float = setting(30.0, above=0)
@@ -61,7 +62,8 @@ class MetricsConfig(Section, section="metrics"):
     ``--processes N`` process ``i`` listens on ``port + i``."""
 
     host: str = "127.0.0.1"
-    port: int = setting(0, low=0, high=65535)
+    port: int = setting(0, low=0, high=65535, flag="--metrics-port",
+                        help="port of GET /metrics (0: a free port)")
 
 
 @dataclass(frozen=True)
@@ -378,7 +380,9 @@ class RedisConfig(Section, section="redis"):
     ``stream_entry_max_tokens`` tokens each (about 330 MB of Redis at the defaults);
     ``state_ttl_s`` is how long the shared registry outlives the last router."""
 
-    url: str | None = None
+    url: str | None = setting(None, flag="--redis-url",
+                              help="the Redis holding the shared state (turns redis.launch "
+                                   "off)")
     key_prefix: str = setting("radix", pattern=REDIS_KEY_PREFIX)
     launch: bool = False
     command_timeout_s: float = setting(0.25, above=0)
@@ -459,11 +463,18 @@ class DiscoveryConfig(Section, section="discovery"):
     a kubeconfig file; None uses the pod's service account (in cluster), else
     ``$KUBECONFIG`` or ``~/.kube/config``."""
 
-    kind: str = setting("none", choices=DISCOVERY_KINDS)
-    namespace: str = setting("default", pattern=K8S_NAME)
-    selector: Mapping[str, str] = setting(default_factory=lambda: MappingProxyType({}))
+    kind: str = setting("none", choices=DISCOVERY_KINDS, flag="--service-discovery",
+                        const="kubernetes",
+                        help='discover workers from pods (kind = "kubernetes"; '
+                             "sglang-router's flag names)")
+    namespace: str = setting("default", pattern=K8S_NAME, flag="--service-discovery-namespace",
+                             metavar="NS", help="the pods' namespace")
+    selector: Mapping[str, str] = setting(default_factory=lambda: MappingProxyType({}),
+                                          flag="--selector", help="the pods' labels")
     pool: str | None = setting(None, pattern=K8S_NAME)
-    port: int | None = setting(None, low=1, high=65535)
+    port: int | None = setting(None, low=1, high=65535, flag="--service-discovery-port",
+                               metavar="PORT",
+                               help="the port the workers serve on (replaces port_name)")
     port_name: str | None = None
     worker_kind: str = setting("radix", choices=WORKER_KINDS)
     model: str | None = setting(None, pattern=NAME)

@@ -4,13 +4,20 @@ from __future__ import annotations
 
 import pytest
 
+from radix.config_flags import flags_table
 from radix.openai.rendered import RenderSpec
 from radix.openai.requests import COMPLETIONS, parse_openai_request
 from radix.tokenizer import PromptTokenizer
-from router.cli import limits_for_processes, with_discovery, with_overrides
-from router.config import DEFAULT_CONFIG
+from router.cli import _parser, limits_for_processes, with_flags
+from router.config import DEFAULT_CONFIG, RouterConfig
 from router.config_toml import load_config, parse_config
 from router.forward.proxy import Call, generate_request
+
+
+def flagged(config, *flags: str):
+    """``config`` with the ``router`` command's ``flags`` applied."""
+    return with_flags(config, _parser().parse_args(["router", *flags]))
+
 from router.front.tokenization import ModelTokenizer
 
 BASE = {
@@ -139,13 +146,17 @@ def test_invalid_toml_names_the_file(tmp_path) -> None:
 
 
 def test_worker_url_overrides() -> None:
-    config = with_overrides(load_config(), "0.0.0.0", 0, ["w1=http://127.0.0.1:5555"])
+    config = flagged(load_config(), "--host", "0.0.0.0", "--port", "0", "--metrics-port", "9100",
+                     "--worker-url", "w1=http://127.0.0.1:5555")
     assert config.listen.host == "0.0.0.0" and config.listen.port == 0
+    assert config.metrics.port == 9100
     assert [w.url for w in config.workers] == [None, "http://127.0.0.1:5555"]
     with pytest.raises(ValueError, match="--worker-url: no configured worker 'w9'"):
-        with_overrides(config, None, None, ["w9=http://x"])
+        flagged(config, "--worker-url", "w9=http://x")
     with pytest.raises(ValueError, match="--worker-url: expected"):
-        with_overrides(config, None, None, ["w1"])
+        flagged(config, "--worker-url", "w1")
+    with pytest.raises(ValueError, match="listen.port: must be at most 65535"):
+        flagged(config, "--port", "70000")
 
 
 def test_redis_section_parses() -> None:
@@ -182,10 +193,10 @@ def test_processes_without_redis_get_a_share_of_each_limit(caplog) -> None:
 
 def test_redis_url_override_replaces_launch() -> None:
     config = parse_config({**BASE, "redis": {"launch": True}})
-    overridden = with_overrides(config, None, None, [], None, "redis://127.0.0.1:7000/0")
+    overridden = flagged(config, "--redis-url", "redis://127.0.0.1:7000/0")
     assert overridden.redis.url == "redis://127.0.0.1:7000/0" and not overridden.redis.launch
-    with pytest.raises(ValueError, match="--redis-url"):
-        with_overrides(config, None, None, [], None, "http://127.0.0.1:7000")
+    with pytest.raises(ValueError, match="redis.url: must be redis://"):
+        flagged(config, "--redis-url", "http://127.0.0.1:7000")
 
 
 def test_tenant_cache_quota_is_parsed_and_sent_with_each_generate() -> None:
@@ -265,11 +276,26 @@ def test_canary_errors_name_the_field(config: dict, message: str) -> None:
 
 def test_sglang_router_discovery_flags_set_the_discovery_section() -> None:
     config = parse_config(BASE)
-    found = with_discovery(config, True, ["app=vllm", "tier=gpu"], "serving", 8000).discovery
+    found = flagged(config, "--service-discovery", "--selector", "app=vllm", "tier=gpu",
+                    "--service-discovery-namespace", "serving",
+                    "--service-discovery-port", "8000").discovery
     assert (found.kind, dict(found.selector), found.namespace, found.port) == (
         "kubernetes", {"app": "vllm", "tier": "gpu"}, "serving", 8000)
-    assert with_discovery(config, False, None, None, None) is config
-    with pytest.raises(ValueError, match="--selector: expected KEY=VALUE"):
-        with_discovery(config, True, ["app"], None, 8000)
+    assert flagged(config) == config
     with pytest.raises(ValueError, match="discovery.selector: give the labels"):
-        with_discovery(config, True, None, None, 8000)
+        flagged(config, "--service-discovery", "--service-discovery-port", "8000")
+    named = parse_config({**BASE, "discovery": {"port_name": "http"}})
+    assert flagged(named, "--service-discovery-port", "8000").discovery.port_name is None
+
+
+def test_the_docs_table_of_router_flags_is_the_generated_one() -> None:
+    text = (DEFAULT_CONFIG.parents[1] / "docs" / "router.md").read_text(encoding="utf-8")
+    assert flags_table(RouterConfig) in text, (
+        "regenerate the flags table in docs/router.md:\n" + flags_table(RouterConfig))
+
+
+def test_a_bad_selector_exits_with_status_2_naming_the_flag(capsys) -> None:
+    with pytest.raises(SystemExit) as done:
+        _parser().parse_args(["router", "--selector", "app"])
+    assert done.value.code == 2
+    assert "argument --selector: expected KEY=VALUE, got 'app'" in capsys.readouterr().err
