@@ -34,11 +34,11 @@ from workers.engine.kv_feed import KVEventFeed
 from workers.engine.kv_sizing import KVBudget, kv_budget
 from workers.engine.metrics import EngineMetrics, register_stats
 from workers.kv.build import build_kv_cache_manager
-from workers.kv.core_dumps import disable_core_dumps
 from workers.kv.plan import KVCachePlan, describe, plan_kv_cache
 from workers.kv.scales import KVScales, load_scales
 from workers.kv.spec import KVCacheSpec
 from workers.kv.tensors import KV_LAYOUT_VERSION, KVCacheTensors
+from workers.kv.tiers.core_dumps import disable_core_dumps
 from workers.lora.adapters import SlotLoader
 from workers.lora.peft_files import BaseShapes
 from workers.lora.service import LoraService, build_lora

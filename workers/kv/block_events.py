@@ -36,6 +36,18 @@ class ChainState(NamedTuple):
 ROOT_STATE = ChainState(None, b"")
 
 
+class PathEnd(NamedTuple):
+    """Where a cached path that ends at a block boundary stands in the hash chain: the
+    hash of its last full block (None at the root) and whether every node on it is
+    PUBLIC (a continuation may then be public too)."""
+
+    parent: BlockHash | None
+    public: bool
+
+
+ROOT_END = PathEnd(None, True)
+
+
 class BlockChainer:
     """Computes the event blocks of tree nodes under one namespace's ``BlockHasher``."""
 

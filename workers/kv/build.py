@@ -7,16 +7,15 @@ from pathlib import Path
 import torch
 
 from radix.hashing import BlockHasher
+from workers.kv.block_events import BlockChainer
 from workers.kv.block_pool import BlockPool
-from workers.kv.disk_tier import DiskTier, FileDiskTier
 from workers.kv.event_log import KVEventLog
-from workers.kv.host_crypto import BlockSealer
-from workers.kv.host_tier import HostMemoryTier, HostTier, NullHostTier
 from workers.kv.manager import KVCacheManager
 from workers.kv.prefix_cache import NullPrefixCache, PrefixCache
 from workers.kv.radix_cache import RadixPrefixCache
 from workers.kv.spec import KVCacheSpec
 from workers.kv.tensors import KVCacheTensors
+from workers.kv.tiers.build import build_tiers
 
 
 def build_kv_cache_manager(
@@ -57,19 +56,13 @@ def build_kv_cache_manager(
     tensors = KVCacheTensors(spec, num_blocks, device)
     cache: PrefixCache
     if prefix_caching:
-        host: HostTier = NullHostTier()
-        disk: DiskTier | None = None
-        if num_host_blocks:
-            sealer = BlockSealer(secret, namespace_digest)
-            host = HostMemoryTier(num_host_blocks, tensors, sealer, host_ttl_s)
-            if num_disk_blocks:
-                if disk_dir is None:
-                    raise ValueError("a disk tier needs a directory")
-                disk = FileDiskTier(disk_dir, num_disk_blocks, tensors, sealer, namespace_digest)
-        elif num_disk_blocks:
-            raise ValueError("a disk tier needs a host tier")
         hasher = BlockHasher(namespace_digest, hash_algorithm)
-        cache = RadixPrefixCache(pool, hasher, log, host, disk)
+        tiers = build_tiers(
+            pool, tensors, BlockChainer(hasher, spec.block_size), log,
+            namespace_digest=namespace_digest, secret=secret, num_host_blocks=num_host_blocks,
+            host_ttl_s=host_ttl_s, disk_dir=disk_dir, num_disk_blocks=num_disk_blocks,
+        )
+        cache = RadixPrefixCache(pool, hasher, log, tiers)
 
         def make_cache(digest: bytes) -> PrefixCache:
             return RadixPrefixCache(pool, BlockHasher(digest, hash_algorithm),

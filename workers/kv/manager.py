@@ -32,13 +32,15 @@ so the running sequences can grow by that many blocks before anyone is preempted
 (vLLM's ``watermark``). With nothing else live there is nobody to protect and the
 watermark does not apply, so the liveness rule above holds unchanged.
 
-Host tier. Before an admission's match, the host blocks that continue the device
-hit along the prompt are copied back into fresh device blocks (evicting for room
-while the hit is locked) and cached, so the hit that follows counts them as cached
-tokens. ``swap_out`` is preemption by swapping: the sequence's computed tokens are
-cached, released, and its own leaves evicted at once to the host tier. Disk-tier
-blocks come back the same way; ``spill_to_disk`` moves the whole cache down to disk
-before the worker stops.
+Tiers (host memory, disk below it: ``workers.kv.tiers``, held by each prefix cache
+as ``tiers``). The manager calls them at two points: before an admission's match,
+the tiers' blocks that continue the device hit along the prompt are copied back
+into fresh device blocks (evicting for room while the hit is locked) and cached, so
+the hit that follows counts them as cached tokens; and ``swap_out``, preemption by
+swapping, caches the sequence's computed tokens, releases them and evicts its own
+leaves at once, which the prefix cache demotes into its tiers (as every eviction
+does). ``expire_host`` and ``spill_to_disk`` (the whole cache down to disk before
+the worker stops) are the tiers' housekeeping, passed on to the base cache's tiers.
 
 Namespaces. The base model's blocks live in ``prefix_cache``; each other namespace
 (a LoRA adapter, keyed by its namespace digest) gets its own prefix cache over the
@@ -60,12 +62,12 @@ from radix.events import KVEvent
 from radix.keys import TOKEN_BYTES, to_key
 from radix.tree import PUBLIC, Node, Scope
 from workers.kv.block_pool import BlockPool
-from workers.kv.disk_tier import DiskTierStats
 from workers.kv.event_log import KVEventLog
-from workers.kv.host_tier import HostTierStats
 from workers.kv.ids import BlockId, SeqId
 from workers.kv.prefix_cache import PrefixCache, PrefixHit
 from workers.kv.tensors import KVCacheTensors
+from workers.kv.tiers.disk_tier import DiskTierStats
+from workers.kv.tiers.host_tier import HostTierStats
 
 
 @dataclass(frozen=True)
@@ -189,7 +191,7 @@ class KVCacheManager:
     ) -> _SeqState | None:
         """Match ``hit_key``, then hold the hit and reserve ``num_tokens`` positions;
         None, holding nothing, when the blocks are not there."""
-        hit = self._restore_from_host(cache, cache.match(hit_key, scope), hit_key, scope)
+        hit = self._restore_from_tiers(cache, cache.match(hit_key, scope), hit_key, scope)
         cache.lock(hit.node)
         table = list(hit.block_ids)
         extra = cache.blocks_beyond(hit.node, table)
@@ -205,21 +207,43 @@ class KVCacheManager:
         self._reserve(seq, num_tokens)
         return seq
 
-    def _restore_from_host(
+    def _restore_from_tiers(
         self, cache: PrefixCache, hit: PrefixHit, key: bytes, scope: Scope
     ) -> PrefixHit:
-        """``hit`` extended by the host blocks that continue it, as far as room can be
-        made for them (see the module docstring); expired host entries go first."""
-        cache.expire_host(time.time())
-        found = cache.host_blocks_after(hit, key, scope)
+        """``hit`` extended by the blocks of ``cache``'s tiers that continue it, as far as
+        room can be made for them (see the module docstring); expired entries go
+        first."""
+        tiers = cache.tiers
+        tiers.expire(time.time())
+        found = tiers.find(key, hit.num_cached_tokens, scope, lambda: cache.path_end(hit.node))
         if not found:
             return hit
         cache.lock(hit.node)
         self._make_room(len(found))
-        num_restored = cache.restore_from_host(hit, key, scope, found[: self.pool.num_free_blocks])
+        restored, num_public = tiers.take(found[: self.pool.num_free_blocks])
+        if restored:
+            self._cache_restored(cache, hit, key, scope, restored, num_public)
         cache.unlock(hit.node)
-        self.num_host_restored_blocks_total += num_restored
-        return cache.match(key, scope) if num_restored else hit
+        self.num_host_restored_blocks_total += len(restored)
+        return cache.match(key, scope) if restored else hit
+
+    def _cache_restored(
+        self, cache: PrefixCache, hit: PrefixHit, key: bytes, scope: Scope,
+        restored: Sequence[BlockId], num_public: int,
+    ) -> None:
+        """Cache ``restored`` (taken from the tiers, held once here, the first
+        ``num_public`` public) after ``hit``'s whole blocks like a commit (public blocks
+        under PUBLIC), then drop the hold. The caller holds a lock on ``hit.node``."""
+        num_whole = hit.num_cached_tokens // self.block_size
+        table = [*hit.block_ids[:num_whole], *restored]
+        block_bytes = self.block_size * TOKEN_BYTES
+        public_end = (num_whole + num_public) * block_bytes
+        end = (num_whole + len(restored)) * block_bytes
+        if num_public:
+            cache.insert(key[:public_end], PUBLIC, table)
+        if end > public_end:
+            cache.insert(key[:end], scope, table)
+        self.pool.decref(restored)
 
     def pin(self, pin_id: SeqId, key: bytes, scope: Scope) -> list[BlockId]:
         """Hold the whole blocks of ``key`` (a radix key) cached for ``scope`` in the base
@@ -275,9 +299,9 @@ class KVCacheManager:
         return True
 
     def expire_host(self, now: float) -> int:
-        """Drop the host tier's entries expired at ``now`` (wall-clock seconds; admissions
-        do this too); returns how many."""
-        return self.prefix_cache.expire_host(now)
+        """Drop the base cache's tiers' entries expired at ``now`` (wall-clock seconds;
+        admissions do this too), logged ``removed``; returns how many."""
+        return self.prefix_cache.tiers.expire(now)
 
     def swap_out(self, seq_id: SeqId, token_ids: Sequence[int] | bytes) -> int:
         """Preempt ``seq_id`` by swapping: cache its first ``num_computed_tokens`` of
@@ -291,9 +315,12 @@ class KVCacheManager:
         return seq.cache.evict_path(key, seq.scope)
 
     def spill_to_disk(self) -> int:
-        """Move every cached block no sequence holds, and every host-tier block, to the
-        disk tier (see ``PrefixCache.spill_to_disk``); returns the device blocks freed."""
-        return self.prefix_cache.spill_to_disk()
+        """Move every base-namespace cached block no sequence holds, and every host-tier
+        block, down to the disk tier, in LRU order, and return once all of it is on disk
+        (a worker stopping, so its cache outlives it); returns the device blocks freed.
+        Without a disk tier nothing moves (see ``Tiers.spill``)."""
+        cache = self.prefix_cache
+        return cache.tiers.spill(lambda: cache.evict(self.pool.num_total_blocks))
 
     def _smaller_hit(self, num_hit_tokens: int) -> int | None:
         """The prefix hit to try after one of ``num_hit_tokens`` did not fit, or None:
@@ -524,6 +551,7 @@ class KVCacheManager:
     def stats(self) -> KVCacheStats:
         """Current gauges and counters."""
         pool = self.pool
+        tiers = self.prefix_cache.tiers.stats()
         return KVCacheStats(
             num_total_blocks=pool.num_total_blocks,
             num_free_blocks=pool.num_free_blocks,
@@ -535,8 +563,8 @@ class KVCacheManager:
             prefix_cache_hit_tokens_total=self._num_hit_tokens,
             num_evicted_blocks_total=self.num_evicted_blocks_total,
             num_cow_copies_total=self._num_cow_copies,
-            host=self.prefix_cache.host.stats(),
-            disk=self.prefix_cache.disk.stats(),
+            host=tiers.host,
+            disk=tiers.disk,
         )
 
     def check_invariants(self) -> None:

@@ -2,7 +2,8 @@
 
 A prefix cache maps token prefixes (per scope) to KV blocks that already hold them.
 It references blocks through the pool's tree slot counts and frees them only by
-eviction; sequences' references are the manager's business.
+eviction; sequences' references are the manager's business. It holds the tiers
+below the device (``tiers``): its evictions demote into them.
 """
 
 from __future__ import annotations
@@ -13,12 +14,11 @@ from dataclasses import dataclass
 
 from radix.events import KVEvent
 from radix.tree import PUBLIC, Node, Scope
+from workers.kv.block_events import ROOT_END, PathEnd
 from workers.kv.block_pool import BlockPool
-from workers.kv.disk_tier import DiskTier, NullDiskTier
 from workers.kv.event_log import KVEventLog
-from workers.kv.host_link import HostHit
-from workers.kv.host_tier import HostTier, NullHostTier
 from workers.kv.ids import BlockId
+from workers.kv.tiers.base import NoTiers, Tiers
 
 
 @dataclass(frozen=True)
@@ -41,13 +41,14 @@ class PrefixCache(ABC):
 
     Rules: ``insert`` never re-references tokens already cached (the caller's own
     copies of them are released when it frees its blocks); ``evict`` only frees
-    blocks no sequence holds; every change is reported in ``event_log``.
+    blocks no sequence holds; every change is reported in ``event_log``; ``tiers``
+    gets the full blocks of every leaf evicted and is told of every block cached
+    again.
     """
 
     event_log: KVEventLog
     num_evicted_blocks_total: int
-    host: HostTier
-    disk: DiskTier
+    tiers: Tiers
 
     @abstractmethod
     def match(self, key: bytes, scope: Scope) -> PrefixHit:
@@ -100,33 +101,13 @@ class PrefixCache(ABC):
     @abstractmethod
     def evict_path(self, key: bytes, scope: Scope) -> int:
         """Evict the unlocked leaves of ``scope`` ending ``key``'s cached path, deepest
-        first, to the host tier if there is one (swap-out); returns the blocks freed."""
+        first, demoting their full blocks into ``tiers`` (swap-out); returns the blocks freed."""
 
     @abstractmethod
-    def host_blocks_after(
-        self, hit: PrefixHit, key: bytes, scope: Scope
-    ) -> list[HostHit]:
-        """The host tier's blocks that continue ``hit`` along ``key`` (empty when none
-        reaches past it)."""
-
-    @abstractmethod
-    def restore_from_host(
-        self, hit: PrefixHit, key: bytes, scope: Scope, found: Sequence[HostHit]
-    ) -> int:
-        """Copy ``found`` back to fresh device blocks (one free block each must be
-        there) and cache them; returns how many were restored."""
-
-    def expire_host(self, now: float) -> int:
-        """Drop the host tier's entries expired at ``now`` (wall-clock seconds), logged
-        ``removed``; returns how many (none without a host tier)."""
-        return 0
-
-    @abstractmethod
-    def spill_to_disk(self) -> int:
-        """Move every evictable cached block down to the disk tier, the host tier's
-        blocks included, in LRU order (a worker stopping, so its cache outlives it);
-        returns the device blocks freed, once every block is on disk. Without a disk tier
-        nothing moves."""
+    def path_end(self, node: Node | None) -> PathEnd:
+        """Where the path to ``node`` (a ``match`` handle, so it ends at a block
+        boundary; None: the root) stands in the block-hash chain (a prompt's blocks
+        past it chain from there)."""
 
     @abstractmethod
     def snapshot(self) -> tuple[int, list[KVEvent]]:
@@ -155,8 +136,7 @@ class NullPrefixCache(PrefixCache):
         self._pool = pool
         self.event_log = event_log
         self.num_evicted_blocks_total = 0
-        self.host = NullHostTier()
-        self.disk = NullDiskTier()
+        self.tiers = NoTiers()
 
     def match(self, key: bytes, scope: Scope) -> PrefixHit:
         """Always the empty hit."""
@@ -193,21 +173,9 @@ class NullPrefixCache(PrefixCache):
         """Nothing to evict."""
         return 0
 
-    def host_blocks_after(
-        self, hit: PrefixHit, key: bytes, scope: Scope
-    ) -> list[HostHit]:
-        """No host tier behind a null cache."""
-        return []
-
-    def restore_from_host(
-        self, hit: PrefixHit, key: bytes, scope: Scope, found: Sequence[HostHit]
-    ) -> int:
-        """Nothing is ever found."""
-        return 0
-
-    def spill_to_disk(self) -> int:
-        """Nothing is cached."""
-        return 0
+    def path_end(self, node: Node | None) -> PathEnd:
+        """Every path is the root's."""
+        return ROOT_END
 
     def snapshot(self) -> tuple[int, list[KVEvent]]:
         """The ``cleared`` event only."""

@@ -21,14 +21,12 @@ split shortens it at the front and gives the front to a new head node), so an en
 stays valid until the node is evicted. Inserting or evicting a leaf then hashes only
 that leaf's blocks, not its whole path.
 
-Host tier (``workers.kv.host_tier``; the null tier when off). Evicting a leaf moves
-every full block whose last token it holds into the host tier (the ancestors, still
-in the tree, hold the block's earlier positions) and logs ``stored`` with medium
-``host``; blocks the tier drops are logged ``removed``/``host``. ``restore_from_host``
-copies the host blocks that extend a device hit into fresh device blocks and
-inserts them like a commit, so the following match counts them as cached. A disk
-tier below the host tier (``workers.kv.disk_tier``) takes what the host tier drops;
-its blocks are found and restored the same way.
+Tiers (``workers.kv.tiers``; ``NoTiers`` when off). Evicting a leaf demotes every
+full block whose last token it holds into the tiers (the ancestors, still in the
+tree, hold the block's earlier positions); inserting blocks the tiers hold drops
+their copies there. ``path_end`` gives the chain a device hit ends at, from which
+the KV manager finds the tiers' blocks that continue it, takes them back and
+inserts them like a commit, so the following match counts them as cached.
 """
 
 from __future__ import annotations
@@ -40,16 +38,13 @@ from typing import cast
 
 from radix.events import EventBlock, KVEvent
 from radix.hashing import BlockHasher
-from radix.keys import TOKEN_BYTES
 from radix.tree import PUBLIC, Node, RadixTree, Scope
-from workers.kv.block_events import ROOT_STATE, BlockChainer, ChainState
+from workers.kv.block_events import ROOT_STATE, BlockChainer, ChainState, PathEnd
 from workers.kv.block_pool import BlockPool
-from workers.kv.disk_tier import DiskTier
 from workers.kv.event_log import KVEventLog
-from workers.kv.host_link import HostHit, HostLink
-from workers.kv.host_tier import HostTier, NullHostTier
 from workers.kv.ids import BlockId
 from workers.kv.prefix_cache import EMPTY_HIT, PrefixCache, PrefixHit
+from workers.kv.tiers.base import NoTiers, Tiers
 
 Slots = array  # array('i') of slot ids, one per token of a node's edge
 
@@ -70,15 +65,12 @@ class RadixPrefixCache(PrefixCache):
         pool: BlockPool,
         hasher: BlockHasher,
         event_log: KVEventLog,
-        host: HostTier | None = None,
-        disk: DiskTier | None = None,
+        tiers: Tiers | None = None,
     ):
         self._pool = pool
-        self.host = host or NullHostTier()
+        self.tiers = tiers or NoTiers()
         self._block_size = pool.block_size
         self._chainer = BlockChainer(hasher, pool.block_size)
-        self._link = HostLink(self.host, pool, self._chainer, event_log, disk)
-        self.disk = self._link.disk
         self.tree: RadixTree[Slots] = RadixTree(_split_slots)
         self.event_log = event_log
         self.num_evicted_blocks_total = 0
@@ -164,8 +156,7 @@ class RadixPrefixCache(PrefixCache):
             blocks, end_state = self._chainer.node_blocks(state, leaf, with_tokens=True)
             self._chain_at_end[leaf] = (leaf.end, end_state)
             self.event_log.append("stored", leaf.scope, blocks)
-            if self._link.enabled:  # the device holds these again: no second copy
-                self._link.forget(leaf.scope, blocks)
+            self.tiers.forget(leaf.scope, blocks)  # the device holds these again
         return result.nodes[-1] if result.nodes else None
 
     def set_quota(self, scope: Scope, max_cached_tokens: int | None) -> None:
@@ -196,7 +187,7 @@ class RadixPrefixCache(PrefixCache):
 
     def evict_path(self, key: bytes, scope: Scope) -> int:
         """Evict the unlocked leaves of ``scope`` at the end of ``key``'s cached path,
-        deepest first (a preempted sequence swapped out to the host tier); returns the
+        deepest first (a preempted sequence swapped out to the tiers); returns the
         blocks freed."""
         result = self.tree.match(key, scope, touch=False)
         node = result.nodes[-1] if result.nodes else None
@@ -210,25 +201,30 @@ class RadixPrefixCache(PrefixCache):
         return self._finish_eviction(num_freed, removed)
 
     def _drop(self, node: Node, removed: dict[Scope, list[EventBlock]]) -> int:
-        """Release an evicted node's slots (its full blocks go to the host tier first);
-        returns the blocks freed."""
+        """Release an evicted node's slots (its full blocks are demoted into the tiers
+        first); returns the blocks freed."""
         state = self._chain_state_at_end(node.parent)
         self._chain_at_end.pop(node, None)
-        blocks, _ = self._chainer.node_blocks(state, node, with_tokens=self.host.enabled)
+        blocks, _ = self._chainer.node_blocks(state, node, with_tokens=True)
         removed.setdefault(node.scope, []).extend(
             EventBlock(b.hash, b.parent) for b in blocks
         )
-        if self._link.enabled:
-            block_size = self._block_size
-            ends = range((node.start // block_size + 1) * block_size, node.end + 1, block_size)
-            self._link.demote(node.scope, [
-                (block, self._path_slots(node, end - block_size, end))
-                for end, block in zip(ends, blocks, strict=False)  # the full blocks come first
-            ])
+        self.tiers.demote(node.scope, lambda: self._full_blocks(node, blocks))
         num_freed = 0
         for block, count in self._runs(node):
             num_freed += self._pool.unref_tree_slots(block, count)
         return num_freed
+
+    def _full_blocks(
+        self, node: Node, blocks: Sequence[EventBlock]
+    ) -> list[tuple[EventBlock, list[int]]]:
+        """``node``'s full blocks (the first of its ``blocks``) with their slots."""
+        block_size = self._block_size
+        ends = range((node.start // block_size + 1) * block_size, node.end + 1, block_size)
+        return [
+            (block, self._path_slots(node, end - block_size, end))
+            for end, block in zip(ends, blocks, strict=False)  # the full blocks come first
+        ]
 
     def _path_slots(self, node: Node, start: int, end: int) -> list[int]:
         """The slots of positions ``[start, end)`` on the path ending at ``node``."""
@@ -241,55 +237,10 @@ class RadixPrefixCache(PrefixCache):
             node = node.parent
         return slots
 
-    def host_blocks_after(
-        self, hit: PrefixHit, key: bytes, scope: Scope
-    ) -> list[HostHit]:
-        """The full blocks of ``key`` right after ``hit``'s last whole block that the host
-        tier holds, consecutive, as (hash, scope); empty unless they reach past the hit.
-        PUBLIC blocks count only while the whole path before them is public."""
-        if not self._link.enabled:
-            return []
-        num_whole = hit.num_cached_tokens - hit.num_cached_tokens % self._block_size
-        state = ROOT_STATE if hit.node is None else self._chain_state_at_end(hit.node)
-        public_ok = all(node.scope == PUBLIC for node in self._path(hit.node))
-        found = self._link.find(state.parent, key, num_whole, scope, public_ok)
-        if num_whole + len(found) * self._block_size <= hit.num_cached_tokens:
-            return []
-        return found
-
-    def expire_host(self, now: float) -> int:
-        """See ``PrefixCache.expire_host``."""
-        return self._link.expire(now)
-
-    def restore_from_host(
-        self, hit: PrefixHit, key: bytes, scope: Scope, found: Sequence[HostHit]
-    ) -> int:
-        """Copy ``found`` (from ``host_blocks_after``, at most as many as free blocks)
-        into fresh device blocks and cache them after the hit's whole blocks, like a
-        commit (public blocks under PUBLIC). Returns the blocks restored. The caller
-        holds a lock on ``hit.node``."""
-        restored, num_public = self._link.take(found)
-        if restored:
-            num_whole = hit.num_cached_tokens // self._block_size
-            table = [*hit.block_ids[:num_whole], *restored]
-            block_bytes = self._block_size * TOKEN_BYTES
-            public_end = (num_whole + num_public) * block_bytes
-            end = (num_whole + len(restored)) * block_bytes
-            if num_public:
-                self.insert(key[:public_end], PUBLIC, table)
-            if end > public_end:
-                self.insert(key[:end], scope, table)
-            self._pool.decref(restored)
-        return len(restored)
-
-    def spill_to_disk(self) -> int:
-        """See ``PrefixCache.spill_to_disk``."""
-        if not self.disk.enabled:
-            return 0
-        num_freed = self.evict(self._pool.num_total_blocks)
-        self._link.spill_host()
-        self.disk.flush()
-        return num_freed
+    def path_end(self, node: Node | None) -> PathEnd:
+        """See ``PrefixCache.path_end`` (the chain state is memoized per node)."""
+        state = ROOT_STATE if node is None else self._chain_state_at_end(node)
+        return PathEnd(state.parent, all(n.scope == PUBLIC for n in self._path(node)))
 
     def _path(self, node: Node | None) -> Iterator[Node]:
         while node is not None and node is not self.tree.root:
@@ -324,7 +275,7 @@ class RadixPrefixCache(PrefixCache):
         for node in self.tree.iter_nodes():
             blocks, states[node] = self._chainer.node_blocks(states[node.parent], node, True)
             events.append(log.at_head("stored", node.scope, blocks))
-        return log.head_seq, events + self._link.snapshot()
+        return log.head_seq, events + self.tiers.snapshot()
 
     @property
     def num_cached_tokens(self) -> int:

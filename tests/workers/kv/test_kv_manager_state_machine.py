@@ -46,6 +46,7 @@ from tests.workers.kv.kv_test_support import (
     make_manager,
     write_kv,
 )
+from workers.kv.tiers.host_link import HostLink
 
 BLOCK_SIZE = 4
 NUM_BLOCKS = 14
@@ -273,7 +274,8 @@ class KVManagerMachine(RuleBasedStateMachine):
         log = self.manager.event_log
         self.consumer.apply(log.since(self.consumer.last_seq, log.epoch))
         assert_replay_equivalent(self.cache.tree, self.consumer, exact=False)
-        held = self.cache.host.entries()
+        tiers = self.cache.tiers
+        held = tiers.host.entries() if isinstance(tiers, HostLink) else []
         assert len(held) <= self.num_host_blocks
         assert self.consumer.host_hashes == {block_hash.hex() for block_hash, _ in held}
 

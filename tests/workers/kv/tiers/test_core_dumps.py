@@ -12,7 +12,7 @@ pytestmark = pytest.mark.slow
 
 CHECK = """
 import ctypes, resource
-from workers.kv.core_dumps import disable_core_dumps
+from workers.kv.tiers.core_dumps import disable_core_dumps
 assert ctypes.CDLL(None).prctl(3, 0, 0, 0, 0) == 1  # PR_GET_DUMPABLE: dumpable before
 assert disable_core_dumps() is True
 assert resource.getrlimit(resource.RLIMIT_CORE) == (0, 0)

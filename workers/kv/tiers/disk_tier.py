@@ -1,7 +1,7 @@
 """The disk tier: a bounded directory of sealed KV blocks below the host tier.
 
 Blocks arrive from the host tier as it drops its oldest (already sealed, so they are
-written as they are; ``workers.kv.disk_files`` has the layout) and leave on a prefix
+written as they are; ``workers.kv.tiers.disk_files`` has the layout) and leave on a prefix
 hit, read back into a device block. The tier is ordered by arrival and drops its
 oldest block when full, so device, host and disk together keep one LRU order: the
 host tier drops to disk in its own LRU order, and the disk drops what is older than
@@ -13,7 +13,7 @@ this secret and namespace (in their recorded arrival order) and deletes the othe
 (counted with the read failures). Reading a block opens it again: a file changed
 after the scan is dropped and counted, never written to the device.
 
-Writes and deletions run on a thread of their own (``workers.kv.disk_writer``), so a
+Writes and deletions run on a thread of their own (``workers.kv.tiers.disk_writer``), so a
 demotion costs the engine thread an encryption and a queue slot, not a synchronous
 write with two ``fsync``s; a hit on a block whose write is still queued is served
 from its bytes in memory (opened and authenticated all the same), and a write that
@@ -37,7 +37,9 @@ from pathlib import Path
 from typing import NamedTuple
 
 from radix.hashing import BlockHash
-from workers.kv.disk_files import (
+from workers.kv.ids import BlockId
+from workers.kv.tensors import KVCacheTensors
+from workers.kv.tiers.disk_files import (
     SUFFIX,
     TEMP_SUFFIX,
     DiskRecord,
@@ -48,11 +50,9 @@ from workers.kv.disk_files import (
     lock_directory,
     sync_directory,
 )
-from workers.kv.disk_writer import DiskWriter
-from workers.kv.host_crypto import BlockSealer
-from workers.kv.host_tier import HostBlock
-from workers.kv.ids import BlockId
-from workers.kv.tensors import KVCacheTensors
+from workers.kv.tiers.disk_writer import DiskWriter
+from workers.kv.tiers.host_crypto import BlockSealer
+from workers.kv.tiers.host_tier import HostBlock
 
 log = logging.getLogger(__name__)
 

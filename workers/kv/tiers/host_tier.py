@@ -28,9 +28,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from radix.hashing import BlockHash
-from workers.kv.host_crypto import BlockSealer
 from workers.kv.ids import BlockId
 from workers.kv.tensors import KVCacheTensors
+from workers.kv.tiers.host_crypto import BlockSealer
 
 
 @dataclass(frozen=True)
@@ -73,12 +73,7 @@ class HostTier(ABC):
     ) -> list[tuple[BlockHash, HostBlock]]:
         """Copy the K/V at device ``slots`` (one block's positions) into the pool as
         ``block_hash`` of ``scope``. Returns the entries dropped to make room, oldest
-        first (with the null tier: none, and nothing is kept)."""
-
-    @property
-    @abstractmethod
-    def enabled(self) -> bool:
-        """False for the null tier (the prefix cache then skips all host work)."""
+        first."""
 
     @abstractmethod
     def holds(self, block_hash: BlockHash, scope: str, tokens: bytes) -> bool:
@@ -109,46 +104,6 @@ class HostTier(ABC):
         """Current gauges and counters."""
 
 
-class NullHostTier(HostTier):
-    """No host tier (``--host-cache-bytes 0``): evicted blocks are dropped."""
-
-    @property
-    def enabled(self) -> bool:
-        """Never."""
-        return False
-
-    def put(
-        self, block_hash: BlockHash, scope: str, parent: BlockHash | None, tokens: bytes,
-        slots: Sequence[int],
-    ) -> list[tuple[BlockHash, HostBlock]]:
-        """Keeps nothing."""
-        return []
-
-    def holds(self, block_hash: BlockHash, scope: str, tokens: bytes) -> bool:
-        """Never."""
-        return False
-
-    def take(self, block_hash: BlockHash, device_block: BlockId) -> HostBlock | None:
-        """Nothing to take."""
-        return None
-
-    def discard(self, block_hash: BlockHash) -> HostBlock | None:
-        """Nothing to discard."""
-        return None
-
-    def entries(self) -> list[tuple[BlockHash, HostBlock]]:
-        """None."""
-        return []
-
-    def expire(self, now: float) -> list[tuple[BlockHash, HostBlock]]:
-        """Nothing expires."""
-        return []
-
-    def stats(self) -> HostTierStats:
-        """All zero."""
-        return HostTierStats(0, 0, 0, 0, 0, 0)
-
-
 class HostMemoryTier(HostTier):
     """Up to ``num_blocks`` sealed blocks in host memory, each kept at most ``ttl_s``
     seconds of ``clock`` (None: no expiry)."""
@@ -167,11 +122,6 @@ class HostMemoryTier(HostTier):
         self._blocks: OrderedDict[BlockHash, HostBlock] = OrderedDict()
         self._num_hits = self._bytes_in = self._bytes_out = self._num_auth_failures = 0
         self._num_puts = self._num_expired = 0
-
-    @property
-    def enabled(self) -> bool:
-        """Always."""
-        return True
 
     def put(
         self, block_hash: BlockHash, scope: str, parent: BlockHash | None, tokens: bytes,

@@ -22,13 +22,14 @@ from radix.keys import to_key
 from tests.workers.kv.kv_test_support import NAMESPACE_DIGEST, EventConsumer
 from workers.kv.block_events import BlockChainer
 from workers.kv.block_pool import BlockPool
-from workers.kv.disk_tier import FileDiskTier
 from workers.kv.event_log import KVEventLog
-from workers.kv.host_crypto import BlockSealer
-from workers.kv.host_link import HostHit, HostLink
-from workers.kv.host_tier import HostMemoryTier
 from workers.kv.spec import KVCacheSpec
 from workers.kv.tensors import KVCacheTensors
+from workers.kv.tiers.base import HostHit
+from workers.kv.tiers.disk_tier import FileDiskTier
+from workers.kv.tiers.host_crypto import BlockSealer
+from workers.kv.tiers.host_link import HostLink
+from workers.kv.tiers.host_tier import HostMemoryTier
 
 B = 2
 H, D = 3, 4
@@ -51,6 +52,11 @@ class Tiers:
     def replayed(self) -> tuple[set[str], set[str]]:
         self.events.apply(self.log.since(self.events.last_seq, self.log.epoch))
         return self.events.host_hashes, self.events.disk_hashes
+
+
+def demote(link: HostLink, n: int, event_block: EventBlock) -> None:
+    """Demote block ``n`` (``block_of``) from its device block ``2 + n``."""
+    link.demote("t1", lambda: [(event_block, range((2 + n) * B, (3 + n) * B))])
 
 
 def block_of(n: int) -> tuple[EventBlock, bytes]:
@@ -84,7 +90,7 @@ def test_host_and_disk_keep_the_newest_blocks_in_one_lru_order(ops):
             if op == "down":
                 tiers.link.forget("t1", [event_block])  # the device held it again first
                 moved_at.pop(n, None)
-                tiers.link.demote("t1", [(event_block, range((2 + n) * B, (3 + n) * B))])
+                demote(tiers.link, n, event_block)
                 moved_at[n] = clock
             elif op == "take":
                 restored, _ = tiers.link.take([HostHit(block_hash, "t1", to_key(event_block.tokens))])

@@ -33,7 +33,7 @@ def evicted_to_host(num_host_blocks: int = 16):
 
 def test_an_evicted_prefix_comes_back_from_the_host_tier_as_cached():
     manager = evicted_to_host()
-    host = manager.prefix_cache.host
+    host = manager.prefix_cache.tiers.host
     assert host.stats().num_host_blocks_used >= 2
     num_cached = manager.admit(99, A + [7], "t1")
     assert num_cached == 2 * B  # the two full blocks, restored, count as cached
@@ -50,11 +50,11 @@ def test_events_name_the_medium_and_replay_to_the_host_contents():
     consumer = EventConsumer(B)
     log = manager.event_log
     consumer.apply(log.since(-1, log.epoch))
-    held = {h.hex() for h, _ in manager.prefix_cache.host.entries()}
+    held = {h.hex() for h, _ in manager.prefix_cache.tiers.host.entries()}
     assert held and consumer.host_hashes == held
     serve(manager, 99, A + [7])
     consumer.apply(log.since(consumer.last_seq, log.epoch))
-    assert consumer.host_hashes == {h.hex() for h, _ in manager.prefix_cache.host.entries()}
+    assert consumer.host_hashes == {h.hex() for h, _ in manager.prefix_cache.tiers.host.entries()}
     head, snapshot = manager.snapshot()
     fresh = EventConsumer(B)
     fresh.apply(snapshot, snapshot=True)
@@ -63,7 +63,7 @@ def test_events_name_the_medium_and_replay_to_the_host_contents():
 
 def test_a_tampered_host_block_is_dropped_counted_and_never_used():
     manager = evicted_to_host()
-    host = manager.prefix_cache.host
+    host = manager.prefix_cache.tiers.host
     entries = dict(host.entries())
     first = next(h for h, e in entries.items() if e.parent is None and e.tokens[:4] == b"\x01\0\0\0")
     flipped = bytearray(entries[first].sealed)
@@ -78,11 +78,11 @@ def test_a_tampered_host_block_is_dropped_counted_and_never_used():
 
 def test_a_block_filed_under_another_hash_or_scope_fails_authentication():
     manager = evicted_to_host()
-    host = manager.prefix_cache.host
+    host = manager.prefix_cache.tiers.host
     (h1, e1), (h2, e2) = host.entries()[:2]
     host._blocks[h1], host._blocks[h2] = replace(e1, sealed=e2.sealed), replace(e2, sealed=e1.sealed)
     assert host.take(h1, 0) is None and host.take(h2, 0) is None
-    host = evicted_to_host().prefix_cache.host
+    host = evicted_to_host().prefix_cache.tiers.host
     (h3, e3) = host.entries()[0]
     host._blocks[h3] = replace(e3, scope="t2")  # filed under another tenant's key
     assert host.take(h3, 0) is None
@@ -97,7 +97,7 @@ def test_another_tenant_never_hits_the_host_blocks():
 
 def test_a_full_host_tier_drops_its_oldest_blocks():
     manager = evicted_to_host(num_host_blocks=2)
-    host = manager.prefix_cache.host
+    host = manager.prefix_cache.tiers.host
     assert host.stats().num_host_blocks_used == 2
     assert serve(manager, 99, A + [7]) == 0  # A's blocks were the oldest: dropped
 
@@ -110,7 +110,7 @@ def test_swap_out_moves_a_preempted_sequence_to_the_host_tier():
     write_kv(manager, 1, tokens, 0, len(tokens))
     freed = manager.swap_out(1, tokens)
     assert freed == 3 and manager.pool.num_free_blocks == 6
-    assert manager.prefix_cache.host.stats().num_host_blocks_used == 3
+    assert manager.prefix_cache.tiers.host.stats().num_host_blocks_used == 3
     assert manager.admit(2, tokens + [1], "t1") == 3 * B
     assert_reads(manager, 2, tokens + [1], 3 * B)
     manager.check_invariants()
@@ -120,7 +120,7 @@ def file_under(manager, scope: str, tokens: list[int]) -> None:
     """Put the first block of A (tenant t1's) in the host tier under the hash of the
     first block of ``tokens`` in ``scope``, sealed for that hash: what a hash collision
     (possible with ``xxh3_128``) would hold there."""
-    link, host = manager.prefix_cache._link, manager.prefix_cache.host
+    link, host = manager.prefix_cache.tiers, manager.prefix_cache.tiers.host
     own = link._chainer.block_hash(None, "t1", to_key(A[:B]))
     entry = dict(host.entries())[own]
     data = host._sealer.open("t1", own, entry.sealed)
@@ -146,7 +146,7 @@ def test_expired_host_entries_are_dropped_with_removed_events():
     serve(manager, 1, A)
     for i, filler in enumerate(FILLER):
         serve(manager, 10 + i, filler)
-    host = manager.prefix_cache.host
+    host = manager.prefix_cache.tiers.host
     held = {h.hex() for h, _ in host.entries()}
     assert held
     log = manager.event_log

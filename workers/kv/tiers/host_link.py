@@ -1,7 +1,9 @@
-"""Moving full KV blocks between the prefix cache and the lower tiers, with their events.
+"""The tiers of a worker with a host tier (and maybe a disk tier below it), with their
+events.
 
-The prefix cache decides what moves (which blocks an evicted leaf holds, which
-blocks of a prompt continue a device hit); this link does the moving and logs it:
+The prefix cache decides what moves down (which blocks an evicted leaf holds) and
+the KV manager what comes back (the blocks of a prompt that continue a device hit);
+this link does the moving and logs it:
 ``stored``/``host`` for blocks demoted, ``removed``/``host`` for blocks the tier
 dropped, expired, gave back to the device, or refused (failed authentication). With a
 disk tier, what the host tier drops moves on to disk (``stored``/``disk``, logged
@@ -13,33 +15,23 @@ Engine thread only.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import NamedTuple
+from collections.abc import Callable, Sequence
 
 from radix.events import EventBlock, EventType, KVEvent, Medium
 from radix.hashing import BlockHash
 from radix.keys import TOKEN_BYTES
 from radix.tree import PUBLIC, Scope
-from workers.kv.block_events import BlockChainer
+from workers.kv.block_events import BlockChainer, PathEnd
 from workers.kv.block_pool import BlockPool
-from workers.kv.disk_tier import DiskEntry, DiskTier, NullDiskTier
 from workers.kv.event_log import KVEventLog
-from workers.kv.host_tier import HostBlock, HostTier
 from workers.kv.ids import BlockId
+from workers.kv.tiers.base import Demoted, HostHit, Tiers, TierStats
+from workers.kv.tiers.disk_tier import DiskEntry, DiskTier, NullDiskTier
+from workers.kv.tiers.host_tier import HostBlock, HostTier
 
 
-class HostHit(NamedTuple):
-    """A full block of a prompt that the host tier holds: its hash, scope and tokens
-    (key bytes)."""
-
-    block_hash: BlockHash
-    scope: Scope
-    tokens: bytes
-
-
-class HostLink:
-    """The prefix cache's side of the host and disk tiers (a null host tier makes every
-    call a no-op; a disk tier needs a host tier above it)."""
+class HostLink(Tiers):
+    """``Tiers`` over a host tier and, below it, a disk tier (None: none)."""
 
     def __init__(
         self, host: HostTier, pool: BlockPool, chainer: BlockChainer, event_log: KVEventLog,
@@ -49,32 +41,35 @@ class HostLink:
         self.disk = disk or NullDiskTier()
         self._tiers: tuple[tuple[HostTier | DiskTier, Medium], ...] = (
             (self.host, "host"), (self.disk, "disk"))
-        if self.disk.enabled and not host.enabled:
-            raise ValueError("a disk tier needs a host tier")
         self._pool = pool
         self._chainer = chainer
         self._log = event_log
         self._emit("stored", _scoped(list(reversed(self.disk.entries()))), "disk")
 
-    @property
-    def enabled(self) -> bool:
-        """False for the null tier."""
-        return self.host.enabled
-
-    def demote(self, scope: str, blocks: Sequence[tuple[EventBlock, Sequence[int]]]) -> None:
-        """Copy each full block (its event block, with tokens, and its device slots)
-        into the host tier, what it drops on to the disk tier, and log it all."""
+    def demote(self, scope: str, blocks: Demoted) -> None:
+        """See ``Tiers.demote``: each block goes into the host tier, what it drops on to
+        the disk tier."""
         dropped: list[tuple[BlockHash, HostBlock]] = []
-        for block, slots in blocks:
+        demoted = blocks()
+        for block, slots in demoted:
             parent = None if block.parent is None else BlockHash(bytes.fromhex(block.parent))
             dropped += self.host.put(
                 BlockHash(bytes.fromhex(block.hash)), scope, parent, block.key or b"",
                 slots,
             )
-        self._emit("stored", [(scope, block) for block, _ in blocks], "host")
+        self._emit("stored", [(scope, block) for block, _ in demoted], "host")
         self._move_to_disk(dropped)
 
-    def spill_host(self) -> None:
+    def spill(self, evict: Callable[[], int]) -> int:
+        """See ``Tiers.spill``."""
+        if not self.disk.enabled:
+            return 0
+        num_freed = evict()
+        self._spill_host()
+        self.disk.flush()
+        return num_freed
+
+    def _spill_host(self) -> None:
         """Move every host block to the disk tier, oldest first (the LRU order)."""
         entries = self.host.entries()
         for block_hash, _ in entries:
@@ -92,9 +87,8 @@ class HostLink:
         self._emit("removed", _scoped(gone_from_disk), "disk")
 
     def expire(self, now: float) -> int:
-        """Drop the host and disk entries expired at ``now`` and log them ``removed``,
-        as for an eviction (an expired host entry never moves on to disk); returns
-        how many."""
+        """See ``Tiers.expire``: host and disk entries alike, as for an eviction (an
+        expired host entry never moves on to disk)."""
         expired_host = self.host.expire(now)
         expired_disk = self.disk.expire(now)
         self._emit("removed", _scoped(expired_host), "host")
@@ -102,18 +96,31 @@ class HostLink:
         return len(expired_host) + len(expired_disk)
 
     def forget(self, scope: str, blocks: Sequence[EventBlock]) -> None:
-        """The device caches ``blocks`` again: drop any host or disk copy of them."""
+        """See ``Tiers.forget``: host and disk copies alike."""
         for tier, medium in self._tiers:
             gone = [b for b in blocks if tier.discard(BlockHash(bytes.fromhex(b.hash)))]
             self._emit("removed", [(scope, block) for block in gone], medium)
 
     def find(
+        self, key: bytes, num_cached_tokens: int, scope: Scope, path_end: Callable[[], PathEnd]
+    ) -> list[HostHit]:
+        """See ``Tiers.find``; a block counts only when a tier holds it with the same
+        scope and tokens (``HostTier.holds``)."""
+        block_size = self._chainer.block_size
+        num_whole = num_cached_tokens - num_cached_tokens % block_size
+        end = path_end()
+        found = self._find_from(end.parent, key, num_whole, scope, end.public)
+        if num_whole + len(found) * block_size <= num_cached_tokens:
+            return []
+        return found
+
+    def _find_from(
         self, parent: BlockHash | None, key: bytes, start: int, scope: Scope, public_ok: bool
     ) -> list[HostHit]:
         """The consecutive full blocks of ``key`` from token ``start`` (a block
-        boundary, chained under ``parent``) that the tier holds with the same scope
-        and tokens (``HostTier.holds``): each hashed under ``scope``, or under PUBLIC
-        while ``public_ok`` and every block found before it is public."""
+        boundary, chained under ``parent``) that a tier holds: each hashed under
+        ``scope``, or under PUBLIC while ``public_ok`` and every block found before it
+        is public."""
         step = self._chainer.block_size * TOKEN_BYTES
         found: list[HostHit] = []
         for at in range(start * TOKEN_BYTES + step, len(key) + 1, step):
@@ -130,10 +137,8 @@ class HostLink:
         return found
 
     def take(self, found: Sequence[HostHit]) -> tuple[list[BlockId], int]:
-        """Copy ``found`` into freshly allocated device blocks (held once by the
-        caller), stopping at the first block gone, no longer the same scope and tokens,
-        or failing authentication (dropped and logged), from whichever tier holds
-        each. Returns the blocks and how many of the first are public."""
+        """See ``Tiers.take``: each block from whichever tier holds it, stopping also at
+        one no longer the same scope and tokens."""
         restored: list[BlockId] = []
         num_public = 0
         for block_hash, block_scope, block_key in found:
@@ -157,14 +162,18 @@ class HostLink:
         return self.host.holds(block_hash, scope, tokens) or self.disk.holds(block_hash, scope, tokens)
 
     def snapshot(self) -> list[KVEvent]:
-        """The tiers' blocks as ``stored`` lines at the log's head: the host tier's,
-        then the disk tier's, each newest first (a block moves down after its
-        descendants, so parents come first)."""
+        """See ``Tiers.snapshot``: the host tier's blocks, then the disk tier's, each
+        newest first (a block moves down after its descendants, so parents come
+        first)."""
         return [
             self._log.at_head("stored", entry.scope, [_event_block(block_hash, entry)], medium)
             for tier, medium in self._tiers
             for block_hash, entry in reversed(tier.entries())
         ]
+
+    def stats(self) -> TierStats:
+        """See ``Tiers.stats``."""
+        return TierStats(self.host.stats(), self.disk.stats())
 
     def _emit(self, kind: EventType, blocks: Sequence[tuple[str, EventBlock]], medium: Medium
               ) -> None:

@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import NamedTuple
 
 from radix.hashing import BlockHash
-from workers.kv.host_crypto import BlockSealer
+from workers.kv.tiers.host_crypto import BlockSealer
 
 MAGIC = b"radix-kv-disk v2\n"
 SUFFIX = ".kv"

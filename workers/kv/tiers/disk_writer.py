@@ -20,7 +20,7 @@ import threading
 from pathlib import Path
 
 from radix.hashing import BlockHash
-from workers.kv.disk_files import file_name, write_atomic
+from workers.kv.tiers.disk_files import file_name, write_atomic
 
 log = logging.getLogger(__name__)
 _Operation = tuple[BlockHash, bytes | None] | None  # (hash, file bytes or None: delete)

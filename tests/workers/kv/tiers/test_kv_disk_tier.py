@@ -13,8 +13,8 @@ import pytest
 from tests.workers.kv.kv_test_support import EventConsumer, assert_reads, make_manager, serve
 from workers.cli import _parser, config_from_args
 from workers.config import WorkerConfig
-from workers.kv import disk_writer
-from workers.kv.disk_files import SUFFIX, check_private, lock_directory, write_atomic
+from workers.kv.tiers import disk_writer
+from workers.kv.tiers.disk_files import SUFFIX, check_private, lock_directory, write_atomic
 
 B = 4
 A = [1, 2, 3, 4, 5, 6, 7, 8, 9]  # two full blocks and one token
@@ -34,21 +34,21 @@ def pushed_to_disk(disk_dir: Path, num_disk_blocks: int = 16, host_ttl_s: float 
 
 def files(manager) -> list[Path]:
     """The block files on disk once the writes queued so far have landed."""
-    manager.prefix_cache.disk.flush()
-    return sorted(manager.prefix_cache.disk.directory.glob("*" + SUFFIX))
+    manager.prefix_cache.tiers.disk.flush()
+    return sorted(manager.prefix_cache.tiers.disk.directory.glob("*" + SUFFIX))
 
 
 def restart(manager, disk_dir: Path, secret: bytes = b"kv-test-secret"):
     """Stop as a worker does (spill to disk, release the directory), start a new one."""
     manager.spill_to_disk()
-    manager.prefix_cache.disk.close()
+    manager.prefix_cache.tiers.disk.close()
     return make_manager(6, B, num_host_blocks=2, disk_dir=disk_dir, num_disk_blocks=16,
                         secret=secret)
 
 
 def test_blocks_the_host_tier_drops_move_to_disk_and_come_back_as_cached(tmp_path):
     manager = pushed_to_disk(tmp_path)
-    disk = manager.prefix_cache.disk
+    disk = manager.prefix_cache.tiers.disk
     assert disk.stats().num_disk_blocks_used >= 2 and len(files(manager)) == len(disk.entries())
     num_cached = manager.admit(99, A + [7], "t1")
     assert num_cached == 2 * B
@@ -65,7 +65,7 @@ def test_events_name_the_disk_medium_and_a_snapshot_replays_to_the_same_tiers(tm
     log = manager.event_log
     consumer = EventConsumer(B)
     consumer.apply(log.since(-1, log.epoch))
-    tiers = manager.prefix_cache
+    tiers = manager.prefix_cache.tiers
     assert consumer.disk_hashes == {h.hex() for h, _ in tiers.disk.entries()} != set()
     assert consumer.host_hashes == {h.hex() for h, _ in tiers.host.entries()}
     serve(manager, 99, A + [7])
@@ -82,7 +82,7 @@ def test_a_restarted_manager_takes_back_its_disk_and_announces_it_under_a_new_ep
     manager = restart(manager, tmp_path)
     log = manager.event_log
     assert log.epoch != old_epoch
-    kept = {h.hex() for h, _ in manager.prefix_cache.disk.entries()}
+    kept = {h.hex() for h, _ in manager.prefix_cache.tiers.disk.entries()}
     assert len(kept) == 2 + 6 * 2  # A's and every filler's full blocks, in one LRU order
     consumer = EventConsumer(B)
     consumer.apply(log.since(-1, log.epoch))  # cleared, then the re-announce
@@ -95,13 +95,13 @@ def test_a_restarted_manager_takes_back_its_disk_and_announces_it_under_a_new_ep
 
 def test_disk_entries_keep_their_host_expiry_and_are_dropped_when_it_comes(tmp_path):
     manager = pushed_to_disk(tmp_path, host_ttl_s=60.0)
-    disk = manager.prefix_cache.disk
+    disk = manager.prefix_cache.tiers.disk
     held = {h.hex() for h, _ in disk.entries()}
     assert held and all(e.expires_at is not None for _, e in disk.entries())
     log = manager.event_log
     head = log.since(-1, log.epoch)[-1].seq
     assert manager.expire_host(time.time()) == 0, "nothing expires before its TTL"
-    num_host = len(manager.prefix_cache.host.entries())
+    num_host = len(manager.prefix_cache.tiers.host.entries())
     assert manager.expire_host(time.time() + 61) == len(held) + num_host
     removed_from_disk = {b.hash for e in log.since(head, log.epoch) if e.medium == "disk"
                          for b in e.blocks}
@@ -114,14 +114,14 @@ def test_disk_entries_keep_their_host_expiry_and_are_dropped_when_it_comes(tmp_p
 def test_blocks_that_expired_while_the_worker_was_down_are_dropped_at_the_scan(tmp_path):
     manager = pushed_to_disk(tmp_path, host_ttl_s=2.0)
     manager.spill_to_disk()
-    disk = manager.prefix_cache.disk
+    disk = manager.prefix_cache.tiers.disk
     last_expiry = max(e.expires_at for _, e in disk.entries())
     disk.close()
     assert files(manager) != []
     time.sleep(max(0.0, last_expiry - time.time()) + 0.05)
     manager = make_manager(6, B, num_host_blocks=2, disk_dir=tmp_path, num_disk_blocks=16,
                            host_ttl_s=2.0)
-    assert manager.prefix_cache.disk.entries() == [] and files(manager) == []
+    assert manager.prefix_cache.tiers.disk.entries() == [] and files(manager) == []
     assert manager.stats().disk.disk_auth_failures_total == 0
 
 
@@ -144,7 +144,7 @@ def test_a_torn_or_tampered_file_is_dropped_at_the_scan_and_counted(tmp_path, da
         else:
             data[len(data) // 2] ^= 0x20
         path.write_bytes(bytes(data))
-    manager.prefix_cache.disk.close()
+    manager.prefix_cache.tiers.disk.close()
     manager = make_manager(6, B, num_host_blocks=2, disk_dir=tmp_path, num_disk_blocks=16)
     stats = manager.stats().disk
     assert stats.disk_auth_failures_total == 3 and stats.num_disk_blocks_used == 14 - 3
@@ -155,7 +155,7 @@ def test_a_torn_or_tampered_file_is_dropped_at_the_scan_and_counted(tmp_path, da
 
 def test_a_file_tampered_after_the_scan_is_refused_at_the_read(tmp_path):
     manager = pushed_to_disk(tmp_path)
-    disk = manager.prefix_cache.disk
+    disk = manager.prefix_cache.tiers.disk
     for path in files(manager):
         data = bytearray(path.read_bytes())
         data[-1] ^= 1  # the last byte of the sealed K/V's tag
@@ -203,7 +203,7 @@ def test_a_block_whose_write_is_still_queued_is_served_from_memory(tmp_path, mon
 
     monkeypatch.setattr(disk_writer, "write_atomic", held)
     manager = pushed_to_disk(tmp_path)
-    disk = manager.prefix_cache.disk
+    disk = manager.prefix_cache.tiers.disk
     assert not list(disk.directory.glob("*" + SUFFIX)) and len(disk.entries()) >= 2
     num_cached = manager.admit(99, A + [7], "t1")
     assert num_cached == 2 * B  # from the queued bytes: nothing is on disk yet
@@ -220,7 +220,7 @@ def test_blocks_that_cannot_be_written_are_dropped_by_the_next_put(tmp_path, mon
 
     monkeypatch.setattr(disk_writer, "write_atomic", full)
     manager = pushed_to_disk(tmp_path)
-    disk = manager.prefix_cache.disk
+    disk = manager.prefix_cache.tiers.disk
     disk.flush()
     log = manager.event_log
     events = EventConsumer(B)
