@@ -32,7 +32,16 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-from bench.routing_real import ADMIN_KEY, TENANTS, build_jobs, drive, router_config, tenant_key
+from bench.routing_real import (
+    ADMIN_KEY,
+    TENANTS,
+    build_jobs,
+    drive,
+    outcome_figures,
+    quantile,
+    router_config,
+    tenant_key,
+)
 from harness.procs import (
     ManagedProcess,
     http_json,
@@ -138,21 +147,16 @@ def run_one(num_routers: int, args: argparse.Namespace) -> dict[str, object]:
         indexes = [_admin(r, "/admin/index")["workers"] for r in routers]
         decisions = [decision_seconds(r) for r in routers]
         delays = convergence_delays(routers[0], routers[1], args.probes) if num_routers > 1 else []
-    ok = [o for o in outcomes if o.error is None]
-    num_prompt = sum(o.num_prompt_tokens for o in ok)
     matched = sum(w["num_matched_tokens"] for index in indexes for w in index.values())
     routed = sum(w["num_prompt_tokens"] for index in indexes for w in index.values())
-    ttft_ms = sorted(1e3 * o.ttft_s for o in ok if o.ttft_s is not None)
+    ttft_ms = sorted(1e3 * o.ttft_s for o in outcomes if o.error is None and o.ttft_s is not None)
     return {
         "num_routers": num_routers,
-        "num_requests": len(outcomes),
-        "num_errors": len(outcomes) - len(ok),
-        "first_error": next((o.error for o in outcomes if o.error), None),
-        "cached_fraction": sum(o.num_cached_tokens for o in ok) / max(num_prompt, 1),
+        **outcome_figures(outcomes),
         "predicted_fraction": matched / max(routed, 1),
         "decision_us_mean": 1e6 * sum(s for s, _ in decisions) / max(sum(c for _, c in decisions), 1),
         "requests_per_s": len(outcomes) / drive_s,
-        "ttft_p50_ms": ttft_ms[len(ttft_ms) // 2] if ttft_ms else float("nan"),
+        "ttft_p50_ms": quantile(ttft_ms, 0.5),
         "convergence_ms_median": 1e3 * statistics.median(delays) if delays else None,
         "convergence_ms_max": 1e3 * max(delays) if delays else None,
     }

@@ -194,25 +194,34 @@ def run_one(policy: str, num_workers: int, args: argparse.Namespace) -> dict[str
         raise RuntimeError(f"GET /admin/index answered {status}: {index}")
     workers = index["workers"]
     per_worker = [workers[w]["num_requests"] for w in sorted(workers)]
+    ttft_ms = sorted(1e3 * o.ttft_s for o in outcomes if o.error is None and o.ttft_s is not None)
+    return {
+        **outcome_figures(outcomes),
+        "predicted_fraction": sum(w["num_matched_tokens"] for w in workers.values())
+        / max(sum(w["num_prompt_tokens"] for w in workers.values()), 1),
+        "requests_per_worker": per_worker,
+        "max_over_mean_requests": max(per_worker) / max(statistics.mean(per_worker), 1e-9),
+        "requests_per_s": len(outcomes) / drive_s,
+        "ttft_p50_ms": quantile(ttft_ms, 0.5),
+        "ttft_p90_ms": quantile(ttft_ms, 0.9),
+    }
+
+
+def outcome_figures(outcomes: list[Outcome]) -> dict[str, object]:
+    """What the clients saw, in the order reported: the request and error counts, the
+    first error and the cached fraction of the answered requests' prompts."""
     ok = [o for o in outcomes if o.error is None]
-    ttft_ms = sorted(1e3 * o.ttft_s for o in ok if o.ttft_s is not None)
     num_prompt = sum(o.num_prompt_tokens for o in ok)
     return {
         "num_requests": len(outcomes),
         "num_errors": len(outcomes) - len(ok),
         "first_error": next((o.error for o in outcomes if o.error), None),
         "cached_fraction": sum(o.num_cached_tokens for o in ok) / max(num_prompt, 1),
-        "predicted_fraction": sum(w["num_matched_tokens"] for w in workers.values())
-        / max(sum(w["num_prompt_tokens"] for w in workers.values()), 1),
-        "requests_per_worker": per_worker,
-        "max_over_mean_requests": max(per_worker) / max(statistics.mean(per_worker), 1e-9),
-        "requests_per_s": len(outcomes) / drive_s,
-        "ttft_p50_ms": _quantile(ttft_ms, 0.5),
-        "ttft_p90_ms": _quantile(ttft_ms, 0.9),
     }
 
 
-def _quantile(ordered: list[float], q: float) -> float:
+def quantile(ordered: list[float], q: float) -> float:
+    """The nearest-rank ``q`` quantile of the sorted ``ordered`` (NaN when empty)."""
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))] if ordered else float("nan")
 
 
