@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -15,6 +16,7 @@ from workers.kv.prefix_cache import NullPrefixCache, PrefixCache
 from workers.kv.radix_cache import RadixPrefixCache
 from workers.kv.spec import KVCacheSpec
 from workers.kv.tensors import KVCacheTensors
+from workers.kv.tiers.base import Tiers
 from workers.kv.tiers.build import build_tiers
 
 
@@ -38,40 +40,54 @@ def build_kv_cache_manager(
 ) -> KVCacheManager:
     """A manager over ``num_blocks`` preallocated blocks on ``device`` (see
     ``plan_kv_cache`` for the count), with the radix prefix cache or, when
-    ``prefix_caching`` is False, the null one. ``num_host_blocks`` > 0 adds a host
-    tier of that many blocks sealed under keys derived from ``secret`` (it needs the
-    radix prefix cache); its entries expire ``host_ttl_s`` after they arrive (None:
-    never). ``num_disk_blocks`` > 0 adds a disk tier of that many blocks under
-    ``disk_dir`` below it (it needs the host tier), taking back the blocks a previous
-    run left there that open under the same secret and namespace. ``watermark`` is the
+    ``prefix_caching`` is False, the null one. ``num_host_blocks``, ``secret``,
+    ``host_ttl_s``, ``disk_dir`` and ``num_disk_blocks`` give the radix cache its tiers
+    below the device (``build_tiers``; none without host blocks). ``watermark`` is the
     fraction of the blocks admission keeps obtainable for running sequences to grow
     into (``KVCacheManager``, whole blocks, rounded down). A new event log epoch
     starts here, and announces the blocks taken back from disk. Other namespaces (LoRA
     adapters) get their own prefix caches over the same pool and event log, with no
-    host or disk tier (``KVCacheManager.namespace_cache``)."""
+    tiers (``KVCacheManager.namespace_cache``)."""
     if not 0 <= watermark < 1:
         raise ValueError(f"watermark must be in [0, 1), got {watermark}")
     pool = BlockPool(num_blocks, spec.block_size)
     log = KVEventLog(worker_id, namespace_digest, max_events, max_event_tokens)
     tensors = KVCacheTensors(spec, num_blocks, device)
-    cache: PrefixCache
     if prefix_caching:
-        hasher = BlockHasher(namespace_digest, hash_algorithm)
+        chainer = BlockChainer(BlockHasher(namespace_digest, hash_algorithm), spec.block_size)
         tiers = build_tiers(
-            pool, tensors, BlockChainer(hasher, spec.block_size), log,
+            pool, tensors, chainer, log,
             namespace_digest=namespace_digest, secret=secret, num_host_blocks=num_host_blocks,
             host_ttl_s=host_ttl_s, disk_dir=disk_dir, num_disk_blocks=num_disk_blocks,
         )
-        cache = RadixPrefixCache(pool, hasher, log, tiers)
-
-        def make_cache(digest: bytes) -> PrefixCache:
-            return RadixPrefixCache(pool, BlockHasher(digest, hash_algorithm),
-                                    log.for_namespace(digest))
+        cache, make_cache = _radix_caches(pool, log, tiers, namespace_digest, hash_algorithm)
     elif num_host_blocks or num_disk_blocks:
         raise ValueError("host and disk tiers need the prefix cache")
     else:
-        cache = NullPrefixCache(pool, log)
-
-        def make_cache(digest: bytes) -> PrefixCache:
-            return NullPrefixCache(pool, log.for_namespace(digest))
+        cache, make_cache = _null_caches(pool, log)
     return KVCacheManager(pool, tensors, cache, int(watermark * num_blocks), make_cache)
+
+
+def _radix_caches(
+    pool: BlockPool, log: KVEventLog, tiers: Tiers, namespace_digest: bytes, hash_algorithm: str
+) -> tuple[PrefixCache, Callable[[bytes], PrefixCache]]:
+    """The base namespace's radix prefix cache over ``tiers``, and the maker of another
+    namespace's (no tiers), all over ``pool`` and ``log``."""
+
+    def make_cache(digest: bytes) -> PrefixCache:
+        return RadixPrefixCache(pool, BlockHasher(digest, hash_algorithm),
+                                log.for_namespace(digest))
+
+    base = RadixPrefixCache(pool, BlockHasher(namespace_digest, hash_algorithm), log, tiers)
+    return base, make_cache
+
+
+def _null_caches(
+    pool: BlockPool, log: KVEventLog
+) -> tuple[PrefixCache, Callable[[bytes], PrefixCache]]:
+    """The null prefix cache of the base namespace and the maker of another's."""
+
+    def make_cache(digest: bytes) -> PrefixCache:
+        return NullPrefixCache(pool, log.for_namespace(digest))
+
+    return NullPrefixCache(pool, log), make_cache
