@@ -60,26 +60,8 @@ class ModelRunner:
         lora: LoraWeights | None = None,
         graphs: GraphPlan | None = None,
     ) -> None:
-        config = model.config
-        if not len(key_caches) == len(value_caches) == config.num_hidden_layers:
-            raise ValueError(
-                f"need {config.num_hidden_layers} key and value caches, got "
-                f"{len(key_caches)} and {len(value_caches)}"
-            )
-        weight = model.lm_head.weight
-        for layer, (key, value) in enumerate(zip(key_caches, value_caches, strict=True)):
-            expected = (key.shape[0], block_size, config.num_key_value_heads, config.head_dim)
-            for name, cache in (("key", key), ("value", value)):
-                if tuple(cache.shape) != expected:
-                    raise ValueError(
-                        f"layer {layer} {name} cache: shape {tuple(cache.shape)}, expected {expected}"
-                    )
-                is_fp8 = cache.dtype in (torch.float8_e4m3fn, torch.float8_e5m2)
-                if (cache.dtype != weight.dtype and not is_fp8) or cache.device != weight.device:
-                    raise ValueError(
-                        f"layer {layer} {name} cache: {cache.dtype} on {cache.device}, model is "
-                        f"{weight.dtype} on {weight.device}"
-                    )
+        config, weight = model.config, model.lm_head.weight
+        _check_caches(key_caches, value_caches, block_size, model)
         scales = scales or KVScales.unit(config.num_hidden_layers)
         if scales.num_layers != config.num_hidden_layers:
             raise ValueError(f"{scales.num_layers} KV scales for {config.num_hidden_layers} layers")
@@ -143,3 +125,28 @@ class ModelRunner:
         with torch.inference_mode():
             hidden = self.model(input_ids, self.caches, metadata, lora_batch)
             return self.model.compute_logits(hidden)
+
+
+def _check_caches(key_caches: Sequence[torch.Tensor], value_caches: Sequence[torch.Tensor],
+                  block_size: int, model: LlamaForCausalLM) -> None:
+    """Raise ValueError unless there is a key and a value cache per layer of ``model``,
+    each with the paged layout for it, on its device, in its dtype or an FP8 one."""
+    config, weight = model.config, model.lm_head.weight
+    if not len(key_caches) == len(value_caches) == config.num_hidden_layers:
+        raise ValueError(
+            f"need {config.num_hidden_layers} key and value caches, got "
+            f"{len(key_caches)} and {len(value_caches)}"
+        )
+    for layer, (key, value) in enumerate(zip(key_caches, value_caches, strict=True)):
+        expected = (key.shape[0], block_size, config.num_key_value_heads, config.head_dim)
+        for name, cache in (("key", key), ("value", value)):
+            if tuple(cache.shape) != expected:
+                raise ValueError(
+                    f"layer {layer} {name} cache: shape {tuple(cache.shape)}, expected {expected}"
+                )
+            is_fp8 = cache.dtype in (torch.float8_e4m3fn, torch.float8_e5m2)
+            if (cache.dtype != weight.dtype and not is_fp8) or cache.device != weight.device:
+                raise ValueError(
+                    f"layer {layer} {name} cache: {cache.dtype} on {cache.device}, model is "
+                    f"{weight.dtype} on {weight.device}"
+                )
