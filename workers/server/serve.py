@@ -28,9 +28,9 @@ from collections.abc import Callable
 
 from aiohttp import web
 
+from workers.build import BuiltWorker, build_worker
 from workers.config import WorkerConfig
 from workers.engine.async_engine import AsyncEngine
-from workers.build import build_worker
 from workers.engine.selftest import keep_ready, run_self_test
 from workers.kv_transfer.service import KVTransfer
 from workers.model.timed import timed_link_s_per_block, timed_profile
@@ -55,65 +55,87 @@ async def serve(config: WorkerConfig, secret: bytes, api_key: str | None,
     Raises ValueError for a bad model or KV plan and ``SelfTestError`` if the engine
     fails its self-test (the process must then exit non-zero)."""
     server_config = config.server
-    family = socket.AF_INET6 if ":" in server_config.host else socket.AF_INET
-    sock = socket.create_server((server_config.host, server_config.port), family=family, backlog=1024)
+    sock = _listen(server_config.host, server_config.port)
     port = sock.getsockname()[1]
     url = base_url(server_config.host, port)
     worker_id = server_config.worker_id or f"{server_config.host}:{port}"
     worker = await asyncio.to_thread(build_worker, config, worker_id, secret)
     loop = asyncio.get_running_loop()
     worker.engine.start(loop)
-    transfer = None
-    if config.kv_transfer.kv_role != "none":
-        try:
-            profile = timed_profile(config.model.name)
-            link_s = 0.0 if profile is None else timed_link_s_per_block(
-                profile, config.kv.block_size, config.model.time_scale)
-            transfer = await KVTransfer.start(config.kv_transfer, worker,
-                                              config.kv.hash_algorithm, api_key,
-                                              server_config.host, link_s)
-        except BaseException:
-            worker.engine.stop()
-            raise
+    transfer = await _start_transfer(config, worker, api_key)
     state = ServerState(server_config, worker, api_key, transfer=transfer)
     runner = web.AppRunner(create_app(state), handler_cancellation=True, access_log=None)
     await runner.setup()
     stop = asyncio.Event()
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, stop.set)
-    keeper: asyncio.Task[None] | None = None
-    expirer: asyncio.Task[None] | None = None
-    vocab_size, block_size = worker.identity.vocab_size, worker.identity.namespace.block_size
+    background: list[asyncio.Task[None]] = []
     try:
         await web.SockSite(runner, sock, shutdown_timeout=SHUTDOWN_TIMEOUT_S).start()
         log.info("worker %s listening on %s (model %s)", worker_id, url, worker.identity.model)
-        await asyncio.sleep(server_config.self_test_delay_s)
-        await run_self_test(worker.engine, vocab_size, block_size)
-        state.ready.set()
-        keeper = asyncio.create_task(keep_ready(worker.engine, state.ready, vocab_size,
-                                                block_size))
-        if config.kv.host_ttl_s is not None:
-            expirer = asyncio.create_task(expire_host_entries(worker.engine, config.kv.host_ttl_s))
+        background = await _become_ready(config, state)
         announce(f"READY {url}")
         await stop.wait()
-        worker.engine.stop_admitting()
-        log.info("draining %d requests (at most %g s)", worker.engine.num_in_flight,
-                 server_config.drain_timeout_s)
-        if not await worker.engine.wait_idle(server_config.drain_timeout_s):
-            log.warning("drain timed out; cancelling %d requests", worker.engine.num_in_flight)
-        if not worker.engine.failed:
-            num_spilled = await worker.engine.call(lambda engine: engine.manager.spill_to_disk())
-            log.info("%d device KV blocks spilled to disk", num_spilled)
+        await _drain(worker, server_config.drain_timeout_s)
         log.info("shutting down")
     finally:
-        for task in (keeper, expirer):
-            if task is not None:
-                task.cancel()
+        for task in background:
+            task.cancel()
         worker.engine.kv_feed.drop_all()  # KV event streams never end by themselves
         if transfer is not None:
             await transfer.close()
         await runner.cleanup()
         worker.engine.stop()
+
+
+def _listen(host: str, port: int) -> socket.socket:
+    """The listening socket on ``host``:``port`` (IPv6 when ``host`` has a colon)."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    return socket.create_server((host, port), family=family, backlog=1024)
+
+
+async def _start_transfer(config: WorkerConfig, worker: BuiltWorker,
+                          api_key: str | None) -> KVTransfer | None:
+    """The KV transfer service of a prefill or decode worker (None for neither); stops
+    the engine thread if it fails to start."""
+    if config.kv_transfer.kv_role == "none":
+        return None
+    try:
+        profile = timed_profile(config.model.name)
+        link_s = 0.0 if profile is None else timed_link_s_per_block(
+            profile, config.kv.block_size, config.model.time_scale)
+        return await KVTransfer.start(config.kv_transfer, worker, config.kv.hash_algorithm,
+                                      api_key, config.server.host, link_s)
+    except BaseException:
+        worker.engine.stop()
+        raise
+
+
+async def _become_ready(config: WorkerConfig, state: ServerState) -> list[asyncio.Task[None]]:
+    """After the self-test delay, pass the self-test and mark the worker ready; returns
+    the background tasks started then (readiness keeper, host-tier expiry)."""
+    engine = state.worker.engine
+    vocab_size = state.worker.identity.vocab_size
+    block_size = state.worker.identity.namespace.block_size
+    await asyncio.sleep(config.server.self_test_delay_s)
+    await run_self_test(engine, vocab_size, block_size)
+    state.ready.set()
+    tasks = [asyncio.create_task(keep_ready(engine, state.ready, vocab_size, block_size))]
+    if config.kv.host_ttl_s is not None:
+        tasks.append(asyncio.create_task(expire_host_entries(engine, config.kv.host_ttl_s)))
+    return tasks
+
+
+async def _drain(worker: BuiltWorker, timeout_s: float) -> None:
+    """Refuse new requests and give those in flight ``timeout_s`` to finish; then, unless
+    the engine failed, spill its cache to the disk tier (``KVCacheManager.spill_to_disk``)."""
+    worker.engine.stop_admitting()
+    log.info("draining %d requests (at most %g s)", worker.engine.num_in_flight, timeout_s)
+    if not await worker.engine.wait_idle(timeout_s):
+        log.warning("drain timed out; cancelling %d requests", worker.engine.num_in_flight)
+    if not worker.engine.failed:
+        num_spilled = await worker.engine.call(lambda engine: engine.manager.spill_to_disk())
+        log.info("%d device KV blocks spilled to disk", num_spilled)
 
 
 async def expire_host_entries(engine: AsyncEngine, ttl_s: float) -> None:
