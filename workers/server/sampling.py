@@ -56,23 +56,8 @@ def generation_request(
     does not fit the context or is already used up by ``num_resumed_tokens``.
     ``prompt_key`` is the prompt's radix key when the request carried it; ``adapter``
     the LoRA adapter to run (None: the base model); ``request_id`` the caller's id."""
-    num_prompt_tokens = len(prompt_token_ids) - num_resumed_tokens
-    room = limits.max_model_len - num_prompt_tokens
-    if room < 1:
-        raise context_too_long(prompt_param, num_prompt_tokens, limits.max_model_len)
-    max_tokens = sampling.max_tokens
-    if max_tokens is None:
-        max_tokens = min(limits.default_max_tokens, room)
-    elif max_tokens > room:
-        raise bad_request(
-            f"{sampling.max_tokens_param} is {max_tokens}, but the context length is "
-            f"{limits.max_model_len} and the prompt has {num_prompt_tokens} tokens "
-            f"(at most {room} output tokens)",
-            sampling.max_tokens_param,
-        )
-    if num_resumed_tokens >= max_tokens:
-        raise bad_request(f"num_resumed_tokens ({num_resumed_tokens}) must be below the "
-                          f"completion's max_tokens ({max_tokens})", "num_resumed_tokens")
+    max_tokens = _max_tokens(sampling, limits, len(prompt_token_ids) - num_resumed_tokens,
+                             num_resumed_tokens, prompt_param)
     params = SamplingParams(
         temperature=1.0 if sampling.temperature is None else sampling.temperature,
         top_p=1.0 if sampling.top_p is None else sampling.top_p,
@@ -93,3 +78,26 @@ def generation_request(
         adapter=adapter,
         request_id=request_id,
     )
+
+
+def _max_tokens(sampling: Sampling, limits: RequestLimits, num_prompt_tokens: int,
+                num_resumed_tokens: int, prompt_param: str) -> int:
+    """The request's ``max_tokens``, defaulted and checked (``generation_request``'s
+    413 and 400s)."""
+    room = limits.max_model_len - num_prompt_tokens
+    if room < 1:
+        raise context_too_long(prompt_param, num_prompt_tokens, limits.max_model_len)
+    max_tokens = sampling.max_tokens
+    if max_tokens is None:
+        max_tokens = min(limits.default_max_tokens, room)
+    elif max_tokens > room:
+        raise bad_request(
+            f"{sampling.max_tokens_param} is {max_tokens}, but the context length is "
+            f"{limits.max_model_len} and the prompt has {num_prompt_tokens} tokens "
+            f"(at most {room} output tokens)",
+            sampling.max_tokens_param,
+        )
+    if num_resumed_tokens >= max_tokens:
+        raise bad_request(f"num_resumed_tokens ({num_resumed_tokens}) must be below the "
+                          f"completion's max_tokens ({max_tokens})", "num_resumed_tokens")
+    return max_tokens
