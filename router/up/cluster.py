@@ -139,10 +139,7 @@ def run_cluster(config: RouterConfig, config_path: str, port: int | None = None,
     redis: RedisServer | None = None
     try:
         if config.redis.launch:
-            redis = RedisServer(timeout_s=timeout_s, env=env, echo=True, supervised=True,
-                                interrupted=stop.is_set)
-            print(f"[redis] READY {redis.url}", flush=True)
-            _announce_start("redis", redis.child)
+            redis = _start_redis(env, timeout_s, stop)
             started.append(Supervised("redis", redis.child, _redis_restart(redis, timeout_s),
                                       policy, stop))
         launched = [w for w in config.workers if w.launch is not None]
@@ -152,31 +149,59 @@ def run_cluster(config: RouterConfig, config_path: str, port: int | None = None,
         urls = _wait_ready([s.child for s in workers], timeout_s, stop)
         worker_urls = [arg for w, url in zip(launched, urls, strict=True)
                        for arg in ("--worker-url", f"{w.worker_id}={url}")]
-        routers = []
-        for i in range(config.launch.num_routers):
-            name = "router" if config.launch.num_routers == 1 else f"router{i}"
-            args = _router_args(config, config_path, i, port, metrics_port,
-                                redis.url if redis else None)
-            routers.append(_supervised(name, [*args, *worker_urls], env, timeout_s, policy,
-                                       stop, ("--port", "--metrics-port")))
+        commands = _router_commands(config, config_path, port, metrics_port,
+                                    redis.url if redis else None, worker_urls)
+        routers = [_supervised(name, args, env, timeout_s, policy, stop,
+                               ("--port", "--metrics-port")) for name, args in commands]
         started += routers
         router_urls = _wait_ready([s.child for s in routers], timeout_s, stop)
         exchange = asyncio.run(example_exchange(router_urls[0], config))
         print(banner(router_urls, config, exchange), flush=True)
-        for supervised in started:
-            supervised.start()
-        while not stop.wait(0.5):
-            pass
-        return 1 if any(s.given_up for s in started) else 0
+        return _supervise(started, stop)
     except Interrupted:
         return 130
     finally:
         stop.set()
-        for supervised in started:
-            supervised.join()
-        stop_all([s.child for s in started if s.name != "redis"][::-1])
-        if redis is not None:
-            redis.stop()
+        _stop_cluster(started, redis)
+
+
+def _start_redis(env: dict[str, str], timeout_s: float, stop: threading.Event) -> RedisServer:
+    """A supervised ``redis-server``, READY (Interrupted as soon as ``stop`` is set)."""
+    redis = RedisServer(timeout_s=timeout_s, env=env, echo=True, supervised=True,
+                        interrupted=stop.is_set)
+    print(f"[redis] READY {redis.url}", flush=True)
+    _announce_start("redis", redis.child)
+    return redis
+
+
+def _router_commands(config: RouterConfig, config_path: str, port: int | None,
+                     metrics_port: int | None, redis_url: str | None,
+                     worker_urls: list[str]) -> list[tuple[str, list[str]]]:
+    """Each router's name and command line (``_router_args`` and ``worker_urls``)."""
+    num_routers = config.launch.num_routers
+    return [("router" if num_routers == 1 else f"router{i}",
+             [*_router_args(config, config_path, i, port, metrics_port, redis_url),
+              *worker_urls])
+            for i in range(num_routers)]
+
+
+def _supervise(started: list[Supervised], stop: threading.Event) -> int:
+    """Keep every child serving until ``stop`` is set; 1 if one was given up on, else 0."""
+    for supervised in started:
+        supervised.start()
+    while not stop.wait(0.5):
+        pass
+    return 1 if any(s.given_up for s in started) else 0
+
+
+def _stop_cluster(started: list[Supervised], redis: RedisServer | None) -> None:
+    """Once ``stop`` is set: wait for every watch to end, then stop the children, last
+    started first, Redis last."""
+    for supervised in started:
+        supervised.join()
+    stop_all([s.child for s in started if s.name != "redis"][::-1])
+    if redis is not None:
+        redis.stop()
 
 
 def _announce_start(name: str, child: ChildProcess | None) -> None:
