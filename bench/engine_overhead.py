@@ -36,8 +36,8 @@ from typing import Any
 import torch
 from prometheus_client import CollectorRegistry
 
-from workers.config import EngineConfig
 from workers.build import kv_spec
+from workers.config import EngineConfig
 from workers.engine.engine import Engine
 from workers.engine.metrics import EngineMetrics
 from workers.engine.request import GenerationParams, GenerationRequest

@@ -243,8 +243,8 @@ def time_engine(model: LlamaForCausalLM, args: argparse.Namespace, device: torch
     from prometheus_client import CollectorRegistry
 
     from radix.tokenizer import PromptTokenizer
-    from workers.config import EngineConfig
     from workers.build import kv_spec
+    from workers.config import EngineConfig
     from workers.engine.engine import Engine
     from workers.engine.metrics import EngineMetrics
     from workers.engine.request import GenerationParams, GenerationRequest

@@ -20,8 +20,8 @@ from typing import Any
 import torch
 
 from radix.namespace import load_secret
-from workers.config import EngineConfig, KVSettings, LoraSettings, ModelSettings, WorkerConfig
 from workers.build import build_worker
+from workers.config import EngineConfig, KVSettings, LoraSettings, ModelSettings, WorkerConfig
 from workers.engine.request import GenerationParams, GenerationRequest
 from workers.model.sampler import SamplingParams
 

@@ -27,7 +27,7 @@ STAGES: dict[tuple[str, str | None], str] = {
     ("radix/openai/requests.py", None): "parse",
     ("router/server/slow_clients.py", None): "parse",
     ("router/front/auth.py", None): "auth",
-    ("router/front/tokenization.py", None): "tokenize",
+    ("router/models.py", None): "tokenize",
     ("radix/token_cache.py", None): "tokenize",
     ("radix/openai/prompt.py", None): "tokenize",
     ("router/front/limits.py", None): "limits",

@@ -17,9 +17,9 @@ from types import MappingProxyType
 
 from radix.config_schema import DIGEST, ENV_NAME, NAME, FieldError, Pattern, Section, setting
 from radix.tree import RESERVED_SCOPES
+from router.worker_kinds import WORKER_KINDS, EventSource
 
 DEFAULT_CONFIG = Path(__file__).resolve().parent.parent / "configs" / "local.toml"
-WORKER_KINDS = ("radix", "vllm", "openai")
 WORKER_ROLES = ("both", "prefill", "decode")
 RESERVED_TENANTS: tuple[str, ...] = RESERVED_SCOPES
 WORKER_KEY_ENV_PREFIX = "RADIX_WORKER_KEY_"
@@ -188,7 +188,7 @@ class WorkerSpec(Section):
 
     worker_id: str = setting(pattern=NAME, key="id")
     model: str
-    kind: str = setting("radix", choices=WORKER_KINDS)
+    kind: str = setting("radix", choices=tuple(WORKER_KINDS))
     url: str | None = None
     api_key_env: str | None = setting(None, pattern=ENV_NAME)
     launch: tuple[str, ...] | None = None
@@ -208,8 +208,10 @@ class WorkerSpec(Section):
             endpoint = getattr(self, name)
             if endpoint is None:
                 continue
-            if self.kind != "vllm":
-                raise FieldError(name, 'only workers of kind = "vllm" publish ZMQ KV events')
+            if WORKER_KINDS[self.kind].events is not EventSource.ZMQ_WHEN_CONFIGURED:
+                kinds = " or ".join(f'"{k.name}"' for k in WORKER_KINDS.values()
+                                    if k.events is EventSource.ZMQ_WHEN_CONFIGURED)
+                raise FieldError(name, f"only workers of kind = {kinds} publish ZMQ KV events")
             if problem := zmq_endpoint_problem(endpoint):
                 raise FieldError(name, problem)
         if self.kv_events_replay is not None and self.kv_events is None:
@@ -476,7 +478,7 @@ class DiscoveryConfig(Section, section="discovery"):
                                metavar="PORT",
                                help="the port the workers serve on (replaces port_name)")
     port_name: str | None = None
-    worker_kind: str = setting("radix", choices=WORKER_KINDS)
+    worker_kind: str = setting("radix", choices=tuple(WORKER_KINDS))
     model: str | None = setting(None, pattern=NAME)
     model_label: str = setting("radix-router/model", pattern=LABEL_KEY)
     role_label: str = setting("radix-router/role", pattern=LABEL_KEY)

@@ -16,6 +16,7 @@ from aiohttp import web
 from radix.openai.salt import CacheSalts
 from router.canary.controller import Canary
 from router.config import RouterConfig
+from router.decision import Decider
 from router.fleet.events.follower import KVEventFollower
 from router.fleet.events.vllm.attach import VllmAttacher
 from router.fleet.registry import WorkerRegistry, WorkerState
@@ -23,8 +24,8 @@ from router.forward.pool import UpstreamPool
 from router.forward.proxy import Proxy
 from router.front.auth import Authenticator
 from router.front.limits import TenantLimiter
-from router.front.tokenization import Models
 from router.metrics import RouterMetrics
+from router.models import Models
 from router.routing.index import NamespaceDigest, RouterIndex, WorkerId
 from router.routing.policy import Policy, make_policy
 from router.siblings.protocol import NoSiblings, Siblings
@@ -32,6 +33,7 @@ from router.siblings.redis_siblings import RedisSiblings
 from router.state.redis_state.limits import RedisSharedState
 from router.state.redis_state.link import RedisLink
 from router.state.shared_state import InProcessSharedState, SharedState
+from router.worker_kinds import EventSource
 
 if TYPE_CHECKING:  # the Kubernetes client is imported only by a router that discovers
     from router.fleet.discovery.watcher import KubernetesDiscovery
@@ -57,6 +59,7 @@ class Router:
     siblings: Siblings
     vllm: VllmAttacher
     canary: Canary
+    decider: Decider
     discovery: KubernetesDiscovery | None
 
     @classmethod
@@ -80,7 +83,7 @@ class Router:
                             config.registry.probe_timeout_s)
 
         async def follow(worker: WorkerState) -> None:
-            if worker.kind == "vllm":
+            if worker.capabilities.events is EventSource.ZMQ_WHEN_CONFIGURED:
                 await vllm.follow(worker, models.get(worker.model))
                 return
             base = NamespaceDigest(worker.namespace or "")
@@ -102,9 +105,11 @@ class Router:
 
             discovery = KubernetesDiscovery(config, registry, models, session)
             metrics.follow_discovery(discovery.status)
+        proxy = Proxy(pool, config.proxy)
+        decider = Decider(index, policy, registry, canary, siblings, proxy, config.pd,
+                          config.proxy.max_attempts, metrics)
         return cls(config, models, auth, TenantLimiter(state), index, policy, session, registry,
-                   Proxy(pool, config.proxy), pool, metrics, salts, siblings, vllm, canary,
-                   discovery)
+                   proxy, pool, metrics, salts, siblings, vllm, canary, decider, discovery)
 
     async def close(self) -> None:
         """Stop discovering, leave the siblings, stop the canary's guards, stop polling

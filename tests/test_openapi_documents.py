@@ -21,8 +21,8 @@ from router.context import Router
 from router.server.app import create_app as create_router_app
 from router.state.shared_state import InProcessSharedState
 from tests.support.aio import TEST_SECRET, running_router, serving
-from workers.config import KVSettings, WorkerConfig
 from workers.build import build_worker
+from workers.config import KVSettings, WorkerConfig
 from workers.server.app import create_app as create_worker_app
 from workers.server.state import ServerState
 

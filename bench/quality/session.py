@@ -19,8 +19,8 @@ from dataclasses import dataclass
 import torch
 
 from radix.tree import Scope
-from workers.config import DEFAULT_CACHE_BYTES, WorkerConfig
 from workers.build import kv_scales, kv_spec
+from workers.config import DEFAULT_CACHE_BYTES, WorkerConfig
 from workers.kv.build import build_kv_cache_manager
 from workers.kv.ids import SeqId
 from workers.kv.plan import plan_kv_cache

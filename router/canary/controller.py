@@ -28,8 +28,9 @@ from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from router.canary.guards import GuardWindow, judge
 from router.canary.pools import ModelPools, Trip
-from router.canary.probe import Outputs, ProbeError, divergences, greedy_outputs
+from router.canary.probe import Outputs, divergences, greedy_outputs
 from router.config import CanaryConfig, ModelSpec
+from router.fleet.probes import ProbeError
 from router.fleet.registry import WorkerState
 from router.tasks import cancel_and_wait
 
@@ -252,7 +253,8 @@ class Canary:
     @staticmethod
     async def _outputs(model: _ModelCanary, worker: WorkerState,
                        session: aiohttp.ClientSession) -> Outputs:
-        openai_model = None if worker.kind == "radix" else worker.served_model or worker.model
+        openai_model = (None if worker.capabilities.speaks_generate
+                        else worker.served_model or worker.model)
         return await greedy_outputs(session, worker.url, worker.headers, model.probe_prompts,
                                     model.config.probe_max_tokens, model.config.probe_timeout_s,
                                     openai_model)

@@ -21,22 +21,15 @@ import hashlib
 import math
 import struct
 from collections.abc import Mapping, Sequence
-from typing import NamedTuple, Protocol, TypeVar
+from typing import NamedTuple, TypeVar
 
 from radix.keys import TOKEN_BYTES
 from router.config import MAX_POOL_WEIGHT, MAX_POOLS, PoolConfig
+from router.routing.views import HasWorkerId
 
 _DRAW_BYTES = 8
 _DRAW_SCALE = float(2 ** (8 * _DRAW_BYTES) + 1)
 assert _DRAW_BYTES * MAX_POOLS <= hashlib.blake2b.MAX_DIGEST_SIZE  # one digest, every draw
-
-
-class HasWorkerId(Protocol):
-    """Anything with a worker id (the registry's ``WorkerState``)."""
-
-    @property
-    def worker_id(self) -> str:
-        """The router-side worker id."""
 
 
 W = TypeVar("W", bound=HasWorkerId)

@@ -24,6 +24,7 @@ from radix.generate import GenerateRequest
 from radix.keys import to_key
 from radix.openai.sampling import Sampling
 from radix.tree import DIRECT
+from router.fleet.probes import ProbeError
 
 
 class Answer(NamedTuple):
@@ -35,10 +36,6 @@ class Answer(NamedTuple):
 
 
 Outputs = tuple[Answer, ...]
-
-
-class ProbeError(RuntimeError):
-    """A worker did not answer a probe prompt with tokens."""
 
 
 async def greedy_outputs(session: aiohttp.ClientSession, url: str, headers: Mapping[str, str],

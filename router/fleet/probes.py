@@ -26,7 +26,7 @@ from typing import Any
 import aiohttp
 
 from radix.namespace import CacheNamespace
-from router.front.tokenization import ModelTokenizer
+from router.models import ModelTokenizer
 from router.routing.adapters import WorkerAdapter
 from router.routing.index import NamespaceDigest
 

@@ -30,7 +30,7 @@ from router.config import RegistryConfig, WorkerSpec
 from router.fleet.probes import ProbeResult, probe_openai, probe_radix
 from router.fleet.salt_probe import PROBE_TOKENS, SaltProbeFailed, salt_isolation_problem
 from router.fleet.worker_state import InFlight, WorkerState
-from router.front.tokenization import Models
+from router.models import Models
 from router.tasks import cancel_and_wait
 
 log = logging.getLogger(__name__)
@@ -177,7 +177,7 @@ class WorkerRegistry:
         while True:
             try:
                 sent_at = time.monotonic()
-                if worker.kind == "radix":
+                if worker.capabilities.speaks_generate:
                     result = await probe_radix(self._session, worker.url, worker.headers,
                                                self._config.probe_timeout_s, model, self._secret)
                 else:
@@ -206,7 +206,8 @@ class WorkerRegistry:
         worker.lora.observe(result.adapters, result.max_loras, result.lora_load_ms, sent_at)
         self._rebuild_adapters()
         if not worker.ready:
-            if worker.kind != "radix" and (problem := await self._salt_problem(worker)):
+            if (not worker.capabilities.speaks_generate
+                    and (problem := await self._salt_problem(worker))):
                 worker.reason = problem
                 return
             worker.namespace = result.namespace

@@ -13,6 +13,8 @@ from dataclasses import asdict, dataclass
 from router.config import WorkerSpec
 from router.fleet.probes import WorkerLoad
 from router.routing.adapters import WorkerLora
+from router.routing.views import WorkerView
+from router.worker_kinds import WORKER_KINDS, EventSource
 
 
 @dataclass
@@ -47,9 +49,10 @@ class WorkerState:
     (None until the first passing probe), ``worker_namespace`` the worker's own digest
     of it; ``lora`` its LoRA adapters (``router.routing.adapters``). ``discovered``: it
     came from ``router.fleet.discovery`` (each router discovers its own; never shared);
-    ``draining``: it takes no new request and leaves once those in flight end."""
+    ``draining``: it takes no new request and leaves once those in flight end;
+    ``capabilities``: what its kind can do (``router.worker_kinds``)."""
 
-    __slots__ = ("config", "worker_id", "kind", "model", "url", "headers", "ready", "reason",
+    __slots__ = ("config", "worker_id", "kind", "capabilities", "model", "url", "headers", "ready", "reason",
                  "namespace", "epoch", "served_model", "load", "num_in_flight_requests",
                  "num_in_flight_prompt_tokens", "stats", "index_mode", "index_reason",
                  "cache_block_size", "worker_namespace", "lora", "discovered", "draining", "role")
@@ -59,6 +62,7 @@ class WorkerState:
         self.config = config
         self.worker_id = config.worker_id
         self.kind = config.kind
+        self.capabilities = WORKER_KINDS[config.kind]
         self.model = config.model
         self.url = url.rstrip("/")
         self.headers = headers
@@ -83,7 +87,37 @@ class WorkerState:
     @property
     def has_event_stream(self) -> bool:
         """Whether the worker publishes KV events the router can follow."""
-        return self.kind == "radix" or (self.kind == "vllm" and self.config.kv_events is not None)
+        events = self.capabilities.events
+        return events is EventSource.OWN_STREAM or (
+            events is EventSource.ZMQ_WHEN_CONFIGURED and self.config.kv_events is not None)
+
+    def view(self, num_matched_tokens: int, num_matched_routed_tokens: int,
+             adapter: str | None, default_adapter_load_ms: float) -> WorkerView:
+        """This worker as a policy sees it now, for a request matching
+        ``num_matched_tokens`` here (``num_matched_routed_tokens`` of them only routed)
+        for ``adapter`` (None: the base model), whose load time is
+        ``default_adapter_load_ms`` until measured."""
+        load = self.load
+        if adapter is None:
+            load_ms = swap_share = 0.0
+        else:
+            load_ms = self.lora.load_ms(adapter, default_adapter_load_ms)
+            swap_share = self.lora.swap_share(
+                adapter, max(load.num_requests_running, self.num_in_flight_requests))
+        return WorkerView(
+            worker_id=self.worker_id,
+            num_in_flight_requests=self.num_in_flight_requests,
+            num_in_flight_prompt_tokens=self.num_in_flight_prompt_tokens,
+            num_requests_running=load.num_requests_running,
+            num_requests_waiting=load.num_requests_waiting,
+            num_waiting_tokens=load.num_waiting_tokens,
+            kv_cache_usage_ratio=load.kv_cache_usage_ratio,
+            max_num_requests=load.max_num_requests,
+            num_matched_tokens=num_matched_tokens,
+            num_matched_routed_tokens=num_matched_routed_tokens,
+            adapter_load_ms=load_ms,
+            adapter_swap_share=swap_share,
+        )
 
     def to_dict(self) -> dict[str, object]:
         """JSON view for ``GET /admin/workers``."""

@@ -1,4 +1,4 @@
-"""One HTTP attempt on one worker, under the proxy's timeouts, and how it failed.
+"""The HTTP exchange of an attempt on one worker: its timeouts, and how it failed.
 
 Timeouts (``ProxyConfig``), each a failure of the worker (``UpstreamUnavailable``):
 

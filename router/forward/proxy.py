@@ -1,20 +1,24 @@
-"""One attempt to serve a request on one worker, streaming through without buffering.
+"""What each kind of worker is sent and how its answer reaches the client, streamed
+through without buffering (the HTTP exchange under it, its timeouts and failures,
+are ``router.forward.attempt``'s).
 
-``radix`` workers get ``POST /generate`` as a stream, also for a whole answer (the
-prompt as ``token_ids_b64``: its key in base64, much cheaper than a JSON id list;
-scope, ``num_public_tokens``, sampling, ``render``, the LoRA ``adapter`` if any, and
-``num_resumed_tokens`` when an attempt continues a failed one); they render the client's OpenAI bytes
-themselves and the request's ``Relay`` (``router.forward.relay``) passes them
-through. ``openai`` workers get ``/v1/completions``
-with the validated fields only (``OpenAIRequest.upstream_body``: the adapter's name
-as the model for a LoRA request, the router's token ids as the prompt, chat messages rendered by the router with content as text, the
-tenant's ``cache_salt``); completions answers pass through, chat requests' answers
-are reshaped into chat objects like a radix worker's.
+Workers that speak ``/generate`` (``radix``) get ``POST /generate`` as a stream,
+also for a whole answer (the prompt as ``token_ids_b64``: its key in base64, much
+cheaper than a JSON id list; scope, ``num_public_tokens``, sampling, ``render``, the
+LoRA ``adapter`` if any, and ``num_resumed_tokens`` when an attempt continues a
+failed one); they render the client's OpenAI bytes themselves and the request's
+``Relay`` (``router.forward.relay``) passes them through. The others (``vllm``,
+``openai``) get ``/v1/completions`` with the validated fields only
+(``OpenAIRequest.upstream_body``: the adapter's name as the model for a LoRA
+request, the router's token ids as the prompt, chat messages rendered by the router
+with content as text, the tenant's ``cache_salt``); completions answers pass
+through, chat requests' answers are reshaped into chat objects like a radix
+worker's.
 
 Contract of ``Proxy.send``: either it answers the client (whole or streamed), filling
 in the caller's ``Exchange`` as it goes, or it raises ``UpstreamUnavailable``; the
 relay then says whether the client got bytes and whether another worker may go on
-(``Relay.prepare_attempt``). An ``openai`` completions stream passed through that
+(``Relay.prepare_attempt``). A completions stream passed through that
 fails after its first byte (a broken connection, a timeout, the backend's own error
 event, an end without ``[DONE]``) ends with our error event and then ``data: [DONE]``
 itself. A client that goes away closes the upstream response, which cancels the
@@ -63,7 +67,7 @@ from router.forward.relay import (
     note_usage,
     token_usage,
 )
-from router.front.tokenization import Prompt
+from router.models import Prompt
 
 log = logging.getLogger(__name__)
 
@@ -115,7 +119,7 @@ class Proxy:
         """Run ``call`` on ``worker`` (from where ``relay`` stands); see the module
         docstring for the contract."""
         try:
-            if worker.kind == "radix":
+            if worker.capabilities.speaks_generate:
                 await self._relay_generate(call, relay, worker, exchange)
             elif call.request.endpoint == COMPLETIONS:
                 await self._pass_openai(client, call, relay, worker, exchange)
@@ -128,7 +132,7 @@ class Proxy:
                         " mid-stream" if relay.started else "", exc)
             raise
         except ApiError as exc:
-            if not relay.started and worker.kind == "openai":
+            if not relay.started and worker.capabilities.masks_answers:
                 log.info("request %s: worker %s refused: HTTP %d: %s", client.request_id,
                          worker.worker_id, exc.status, exc.message)
                 raise refusal(exc) from None

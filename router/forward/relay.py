@@ -124,8 +124,8 @@ class Progress:
 
 class Relay:
     """One request's answer to its client. ``started`` once the client got a byte
-    (only streams start before the end); ``prepare_attempt(kind)`` says whether an
-    attempt on a worker of that kind may go on from here (dropping progress if it
+    (only streams start before the end); ``prepare_attempt`` says whether an
+    attempt on a worker that does or does not resume may go on from here (dropping progress if it
     must start over); the current attempt's ``on_first_token`` is called as each of
     its steps arrives (it must be cheap and idempotent)."""
 
@@ -156,10 +156,11 @@ class Relay:
         usage: ``finish`` completes it."""
         return self._stream and self.progress.finished
 
-    def prepare_attempt(self, kind: str) -> bool:
-        """Whether a ``kind`` worker may take over now. Before the first byte any may:
-        progress that it cannot continue is dropped and the request starts over."""
-        resumable = kind == "radix" and self.progress.resumable
+    def prepare_attempt(self, worker_resumes: bool) -> bool:
+        """Whether a worker may take over now (``worker_resumes``: its kind can go on
+        from delivered tokens). Before the first byte any may: progress that it cannot
+        continue is dropped and the request starts over."""
+        resumable = worker_resumes and self.progress.resumable
         self._event_step, self._event_out = None, []
         if not self.started:
             if not resumable:

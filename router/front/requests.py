@@ -17,7 +17,7 @@ from radix.api_errors import ApiError, bad_request
 from radix.openai.json_body import decode_json_object
 from radix.openai.requests import OpenAIRequest, parse_openai_request, requested_model
 from router.config import TenantLimits
-from router.front.tokenization import Models, ModelTokenizer
+from router.models import Models, ModelTokenizer
 
 
 def parse_request(raw: bytes, endpoint: str, models: Models, limits: TenantLimits,

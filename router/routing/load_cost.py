@@ -11,12 +11,12 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, fields
-from typing import Protocol, TypeVar
+from typing import TypeVar
 
 import xxhash
 
 from radix.keys import TOKEN_BYTES
-from router.routing.views import WorkerView
+from router.routing.views import HasWorkerId, WorkerView
 
 
 @dataclass(frozen=True)
@@ -158,13 +158,6 @@ def load_costs(views: Sequence[WorkerView], weights: PolicyWeights) -> list[floa
         + kv * v.kv_cache_usage_ratio
         for v in views
     ]
-
-
-class HasWorkerId(Protocol):
-    """Anything naming a worker (a ``WorkerView``, a ``WorkerScore``)."""
-
-    @property
-    def worker_id(self) -> str: ...
 
 
 Named = TypeVar("Named", bound=HasWorkerId)

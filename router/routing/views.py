@@ -5,9 +5,18 @@ them; the pipeline builds them."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import NamedTuple
+from typing import NamedTuple, Protocol
 
 from router.routing.index import NamespaceDigest, WorkerId
+
+
+class HasWorkerId(Protocol):
+    """Anything naming a worker (a ``WorkerView``, a ``WorkerScore``, the registry's
+    ``WorkerState``)."""
+
+    @property
+    def worker_id(self) -> str:
+        """The router-side worker id."""
 
 
 @dataclass(frozen=True)

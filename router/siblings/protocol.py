@@ -15,7 +15,7 @@ from typing import Any, Protocol
 
 from router.canary.controller import Canary
 from router.fleet.registry import WorkerRegistry, WorkerState
-from router.front.tokenization import Models
+from router.models import Models
 from router.routing.index import RouterIndex
 
 

@@ -47,7 +47,7 @@ from router.config import WorkerSpec
 from router.config_toml import parse_worker
 from router.fleet.registry import WorkerRegistry, WorkerState
 from router.fleet.worker_keys import runtime_key_problem
-from router.front.tokenization import Models
+from router.models import Models
 from router.routing.index import RouterIndex
 from router.siblings.routed import RoutedStream
 from router.state.redis_state import scripts

@@ -65,7 +65,7 @@ class RoutedStream:
 
     def note(self, worker: WorkerState, key: bytes, scope: str) -> None:
         """Queue a decision for ``worker`` if it is approximate and Redis is up."""
-        if worker.kind == "openai" and worker.namespace is not None and self._link.up:
+        if worker.capabilities.routed_approximately and worker.namespace is not None and self._link.up:
             kept = self._index.kept_key(worker.worker_id, key)
             self._outbox.append((worker.namespace, worker.worker_id, scope,
                                  kept[: self._link.config.stream_entry_max_tokens * TOKEN_BYTES]))
@@ -144,5 +144,6 @@ class RoutedStream:
             log.warning("skipping a malformed routed-stream entry")
             return
         worker = self._registry.get(worker_id)
-        if worker is not None and worker.kind == "openai" and worker.namespace == namespace:
+        if (worker is not None and worker.capabilities.routed_approximately
+                and worker.namespace == namespace):
             self._index.note_routed(NamespaceDigest(namespace), WorkerId(worker_id), key, scope)

@@ -12,13 +12,13 @@ from router.cli import _parser, limits_for_processes, with_flags
 from router.config import DEFAULT_CONFIG, RouterConfig
 from router.config_toml import load_config, parse_config
 from router.forward.proxy import Call, generate_request
+from router.models import ModelTokenizer
 
 
 def flagged(config, *flags: str):
     """``config`` with the ``router`` command's ``flags`` applied."""
     return with_flags(config, _parser().parse_args(["router", *flags]))
 
-from router.front.tokenization import ModelTokenizer
 
 BASE = {
     "models": {"demo": {"tokenizer": "demo"}},

@@ -37,8 +37,9 @@ from router.fleet.discovery.pods import PodEndpoint
 from router.fleet.discovery.status import DiscoveryStatus
 from router.fleet.registry import WorkerRegistry
 from router.fleet.worker_keys import runtime_key_problem
-from router.front.tokenization import Models
+from router.models import Models
 from router.tasks import cancel_and_wait
+from router.worker_kinds import WORKER_KINDS, EventSource
 
 log = logging.getLogger(__name__)
 MODEL_RETRY_S = 5.0
@@ -183,7 +184,8 @@ class DiscoveredWorkers:
                   "kind": self._discovery.worker_kind, "role": endpoint.role}
         if key_env is not None:
             fields["api_key_env"] = key_env
-        if self._discovery.worker_kind == "vllm":
+        events = WORKER_KINDS[self._discovery.worker_kind].events
+        if events is EventSource.ZMQ_WHEN_CONFIGURED:
             for name, port in (("kv_events", endpoint.kv_events_port),
                                ("kv_events_replay", endpoint.kv_events_replay_port)):
                 if port is not None:

@@ -34,7 +34,7 @@ from router.fleet.discovery.pods import (
 from router.fleet.discovery.reconcile import DiscoveredWorkers
 from router.fleet.discovery.status import DiscoveryStatus
 from router.fleet.registry import WorkerRegistry
-from router.front.tokenization import Models
+from router.models import Models
 from router.tasks import cancel_and_wait
 
 log = logging.getLogger(__name__)

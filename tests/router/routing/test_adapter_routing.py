@@ -18,7 +18,7 @@ from radix.openai.requests import COMPLETIONS
 from router.config import ModelSpec, TenantLimits
 from router.fleet.probes import radix_adapters
 from router.front.requests import parse_request
-from router.front.tokenization import Models
+from router.models import Models
 from router.routing.adapters import Residency, WorkerAdapter, WorkerLora
 from router.routing.policy import make_policy
 from router.routing.views import RouteRequest, WorkerView

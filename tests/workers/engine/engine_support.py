@@ -13,9 +13,9 @@ import torch
 from prometheus_client import CollectorRegistry
 
 from radix.cost_model import CostModel
+from workers.build import kv_spec
 from workers.config import EngineConfig
 from workers.engine.async_engine import AsyncEngine
-from workers.build import kv_spec
 from workers.engine.engine import Engine
 from workers.engine.kv_feed import KVEventFeed
 from workers.engine.metrics import EngineMetrics

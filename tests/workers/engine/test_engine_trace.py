@@ -11,8 +11,8 @@ from dataclasses import replace
 import pytest
 
 from tests.workers.engine.engine_support import make_engine, prompt, request, run
-from workers.config import ModelSettings, WorkerConfig
 from workers.build import build_worker
+from workers.config import ModelSettings, WorkerConfig
 from workers.engine.engine import Engine
 from workers.server.streaming import collect
 

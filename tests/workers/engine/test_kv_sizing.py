@@ -7,8 +7,8 @@ import torch
 
 from tests.support.gpu import on_gpu
 from tests.workers.engine.engine_support import demo_model
-from workers.config import DEFAULT_CACHE_BYTES, KVSettings, WorkerConfig
 from workers.build import kv_spec
+from workers.config import DEFAULT_CACHE_BYTES, KVSettings, WorkerConfig
 from workers.engine.kv_sizing import kv_budget
 
 

@@ -177,9 +177,9 @@ def test_bad_tables_are_refused_before_anything_is_written(model):
 
 
 def test_a_worker_captures_on_cuda_unless_told_to_stay_eager():
+    from workers.build import decode_graphs
     from workers.cli import _parser, config_from_args
     from workers.config import WorkerConfig
-    from workers.build import decode_graphs
     from workers.model.decode_graphs import CudaGraphCapture
 
     eager = config_from_args(_parser().parse_args(["--enforce-eager"]))

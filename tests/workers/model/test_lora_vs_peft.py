@@ -17,8 +17,8 @@ from transformers import LlamaForCausalLM
 from harness.lora_adapters import model_shapes, write_peft_adapter
 from radix.namespace import CacheNamespace
 from tests.workers.model.hf_checkpoints import hf_greedy, random_prompt, write_hf_checkpoint
-from workers.config import EngineConfig, KVSettings, LoraSettings, WorkerConfig
 from workers.build import build_worker, kv_spec
+from workers.config import EngineConfig, KVSettings, LoraSettings, WorkerConfig
 from workers.engine.engine import Engine
 from workers.engine.metrics import EngineMetrics
 from workers.engine.request import GenerationParams, GenerationRequest

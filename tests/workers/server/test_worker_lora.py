@@ -14,8 +14,8 @@ import pytest
 from harness.lora_adapters import adapter_config, lora_module_flags, write_config_adapters
 from harness.procs import http_json, start_worker
 from tests.support.aio import serving
-from workers.config import LoraSettings, ModelSettings, WorkerConfig
 from workers.build import build_worker
+from workers.config import LoraSettings, ModelSettings, WorkerConfig
 from workers.server.app import create_app
 from workers.server.state import ServerState
 

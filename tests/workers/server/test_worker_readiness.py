@@ -8,8 +8,8 @@ import aiohttp
 import pytest
 
 from tests.support.aio import eventually, serving
-from workers.config import KVSettings, WorkerConfig
 from workers.build import build_worker
+from workers.config import KVSettings, WorkerConfig
 from workers.engine.selftest import run_self_test
 from workers.server.app import create_app
 from workers.server.state import ServerState

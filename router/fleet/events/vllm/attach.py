@@ -23,7 +23,7 @@ from router.fleet.events.vllm.parity import token_parity_problem
 from router.fleet.events.vllm.translate import VllmTranslator
 from router.fleet.probes import openai_namespace
 from router.fleet.registry import WorkerState
-from router.front.tokenization import ModelTokenizer
+from router.models import ModelTokenizer
 from router.routing.index import RouterIndex, WorkerId
 
 log = logging.getLogger(__name__)

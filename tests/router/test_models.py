@@ -19,7 +19,7 @@ from radix.openai.sampling import SamplingBounds
 from radix.tokenizer import PromptTokenizer
 from router.config import ModelSpec, PublicPrefixSpec, TenantLimits
 from router.dispatch import tokenize
-from router.front.tokenization import Models, ModelTokenizer, PublicPrefixes
+from router.models import Models, ModelTokenizer, PublicPrefixes
 
 SYSTEM = ({"role": "system", "content": "You are a helpful assistant."},)
 

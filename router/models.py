@@ -1,4 +1,4 @@
-"""Trusted tokenization: model name -> tokenizer, prompt rendering, public prefixes.
+"""The configured models: name -> tokenizer, prompt rendering, public prefixes.
 
 The router renders chat templates and tokenizes every prompt itself with the model's
 ``PromptTokenizer`` (the same files the workers load, checked by digest), so limits

@@ -1,0 +1,257 @@
+"""Which workers serve a request: the pipeline's *decide* step.
+
+``Decider.candidates`` says who may serve it (its model's ready workers, its
+adapter's, its canary pool's); ``Decider.decide`` picks among them: it walks the index once per namespace in use (``match``), ranks the
+workers by the policy's cost (``choose``) and, in a fleet with prefill and decode
+roles, runs the prefill leg on the best prefill worker (``_prefill_leg``). It is one
+value, ``Decision``. What deciding changes in the router's own state (the
+in-flight count, the index's speculative entry, the siblings' routed stream, the
+adapter's residency) is one call, ``Decider.commit``, made for every attempt the
+moment it is sent, prefill legs included.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+from operator import attrgetter
+from typing import Any, NamedTuple
+
+from radix.api_errors import ApiError
+from router.canary.controller import Canary
+from router.canary.guards import GuardWindow
+from router.config import PDConfig
+from router.fleet.registry import WorkerRegistry, WorkerState
+from router.fleet.worker_state import InFlight
+from router.forward.attempt import RETRY_AFTER_S, UpstreamUnavailable
+from router.forward.pool import UpstreamError
+from router.forward.proxy import Call, Proxy
+from router.metrics import RouterMetrics
+from router.models import Prompt
+from router.routing.index import RouterIndex
+from router.routing.load_cost import is_saturated
+from router.routing.policy import Policy
+from router.routing.views import RouteRequest
+from router.siblings.protocol import Siblings
+
+log = logging.getLogger(__name__)
+
+
+class Matches(NamedTuple):
+    """What ``Decider.match`` found: tokens of the prompt each worker holds, and of
+    those the ones only routed there, not yet reported stored
+    (``RouterIndex.match_routed``)."""
+
+    tokens: dict[str, int]
+    routed: dict[str, int]
+
+
+class Attempt(NamedTuple):
+    """One try of a request on one worker, with the ``kv_transfer_params`` it gets."""
+
+    worker: WorkerState
+    kv_transfer_params: dict[str, Any] | None
+
+
+class Candidates(NamedTuple):
+    """The workers a request may go to: ``workers`` (a canary pool's, or every ready
+    one serving its model and adapter), ``fallback`` (the baseline's, for a canary
+    pool's request; else empty) and ``window``, the canary guard window its outcome
+    is recorded in (None for a model without pools)."""
+
+    workers: list[WorkerState]
+    fallback: list[WorkerState]
+    window: GuardWindow | None
+
+
+@dataclass(frozen=True)
+class Decision:
+    """Where one request goes. ``ranked``: the workers to try, best first (never
+    empty); ``matches``: what the index predicted each holds; ``kv_transfer_params``:
+    the prefill leg's answer for ``ranked[0]`` (None: served aggregated)."""
+
+    ranked: list[WorkerState]
+    matches: Matches
+    kv_transfer_params: dict[str, Any] | None
+
+    def attempts(self) -> list[Attempt]:
+        """The tries in order: each ranked worker once, except that a decode worker
+        given pulled blocks is tried again without them when the pull fails (it then
+        computes the whole prompt) before the next worker."""
+        rest = [Attempt(worker, None) for worker in self.ranked]
+        if self.kv_transfer_params is None:
+            return rest
+        return [Attempt(self.ranked[0], self.kv_transfer_params), *rest]
+
+
+class Decider:
+    """Decides where requests go and records each decision. Holds only what deciding
+    needs: the index, the policy, the registry, the canary pools, the siblings, the
+    proxy (for prefill legs), the PD settings and the router's counters."""
+
+    def __init__(self, index: RouterIndex, policy: Policy, registry: WorkerRegistry,
+                 canary: Canary, siblings: Siblings, proxy: Proxy, pd: PDConfig,
+                 max_attempts: int, metrics: RouterMetrics) -> None:
+        self._index, self._policy, self._registry = index, policy, registry
+        self._canary, self._siblings, self._proxy = canary, siblings, proxy
+        self._pd, self._max_attempts, self._metrics = pd, max_attempts, metrics
+
+    def candidates(self, model: str, call: Call) -> Candidates:
+        """Who may serve ``call`` to base model ``model``: the ready workers serving
+        it (only those that registered ``call.adapter``, for an adapter request),
+        narrowed to the canary pool the request falls in, if the model has pools."""
+        workers = self._registry.routable(model)
+        if call.adapter is not None:
+            workers = [w for w in workers if call.adapter in w.lora.adapters]
+        route = self._canary.route(model, workers, call.scope, call.prompt.key)
+        if route is None:
+            return Candidates(workers, [], None)
+        return Candidates(route.workers, route.fallback, route.window)
+
+    async def decide(self, candidates: Candidates, call: Call) -> Decision:
+        """The decision for ``call`` among ``candidates`` (a canary pool's request may
+        fall back to the baseline). ``ApiError`` 503 (``no_worker`` or ``saturated``,
+        with Retry-After) when no worker can take it now."""
+        started = time.monotonic()
+        workers = candidates.workers
+        matches = self.match(workers, call.prompt, call.scope, call.adapter)
+        split = split_roles(workers)
+        takers = workers if split is None else split[0]
+        ranked = self.choose(takers, matches, call, candidates.fallback)
+        self._metrics.decision_seconds.observe(time.monotonic() - started)
+        params = None
+        if split is not None:
+            params = await self._prefill_leg(call, ranked[0], split[1], matches)
+        return Decision(ranked, matches, params)
+
+    def match(self, workers: list[WorkerState], prompt: Prompt, scope: str,
+              adapter: str | None) -> Matches:
+        """Tokens of the prompt each worker holds in the namespace of ``adapter`` (the
+        base model's for None), by one walk per namespace in use; for an engine that
+        reuses whole blocks only (vLLM: ``cache_block_size``), what it will reuse: whole
+        blocks, and never the prompt's last token (it computes that one)."""
+        matched: dict[str, int] = {}
+        routed: dict[str, int] = {}
+        by_namespace: dict[str, list[str]] = {}
+        for w in workers:
+            namespace = w.lora.namespace(adapter, w.namespace)
+            if namespace is not None:
+                by_namespace.setdefault(namespace, []).append(w.worker_id)
+        for namespace, worker_ids in by_namespace.items():
+            found, found_routed = self._index.match_routed(namespace, prompt.key, scope)
+            matched.update((i, found[i]) for i in worker_ids if i in found)
+            routed.update((i, found_routed[i]) for i in worker_ids if i in found_routed)
+        for worker in workers:
+            if worker.cache_block_size is not None and worker.worker_id in matched:
+                _round_to_blocks(matched, routed, worker, len(prompt.token_ids))
+        return Matches(matched, routed)
+
+    def choose(self, workers: list[WorkerState], matches: Matches, call: Call,
+               fallback: list[WorkerState]) -> list[WorkerState]:
+        """The workers to try, best first, at most ``proxy.max_attempts`` of them,
+        weighing the load of ``call.adapter`` where it is not resident. Workers whose
+        queue is at its bound are left out; when that is every worker the request is
+        refused at once (503 ``saturated`` with Retry-After) instead of queueing. A
+        canary pool's request (``fallback``: the baseline's workers) keeps its last
+        attempt for the least busy baseline worker, and goes to the baseline (ranked by
+        the baseline's own matches) when its pool is saturated: a pool never fails a
+        request the baseline could serve."""
+        if not workers:
+            raise ApiError(503, "no ready worker serves this model", code="no_worker",
+                           headers={"Retry-After": RETRY_AFTER_S})
+        load_ms = self._policy.weights.default_adapter_load_ms
+        views = [w.view(matches.tokens.get(w.worker_id, 0), matches.routed.get(w.worker_id, 0),
+                        call.adapter, load_ms) for w in workers]
+        views = [v for v in views if not is_saturated(v)]
+        if not views and fallback:
+            fallback_matches = self.match(fallback, call.prompt, call.scope, call.adapter)
+            return self.choose(fallback, fallback_matches, call, [])
+        if not views:
+            raise ApiError(503, "every worker is saturated; retry later", code="saturated",
+                           headers={"Retry-After": RETRY_AFTER_S})
+        request = RouteRequest(namespace=workers[0].namespace, key=call.prompt.key,
+                               num_prompt_tokens=len(call.prompt.token_ids), scope=call.scope)
+        ranked_ids = self._policy.choose(request, views).ranked
+        by_id = {w.worker_id: w for w in workers}
+        if fallback and self._max_attempts > 1:
+            spare = min(fallback, key=attrgetter("num_in_flight_requests"))
+            return [by_id[i] for i in ranked_ids[: self._max_attempts - 1]] + [spare]
+        return [by_id[i] for i in ranked_ids[: self._max_attempts]]
+
+    def commit(self, worker: WorkerState, key: bytes, scope: str, adapter: str | None,
+               num_tokens: int) -> InFlight:
+        """Record that ``key`` (under ``scope``, for ``adapter`` or the base model) is
+        sent to ``worker`` with ``num_tokens`` to prefill: counted in flight until the
+        returned ``InFlight`` ends, noted in the index as a speculative entry, shared
+        with the siblings, and (an adapter) made resident there."""
+        in_flight = self._registry.begin(worker, num_tokens)
+        if adapter is None:
+            self._index.note_routed(worker.namespace, worker.worker_id, key, scope)
+            self._siblings.routed(worker, key, scope)
+        else:
+            worker.lora.residency.route(adapter, time.monotonic())
+            self._index.note_routed(worker.lora.namespace(adapter, worker.namespace),
+                                    worker.worker_id, key, scope)
+        return in_flight
+
+    async def _prefill_leg(self, call: Call, decode: WorkerState,
+                           prefillers: list[WorkerState], matches: Matches
+                           ) -> dict[str, Any] | None:
+        """The ``kv_transfer_params`` of a prefill leg for decode worker ``decode``
+        (chosen first, by match and load), run on the best prefill worker
+        (docs/pd.md); None (served aggregated) when ``decode`` would compute fewer than
+        ``pd.min_uncached_tokens`` of the prompt itself or the request cannot be split
+        (``n`` > 1, an adapter, a worker that does not speak ``/generate``). A failed
+        leg gives None too: the decode worker computes the prompt, counted as a
+        fallback."""
+        counts = self._metrics.pd_requests
+        prompt = call.prompt
+        num_uncached = len(prompt.token_ids) - matches.tokens.get(decode.worker_id, 0)
+        candidates = [w for w in prefillers
+                      if w is not decode and w.capabilities.speaks_generate]
+        if (num_uncached < self._pd.min_uncached_tokens or not candidates
+                or not decode.capabilities.speaks_generate or call.adapter is not None
+                or call.request.sampling.n != 1):
+            counts["aggregated"].inc()
+            return None
+        prefill = self.choose(candidates, matches, call, [])[0]
+        num_tokens = max(len(prompt.token_ids) - matches.tokens.get(prefill.worker_id, 0), 0)
+        in_flight = self.commit(prefill, prompt.key, call.scope, None, num_tokens)
+        try:
+            params = await self._proxy.prefill(call, prefill)
+        except (UpstreamUnavailable, UpstreamError, ApiError) as exc:
+            log.warning("request %s: prefill leg on %s failed (%s): decoding whole on %s",
+                        call.request_id, prefill.worker_id, exc, decode.worker_id)
+            if isinstance(exc, UpstreamUnavailable) and exc.worker_down:
+                await self._registry.mark_failed(prefill, str(exc))
+            counts["fallback"].inc()
+            return None
+        finally:
+            in_flight.end()
+        counts["disaggregated"].inc()
+        return params
+
+
+def split_roles(workers: list[WorkerState]) -> tuple[list[WorkerState], list[WorkerState]] | None:
+    """(the workers that take whole requests and decode legs, those that prefill for
+    others) when some worker has a prefill or decode role; None otherwise."""
+    if all(w.role == "both" for w in workers):
+        return None
+    return ([w for w in workers if w.role != "prefill"],
+            [w for w in workers if w.role != "decode"])
+
+
+def _round_to_blocks(matched: dict[str, int], routed: dict[str, int], worker: WorkerState,
+                     num_prompt_tokens: int) -> None:
+    """``worker``'s match cut to whole blocks of its ``cache_block_size``, never past
+    the prompt's last token; its routed part stays the match's end."""
+    block_size = worker.cache_block_size
+    assert block_size is not None
+    worker_id = worker.worker_id
+    reusable = (num_prompt_tokens - 1) // block_size * block_size
+    num_tokens = matched[worker_id]
+    matched[worker_id] = min(num_tokens // block_size * block_size, reusable)
+    if worker_id in routed:
+        num_stored = num_tokens - routed[worker_id]
+        routed[worker_id] = max(matched[worker_id] - num_stored, 0)
