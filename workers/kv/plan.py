@@ -15,17 +15,12 @@ from __future__ import annotations
 
 import argparse
 import math
-import re
 from dataclasses import dataclass
 
+from radix.config_flags import parse_bytes
 from workers.kv.spec import KVCacheSpec
 
 DEFAULT_SAFETY_MARGIN = 0.02
-_UNITS = {
-    "": 1, "b": 1,
-    "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
-    "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40,
-}
 
 
 @dataclass(frozen=True)
@@ -102,14 +97,6 @@ def plan_kv_cache(
             f"kv_cache_bytes={kv_cache_bytes} holds no block of {spec.kv_bytes_per_block} bytes"
         )
     return KVCachePlan(spec, kv_cache_bytes, safety_margin, num_blocks, sizing_rule)
-
-
-def parse_bytes(text: str) -> int:
-    """``16GiB`` -> 17179869184; accepts B, KB/MB/GB/TB (powers of 10), KiB/MiB/GiB/TiB."""
-    found = re.fullmatch(r"\s*([0-9]+(?:\.[0-9]+)?)\s*([A-Za-z]*)\s*", text)
-    if not found or found.group(2).lower() not in _UNITS:
-        raise ValueError(f"not a byte size: {text!r} (e.g. 16GiB, 500MB, 1048576)")
-    return int(float(found.group(1)) * _UNITS[found.group(2).lower()])
 
 
 def format_bytes(num_bytes: int) -> str:

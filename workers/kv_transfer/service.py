@@ -6,8 +6,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from radix.hashing import BlockHasher
-from workers.config import KVTransferConfig
 from workers.build import BuiltWorker
+from workers.config import KVTransferConfig
 from workers.kv_transfer.consumer import Consumer
 from workers.kv_transfer.identity import TransferIdentity
 from workers.kv_transfer.metrics import TransferMetrics

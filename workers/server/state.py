@@ -10,9 +10,9 @@ from prometheus_client import Counter
 
 from radix.openai.fields import Fields
 from radix.openai.json_body import decode_json_object
+from workers.build import BuiltWorker, WorkerIdentity
 from workers.config import ServerConfig
 from workers.engine.async_engine import AsyncEngine
-from workers.build import BuiltWorker, WorkerIdentity
 from workers.kv_transfer.service import KVTransfer
 from workers.server.sampling import RequestLimits
 

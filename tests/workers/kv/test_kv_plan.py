@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from workers.kv.plan import DEFAULT_SAFETY_MARGIN, gpu_kv_budget, main, parse_bytes, plan_kv_cache
+from radix.config_flags import parse_bytes
+from workers.kv.plan import DEFAULT_SAFETY_MARGIN, gpu_kv_budget, main, plan_kv_cache
 from workers.kv.spec import KVCacheSpec
 
 GIB = 2**30
