@@ -34,6 +34,7 @@ from workers.engine.kv_feed import KVEventFeed
 from workers.engine.kv_sizing import KVBudget, kv_budget
 from workers.engine.metrics import EngineMetrics, register_stats
 from workers.kv.build import build_kv_cache_manager
+from workers.kv.manager import KVCacheManager
 from workers.kv.plan import KVCachePlan, describe, plan_kv_cache
 from workers.kv.scales import KVScales, load_scales
 from workers.kv.spec import KVCacheSpec
@@ -239,18 +240,7 @@ def build_worker(config: WorkerConfig, worker_id: str, secret: bytes) -> BuiltWo
     namespace = cache_namespace(served_names[0], backend.weights_digest, backend.tokenizer,
                                 backend.rope, spec, scales)
     digest = namespace.digest(secret)
-    num_host_blocks = _tier_blocks("host_cache_bytes", config.kv.host_cache_bytes, spec)
-    num_disk_blocks = _tier_blocks("disk_cache_bytes", config.kv.disk_cache_bytes, spec)
-    manager = build_kv_cache_manager(
-        backend.tensor_spec, plan.num_blocks, namespace_digest=digest, worker_id=worker_id,
-        device=device, prefix_caching=config.kv.prefix_cache,
-        hash_algorithm=config.kv.hash_algorithm, max_events=config.kv.event_log_size,
-        num_host_blocks=num_host_blocks, secret=secret, watermark=config.kv.watermark,
-        host_ttl_s=config.kv.host_ttl_s, num_disk_blocks=num_disk_blocks,
-        disk_dir=None if config.kv.disk_cache_dir is None else Path(config.kv.disk_cache_dir),
-    )
-    if num_host_blocks and not disable_core_dumps():
-        log.warning("host KV tier on, but the process could not be marked not dumpable")
+    manager = _kv_cache_manager(config, backend, plan, digest, worker_id, device, secret)
     model_limit = backend.max_positions
     max_model_len = min(config.model.max_model_len or model_limit, model_limit, plan.num_tokens)
     registry = CollectorRegistry()
@@ -279,13 +269,36 @@ def build_worker(config: WorkerConfig, worker_id: str, secret: bytes) -> BuiltWo
         decode_graph_sizes=(runner.graphs.sizes if isinstance(runner, ModelRunner)
                             and runner.graphs is not None else ()),
     )
-    _log_plan(identity, backend.source, device, config, num_host_blocks)
+    _log_plan(identity, backend.source, device, config,
+              manager.stats().host.num_host_blocks_total)
+    return BuiltWorker(identity, async_engine, backend.tokenizer, registry, config.engine,
+                       config.kv.prefix_cache, lora)
+
+
+def _kv_cache_manager(config: WorkerConfig, backend: _Backend, plan: KVCachePlan,
+                      digest: bytes, worker_id: str, device: torch.device,
+                      secret: bytes) -> KVCacheManager:
+    """The KV cache manager of ``plan``'s blocks, with the host and disk tiers the
+    config sizes; a process holding host blocks is marked not dumpable (a warning
+    when it cannot be)."""
+    spec = backend.spec
+    num_host_blocks = _tier_blocks("host_cache_bytes", config.kv.host_cache_bytes, spec)
+    num_disk_blocks = _tier_blocks("disk_cache_bytes", config.kv.disk_cache_bytes, spec)
+    manager = build_kv_cache_manager(
+        backend.tensor_spec, plan.num_blocks, namespace_digest=digest, worker_id=worker_id,
+        device=device, prefix_caching=config.kv.prefix_cache,
+        hash_algorithm=config.kv.hash_algorithm, max_events=config.kv.event_log_size,
+        num_host_blocks=num_host_blocks, secret=secret, watermark=config.kv.watermark,
+        host_ttl_s=config.kv.host_ttl_s, num_disk_blocks=num_disk_blocks,
+        disk_dir=None if config.kv.disk_cache_dir is None else Path(config.kv.disk_cache_dir),
+    )
+    if num_host_blocks and not disable_core_dumps():
+        log.warning("host KV tier on, but the process could not be marked not dumpable")
     if num_disk_blocks:
         log.info("disk KV tier: %d blocks in %s (AES-256-GCM), %d taken back from a previous "
                  "run", num_disk_blocks, config.kv.disk_cache_dir,
                  manager.stats().disk.num_disk_blocks_used)
-    return BuiltWorker(identity, async_engine, backend.tokenizer, registry, config.engine,
-                       config.kv.prefix_cache, lora)
+    return manager
 
 
 def _tier_blocks(field: str, num_bytes: int, spec: KVCacheSpec) -> int:
