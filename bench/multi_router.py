@@ -35,6 +35,7 @@ from pathlib import Path
 from bench.routing_real import (
     ADMIN_KEY,
     TENANTS,
+    add_run_flags,
     build_jobs,
     drive,
     outcome_figures,
@@ -167,12 +168,8 @@ def main(argv: list[str] | None = None) -> dict:
     time, and returns the numbers by router count."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--workers", type=int, default=3)
-    parser.add_argument("--requests", type=int, default=160, help="requests per run")
-    parser.add_argument("--clients", type=int, default=8, help="concurrent clients")
-    parser.add_argument("--max-tokens", type=int, default=4)
-    parser.add_argument("--kv-cache-bytes", default="16MiB", help="per worker")
+    add_run_flags(parser)
     parser.add_argument("--probes", type=int, default=10, help="convergence probes")
-    parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
     start = time.perf_counter()
     results: dict[str, object] = {}

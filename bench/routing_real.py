@@ -233,17 +233,23 @@ def _row(policy: str, num_workers: int, r: dict) -> str:
             f"{'/'.join(map(str, r['requests_per_worker']))}")
 
 
+def add_run_flags(parser: argparse.ArgumentParser) -> None:
+    """Adds the flags of one run of the workload: ``--requests``, ``--clients``,
+    ``--max-tokens``, ``--kv-cache-bytes`` (per worker) and ``--seed``."""
+    parser.add_argument("--requests", type=int, default=160, help="requests per run")
+    parser.add_argument("--clients", type=int, default=8, help="concurrent clients")
+    parser.add_argument("--max-tokens", type=int, default=4)
+    parser.add_argument("--kv-cache-bytes", default="16MiB", help="per worker")
+    parser.add_argument("--seed", type=int, default=0)
+
+
 def main(argv: list[str] | None = None) -> dict:
     """Every selected policy on each worker count; prints a table and the wall time and
     returns the numbers by ``policy/workers``."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--workers", type=int, nargs="+", default=[2, 4])
     parser.add_argument("--policies", nargs="+", default=list(POLICIES), choices=list(POLICIES))
-    parser.add_argument("--requests", type=int, default=160, help="requests per run")
-    parser.add_argument("--clients", type=int, default=8, help="concurrent clients")
-    parser.add_argument("--max-tokens", type=int, default=4)
-    parser.add_argument("--kv-cache-bytes", default="16MiB", help="per worker")
-    parser.add_argument("--seed", type=int, default=0)
+    add_run_flags(parser)
     args = parser.parse_args(argv)
     start = time.perf_counter()
     results: dict[str, object] = {}
