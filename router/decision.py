@@ -202,9 +202,9 @@ class Decider:
         (chosen first, by match and load), run on the best prefill worker
         (docs/pd.md); None (served aggregated) when ``decode`` would compute fewer than
         ``pd.min_uncached_tokens`` of the prompt itself or the request cannot be split
-        (``n`` > 1, an adapter, a worker that does not speak ``/generate``). A failed
-        leg gives None too: the decode worker computes the prompt, counted as a
-        fallback."""
+        (``n`` > 1, an adapter, a worker that does not speak ``/generate``). A leg that
+        fails, or finds every prefill worker saturated, gives None too: the decode
+        worker computes the prompt, counted as a fallback."""
         counts = self._metrics.pd_requests
         prompt = call.prompt
         num_uncached = len(prompt.token_ids) - matches.tokens.get(decode.worker_id, 0)
@@ -215,7 +215,13 @@ class Decider:
                 or call.request.sampling.n != 1):
             counts["aggregated"].inc()
             return None
-        prefill = self.choose(candidates, matches, call, [])[0]
+        try:
+            prefill = self.choose(candidates, matches, call, [])[0]
+        except ApiError as exc:
+            log.info("request %s: no prefill worker (%s): decoding whole on %s",
+                     call.request_id, exc.code, decode.worker_id)
+            counts["fallback"].inc()
+            return None
         num_tokens = max(len(prompt.token_ids) - matches.tokens.get(prefill.worker_id, 0), 0)
         in_flight = self.commit(prefill, prompt.key, call.scope, None, num_tokens)
         try:
