@@ -12,6 +12,7 @@ import urllib.request
 import pytest
 
 from harness.procs import http_json
+from harness.sse import data_payload
 
 pytestmark = pytest.mark.slow
 
@@ -28,9 +29,9 @@ def generate_stream(url: str) -> list[dict]:
     events = []
     with urllib.request.urlopen(request, timeout=60) as response:
         for raw in response:
-            line = raw.decode().strip()
-            if line.startswith("data: ") and line != "data: [DONE]":
-                events.append(json.loads(line[6:]))
+            payload = data_payload(raw.decode())
+            if payload is not None and payload != "[DONE]":
+                events.append(json.loads(payload))
     return events
 
 

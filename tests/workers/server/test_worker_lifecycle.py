@@ -12,6 +12,7 @@ import openai
 import pytest
 
 from harness.procs import REPO_ROOT, child_env, http_json
+from harness.sse import data_lines
 from router.up.launcher import free_port
 from tests.workers.server.worker_checks import used_blocks_settle
 from workers.config import WorkerConfig, load_config
@@ -110,6 +111,6 @@ def test_requests_past_the_timeout_are_cancelled(worker_factory, tmp_path):
     raw = urllib.request.urlopen(urllib.request.Request(
         f"{worker.url}/generate", data=json.dumps({**body, "stream": True}).encode(),
         headers={"Content-Type": "application/json"})).read().decode()
-    events = [line[len("data: "):] for line in raw.splitlines() if line.startswith("data: ")]
+    events = data_lines(raw)
     assert json.loads(events[-2])["error"]["code"] == "timeout" and events[-1] == "[DONE]"
     used_blocks_settle(worker)
