@@ -146,6 +146,16 @@ def _expand_kernel(
     tl.store(out, acc.to(out_ptr.dtype.element_ty), mask=row_ok[:, None] & col_ok[None, :])
 
 
+def _check_tiles(block_m: int | None, block_n: int, block_k: int,
+                 num_splits: int | None) -> None:
+    """Tile sizes are powers of two, at least ``tl.dot``'s minimum; splits at least 1."""
+    tiles = {"block_m": block_m or _MIN_TILE, "block_n": block_n, "block_k": block_k}
+    for name, size in tiles.items():
+        _check(size >= _MIN_TILE and size & (size - 1) == 0,
+               f"{name} must be a power of two >= {_MIN_TILE}")
+    _check(num_splits is None or num_splits >= 1, "num_splits must be >= 1")
+
+
 def lora_delta_triton(
     x: torch.Tensor,
     segments: LoraSegments,
@@ -168,11 +178,7 @@ def lora_delta_triton(
     sizes are powers of two, at least ``tl.dot``'s minimum.
     """
     _check_arguments(x, segments, lora_a, lora_b, scales)
-    tiles = {"block_m": block_m or _MIN_TILE, "block_n": block_n, "block_k": block_k}
-    for name, size in tiles.items():
-        _check(size >= _MIN_TILE and size & (size - 1) == 0,
-               f"{name} must be a power of two >= {_MIN_TILE}")
-    _check(num_splits is None or num_splits >= 1, "num_splits must be >= 1")
+    _check_tiles(block_m, block_n, block_k, num_splits)
     num_tokens, in_features = x.shape
     num_segments = segments.num_segments
     out = x.new_zeros(num_tokens, lora_b.shape[1])
