@@ -23,6 +23,7 @@ DEFAULT_CONFIG = Path(__file__).resolve().parent.parent / "configs" / "local.tom
 WORKER_ROLES = ("both", "prefill", "decode")
 RESERVED_TENANTS: tuple[str, ...] = RESERVED_SCOPES
 WORKER_KEY_ENV_PREFIX = "RADIX_WORKER_KEY_"
+VLLM_REPLAY_BATCHES = 10_000  # vLLM's KVEventsConfig.buffer_steps default
 REDIS_KEY_PREFIX = Pattern(re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,63}$"),
                            "a key prefix (letters, digits, '.', '_', ':', '-')")
 _REDIS_SCHEMES = ("redis", "rediss", "unix")
@@ -181,10 +182,12 @@ class WorkerSpec(Section):
     one, and ``up`` puts its generated key there. ``trust_cache_salt`` routes an
     ``openai``/``vllm`` backend whose ``cache_salt`` isolation cannot be checked (it
     reports no ``cached_tokens`` or does not answer the probe,
-    ``router.fleet.salt_probe``). ``role`` (docs/pd.md): ``prefill`` workers only
-    prefill for others, ``decode`` workers take whole requests and the decode legs of
-    disaggregated ones, ``both`` either (a ``radix`` worker's ``--kv-transfer-config``
-    must say the same)."""
+    ``router.fleet.salt_probe``). ``kv_events_replay_batches`` is the most batches a
+    replay may bring: the server's buffer (vLLM's ``buffer_steps``, 10,000 by default);
+    the replay's byte bound follows from it (docs/vllm.md). ``role`` (docs/pd.md):
+    ``prefill`` workers only prefill for others, ``decode`` workers take whole requests
+    and the decode legs of disaggregated ones, ``both`` either (a ``radix`` worker's
+    ``--kv-transfer-config`` must say the same)."""
 
     worker_id: str = setting(pattern=NAME, key="id")
     model: str
@@ -194,6 +197,7 @@ class WorkerSpec(Section):
     launch: tuple[str, ...] | None = None
     kv_events: str | None = None
     kv_events_replay: str | None = None
+    kv_events_replay_batches: int = setting(VLLM_REPLAY_BATCHES, low=1, high=100_000)
     trust_cache_salt: bool = False
     role: str = setting("both", choices=WORKER_ROLES)
 

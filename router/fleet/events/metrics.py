@@ -9,6 +9,9 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
 
+# message: frames or seq unreadable; payload: not a batch; event: an event's fields do not
+# fit; conflict: a stored block this worker already holds under another hash
+MALFORMED_REASONS = ("message", "payload", "event", "conflict")
 _LAG_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1.0, 5.0)
 
 
@@ -19,7 +22,8 @@ class KVEventMetrics:
     entries cleared), ``router_kv_event_decode_errors_total`` (malformed messages,
     events, lines or frames, skipped or resynced from),
     ``router_kv_event_follower_restarts_total`` (a follower started over after an
-    error that would have ended it) and the lag from the engine's batch timestamp to
+    error that would have ended it), ``router_kv_event_malformed_total{worker,reason}``
+    (what a vLLM follower skipped, by ``MALFORMED_REASONS``) and the lag from the engine's batch timestamp to
     the index, ``router_kv_event_lag_seconds``."""
 
     def __init__(self, registry: CollectorRegistry) -> None:
@@ -35,6 +39,9 @@ class KVEventMetrics:
                                      "Malformed KV event messages, events, lines or frames")
         self.restarts = counter("router_kv_event_follower_restarts",
                                 "Followers started over after an error that ended them")
+        self.malformed = Counter("router_kv_event_malformed", "KV event input skipped, by "
+                                 "reason (vLLM followers)", ["worker", "reason"],
+                                 registry=registry)
         self.lag = Histogram("router_kv_event_lag_seconds",
                              "Engine batch timestamp to applied in the index",
                              buckets=_LAG_BUCKETS, registry=registry)

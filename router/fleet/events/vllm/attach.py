@@ -61,7 +61,8 @@ class VllmAttacher:
         translator = VllmTranslator(worker.worker_id, self._scopes.get,
                                     functools.lru_cache(maxsize=256)(
                                         functools.partial(self._namespace, model)))
-        endpoints = Endpoints(worker.config.kv_events, worker.config.kv_events_replay)
+        endpoints = Endpoints(worker.config.kv_events, worker.config.kv_events_replay,
+                              replay_batches=worker.config.kv_events_replay_batches)
         await VllmEventFollower(self._index, translator, endpoints, self._metrics,
                                 self._context).run()
 

@@ -18,11 +18,14 @@ block the server may not hold:
   server then stays idle and sends nothing. A live ``seq`` at or below the previous
   live one (the server restarted between two messages) clears it too. A failed probe
   ends this task and clears the worker (``WorkerRegistry``).
-- **Garbage:** a malformed message or event (anything that fails to decode or
-  translate, a message nested past the decoder's depth included) is counted and
-  skipped; it never stops the follower. No message may pass ``MAX_MESSAGE_BYTES``
+- **Garbage:** a malformed message, batch or event (anything that fails to decode, a
+  message nested past the decoder's depth included, or a store that would file one
+  index block under two hashes) is skipped and counted by reason
+  (``router_kv_event_malformed_total``); the rest of its batch applies, the worker's
+  entries stay and the follower goes on. No message may pass ``MAX_MESSAGE_BYTES``
   (ZMQ drops the connection), and a replay is bounded in time (``replay_timeout_s``
-  in all, not per message), bytes and batches: past any bound it is abandoned.
+  in all, not per message), in batches (``replay_batches``: the server's buffer) and
+  in bytes (``replay_bytes``): past any bound it is abandoned.
 - **Anything else** that ends the follower (a bug) is logged and counted
   (``router_kv_event_follower_restarts_total``); the worker's entries are cleared and
   the follower starts over.
@@ -44,8 +47,9 @@ import zmq.asyncio
 from zmq.utils.monitor import parse_monitor_message
 
 from radix.events import KVEvent
-from router.fleet.events.metrics import KVEventMetrics
-from router.fleet.events.vllm.translate import VllmTranslator
+from router.config import VLLM_REPLAY_BATCHES
+from router.fleet.events.metrics import MALFORMED_REASONS, KVEventMetrics
+from router.fleet.events.vllm.translate import BlockConflict, VllmTranslator
 from router.fleet.events.vllm.wire import END_OF_REPLAY, WireError, decode_batch, decode_seq
 from router.routing.index import WorkerId
 
@@ -53,9 +57,16 @@ log = logging.getLogger(__name__)
 _MONITORED = zmq.EVENT_CONNECTED | zmq.EVENT_DISCONNECTED
 _REPLAY_YIELD_EVERY = 64
 MAX_MESSAGE_BYTES = 64 * 2**20
-MAX_REPLAY_BYTES = 512 * 2**20
-MAX_REPLAY_BATCHES = 100_000  # vLLM keeps 10,000 by default
+# A scheduler step of 8,192 new tokens in 16-token blocks publishes about 40 KiB; most
+# steps (decode) publish far less. A replay may average this much per batch.
+REPLAY_BYTES_PER_BATCH = 32 * 2**10
 RESTART_DELAY_S = 1.0
+
+
+def replay_bytes(replay_batches: int) -> int:
+    """The most bytes a replay of ``replay_batches`` may bring: ``REPLAY_BYTES_PER_BATCH``
+    each, and never less than one message of ``MAX_MESSAGE_BYTES``."""
+    return max(replay_batches * REPLAY_BYTES_PER_BATCH, MAX_MESSAGE_BYTES)
 
 
 class EventSink(Protocol):
@@ -71,11 +82,13 @@ class EventSink(Protocol):
 @dataclass(frozen=True)
 class Endpoints:
     """A vLLM server's ``endpoint`` (its PUB socket) and ``replay_endpoint`` (its
-    ROUTER socket; None when it has none: gaps then clear the worker)."""
+    ROUTER socket; None when it has none: gaps then clear the worker), and how many
+    batches its replay buffer holds (``buffer_steps``)."""
 
     events: str
     replay: str | None
     replay_timeout_s: float = 10.0
+    replay_batches: int = VLLM_REPLAY_BATCHES
 
 
 class VllmEventFollower:
@@ -96,6 +109,8 @@ class VllmEventFollower:
         self._replays = metrics.replays.labels(self._worker_id)
         self._resyncs = metrics.resyncs.labels(self._worker_id)
         self._decode_errors = metrics.decode_errors.labels(self._worker_id)
+        self._malformed = {reason: metrics.malformed.labels(self._worker_id, reason)
+                           for reason in MALFORMED_REASONS}
         self._restarts = metrics.restarts.labels(self._worker_id)
         self._lag = metrics.lag
 
@@ -154,7 +169,7 @@ class VllmEventFollower:
         except WireError:
             seq = -1
         if seq < 0:
-            self._decode_errors.inc()
+            self._skip("message")
             return
         if self._last_live_seq is not None and seq <= self._last_live_seq:
             self._clear(f"seq went back from {self._last_live_seq} to {seq} (a restart)")
@@ -200,20 +215,31 @@ class VllmEventFollower:
         self._last_seq = seq
         try:
             batch = decode_batch(seq, payload)
-            translated = [self._translator.translate(seq, event) for event in batch.events]
         except Exception as exc:  # RecursionError, MemoryError on garbage, not only WireError
-            self._decode_errors.inc()
+            self._skip("payload")
             log.warning("kv events of %s: seq %d skipped: %s: %s", self._worker_id, seq,
                         type(exc).__name__, exc)
             return
         if batch.num_malformed:
-            self._decode_errors.inc(batch.num_malformed)
-        for event in translated:
-            if event is not None:
-                self._sink.apply_event(self._worker_id, event)
+            self._skip("event", batch.num_malformed)
+        for event in batch.events:
+            try:
+                translated = self._translator.translate(seq, event)
+            except BlockConflict as exc:
+                self._malformed["conflict"].inc()
+                log.warning("kv events of %s: an event of seq %d skipped: %s",
+                            self._worker_id, seq, exc)
+                continue
+            if translated is not None:
+                self._sink.apply_event(self._worker_id, translated)
         self._events.inc()
         if live:
             self._lag.observe(max(time.time() - batch.ts, 0.0))
+
+    def _skip(self, reason: str, num: int = 1) -> None:
+        """Count ``num`` undecodable items (``reason`` in ``MALFORMED_REASONS``)."""
+        self._malformed[reason].inc(num)
+        self._decode_errors.inc(num)
 
     def _clear(self, reason: str) -> None:
         log.warning("kv events of %s: %s; clearing its index entries", self._worker_id, reason)
@@ -226,9 +252,11 @@ class VllmEventFollower:
     async def _replay(self, start: int) -> list[tuple[int, bytes]] | None:
         """The buffered batches from ``start`` on, or None without a replay endpoint or
         when the server does not finish answering within ``replay_timeout_s`` (in all),
-        ``MAX_REPLAY_BYTES`` and ``MAX_REPLAY_BATCHES``."""
+        ``replay_batches`` batches and ``replay_bytes`` of them."""
         if self._endpoints.replay is None:
             return None
+        max_batches = self._endpoints.replay_batches
+        max_bytes = replay_bytes(max_batches)
         self._replays.inc()
         dealer = self._context.socket(zmq.DEALER)
         dealer.setsockopt(zmq.LINGER, 0)
@@ -245,15 +273,14 @@ class VllmEventFollower:
                 if len(frames) < 3 or frames[-2] == END_OF_REPLAY:
                     return batches
                 num_bytes += sum(len(frame) for frame in frames)
-                if num_bytes > MAX_REPLAY_BYTES or len(batches) >= MAX_REPLAY_BATCHES:
+                if num_bytes > max_bytes or len(batches) >= max_batches:
                     log.warning("kv events of %s: replay from %d over %d bytes or %d batches; "
-                                "abandoned", self._worker_id, start, MAX_REPLAY_BYTES,
-                                MAX_REPLAY_BATCHES)
+                                "abandoned", self._worker_id, start, max_bytes, max_batches)
                     return None
                 try:
                     batches.append((decode_seq(frames[-2]), frames[-1]))
                 except WireError:
-                    self._decode_errors.inc()
+                    self._skip("message")
             log.warning("kv events of %s: replay from %d timed out", self._worker_id, start)
             return None
         finally:

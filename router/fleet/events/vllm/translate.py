@@ -20,6 +20,11 @@ What vLLM says and what the index needs differ in four ways, each settled here:
   a request's blocks tail first, so a parent normally outlives its children; when a
   parent goes first anyway, its descendants are dropped from the index with it (an
   under-claim until they are stored again, never a claim of an unreachable block).
+- **Conflicts.** A block is one place in the index: its tier, namespace, scope, parent
+  and tokens. A stored block whose place this worker already holds under another
+  engine hash (vLLM sends none for what the router sent: every hash input it mixes in
+  is the router's) is a ``BlockConflict``: the whole event is refused before anything
+  changes, so the index never files one block under two hashes.
 
 Only full-attention KV groups are indexed: the first group whose spec kind is
 ``full_attention`` (or unnamed, before vLLM published kinds). A sliding-window group
@@ -34,20 +39,34 @@ from dataclasses import dataclass
 
 from radix.events import EventBlock, KVEvent, Medium
 from radix.keys import to_key
-from router.fleet.events.vllm.wire import AllCleared, BlocksRemoved, BlocksStored, Event
+from router.fleet.events.vllm.wire import (
+    AllCleared,
+    BlocksRemoved,
+    BlocksStored,
+    Event,
+    WireError,
+)
 
 FULL_ATTENTION = "full_attention"
 DEVICE_MEDIA = (None, "GPU", "gpu", "device")
+# (tier, namespace, scope, parent hash, tokens as an index key): one block of the index
+_Place = tuple[Medium, str, str, str | None, bytes]
 
 
-@dataclass
+class BlockConflict(WireError):
+    """A stored block whose place (``_Place``) the worker already holds under another
+    engine hash."""
+
+
+@dataclass(slots=True)
 class _Entry:
-    """One engine block hash the index holds: where it is filed and how many
-    physical copies the engine reported."""
+    """One engine block hash the index holds: where it is filed, its place and how
+    many physical copies the engine reported."""
 
     namespace: str
     scope: str
     num_copies: int
+    place: _Place
     children: list[str] | None = None
 
 
@@ -66,6 +85,7 @@ class VllmTranslator:
         self._scope_of_salt = scope_of_salt
         self._namespace_for = namespace_for
         self._entries: dict[tuple[Medium, str], _Entry] = {}
+        self._holders: dict[_Place, str] = {}
         self._group: int | None = None
         self.num_unknown_salt_blocks = 0
         self.num_skipped_group_events = 0
@@ -73,10 +93,12 @@ class VllmTranslator:
     def reset(self) -> None:
         """Forget every block (the index forgot them too)."""
         self._entries.clear()
+        self._holders.clear()
         self._group = None
 
     def translate(self, seq: int, event: Event) -> KVEvent | None:
-        """The index event for ``event`` (None when there is nothing to apply)."""
+        """The index event for ``event`` (None when there is nothing to apply);
+        ``BlockConflict``, with nothing changed, for a store that conflicts."""
         if isinstance(event, AllCleared):
             self.reset()
             return self._event(seq, "cleared", "", "", (), "device")
@@ -102,22 +124,37 @@ class VllmTranslator:
             self.num_unknown_salt_blocks += len(event.hashes)
             return None
         namespace, scope = place
+        size = event.block_size
+        keys = [to_key(event.tokens[i * size:(i + 1) * size]) for i in range(len(event.hashes))]
+        self._check_conflicts(medium, namespace, scope, event, keys)
         blocks = []
-        parent, size = event.parent, event.block_size
-        for i, block_hash in enumerate(event.hashes):
+        parent = event.parent
+        for block_hash, key in zip(event.hashes, keys, strict=True):
             entry = self._entries.get((medium, block_hash))
             if entry is not None:
                 entry.num_copies += 1
             else:
-                self._entries[(medium, block_hash)] = _Entry(namespace, scope, 1)
-                blocks.append(EventBlock(block_hash, parent,
-                                         to_key(event.tokens[i * size:(i + 1) * size])))
+                spot = (medium, namespace, scope, parent, key)
+                self._entries[(medium, block_hash)] = _Entry(namespace, scope, 1, spot)
+                self._holders[spot] = block_hash
+                blocks.append(EventBlock(block_hash, parent, key))
                 if parent is not None:
                     self._link(medium, parent, block_hash)
             parent = block_hash
         if not blocks:
             return None
         return self._event(seq, "stored", namespace, scope, tuple(blocks), medium)
+
+    def _check_conflicts(self, medium: Medium, namespace: str, scope: str,
+                         event: BlocksStored, keys: list[bytes]) -> None:
+        """``BlockConflict`` if a new block of ``event`` takes a place another hash holds."""
+        parent = event.parent
+        for block_hash, key in zip(event.hashes, keys, strict=True):
+            if (medium, block_hash) not in self._entries:
+                holder = self._holders.get((medium, namespace, scope, parent, key))
+                if holder is not None and holder != block_hash:
+                    raise BlockConflict(f"block {block_hash} takes the place of block {holder}")
+            parent = block_hash
 
     def _parent(self, medium: Medium, parent: str) -> _Entry | None:
         """A parent block: in the same tier, or on the device (host blocks continue
@@ -171,6 +208,8 @@ class VllmTranslator:
             entry = self._entries.pop((medium, block_hash), None)
             if entry is None:
                 continue
+            if self._holders.get(entry.place) == block_hash:
+                del self._holders[entry.place]
             dropped.append(block_hash)
             pending += entry.children or ()
         gone += reversed(dropped)

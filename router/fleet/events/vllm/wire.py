@@ -15,7 +15,8 @@ Block hashes are uint64 ints (``VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES``) or raw by
 both become one canonical hex string. Unknown fields and unknown event types are
 ignored; an event of a known type whose fields do not fit is a ``WireError``, as is
 a payload that is not a batch. Decoding never trusts a length: token ids are checked
-against the block count and block size before anything uses them.
+against the block count and block size before anything uses them; a stored chain that
+names a hash twice, or one of its own blocks as its parent, is a ``WireError`` too.
 """
 
 from __future__ import annotations
@@ -147,6 +148,8 @@ def decode_event(item: object) -> Event | None:
 
 def _stored(fields: Mapping[str, Any]) -> BlocksStored:
     hashes = _hashes(fields)
+    if len(set(hashes)) != len(hashes):
+        raise WireError("a stored chain must not name a block hash twice")
     block_size = fields.get("block_size")
     tokens = fields.get("token_ids")
     if type(block_size) is not int or block_size <= 0:
@@ -155,10 +158,13 @@ def _stored(fields: Mapping[str, Any]) -> BlocksStored:
         raise WireError("token_ids must hold block_size tokens per block hash")
     if not all(type(t) is int and 0 <= t <= 0xFFFFFFFF for t in tokens):
         raise WireError("token_ids must be token ids in [0, 2**32)")
-    parent = fields.get("parent_block_hash")
+    raw_parent = fields.get("parent_block_hash")
+    parent = None if raw_parent is None else block_hash(raw_parent)
+    if parent in hashes:
+        raise WireError("a block cannot be its own chain's parent")
     return BlocksStored(
         hashes=hashes,
-        parent=None if parent is None else block_hash(parent),
+        parent=parent,
         tokens=tuple(tokens),
         block_size=block_size,
         medium=_optional(fields, "medium", str),

@@ -3,7 +3,8 @@
 Each test drives the publisher (tests/support/vllm_publisher.py) through one of the
 situations the follower must survive: a late start, a lost message, a gap the replay
 buffer no longer covers, a restarted server (idle or busy), garbage, and both event
-encodings. The index is checked by exact matches per tenant.
+encodings, a batch that would file one block under two hashes, a replay longer than
+the server's buffer. The index is checked by exact matches per tenant.
 """
 
 from __future__ import annotations
@@ -17,8 +18,14 @@ import zmq.asyncio
 from prometheus_client import CollectorRegistry
 
 from radix.keys import to_key
+from router.config_toml import parse_worker
 from router.fleet.events.metrics import KVEventMetrics
-from router.fleet.events.vllm.follower import Endpoints, VllmEventFollower
+from router.fleet.events.vllm.follower import (
+    MAX_MESSAGE_BYTES,
+    Endpoints,
+    VllmEventFollower,
+    replay_bytes,
+)
 from router.fleet.events.vllm.translate import VllmTranslator
 from router.routing.index import RouterIndex
 from tests.support.aio import eventually
@@ -56,6 +63,10 @@ class Harness:
 
     def counter(self, name: str) -> float:
         return self.registry.get_sample_value(f"router_{name}_total", {"worker": "v0"}) or 0
+
+    def malformed(self, reason: str) -> float:
+        return self.registry.get_sample_value("router_kv_event_malformed_total",
+                                              {"worker": "v0", "reason": reason}) or 0
 
     def restart_publisher(self) -> None:
         self.publisher.close()
@@ -175,6 +186,7 @@ def test_garbage_is_counted_and_following_goes_on(tmp_path):
         h.store(DOC[:4])
         await eventually(lambda: h.matched(DOC) == 4)
         assert h.counter("kv_event_decode_errors") == 5
+        assert [h.malformed(r) for r in ("message", "payload", "event")] == [2, 1, 2]
         assert h.counter("kv_events") == 2
 
     run(tmp_path, test)
@@ -228,3 +240,60 @@ def test_a_follower_that_fails_starts_over_and_is_counted(tmp_path):
         await eventually(lambda: h.matched(DOC) == 8, timeout_s=5.0)
 
     run(tmp_path, test)
+
+
+def test_a_batch_filing_a_block_under_a_second_hash_is_skipped_and_the_index_kept(tmp_path):
+    """A store of alice's first block under another hash, then that hash's removal: one
+    index block under two hashes. Before, the removal took alice's block out of the index
+    (her chain matched nothing) and the real block's later removal ended the follower,
+    which cleared the worker."""
+    async def test(h: Harness, start) -> None:
+        start()
+        await asyncio.sleep(0.3)
+        first = h.store(DOC)
+        await eventually(lambda: h.matched(DOC) == 16)
+        other = chain_hashes(DOC[:4], BLOCK, "another salt")
+        h.publisher.publish([h.publisher.stored(other, None, DOC[:4], BLOCK, "salt-alice"),
+                             h.publisher.removed(other)])
+        h.store(DOC[:8], salt="salt-bob")
+        await eventually(lambda: h.matched(DOC, "bob") == 8)
+        assert h.matched(DOC) == 16
+        assert h.malformed("conflict") == 1 and h.counter("kv_events") == 3
+        h.publisher.publish([h.publisher.removed(first[:1])])
+        await eventually(lambda: h.matched(DOC) == 0)
+        assert h.matched(DOC, "bob") == 8
+        assert (h.counter("kv_event_follower_restarts"), h.counter("kv_event_resyncs")) == (0, 0)
+
+    run(tmp_path, test)
+
+
+@pytest.mark.parametrize("replay_batches", [8, 7])
+def test_a_replay_longer_than_the_servers_buffer_is_abandoned(tmp_path, replay_batches):
+    """The server buffers 8 batches: a follower bounded at 8 takes the replay, one
+    bounded at 7 abandons it and follows live."""
+    async def test(h: Harness, start) -> None:
+        for i in range(8):
+            h.store([1, 2, 3, 10 + i])
+        h.follower = VllmEventFollower(h.index, h.translator,
+                                       Endpoints(h.events, h.replay, 1.0, replay_batches),
+                                       h.metrics, h.context)
+        start()
+        await asyncio.sleep(0.5)
+        h.store(DOC[:4])
+        await eventually(lambda: h.matched(DOC) == 4)
+        assert h.matched([1, 2, 3, 17]) == (4 if replay_batches == 8 else 0)
+        assert h.counter("kv_event_replays") == 1
+
+    run(tmp_path, test, buffer_steps=8)
+
+
+def test_the_replay_bound_is_the_servers_buffer_and_its_bytes_follow():
+    spec = parse_worker({"id": "v0", "model": "m", "kind": "vllm", "url": "http://h:1",
+                         "kv_events": "tcp://h:5557"}, {"m": None}, "workers[0]")
+    assert spec.kv_events_replay_batches == 10_000 == Endpoints("ipc://e", None).replay_batches
+    assert replay_bytes(10_000) == 10_000 * 32 * 2**10 < 512 * 2**20
+    assert replay_bytes(2) == MAX_MESSAGE_BYTES
+    for bad in (0, 100_001):
+        with pytest.raises(ValueError, match="kv_events_replay_batches"):
+            parse_worker({"id": "v0", "model": "m", "kind": "vllm", "url": "http://h:1",
+                          "kv_events_replay_batches": bad}, {"m": None}, "workers[0]")
