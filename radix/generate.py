@@ -8,7 +8,7 @@ routers send, a third of the cost of decoding and checking a JSON list), and::
 
     {"request_id"?, "scope"?, "num_public_tokens"?, "num_resumed_tokens"?,
      "max_cached_tokens"?, "sampling"?, "stream"?, "render"?, "adapter"?,
-     "kv_transfer_params"?}
+     "kv_transfer_params"?, "priority"?}
 
 ``scope`` defaults to ``direct`` (``radix.tree.DIRECT``, as on a worker's own OpenAI
 routes); ``num_public_tokens`` (default 0) is a multiple of the block size, at most
@@ -20,7 +20,10 @@ already delivered (a router resuming a cut stream): they count as completion tok
 and their text is not sent again. ``render`` (a ``RenderSpec``, streams only) makes
 the stream carry the client's OpenAI answer itself (``radix.openai.rendered``).
 ``kv_transfer_params`` (an object, ``radix.kv_transfer``) makes the request one leg
-of a disaggregated prefill/decode pair.
+of a disaggregated prefill/decode pair. ``priority`` (an integer in
+``radix.openai.requests``' [``MIN_PRIORITY``, ``MAX_PRIORITY``], default 0 and then
+left out of the body) orders the worker's scheduling as vLLM's priority policy does:
+lower is admitted first and preempted last.
 
 Without ``render`` the answer is plain: streamed, one ``step_event`` per choice per
 step, then a ``usage_event``, then ``[DONE]``; whole, ``whole_answer``.
@@ -37,6 +40,7 @@ from radix.api_errors import bad_request
 from radix.keys import to_key
 from radix.openai.fields import Fields, token_id_list, token_ids_b64
 from radix.openai.rendered import RenderSpec
+from radix.openai.requests import parse_priority
 from radix.openai.responses import TokenUsage
 from radix.openai.sampling import Sampling, SamplingBounds, parse_sampling
 from radix.tree import DIRECT
@@ -45,7 +49,7 @@ PATH = "/generate"
 MAX_ID_CHARS = 256
 WIRE_FIELDS = ("request_id", "token_ids", "token_ids_b64", "scope", "num_public_tokens",
                "num_resumed_tokens", "max_cached_tokens", "sampling", "stream", "render",
-               "adapter", "kv_transfer_params")
+               "adapter", "kv_transfer_params", "priority")
 
 
 @dataclass(frozen=True)
@@ -65,6 +69,7 @@ class GenerateRequest:
     request_id: str | None = None
     adapter: str | None = None
     kv_transfer_params: dict[str, Any] | None = None
+    priority: int = 0
 
     def to_wire(self) -> dict[str, Any]:
         """The JSON body: defaults and absent values left out."""
@@ -77,7 +82,8 @@ class GenerateRequest:
                     ("num_resumed_tokens", self.num_resumed_tokens or None),
                     ("max_cached_tokens", self.max_cached_tokens),
                     ("request_id", self.request_id), ("adapter", self.adapter),
-                    ("kv_transfer_params", self.kv_transfer_params))
+                    ("kv_transfer_params", self.kv_transfer_params),
+                    ("priority", self.priority or None))
         body.update((name, value) for name, value in optional if value is not None)
         return body
 
@@ -111,7 +117,7 @@ class GenerateRequest:
             prompt_key, fields.string("scope", DIRECT, MAX_ID_CHARS) or DIRECT, sampling,
             stream, render, num_public, num_resumed, fields.integer("max_cached_tokens", None, lo=0),
             fields.string("request_id", None, MAX_ID_CHARS),
-            fields.string("adapter", None, MAX_ID_CHARS), transfer)
+            fields.string("adapter", None, MAX_ID_CHARS), transfer, parse_priority(fields))
         return request, token_ids
 
 

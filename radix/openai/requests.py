@@ -18,7 +18,10 @@ one body with the same status and the same ``param``. Fields fall in four groups
   ``tools``/``functions``/``tool_choice``/``function_call``/``parallel_tool_calls``,
   and a ``response_format`` other than text.
 - server-owned: ``cache_salt`` (the router derives it per tenant); only a worker's
-  own direct routes accept it from their (trusted) caller.
+  own direct routes accept it from their (trusted) caller. ``priority`` (vLLM's:
+  an integer in [``MIN_PRIORITY``, ``MAX_PRIORITY``], default 0, lower is scheduled
+  earlier) only where the caller allows it (a worker's own routes; a router whose
+  flow control bounds it by the tenant's band).
 - anything else: refused as an unknown field.
 """
 
@@ -45,8 +48,10 @@ _UPSTREAM_PROMPT_PARAMS = ("token_ids_b64", "token_ids", "prompt")
 INLINE_TOKENIZE_CHARS = 8192  # longer prompt texts are tokenized off the event loop
 INLINE_CHARS_PER_MESSAGE = 64  # what rendering one chat message counts toward that bound
 MAX_PROMPT_TOKEN_IDS = 1 << 20  # a prompt given as token ids, when no tighter bound is set
+MIN_PRIORITY, MAX_PRIORITY = -(2**31), 2**31 - 1  # a signed 32-bit integer
 _COMMON = ("model", "stream", "stream_options", "user", "max_tokens", *SAMPLING_FIELDS,
-           "presence_penalty", "frequency_penalty", "logit_bias", "logprobs", "cache_salt")
+           "presence_penalty", "frequency_penalty", "logit_bias", "logprobs", "cache_salt",
+           "priority")
 _FIELDS = {
     COMPLETIONS: frozenset((*_COMMON, "prompt", "echo", "suffix", "best_of")),
     CHAT: frozenset((*_COMMON, "messages", "max_completion_tokens", "top_logprobs", "tools",
@@ -59,7 +64,12 @@ _FIELDS = {
 class OpenAIRequest:
     """A validated request. Exactly one of ``prompt`` (completions: text or token ids)
     and ``messages`` (chat: ``{"role", "content"}`` strings) is set. ``model`` is None
-    when the client sent none; ``cache_salt`` only ever comes from a trusted caller."""
+    when the client sent none; ``cache_salt`` only ever comes from a trusted caller.
+    ``priority`` is the scheduling priority (lower runs first, 0 when not given): a
+    server may replace it (``dataclasses.replace``) before the request goes on; it
+    travels to our workers in ``GenerateRequest.priority`` and never to an OpenAI
+    upstream (``upstream_body``: vLLM refuses a non-zero one unless it schedules by
+    priority)."""
 
     endpoint: str
     model: str | None
@@ -69,6 +79,7 @@ class OpenAIRequest:
     prompt: str | tuple[int, ...] | None = None
     messages: tuple[dict[str, str], ...] | None = None
     cache_salt: str | None = None
+    priority: int = 0
 
     @property
     def prompt_param(self) -> str:
@@ -116,15 +127,19 @@ class OpenAIRequest:
 
 def parse_openai_request(body: dict[str, Any], endpoint: str, bounds: SamplingBounds,
                          allow_cache_salt: bool = False,
-                         max_prompt_token_ids: int | None = None) -> OpenAIRequest:
+                         max_prompt_token_ids: int | None = None,
+                         allow_priority: bool = False) -> OpenAIRequest:
     """Validate ``body`` for ``endpoint`` (see the module docstring); ApiError 400
-    naming the first bad field, 413 (``prompt_too_long``) for a prompt of token ids
-    longer than ``max_prompt_token_ids`` (default ``MAX_PROMPT_TOKEN_IDS``), checked
-    before any id is converted."""
+    naming the first bad field (``cache_salt`` and ``priority`` too unless allowed),
+    413 (``prompt_too_long``) for a prompt of token ids longer than
+    ``max_prompt_token_ids`` (default ``MAX_PROMPT_TOKEN_IDS``), checked before any id
+    is converted."""
     fields = Fields(body)
     fields.only(_FIELDS[endpoint])
     if fields.has("cache_salt") and not allow_cache_salt:
         raise bad_request("cache_salt is set by the server, not by the client", "cache_salt")
+    if fields.has("priority") and not allow_priority:
+        raise bad_request("priority is not accepted on this server", "priority")
     model = requested_model(body)
     _refuse_unsupported(fields, endpoint)
     user = fields.raw("user")
@@ -147,7 +162,13 @@ def parse_openai_request(body: dict[str, Any], endpoint: str, bounds: SamplingBo
     include_usage = options.boolean("include_usage", False)
     cache_salt = fields.string("cache_salt", None, MAX_NAME_CHARS)
     return OpenAIRequest(endpoint, model, sampling, stream, include_usage, prompt, messages,
-                         cache_salt)
+                         cache_salt, parse_priority(fields))
+
+
+def parse_priority(fields: Fields) -> int:
+    """``priority`` of ``fields``: an integer in [``MIN_PRIORITY``, ``MAX_PRIORITY``],
+    0 when absent; 400 naming the field otherwise (booleans and floats included)."""
+    return fields.integer("priority", 0, lo=MIN_PRIORITY, hi=MAX_PRIORITY) or 0
 
 
 def _refuse_unsupported(fields: Fields, endpoint: str) -> None:

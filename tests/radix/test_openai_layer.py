@@ -4,12 +4,20 @@ body sent to OpenAI-compatible backends, response shapes and cache salts."""
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import pytest
 
 from radix.api_errors import ApiError
 from radix.openai.json_body import decode_json_object
-from radix.openai.requests import CHAT, COMPLETIONS, OpenAIRequest, parse_openai_request
+from radix.openai.requests import (
+    CHAT,
+    COMPLETIONS,
+    MAX_PRIORITY,
+    MIN_PRIORITY,
+    OpenAIRequest,
+    parse_openai_request,
+)
 from radix.openai.responses import ResponseShape, TokenUsage
 from radix.openai.salt import CacheSalts
 from radix.openai.sampling import MAX_TOKENS_LIMIT, SamplingBounds
@@ -148,6 +156,30 @@ def test_a_trusted_caller_may_send_cache_salt() -> None:
     request = parse_openai_request({**COMPLETION_BODY, "cache_salt": "s1"}, COMPLETIONS, BOUNDS,
                                    allow_cache_salt=True)
     assert request.cache_salt == "s1"
+
+
+def allowed(endpoint: str, **fields: object) -> OpenAIRequest:
+    base = CHAT_BODY if endpoint == CHAT else COMPLETION_BODY
+    return parse_openai_request({**base, **fields}, endpoint, BOUNDS, allow_priority=True)
+
+
+@pytest.mark.parametrize("endpoint", [COMPLETIONS, CHAT])
+def test_priority_is_an_integer_where_the_caller_allows_it(endpoint: str) -> None:
+    assert allowed(endpoint).priority == 0
+    assert allowed(endpoint, priority=None).priority == 0
+    assert allowed(endpoint, priority=-3).priority == -3
+    assert allowed(endpoint, priority=MAX_PRIORITY).priority == MAX_PRIORITY
+    assert allowed(endpoint, priority=MIN_PRIORITY).priority == MIN_PRIORITY
+    for bad in (1.5, 2.0, True, "1", [1], MAX_PRIORITY + 1, MIN_PRIORITY - 1):
+        error = refusal(lambda bad=bad: allowed(endpoint, priority=bad))
+        assert (error.status, error.param) == (400, "priority"), bad
+    assert parse(endpoint, priority=None).priority == 0  # null is absent, even unallowed
+
+
+def test_a_replaced_priority_never_goes_to_an_openai_upstream() -> None:
+    request = replace(allowed(COMPLETIONS, priority=2), priority=5)
+    assert request.priority == 5
+    assert "priority" not in request.upstream_body("served", 4, [1, 2], "salt")[1]
 
 
 def test_upstream_body_holds_only_validated_fields_and_the_salt() -> None:

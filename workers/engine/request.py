@@ -51,6 +51,9 @@ class GenerationRequest:
     engine never encodes the prompt again; None: encoded at admission. Its length is
     checked, its content is the caller's guarantee. ``request_id`` is the caller's id
     for the request (the router's), carried into the trace line; None: the engine's.
+    ``priority`` orders scheduling as vLLM's priority policy does: waiting sequences
+    are admitted by (priority, arrival), and the running sequence with the largest
+    (priority, arrival) is preempted first (lower runs first; 0 by default).
     """
 
     prompt_token_ids: tuple[int, ...]
@@ -62,6 +65,7 @@ class GenerationRequest:
     prompt_key: bytes | None = None
     adapter: str | None = None
     request_id: str | None = None
+    priority: int = 0
 
     def __post_init__(self) -> None:
         key = self.prompt_key

@@ -8,7 +8,8 @@ otherwise); absent, it is the first served name. The worker's direct routes serv
 ``direct`` (``radix.tree.DIRECT``: never the scope of a router's clients, keyless
 ones included, so cache timing does not cross between them); a ``cache_salt`` moves a request into scope ``salt:<cache_salt>``,
 so requests with different salts never share prefix-cache blocks (vLLM's rule),
-which is what lets a router put this worker behind it as ``kind = "openai"``. A
+which is what lets a router put this worker behind it as ``kind = "openai"``. Their
+``priority`` (vLLM's) orders the engine's admission and preemption. A
 prompt whose text has more characters than the context could hold as tokens is a
 413 before it is tokenized.
 """
@@ -42,7 +43,8 @@ def parse(body: dict[str, Any], endpoint: str, limits: RequestLimits,
         raise ApiError(404, f"the model {model!r} does not exist; this worker serves {served}",
                        param="model", code="model_not_found")
     bounds = SamplingBounds(min(limits.vocab_size, tokenizer.vocab_size), limits.max_n)
-    request = parse_openai_request(body, endpoint, bounds, allow_cache_salt=True)
+    request = parse_openai_request(body, endpoint, bounds, allow_cache_salt=True,
+                                   allow_priority=True)
     max_chars = limits.max_model_len * tokenizer.max_chars_per_token
     if request.num_text_chars() > max_chars:
         raise ApiError(413, f"the prompt has {request.num_text_chars()} characters of text, "
@@ -54,8 +56,9 @@ def parse(body: dict[str, Any], endpoint: str, limits: RequestLimits,
 def engine_request(request: OpenAIRequest, token_ids: tuple[int, ...],
                    limits: RequestLimits, served_models: tuple[str, ...] = ()) -> GenerationRequest:
     """The engine request, in the scope the request's ``cache_salt`` selects, running
-    the adapter its ``model`` names (a name not served as the base model's)."""
+    the adapter its ``model`` names (a name not served as the base model's), at its
+    ``priority``."""
     scope = DIRECT_SCOPE if request.cache_salt is None else SALT_SCOPE_PREFIX + request.cache_salt
     adapter = None if request.model is None or request.model in served_models else request.model
     return generation_request(token_ids, request.sampling, limits, request.prompt_param,
-                              scope=scope, adapter=adapter)
+                              scope=scope, adapter=adapter, priority=request.priority)

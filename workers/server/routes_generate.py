@@ -56,7 +56,7 @@ async def _run(request: web.Request, state: ServerState, call: GenerateRequest,
         "token_ids_b64" if as_b64 else "token_ids", scope=call.scope,
         num_public_tokens=call.num_public_tokens, num_resumed_tokens=call.num_resumed_tokens,
         max_cached_tokens=call.max_cached_tokens, prompt_key=call.prompt_key,
-        adapter=call.adapter, request_id=request_id,
+        adapter=call.adapter, request_id=request_id, priority=call.priority,
     )
     timeout_s = state.config.request_timeout_s
     if call.render is not None:

@@ -51,11 +51,13 @@ def generation_request(
     prompt_key: bytes | None = None,
     adapter: str | None = None,
     request_id: str | None = None,
+    priority: int = 0,
 ) -> GenerationRequest:
     """The engine request; 413 when the prompt leaves no room, 400 when ``max_tokens``
     does not fit the context or is already used up by ``num_resumed_tokens``.
     ``prompt_key`` is the prompt's radix key when the request carried it; ``adapter``
-    the LoRA adapter to run (None: the base model); ``request_id`` the caller's id."""
+    the LoRA adapter to run (None: the base model); ``request_id`` the caller's id;
+    ``priority`` the scheduling priority (lower runs first)."""
     max_tokens = _max_tokens(sampling, limits, len(prompt_token_ids) - num_resumed_tokens,
                              num_resumed_tokens, prompt_param)
     params = SamplingParams(
@@ -77,6 +79,7 @@ def generation_request(
         prompt_key=prompt_key,
         adapter=adapter,
         request_id=request_id,
+        priority=priority,
     )
 
 
