@@ -446,6 +446,8 @@ LABEL_KEY = Pattern(re.compile(r"^([a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?/)?[A-Za-
                     "a Kubernetes label or annotation key ([prefix/]name)")
 K8S_NAME = Pattern(re.compile(r"^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$"),
                    "a Kubernetes object name (lower-case letters, digits, '-', '.')")
+K8S_KIND = Pattern(re.compile(r"^[A-Z][A-Za-z0-9]{0,62}$"),
+                   "a Kubernetes kind (StatefulSet, Deployment, ...)")
 
 
 @dataclass(frozen=True)
@@ -460,9 +462,14 @@ class DiscoveryConfig(Section, section="discovery"):
     its ``/v1/models`` lists that this router serves. ``role_label`` gives a
     disaggregated fleet's pods their role (``prefill``, ``decode``; default ``both``). A vLLM
     pod's ZMQ KV event ports come from its ``kv_events_port_annotation`` and
-    ``kv_events_replay_port_annotation``. ``api_key_env`` (any variable: the operator
-    sets it) is every discovered worker's key; without it a pod ``p`` takes the key
-    named for its id under ``admin.worker_key_env_prefix`` when that variable is set.
+    ``kv_events_replay_port_annotation``. Identity is checked before any key is sent
+    (docs/kubernetes.md): with ``owner_kind`` and ``owner_name`` a pod's controller
+    must be that workload (a Deployment's through its ReplicaSet), with
+    ``service_account`` it must run as that account, and its role must be one of
+    ``roles``; any other pod is refused and counted. ``api_key_env`` (any variable:
+    the operator sets it) is every discovered worker's key; without it a pod ``p``
+    takes the key named for its id under ``admin.worker_key_env_prefix`` when that
+    variable is set.
     The watch is re-listed after every error and every ``resync_s`` (retries back off
     from ``retry_initial_s`` to ``retry_max_s``); a pod being deleted stops taking
     requests and keeps those in flight for up to ``drain_timeout_s``. ``kubeconfig``:
@@ -489,6 +496,10 @@ class DiscoveryConfig(Section, section="discovery"):
     kv_events_port_annotation: str = setting("radix-router/kv-events-port", pattern=LABEL_KEY)
     kv_events_replay_port_annotation: str = setting("radix-router/kv-events-replay-port",
                                                     pattern=LABEL_KEY)
+    owner_kind: str | None = setting(None, pattern=K8S_KIND)
+    owner_name: str | None = setting(None, pattern=K8S_NAME)
+    service_account: str | None = setting(None, pattern=K8S_NAME)
+    roles: tuple[str, ...] = setting(("both",), choices=WORKER_ROLES)
     api_key_env: str | None = setting(None, pattern=ENV_NAME)
     resync_s: float = setting(60.0, above=0)
     watch_timeout_s: float = setting(300.0, above=0)
@@ -500,7 +511,8 @@ class DiscoveryConfig(Section, section="discovery"):
 
     def check(self) -> None:
         """``kubernetes`` needs a selector and a port; ``inferencepool`` a pool (its
-        selector and ports come from it); the retry cap is at least its start."""
+        selector and ports come from it); the retry cap is at least its start; an owner
+        has both a kind and a name."""
         for key, value in self.selector.items():
             if not LABEL_KEY.regex.fullmatch(key) or len(value) > 63:
                 raise FieldError("selector", f"{key!r} = {value!r} is not a label", f".{key}")
@@ -513,6 +525,8 @@ class DiscoveryConfig(Section, section="discovery"):
             raise FieldError("pool", "give the InferencePool's name")
         if self.retry_max_s < self.retry_initial_s:
             raise FieldError("retry_max_s", "must be at least retry_initial_s")
+        if (self.owner_kind is None) != (self.owner_name is None):
+            raise FieldError("owner_name", "give owner_kind and owner_name together")
 
     @property
     def enabled(self) -> bool:

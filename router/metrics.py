@@ -106,8 +106,10 @@ class RouterMetrics:
         """Expose discovery (docs/kubernetes.md): ``router_discovery_up`` (1 from a
         successful LIST until the next error), ``router_discovery_pods`` (pods serving
         now), ``router_discovery_skipped`` (endpoints not registered),
-        ``router_discovery_lists_total``, ``router_discovery_events_total`` and
-        ``router_discovery_errors_total`` by reason."""
+        ``router_discovery_lists_total``, ``router_discovery_events_total``,
+        ``router_discovery_errors_total`` by reason and
+        ``router_discovery_refused_pods_total`` by reason (owner, service_account,
+        role)."""
         self.registry.register(_DiscoveryCollector(status))
 
     def count_request(self, worker_id: str, tenant_id: str, code: int) -> None:
@@ -198,7 +200,7 @@ class _DiscoveryCollector(Collector):
         self._status = status
 
     def collect(self) -> Iterator[Metric]:
-        """Six families."""
+        """Seven families."""
         s = self._status
         yield GaugeMetricFamily("router_discovery_up", "1 from a successful LIST of the "
                                 "watched objects until the next error", value=float(s.up))
@@ -218,6 +220,12 @@ class _DiscoveryCollector(Collector):
             errors.add_metric([reason], count)
         yield errors
 
+        refused = CounterMetricFamily("router_discovery_refused_pods", "Pods with the labels "
+                                      "refused by an identity or role check, each once per "
+                                      "reason", labels=["reason"])
+        for reason, count in s.num_refused.items():
+            refused.add_metric([reason], count)
+        yield refused
 
 class _IndexCollector(Collector):
     """The index's size and what it dropped, read at scrape time:

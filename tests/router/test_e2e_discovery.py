@@ -2,7 +2,8 @@
 pointing at the test API server, which runs in this process) in front of real demo
 worker processes: pods become routed workers, greedy answers flow through them, an
 evicted pod (``MODIFIED``, ``podIP: null``) leaves at once, a pod replaced under its
-name moves the worker, and a watch resumed after compaction re-lists."""
+name moves the worker, a watch resumed after compaction re-lists, and a pod with the
+labels but another service account is refused and counted."""
 
 from __future__ import annotations
 
@@ -21,6 +22,7 @@ from tests.support.router_configs import ADMIN, auth_section, model_table, to_to
 pytestmark = [pytest.mark.slow, pytest.mark.anyio]
 LABELS = {"app": "radix-worker"}
 ADMIN_HEADERS = {"Authorization": f"Bearer {ADMIN}"}
+TRUSTED = {"owner": ("StatefulSet", "radix-worker"), "service_account": "radix-worker"}
 
 
 def port_of(worker: ManagedProcess) -> int:
@@ -39,8 +41,9 @@ async def test_a_router_process_follows_pods_to_real_workers(tmp_path, worker_fa
     await server.start()
     workers = await asyncio.gather(*(asyncio.to_thread(worker_factory) for _ in range(3)))
     w0, w1, w2 = (port_of(w) for w in workers)
-    server.add_pod("radix-worker-0", "127.0.0.1", w0, LABELS)
-    server.add_pod("radix-worker-1", "127.0.0.1", w1, LABELS)
+    server.add_pod("radix-worker-0", "127.0.0.1", w0, LABELS, **TRUSTED)
+    server.add_pod("radix-worker-1", "127.0.0.1", w1, LABELS, **TRUSTED)
+    server.add_pod("impostor", "127.0.0.1", w2, LABELS, owner=TRUSTED["owner"])
     config = tmp_path / "router.toml"
     config.write_text(to_toml({
         "models": {"demo": model_table()},
@@ -48,7 +51,9 @@ async def test_a_router_process_follows_pods_to_real_workers(tmp_path, worker_fa
         "auth": auth_section({"alice": {}}),
         "discovery": {"kind": "kubernetes", "selector": LABELS, "port_name": "http",
                       "kubeconfig": server.kubeconfig(str(tmp_path / "kubeconfig")),
-                      "retry_initial_s": 0.1, "retry_max_s": 1.0},
+                      "retry_initial_s": 0.1, "retry_max_s": 1.0,
+                      "owner_kind": "StatefulSet", "owner_name": "radix-worker",
+                      "service_account": "radix-worker"},
     }))
     router = await asyncio.to_thread(start_router, config)
     try:
@@ -65,7 +70,7 @@ async def test_a_router_process_follows_pods_to_real_workers(tmp_path, worker_fa
         await eventually(lambda: _check(router, lambda s: set(s) == {"radix-worker-0"}))
 
         server.delete("radix-worker-0")
-        server.add_pod("radix-worker-0", "127.0.0.1", w2, LABELS)
+        server.add_pod("radix-worker-0", "127.0.0.1", w2, LABELS, **TRUSTED)
         moved = {"radix-worker-0": (f"http://127.0.0.1:{w2}", True)}
         await eventually(lambda: _check(router, lambda s: s == moved), timeout_s=30,
                          describe=lambda: router.log_text()[-4000:])
@@ -74,7 +79,7 @@ async def test_a_router_process_follows_pods_to_real_workers(tmp_path, worker_fa
 
         server.watches_refused = True
         server.close_watches()
-        server.add_pod("radix-worker-1", "127.0.0.1", w1, LABELS)
+        server.add_pod("radix-worker-1", "127.0.0.1", w1, LABELS, **TRUSTED)
         server.compact()
         server.watches_refused = False
         await eventually(lambda: _check(router, lambda s: len(s) == 2 and all(
@@ -82,6 +87,7 @@ async def test_a_router_process_follows_pods_to_real_workers(tmp_path, worker_fa
         _, metrics = await asyncio.to_thread(_metrics, router)
         assert 'router_discovery_errors_total{reason="closed"}' in metrics
         assert "router_discovery_up 1.0" in metrics
+        assert 'router_discovery_refused_pods_total{reason="service_account"} 1.0' in metrics
     finally:
         await asyncio.to_thread(router.stop)
         await server.stop()

@@ -131,13 +131,22 @@ class KubeApiServer:
 
     def add_pod(self, name: str, ip: str | None, port: int, labels: dict[str, str],
                 ready: bool = True, annotations: dict[str, str] | None = None,
-                phase: str = "Running") -> dict[str, Any]:
-        """Create a pod (a new UID) with a container port named ``http``."""
+                phase: str = "Running", owner: tuple[str, str] | None = None,
+                service_account: str = "default") -> dict[str, Any]:
+        """Create a pod (a new UID) with a container port named ``http``, run as
+        ``service_account``, controlled by ``owner`` (kind, name) when given (its
+        ``ownerReferences``, as a controller writes them)."""
+        metadata = {"name": name, "namespace": self.namespace, "uid": str(uuid.uuid4()),
+                    "labels": dict(labels), "annotations": dict(annotations or {})}
+        if owner is not None:
+            metadata["ownerReferences"] = [{
+                "apiVersion": "apps/v1", "kind": owner[0], "name": owner[1],
+                "uid": str(uuid.uuid4()), "controller": True, "blockOwnerDeletion": True}]
         pod = {
-            "metadata": {"name": name, "namespace": self.namespace, "uid": str(uuid.uuid4()),
-                         "labels": dict(labels), "annotations": dict(annotations or {})},
-            "spec": {"containers": [{"name": "worker", "ports": [
-                {"name": "http", "containerPort": port, "protocol": "TCP"}]}]},
+            "metadata": metadata,
+            "spec": {"serviceAccountName": service_account,
+                     "containers": [{"name": "worker", "ports": [
+                         {"name": "http", "containerPort": port, "protocol": "TCP"}]}]},
             "status": {"phase": phase, "podIP": ip,
                        "conditions": [{"type": "Ready",
                                        "status": "True" if ready else "False"}]},

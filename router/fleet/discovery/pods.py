@@ -7,6 +7,10 @@ ready, evicted with ``podIP: null``, being deleted) is not, whatever the event t
 brought it: the watcher judges each pod by its whole state, never by the event type
 alone. One pod is one worker per port: its id is the pod's name (a DNS-1123 name,
 so a canonical worker id), or ``NAME-PORT`` when the pod serves several ports.
+
+A pod (serving or not) is trusted only if ``refusal`` finds nothing: its controller is
+the configured workload, it runs as the configured service account, and its role is
+one the config allows. Labels alone never make a pod a worker when those are set.
 """
 
 from __future__ import annotations
@@ -18,7 +22,7 @@ from typing import Any
 
 from router.config import DiscoveryConfig
 
-ROLES = ("prefill", "decode", "both")
+REFUSAL_REASONS = ("owner", "service_account", "role")
 
 
 @dataclass(frozen=True)
@@ -93,7 +97,7 @@ def pod_endpoints(pod: Mapping[str, Any], config: DiscoveryConfig,
     labels = _strings(metadata.get("labels"))
     notes = _strings(metadata.get("annotations"))
     model = labels.get(config.model_label) or notes.get(config.model_label) or config.model
-    role = labels.get(config.role_label) or notes.get(config.role_label) or "both"
+    role = _role(metadata, config)
     kv_events = _port(notes.get(config.kv_events_port_annotation))
     replay = _port(notes.get(config.kv_events_replay_port_annotation))
     ip = pod["status"]["podIP"]
@@ -101,6 +105,53 @@ def pod_endpoints(pod: Mapping[str, Any], config: DiscoveryConfig,
         PodEndpoint(name if len(ports) == 1 else f"{name}-{port}", uid, ip, port, model,
                     role, kv_events, replay if kv_events is not None else None)
         for port in ports)
+
+
+def refusal(pod: Mapping[str, Any], config: DiscoveryConfig) -> tuple[str, str] | None:
+    """Why ``pod`` must not become a worker, as (reason, detail) with a reason of
+    ``REFUSAL_REASONS``; None when it passes every configured check: its controller
+    is ``owner_kind`` ``owner_name``, it runs as ``service_account``, its role is
+    one of ``roles``."""
+    metadata = pod.get("metadata") or {}
+    if config.owner_kind is not None and not _owned_by(metadata, config):
+        controller = _controller(metadata)
+        found = f"{controller[0]} {controller[1]!r}" if controller else "none"
+        return "owner", (f"its controller is {found}, not {config.owner_kind} "
+                         f"{config.owner_name!r}")
+    account = (pod.get("spec") or {}).get("serviceAccountName") or "default"
+    if config.service_account is not None and account != config.service_account:
+        return "service_account", (f"it runs as service account {account!r}, not "
+                                   f"{config.service_account!r}")
+    role = _role(metadata, config)
+    if role not in config.roles:
+        return "role", f"its role {role!r} is not in discovery.roles {list(config.roles)}"
+    return None
+
+
+def _controller(metadata: Mapping[str, Any]) -> tuple[str, str] | None:
+    """(kind, name) of the owner reference marked ``controller``, None without one."""
+    for ref in metadata.get("ownerReferences") or ():
+        if isinstance(ref, Mapping) and ref.get("controller") is True:
+            return str(ref.get("kind")), str(ref.get("name"))
+    return None
+
+
+def _owned_by(metadata: Mapping[str, Any], config: DiscoveryConfig) -> bool:
+    """Whether the pod's controller is the configured workload. A Deployment's pods
+    are controlled by its ReplicaSet ``NAME-HASH``, HASH being their
+    ``pod-template-hash`` label."""
+    controller = _controller(metadata)
+    if config.owner_kind == "Deployment":
+        template = _strings(metadata.get("labels")).get("pod-template-hash")
+        return template is not None and controller == ("ReplicaSet",
+                                                       f"{config.owner_name}-{template}")
+    return controller == (config.owner_kind, config.owner_name)
+
+
+def _role(metadata: Mapping[str, Any], config: DiscoveryConfig) -> str:
+    """The role the pod's ``role_label`` label or annotation names; ``both`` without."""
+    return (_strings(metadata.get("labels")).get(config.role_label)
+            or _strings(metadata.get("annotations")).get(config.role_label) or "both")
 
 
 def _config_port(pod: Mapping[str, Any], config: DiscoveryConfig) -> tuple[int, ...]:

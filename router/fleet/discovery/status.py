@@ -1,5 +1,6 @@
 """What the discovery watchers have seen and suffered, for ``GET /admin/discovery`` and
-``/metrics``: lists, watch events, errors by reason and the last error's words."""
+``/metrics``: lists, watch events, errors by reason and the last error's words, and
+the pods refused (``pods.refusal``) with their reasons."""
 
 from __future__ import annotations
 
@@ -7,6 +8,8 @@ import asyncio
 import logging
 
 import aiohttp
+
+from router.fleet.discovery.pods import REFUSAL_REASONS
 
 log = logging.getLogger(__name__)
 ERROR_REASONS = ("expired", "forbidden", "closed", "unreachable", "error")
@@ -53,6 +56,9 @@ class DiscoveryStatus:
         self.last_error: str | None = None
         self.num_pods = 0
         self.num_skipped = 0
+        self.num_refused = dict.fromkeys(REFUSAL_REASONS, 0)
+        self.refused: dict[str, str] = {}
+        self._refused_uids: set[tuple[str, str]] = set()
         self._logged: set[str] = set()
 
     def listed(self) -> None:
@@ -80,9 +86,23 @@ class DiscoveryStatus:
                 "discovery of %s: %s (relisting)", what, self.last_error)
         return reason
 
+    def refuse(self, pods: dict[str, tuple[str, str, str]]) -> None:
+        """The pods refused now, as UID -> (name, reason, detail): ``refused`` becomes
+        them (name -> "reason: detail"); each pod is counted and logged once per
+        reason, however many times it is judged again."""
+        now = {(uid, reason) for uid, (_, reason, _) in pods.items()}
+        for uid, (name, reason, detail) in pods.items():
+            if (uid, reason) not in self._refused_uids:
+                self.num_refused[reason] += 1
+                log.warning("discovered pod %s refused (%s): %s; it gets no key and no "
+                            "request", name, reason, detail)
+        self._refused_uids = now
+        self.refused = {name: f"{reason}: {detail}" for name, reason, detail in pods.values()}
+
     def to_dict(self) -> dict[str, object]:
         """JSON view for ``GET /admin/discovery``."""
         return {"kind": self.kind, "namespace": self.namespace, "up": self.up,
                 "num_lists": self.num_lists, "num_events": self.num_events,
                 "num_errors": dict(self.num_errors), "last_error": self.last_error,
-                "num_pods": self.num_pods, "num_skipped": self.num_skipped}
+                "num_pods": self.num_pods, "num_skipped": self.num_skipped,
+                "num_refused": dict(self.num_refused), "refused": dict(self.refused)}

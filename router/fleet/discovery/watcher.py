@@ -6,7 +6,9 @@ InferencePool, with the ``kubernetes_asyncio`` client.
 named ``pool`` (``inference.networking.k8s.io/v1``); each time its selector or target
 ports change, the pod watch restarts with them (no pool, or one without a selector
 or ports: no workers). Every change of the pod set hands the endpoints of the pods
-that serve (``router.fleet.discovery.pods``) to ``DiscoveredWorkers``.
+that serve and pass the identity checks (``router.fleet.discovery.pods.refusal``:
+owner, service account, role) to ``DiscoveredWorkers``; the others are refused,
+counted and shown in ``status`` before any request or key reaches them.
 
 The client's configuration: ``discovery.kubeconfig`` when given, else the pod's
 service account when the router runs in a cluster (``KUBERNETES_SERVICE_HOST`` is
@@ -30,6 +32,7 @@ from router.fleet.discovery.pods import (
     label_selector,
     pod_endpoints,
     pool_target,
+    refusal,
 )
 from router.fleet.discovery.reconcile import DiscoveredWorkers
 from router.fleet.discovery.status import DiscoveryStatus
@@ -78,6 +81,10 @@ class KubernetesDiscovery:
     async def start(self) -> None:
         """Load the client configuration (ValueError if none), then start watching."""
         self._api = await api_client(self._config)
+        if self._config.owner_kind is None and self._config.service_account is None:
+            log.warning("discovery trusts every pod with the labels %s: set discovery."
+                        "owner_kind and owner_name, or service_account (docs/kubernetes.md)",
+                        label_selector(self._config.selector) or "of the InferencePool")
         self._workers.start()
         if self._config.kind == "kubernetes":
             self._watch_pods(dict(self._config.selector), ())
@@ -122,9 +129,14 @@ class KubernetesDiscovery:
         if pods is not self._pods:
             return
         wanted: dict[str, PodEndpoint] = {}
-        for pod in pods.objects.values():
+        refused: dict[str, tuple[str, str, str]] = {}
+        for uid, pod in pods.objects.items():
+            if (why := refusal(pod, self._config)) is not None:
+                refused[uid] = (str((pod.get("metadata") or {}).get("name") or uid), *why)
+                continue
             for endpoint in pod_endpoints(pod, self._config, ports):
                 wanted[endpoint.worker_id] = endpoint
+        self.status.refuse(refused)
         self._workers.want(wanted)
 
     def _pool_changed(self) -> None:
@@ -141,6 +153,7 @@ class KubernetesDiscovery:
             if self._pods_task is not None:
                 self._pods_task.cancel()
             self._pods = self._pods_task = None
+            self.status.refuse({})
             self._workers.want({})
             return
         log.info("InferencePool %s/%s selects %s on ports %s", self._config.namespace,

@@ -30,10 +30,11 @@ COMPLETION = {"model": "demo", "prompt": "hello there", "max_tokens": 2}
 
 
 @contextlib.asynccontextmanager
-async def upstream(host: str = "127.0.0.1", port: int = 0, delay_s: float = 0.0
-                   ) -> AsyncIterator[int]:
+async def upstream(host: str = "127.0.0.1", port: int = 0, delay_s: float = 0.0,
+                   seen: list[tuple[str, str | None]] | None = None) -> AsyncIterator[int]:
     """An instant radix upstream on ``host:port`` (0: a free port), its ``/generate``
-    answering after ``delay_s``; yields the port."""
+    answering after ``delay_s``, recording each request's (path, Authorization header)
+    in ``seen`` when given; yields the port."""
     app = instant_upstream.create_app()
     if delay_s:
         slow = web.Application()
@@ -45,6 +46,13 @@ async def upstream(host: str = "127.0.0.1", port: int = 0, delay_s: float = 0.0
         slow.add_routes([*instant_upstream.status_routes(), web.post("/generate", generate),
                          web.get("/v1/models", instant_upstream.models)])
         app = slow
+    if seen is not None:
+        @web.middleware
+        async def record(request: web.Request, handler):
+            seen.append((request.path, request.headers.get("Authorization")))
+            return await handler(request)
+
+        app.middlewares.append(record)
     runner = web.AppRunner(app, shutdown_timeout=0.1)
     await runner.setup()
     sock = bind_socket(host, port)
@@ -235,7 +243,8 @@ async def test_roles_models_and_keys_of_discovered_pods(tmp_path, monkeypatch):
         server.add_pod("prefill", "127.0.0.1", p2, {**LABELS, "radix-router/role": "prefill"})
         server.add_pod("keyed", "127.0.0.1", p3, LABELS)
         server.add_pod("unknown", "127.0.0.1", p3, {**LABELS, "radix-router/model": "nope"})
-        async with running_router(discovery_config(server, tmp_path)) as (url, router):
+        config = discovery_config(server, tmp_path, roles=["both", "prefill", "decode"])
+        async with running_router(config) as (url, router):
             await eventually(lambda: set(routed(router)) == {"plain", "labelled", "keyed",
                                                               "prefill"})
             assert router.registry.get("prefill").role == "prefill"

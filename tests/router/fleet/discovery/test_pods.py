@@ -3,6 +3,7 @@ against the rule written out case by case."""
 
 from __future__ import annotations
 
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -12,6 +13,7 @@ from router.fleet.discovery.pods import (
     label_selector,
     pod_endpoints,
     pool_target,
+    refusal,
     serves,
 )
 
@@ -92,3 +94,54 @@ def test_an_inference_pool_gives_its_selector_and_unique_ports():
     assert pool_target({"spec": {"selector": {"matchLabels": {}},
                                  "targetPorts": [{"number": 1}]}}) is None
     assert pool_target({"spec": {"selector": {"matchLabels": {"a": "b"}}}}) is None
+
+
+def owned(p: dict, kind: str, name: str, controller: bool = True,
+          account: str | None = None) -> dict:
+    """``p`` with an owner reference (a controller's unless told) and a service account."""
+    p["metadata"]["ownerReferences"] = [{"apiVersion": "apps/v1", "kind": kind, "name": name,
+                                         "uid": "o-1", "controller": controller}]
+    if account is not None:
+        p["spec"]["serviceAccountName"] = account
+    return p
+
+
+def test_an_owner_is_the_pods_controller_and_a_deployment_is_seen_through_its_replicaset():
+    sts = DiscoveryConfig(kind="kubernetes", selector={"a": "b"}, port_name="http",
+                          owner_kind="StatefulSet", owner_name="w")
+    assert refusal(owned(pod(), "StatefulSet", "w"), sts) is None
+    assert refusal(owned(pod(), "StatefulSet", "w", controller=False), sts)[0] == "owner"
+    assert refusal(owned(pod(), "StatefulSet", "other"), sts)[0] == "owner"
+    assert refusal(pod(), sts) == ("owner", "its controller is none, not StatefulSet 'w'")
+    deploy = DiscoveryConfig(kind="kubernetes", selector={"a": "b"}, port_name="http",
+                             owner_kind="Deployment", owner_name="w")
+    hashed = {"pod-template-hash": "5d8f7b"}
+    assert refusal(owned(pod(labels=hashed), "ReplicaSet", "w-5d8f7b"), deploy) is None
+    assert refusal(owned(pod(labels=hashed), "ReplicaSet", "w-x-5d8f7b"), deploy)[0] == "owner"
+    assert refusal(owned(pod(), "ReplicaSet", "w-5d8f7b"), deploy)[0] == "owner"
+    assert refusal(owned(pod(labels=hashed), "Deployment", "w"), deploy)[0] == "owner"
+
+
+def test_a_service_account_must_match_and_a_pod_without_one_runs_as_default():
+    config = DiscoveryConfig(kind="kubernetes", selector={"a": "b"}, port_name="http",
+                             service_account="radix-worker")
+    assert refusal(owned(pod(), "StatefulSet", "w", account="radix-worker"), config) is None
+    assert refusal(pod(), config) == (
+        "service_account", "it runs as service account 'default', not 'radix-worker'")
+
+
+def test_a_role_label_is_honoured_only_when_the_config_allows_it():
+    decode = pod(labels={"radix-router/role": "decode"})
+    assert refusal(pod(), CONFIG) is None  # no label: both, allowed by default
+    assert refusal(decode, CONFIG)[0] == "role"
+    assert refusal(pod(annotations={"radix-router/role": "prefill"}), CONFIG)[0] == "role"
+    allowing = DiscoveryConfig(kind="kubernetes", selector={"a": "b"}, port_name="http",
+                               roles=("both", "decode"))
+    assert refusal(decode, allowing) is None
+    assert pod_endpoints(decode, allowing)[0].role == "decode"
+    assert refusal(pod(labels={"radix-router/role": "boss"}), allowing)[0] == "role"
+
+
+def test_an_owner_needs_both_its_kind_and_its_name():
+    with pytest.raises(ValueError, match="owner_name: give owner_kind and owner_name"):
+        DiscoveryConfig(kind="kubernetes", selector={"a": "b"}, port=1, owner_kind="StatefulSet")
