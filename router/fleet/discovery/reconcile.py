@@ -14,12 +14,13 @@ them with what discovery registered and changes the registry until they agree:
   (``parse_worker``, the key variable named for its id: ``router.fleet.worker_keys``)
   and then probed like any worker before it is routed to.
 
-An endpoint without a model label asks the pod's ``/v1/models`` for the one model of
-this router it serves; until it answers, the endpoint waits (retried every
-``MODEL_RETRY_S``). A pod's role label (``prefill``, ``decode``, ``both``) is its
+A pass never waits on a pod: an endpoint without a model label has its model looked
+up in a task of its own (``router.fleet.discovery.lookup``) and waits, skipped, until
+that answers and wakes a pass; meanwhile deletions and other pods go on. Only pods
+whose identity the watcher checked (``pods.refusal``) are handed over, so no key
+reaches any other pod. A pod's role label, allowed by ``discovery.roles``, is its
 worker's role (docs/pd.md). Pods whose id is taken by a worker from elsewhere, or
-whose registration is refused (an unknown role or model, a bad key), are skipped and
-counted.
+whose registration is refused (an unknown model, a bad key), are skipped and counted.
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ import aiohttp
 
 from router.config import RouterConfig, WorkerSpec, default_key_env
 from router.config_toml import parse_worker
+from router.fleet.discovery.lookup import ModelLookups
 from router.fleet.discovery.pods import PodEndpoint
 from router.fleet.discovery.status import DiscoveryStatus
 from router.fleet.registry import WorkerRegistry
@@ -42,7 +44,6 @@ from router.tasks import cancel_and_wait
 from router.worker_kinds import WORKER_KINDS, EventSource
 
 log = logging.getLogger(__name__)
-MODEL_RETRY_S = 5.0
 FAILED_PASS_RETRY_S = 1.0
 MODEL_UNKNOWN = "its /v1/models lists no model of this router (yet)"
 
@@ -58,15 +59,15 @@ class DiscoveredWorkers:
         self._discovery = config.discovery
         self._registry = registry
         self._models = models
-        self._session = session
         self._status = status
         self._wanted: dict[str, PodEndpoint] = {}
         self._added: dict[str, PodEndpoint] = {}
         self._drains: dict[str, asyncio.Task[None]] = {}
         self._skipped: dict[str, str] = {}
         self._wake = asyncio.Event()
+        self._lookups = ModelLookups(session, models.names,
+                                     config.discovery.request_timeout_s, self._wake.set)
         self._task: asyncio.Task[None] | None = None
-        self._retry: asyncio.TimerHandle | None = None
 
     def start(self) -> None:
         """Start the reconciling task."""
@@ -79,11 +80,10 @@ class DiscoveredWorkers:
         self._wake.set()
 
     async def close(self) -> None:
-        """Stop reconciling and draining."""
-        if self._retry is not None:
-            self._retry.cancel()
+        """Stop reconciling, looking up models and draining."""
         if self._task is not None:
             await cancel_and_wait(self._task)
+        await self._lookups.close()
         for task in list(self._drains.values()):
             await cancel_and_wait(task)
 
@@ -116,14 +116,18 @@ class DiscoveredWorkers:
                 await cancel_and_wait(self._drains.pop(worker_id))
                 self._registry.resume(worker_id)
                 log.info("discovered worker %s ready again", worker_id)
+        self._add_new(wanted)
+
+    def _add_new(self, wanted: Mapping[str, PodEndpoint]) -> None:
+        """Register every wanted endpoint not yet added whose model is known; never
+        waits (a model still looked up leaves its endpoint skipped for now)."""
+        self._lookups.keep(wanted)
         self._status.num_skipped = 0
-        pending = False
         for worker_id, endpoint in wanted.items():
             if worker_id in self._added:
                 continue
-            spec, why = await self._spec(endpoint)
+            spec, why = self._spec(endpoint)
             if spec is None:
-                pending |= why == MODEL_UNKNOWN
                 self._skip(worker_id, why)
                 continue
             try:
@@ -133,14 +137,9 @@ class DiscoveredWorkers:
                 continue
             self._added[worker_id] = endpoint
             self._skipped.pop(worker_id, None)
+            self._lookups.forget(worker_id)
             log.info("discovered worker %s at %s (pod %s, model %s)", worker_id, endpoint.url,
                      endpoint.uid, spec.model)
-        if pending and self._retry is None:
-            self._retry = asyncio.get_running_loop().call_later(MODEL_RETRY_S, self._rewake)
-
-    def _rewake(self) -> None:
-        self._retry = None
-        self._wake.set()
 
     def _skip(self, worker_id: str, why: str) -> None:
         self._status.num_skipped += 1
@@ -169,15 +168,18 @@ class DiscoveredWorkers:
         self._added.pop(worker_id, None)
         log.info("discovered worker %s removed: %s", worker_id, why)
 
-    async def _spec(self, endpoint: PodEndpoint) -> tuple[WorkerSpec | None, str]:
-        """(the worker to register, "") or (None, why not)."""
+    def _spec(self, endpoint: PodEndpoint) -> tuple[WorkerSpec | None, str]:
+        """(the worker to register, "") or (None, why not); the model from the pod's
+        label, else its lookup (started here if none runs, answered later)."""
         taken = self._registry.get(endpoint.worker_id)
         if taken is not None:
             return None, "the id is taken by a worker not from discovery"
         prefix = self._config.admin.worker_key_env_prefix
         own_key = default_key_env(endpoint.worker_id, prefix)
         key_env = self._discovery.api_key_env or (own_key if os.environ.get(own_key) else None)
-        model = endpoint.model or await self._served_model(endpoint, key_env)
+        key = os.environ.get(key_env) if key_env is not None else None
+        model = endpoint.model or self._lookups.model(
+            endpoint, {"Authorization": f"Bearer {key}"} if key else {})
         if model is None:
             return None, MODEL_UNKNOWN
         fields = {"id": endpoint.worker_id, "model": model, "url": endpoint.url,
@@ -199,21 +201,3 @@ class DiscoveredWorkers:
                 problem := runtime_key_problem(spec, prefix, self._config.workers)):
             return None, problem
         return spec, ""
-
-    async def _served_model(self, endpoint: PodEndpoint, key_env: str | None) -> str | None:
-        """The first model the pod's ``/v1/models`` lists that this router serves."""
-        key = os.environ.get(key_env) if key_env is not None else None
-        headers = {"Authorization": f"Bearer {key}"} if key else {}
-        try:
-            async with self._session.get(
-                    f"{endpoint.url}/v1/models", headers=headers,
-                    timeout=aiohttp.ClientTimeout(total=self._discovery.request_timeout_s)
-            ) as resp:
-                body = await resp.json(content_type=None) if resp.status == 200 else None
-        except (aiohttp.ClientError, TimeoutError, ValueError):
-            return None
-        names = set(self._models.names())
-        for entry in (body or {}).get("data") or () if isinstance(body, dict) else ():
-            if isinstance(entry, dict) and entry.get("id") in names:
-                return entry["id"]
-        return None

@@ -1,10 +1,13 @@
 """What a router with ``[discovery]`` trusts: a pod with the labels but another owner
 or service account, or a role the config does not allow, gets no key and no request
-(upstreams that record every request's Authorization header say so)."""
+(upstreams that record every request's Authorization header say so); and a pod that
+accepts and never answers holds up no other pod's join or deletion."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+from collections.abc import AsyncIterator
 
 import aiohttp
 import pytest
@@ -25,6 +28,26 @@ pytestmark = pytest.mark.anyio
 OWNER = ("StatefulSet", "radix-worker")
 IDENTITY = {"owner_kind": "StatefulSet", "owner_name": "radix-worker",
             "service_account": "radix-worker", "api_key_env": "RADIX_WORKER_KEY"}
+BOUND_S = 2.0  # 20 registry polls (0.1 s); a lookup's timeout is request_timeout_s, 10 s
+
+
+@contextlib.asynccontextmanager
+async def silent_server() -> AsyncIterator[tuple[int, list[asyncio.StreamWriter]]]:
+    """A TCP server on 127.0.0.1 that accepts every connection and never sends a byte;
+    yields (its port, the connections accepted so far)."""
+    accepted: list[asyncio.StreamWriter] = []
+
+    async def accept(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        accepted.append(writer)
+
+    server = await asyncio.start_server(accept, "127.0.0.1", 0)
+    try:
+        yield server.sockets[0].getsockname()[1], accepted
+    finally:
+        server.close()
+        for writer in accepted:
+            writer.close()
+        await server.wait_closed()
 
 
 def refused_metric(router, reason: str) -> str:
@@ -80,3 +103,21 @@ async def test_a_role_label_the_config_does_not_allow_is_not_honoured(tmp_path):
             assert refused_metric(router, "role").endswith(" 1.0")
             assert set(registered(router)) == {"w0"}
     assert seen == []
+
+
+async def test_a_pod_that_never_answers_delays_no_join_nor_deletion(tmp_path):
+    async with api_server() as server, silent_server() as (hung, accepted), \
+            upstream() as p0, upstream() as p1:
+        server.add_pod("hung", "127.0.0.1", hung, LABELS)  # its model lookup never ends
+        config = discovery_config(server, tmp_path, request_timeout_s=10.0)
+        async with running_router(config) as (url, router):
+            await eventually(lambda: accepted)
+            server.add_pod("w0", "127.0.0.1", p0, LABELS)
+            await eventually(lambda: set(routed(router)) == {"w0"}, timeout_s=BOUND_S)
+            server.delete("w0")
+            server.add_pod("w1", "127.0.0.1", p1, LABELS)
+            await eventually(lambda: set(routed(router)) == {"w1"}, timeout_s=BOUND_S,
+                             describe=lambda: registered(router))
+            assert await complete(url) == 200
+            assert "hung" not in registered(router)
+            assert router.discovery.status.num_skipped == 1
