@@ -219,13 +219,13 @@ class _DiscoveryCollector(Collector):
         for reason, count in s.num_errors.items():
             errors.add_metric([reason], count)
         yield errors
-
         refused = CounterMetricFamily("router_discovery_refused_pods", "Pods with the labels "
                                       "refused by an identity or role check, each once per "
                                       "reason", labels=["reason"])
         for reason, count in s.num_refused.items():
             refused.add_metric([reason], count)
         yield refused
+
 
 class _IndexCollector(Collector):
     """The index's size and what it dropped, read at scrape time:
