@@ -266,12 +266,15 @@ def local_share(limit: int | None, num_sharers: int) -> int | None:
 
 @dataclass(frozen=True)
 class TenantConfig(Section):
-    """A tenant: its id (the cache scope, never a reserved one) and the HMAC digests
-    of its API keys."""
+    """A tenant: its id (the cache scope, never a reserved one), the HMAC digests of
+    its API keys, and for flow control its band (None: ``flow.default_band``) and its
+    weight in its band's fair share."""
 
     tenant_id: str = setting(pattern=NAME)
     key_digests: tuple[str, ...] = setting((), pattern=DIGEST)
     limits: TenantLimits = TenantLimits()
+    band: str | None = setting(None, pattern=NAME)
+    weight: float = setting(1.0, above=0)
 
     def check(self) -> None:
         """The id is not one of ``RESERVED_TENANTS``."""
@@ -547,6 +550,65 @@ class PDConfig(Section, section="pd"):
 
 
 @dataclass(frozen=True)
+class BandConfig(Section):
+    """A priority band of flow control: its name (what tenants name) and how long a
+    request may wait in it before it is shed (429 with Retry-After)."""
+
+    name: str = setting(pattern=NAME)
+    queue_ttl_s: float = setting(30.0, above=0)
+
+
+DEFAULT_BANDS = (BandConfig("interactive", 10.0), BandConfig("standard", 30.0),
+                 BandConfig("batch", 120.0))
+
+
+@dataclass(frozen=True)
+class FlowConfig(Section, section="flow"):
+    """Flow control (docs/flow-control.md): with ``enabled``, a request goes to a worker
+    only when that worker has headroom, else it waits in the router, in ``bands``
+    (served in order; a request that waited ``aging_s`` moves up one band for each
+    ``aging_s``), fair by weighted tokens across fairness ids within a band. A worker
+    has headroom while this router's requests on it (or its polled running plus
+    waiting, when higher) stay below ``max_requests_per_worker``, or, when that is
+    None, below its batch slots (``max_num_seqs``) plus ``queue_per_worker``
+    (``fallback_requests_per_worker`` for a worker that reports no slots). The
+    dispatcher looks at most ``locality_window`` requests past the fair order for
+    one whose best worker holds its prefix. ``fairness_header``: a request header
+    whose value splits a tenant into fairness ids (agent or session ids); None: the
+    tenant is the fairness id. A request's token cost is its prompt plus
+    ``expected_decode_tokens`` (at most its ``max_tokens``) per choice. Past
+    ``max_queued_requests`` waiting, a new request is shed at once."""
+
+    enabled: bool = setting(False, flag="--flow-control",
+                            help="queue requests in the router until a worker has headroom")
+    bands: tuple[BandConfig, ...] = DEFAULT_BANDS
+    default_band: str = setting("standard", pattern=NAME)
+    aging_s: float | None = setting(10.0, above=0)
+    max_requests_per_worker: int | None = setting(None, low=1)
+    queue_per_worker: int = setting(0, low=0)
+    fallback_requests_per_worker: int = setting(8, low=1)
+    locality_window: int = setting(4, low=1)
+    fairness_header: str | None = setting(None, pattern=NAME)
+    expected_decode_tokens: int = setting(256, low=0)
+    max_queued_requests: int = setting(10_000, low=1)
+
+    def check(self) -> None:
+        """At least one band, names unique, the default band among them."""
+        names = [band.name for band in self.bands]
+        if not names:
+            raise FieldError("bands", "give at least one band")
+        if len(set(names)) != len(names):
+            raise FieldError("bands", "band names must be unique")
+        if self.default_band not in names:
+            raise FieldError("default_band", f"must be one of the bands {names}")
+
+    def band_index(self, name: str | None) -> int:
+        """The index of band ``name`` (None: the default band); ValueError if unknown."""
+        names = [band.name for band in self.bands]
+        return names.index(self.default_band if name is None else name)
+
+
+@dataclass(frozen=True)
 class RouterConfig(Section):
     """The whole router configuration."""
 
@@ -565,6 +627,15 @@ class RouterConfig(Section):
     redis: RedisConfig = RedisConfig()
     discovery: DiscoveryConfig = DiscoveryConfig()
     pd: PDConfig = PDConfig()
+    flow: FlowConfig = FlowConfig()
+
+    def check(self) -> None:
+        """Every tenant's band is one of ``flow.bands``."""
+        names = {band.name for band in self.flow.bands}
+        for tenant in self.auth.tenants:
+            if tenant.band is not None and tenant.band not in names:
+                raise FieldError("auth", f"tenant {tenant.tenant_id}: band {tenant.band!r} "
+                                         f"is not one of flow.bands {sorted(names)}")
 
 
 def default_key_env(worker_id: str, prefix: str = WORKER_KEY_ENV_PREFIX) -> str:

@@ -33,6 +33,9 @@ from router.config import (
 )
 
 
+_TENANT_KEYS = frozenset({"key_digests", "band", "weight"})  # the rest are limits
+
+
 def load_config(path: str | Path = DEFAULT_CONFIG) -> RouterConfig:
     """Read and validate a TOML file; ValueError names the file and the bad field."""
     try:
@@ -135,8 +138,8 @@ def parse_worker(data: Mapping[str, Any], models: Mapping[str, Any], path: str,
 
 
 def _auth(data: Any) -> AuthConfig:
-    """The auth section; each tenant's table holds its ``key_digests`` beside its
-    limits, and no digest belongs to two tenants."""
+    """The auth section; each tenant's table holds its ``key_digests``, ``band`` and
+    ``weight`` beside its limits, and no digest belongs to two tenants."""
     if not isinstance(data, Mapping):
         raise ValueError("auth: must be a table")
     tenants = []
@@ -145,9 +148,9 @@ def _auth(data: Any) -> AuthConfig:
         if not isinstance(table, Mapping):
             raise ValueError(f"{where}: must be a table")
         limits = read_section(TenantLimits, {k: v for k, v in table.items()
-                                             if k != "key_digests"}, where)
-        digests = {k: v for k, v in table.items() if k == "key_digests"}
-        tenant = read_section(TenantConfig, digests, where, tenant_id=tenant_id, limits=limits)
+                                             if k not in _TENANT_KEYS}, where)
+        own = {k: v for k, v in table.items() if k in _TENANT_KEYS}
+        tenant = read_section(TenantConfig, own, where, tenant_id=tenant_id, limits=limits)
         if seen_digests & set(tenant.key_digests):
             raise ValueError(f"{where}.key_digests: digest used by two tenants")
         seen_digests.update(tenant.key_digests)

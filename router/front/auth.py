@@ -27,10 +27,13 @@ def hash_key(key: str) -> str:
 
 @dataclass(frozen=True)
 class Tenant:
-    """An authenticated caller: ``tenant_id`` is its cache scope."""
+    """An authenticated caller: ``tenant_id`` is its cache scope; ``band`` (None: the
+    default band) and ``weight`` place it in flow control."""
 
     tenant_id: str
     limits: TenantLimits
+    band: str | None = None
+    weight: float = 1.0
 
 
 def _bearer(authorization: str | None) -> str | None:
@@ -55,7 +58,8 @@ class Authenticator:
 
     def __init__(self, config: AuthConfig) -> None:
         self._tenants: Mapping[str, Tenant] = {
-            digest: Tenant(t.tenant_id, t.limits) for t in config.tenants for digest in t.key_digests
+            digest: Tenant(t.tenant_id, t.limits, t.band, t.weight)
+            for t in config.tenants for digest in t.key_digests
         }
         self._anonymous = (
             Tenant(ANONYMOUS, config.anonymous_limits) if config.allow_anonymous else None

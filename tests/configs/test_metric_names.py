@@ -43,6 +43,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory
             "auth": auth_section({"alice": {}}, admin=False),
             # The same worker again as a canary pool: its metrics exist from the start.
             "workers": worker_list({"w0": worker.url, "w1": worker.url}),
+            "flow": {"enabled": True},  # its requests pass the queue step; its metrics exist
         }))
         router = start_router(path, "--metrics-port", "0")
         wait_routable(router, 2, 60.0)

@@ -1,0 +1,178 @@
+"""``FairQueue``: requests waiting in the router, in the order fairness allows them out.
+
+Bands are served in strict order (band 0 first). Within a band, flows (a fairness
+id: the tenant, or a session within it) share by weighted tokens with start-time
+fair queueing: a request of ``cost`` tokens from a flow of weight ``w`` gets the
+start tag ``S = max(V, F_flow)`` and moves the flow's finish tag to
+``F_flow = S + cost / w``; the band serves the smallest start tag next and its
+virtual time ``V`` becomes that tag. A flow that sent nothing for a while starts at
+``V``: idle time banks no credit. Within a flow, requests keep their order.
+
+Aging keeps a lower band from starving: a request that has waited ``aging_s`` is
+promoted one band for each ``aging_s`` it has waited, and a promoted request goes
+before that band's own (it has waited longest). The queue holds no clock: callers
+pass ``now``.
+
+Data structure only: it returns entries; the flow controller decides which of the
+first few may go (``in_order``) and acts on them.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Generic, TypeVar
+
+T = TypeVar("T")
+_SLACK = 64  # removed entries a heap may carry before it is rebuilt
+
+
+@dataclass(eq=False)
+class Entry(Generic[T]):
+    """One queued request: its ``item``, band, flow, token ``cost``, arrival time and
+    start/finish tags (set by ``FairQueue.push``)."""
+
+    item: T
+    band: int
+    flow: str
+    cost: float
+    enqueued_at: float
+    start: float = 0.0
+    finish: float = 0.0
+    order: int = 0
+    queued: bool = field(default=True, repr=False)
+
+
+class _Band(Generic[T]):
+    """One band: its virtual time, each flow's finish tag, and a heap by start tag."""
+
+    def __init__(self) -> None:
+        self.virtual_time = 0.0
+        self.finish_tags: dict[str, float] = {}
+        self.heap: list[tuple[float, int, Entry[T]]] = []
+        self.num_queued = 0
+
+
+class FairQueue(Generic[T]):
+    """Bands of weighted fair queues (see the module docstring). ``weights`` map a flow
+    to its weight (default 1.0); ``aging_s`` None turns promotion off."""
+
+    def __init__(self, num_bands: int, aging_s: float | None) -> None:
+        if num_bands < 1:
+            raise ValueError("a fair queue needs at least one band")
+        self._bands = [_Band[T]() for _ in range(num_bands)]
+        self._aging_s = aging_s
+        self._order = itertools.count()
+        self._arrivals: list[tuple[float, int, Entry[T]]] = []
+
+    def __len__(self) -> int:
+        return sum(b.num_queued for b in self._bands)
+
+    def num_queued(self, band: int) -> int:
+        """Requests waiting in ``band``."""
+        return self._bands[band].num_queued
+
+    def push(self, item: T, band: int, flow: str, cost: float, weight: float,
+             now: float) -> Entry[T]:
+        """Queue ``item`` of ``cost`` tokens for ``flow`` (of ``weight`` > 0) in
+        ``band``; returns its entry (to pass to ``remove``)."""
+        b = self._bands[band]
+        start = max(b.virtual_time, b.finish_tags.get(flow, 0.0))
+        entry = Entry(item, band, flow, cost, now, start, start + cost / weight,
+                      next(self._order))
+        b.finish_tags[flow] = entry.finish
+        b.num_queued += 1
+        heapq.heappush(b.heap, (entry.start, entry.order, entry))
+        heapq.heappush(self._arrivals, (entry.enqueued_at, entry.order, entry))
+        return entry
+
+    def remove(self, entry: Entry[T], dispatched: bool) -> None:
+        """Take ``entry`` out (dispatched, or given up: cancelled or expired). A
+        dispatched entry moves its band's virtual time to its start tag; one given up
+        hands its flow's finish tag back when it was the flow's last. Idempotent."""
+        if not entry.queued:
+            return
+        entry.queued = False
+        b = self._bands[entry.band]
+        b.num_queued -= 1
+        if dispatched:
+            b.virtual_time = max(b.virtual_time, entry.start)
+        elif b.finish_tags.get(entry.flow) == entry.finish:
+            b.finish_tags[entry.flow] = entry.start
+        while b.heap and not b.heap[0][2].queued:
+            heapq.heappop(b.heap)
+        if len(b.heap) > 2 * b.num_queued + _SLACK:
+            b.heap = [e for e in b.heap if e[2].queued]
+            heapq.heapify(b.heap)
+        self._drop_gone_arrivals()
+        if len(self._arrivals) > 2 * len(self) + _SLACK:
+            self._arrivals = [e for e in self._arrivals if e[2].queued]
+            heapq.heapify(self._arrivals)
+        if b.num_queued == 0:
+            b.heap.clear()
+            b.finish_tags = {f: t for f, t in b.finish_tags.items() if t > b.virtual_time}
+
+    def effective_band(self, entry: Entry[T], now: float) -> int:
+        """``entry``'s band after aging promotion at ``now``."""
+        if self._aging_s is None:
+            return entry.band
+        return max(0, entry.band - int((now - entry.enqueued_at) // self._aging_s))
+
+    def in_order(self, now: float) -> Iterator[Entry[T]]:
+        """Queued entries in the order fairness serves them: by effective band, the
+        promoted ones first (oldest first), then each band's own by start tag. Lazy:
+        a caller that takes the first few pays for those few (plus the promoted)."""
+        promoted = self._promoted(now)
+        for band, b in enumerate(self._bands):
+            for entry in promoted.get(band, ()):
+                yield entry
+            for _, _, entry in _heap_in_order(b.heap):
+                if entry.queued and self.effective_band(entry, now) == entry.band:
+                    yield entry
+
+    def expired(self, now: float, ttl_s: list[float]) -> list[Entry[T]]:
+        """Entries queued longer than their band's ``ttl_s[band]`` at ``now`` (still
+        queued: the caller removes them)."""
+        out = []
+        for _, _, entry in _heap_in_order(self._arrivals):
+            if now - entry.enqueued_at <= min(ttl_s):
+                break
+            if entry.queued and now - entry.enqueued_at > ttl_s[entry.band]:
+                out.append(entry)
+        return out
+
+    def _promoted(self, now: float) -> dict[int, list[Entry[T]]]:
+        """Entries whose aging moved them up, by the band they now stand in, oldest
+        first (only entries that waited at least ``aging_s`` are visited)."""
+        promoted: dict[int, list[Entry[T]]] = {}
+        if self._aging_s is None:
+            return promoted
+        for _, _, entry in _heap_in_order(self._arrivals):
+            if now - entry.enqueued_at < self._aging_s:
+                break
+            band = self.effective_band(entry, now)
+            if entry.queued and band < entry.band:
+                promoted.setdefault(band, []).append(entry)
+        return promoted
+
+    def _drop_gone_arrivals(self) -> None:
+        """Pop removed entries off the front of the arrivals heap (lazy deletion)."""
+        while self._arrivals and not self._arrivals[0][2].queued:
+            heapq.heappop(self._arrivals)
+
+
+def _heap_in_order(heap: list[tuple[float, int, Entry[T]]]
+                   ) -> Iterator[tuple[float, int, Entry[T]]]:
+    """A heap's items in sorted order, without changing it: a side heap of indices,
+    so taking the first k costs O(k log k)."""
+    if not heap:
+        return
+    frontier = [(heap[0][0], heap[0][1], 0)]
+    while frontier:
+        _, _, i = heapq.heappop(frontier)
+        yield heap[i]
+        for child in (2 * i + 1, 2 * i + 2):
+            if child < len(heap):
+                heapq.heappush(frontier, (heap[child][0], heap[child][1], child))

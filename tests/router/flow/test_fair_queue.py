@@ -1,0 +1,137 @@
+"""``FairQueue`` against a brute-force model (hypothesis), and its fairness bound."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from router.flow.fair_queue import FairQueue
+
+FLOWS = ("a", "b", "c")
+WEIGHTS = {"a": 1.0, "b": 2.0, "c": 0.5}
+
+
+@dataclass
+class _Item:
+    """The model's copy of one queued request."""
+
+    ident: int
+    band: int
+    flow: str
+    start: float
+    finish: float
+    enqueued_at: float
+
+
+class _Model:
+    """Start-time fair queueing per band with aging, by linear scans and sorts."""
+
+    def __init__(self, num_bands: int, aging_s: float | None) -> None:
+        self.virtual = [0.0] * num_bands
+        self.finish: list[dict[str, float]] = [{} for _ in range(num_bands)]
+        self.items: list[_Item] = []
+        self.aging_s = aging_s
+
+    def push(self, ident: int, band: int, flow: str, cost: float, now: float) -> None:
+        start = max(self.virtual[band], self.finish[band].get(flow, 0.0))
+        finish = start + cost / WEIGHTS[flow]
+        self.finish[band][flow] = finish
+        self.items.append(_Item(ident, band, flow, start, finish, now))
+
+    def remove(self, item: _Item, dispatched: bool) -> None:
+        self.items.remove(item)
+        if dispatched:
+            self.virtual[item.band] = max(self.virtual[item.band], item.start)
+        elif self.finish[item.band].get(item.flow) == item.finish:
+            self.finish[item.band][item.flow] = item.start
+        if not any(i.band == item.band for i in self.items):
+            v = self.virtual[item.band]
+            self.finish[item.band] = {f: t for f, t in self.finish[item.band].items() if t > v}
+
+    def effective(self, item: _Item, now: float) -> int:
+        if self.aging_s is None:
+            return item.band
+        return max(0, item.band - int((now - item.enqueued_at) // self.aging_s))
+
+    def order(self, now: float) -> list[_Item]:
+        def key(item: _Item) -> tuple:
+            band = self.effective(item, now)
+            if band < item.band:
+                return (band, 0, item.enqueued_at, item.ident)
+            return (band, 1, item.start, item.ident)
+        return sorted(self.items, key=key)
+
+
+operation = st.one_of(
+    st.tuples(st.just("push"), st.integers(0, 2), st.sampled_from(FLOWS), st.integers(1, 50)),
+    st.tuples(st.just("dispatch"), st.integers(0, 3)),
+    st.tuples(st.just("cancel"), st.integers(0, 100)),
+    st.tuples(st.just("wait"), st.floats(0.0, 4.0)),
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(operation, max_size=80), st.sampled_from([None, 3.0]))
+def test_the_queue_serves_in_the_models_order(operations, aging_s) -> None:
+    queue: FairQueue[int] = FairQueue(3, aging_s)
+    model = _Model(3, aging_s)
+    entries = {}
+    now, next_ident = 0.0, 0
+    for op in operations:
+        if op[0] == "push":
+            _, band, flow, cost = op
+            entries[next_ident] = queue.push(next_ident, band, flow, cost, WEIGHTS[flow], now)
+            model.push(next_ident, band, flow, cost, now)
+            next_ident += 1
+        elif op[0] == "dispatch" and model.items:
+            item = model.order(now)[min(op[1], len(model.items) - 1)]
+            queue.remove(entries[item.ident], dispatched=True)
+            model.remove(item, dispatched=True)
+        elif op[0] == "cancel" and model.items:
+            item = model.items[op[1] % len(model.items)]
+            queue.remove(entries[item.ident], dispatched=False)
+            model.remove(item, dispatched=False)
+        elif op[0] == "wait":
+            now += op[1]
+        assert [e.item for e in queue.in_order(now)] == [i.ident for i in model.order(now)]
+        assert len(queue) == len(model.items)
+        ttl_s = [5.0, 10.0, 20.0]
+        assert {e.item for e in queue.expired(now, ttl_s)} == {
+            i.ident for i in model.items if now - i.enqueued_at > ttl_s[i.band]}
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from(FLOWS), st.integers(1, 40)), min_size=30,
+                max_size=120))
+def test_backlogged_flows_get_their_weighted_share_within_one_request(requests) -> None:
+    """Start-time fair queueing's bound: while two flows stay backlogged, the weighted
+    tokens each was served differ by at most one request of each (its cost / weight)."""
+    queue: FairQueue[tuple[str, int]] = FairQueue(1, None)
+    for flow, cost in requests:
+        queue.push((flow, cost), 0, flow, cost, WEIGHTS[flow], 0.0)
+    left = {f: sum(c for g, c in requests if g == f) for f in FLOWS}
+    biggest = {f: max([c for g, c in requests if g == f], default=0) / WEIGHTS[f]
+               for f in FLOWS}
+    served = dict.fromkeys(FLOWS, 0.0)
+    while len(queue):
+        entry = next(queue.in_order(0.0))
+        queue.remove(entry, dispatched=True)
+        flow, cost = entry.item
+        served[flow] += cost / WEIGHTS[flow]
+        left[flow] -= cost
+        busy = [f for f in FLOWS if left[f] > 0]
+        for f in busy:
+            for g in busy:
+                assert served[f] - served[g] <= biggest[f] + biggest[g] + 1e-9
+
+
+def test_bands_go_in_order_and_aging_lifts_a_waiting_request() -> None:
+    queue: FairQueue[str] = FairQueue(3, aging_s=10.0)
+    queue.push("batch", 2, "a", 1, 1.0, now=0.0)
+    queue.push("standard", 1, "a", 1, 1.0, now=5.0)
+    queue.push("interactive", 0, "b", 1, 1.0, now=6.0)
+    assert [e.item for e in queue.in_order(6.0)] == ["interactive", "standard", "batch"]
+    assert [e.item for e in queue.in_order(10.0)] == ["interactive", "batch", "standard"]
+    assert [e.item for e in queue.in_order(20.0)] == ["batch", "standard", "interactive"]
