@@ -4,8 +4,9 @@ Each attack is a plain function on raw sockets to a loopback router, bounded in 
 bytes it sends and the seconds it takes, that returns the status line the router
 answered (``b""`` when it closed without one). They are the reproductions of the
 audit behind docs/security.md's "Hostile input" section: a header that never ends,
-a header name that never ends, a token-id body far past a tenant's limits, and a
-large body on a route the lean server hands to aiohttp. ``HealthWatch`` times
+a header name that never ends, a token-id body far past a tenant's limits (or a
+model's context), a large body on a route the lean server hands to aiohttp, and a
+chunked body whose trailer or chunk extension never ends. ``HealthWatch`` times
 ``GET /health`` from another client while they run; ``rss_bytes`` reads a process's
 resident memory from ``/proc``. The hostile suite (tests/router/test_e2e_hostile.py)
 and the chaos soak (``bench.chaos_faults``) use both.
@@ -114,6 +115,55 @@ def oversize_handed_off_body(url: str, num_bytes: int = 31 << 20, timeout_s: flo
     head = b"GET /health HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n" % num_bytes
     with _connect(url, timeout_s) as sock:
         return _send_until_answered(sock, head, b"x" * CHUNK, num_bytes)
+
+
+def endless_trailer(url: str, api_key: str | None = None, max_bytes: int = 16 << 20,
+                    timeout_s: float = 20.0) -> bytes:
+    """A chunked body's last chunk (``0``), then a trailer field that never ends, sent up
+    to ``max_bytes`` or until the router ends the connection. Without ``api_key`` on
+    ``GET /health`` (aiohttp answers it at once, the trailer keeps coming), with it on
+    ``POST /v1/completions`` (the answer waits for the body). The router should stop
+    reading once the body's framing passes its budget: the status line it answered
+    once it ended the connection (``b""`` when it never did)."""
+    key = b"" if api_key is None else b"Authorization: Bearer " + api_key.encode() + b"\r\n"
+    request = b"GET /health" if api_key is None else b"POST /v1/completions"
+    head = (request + b" HTTP/1.1\r\nHost: x\r\n" + key
+            + b"Transfer-Encoding: chunked\r\n\r\n0\r\nX-Trailer: ")
+    with _connect(url, timeout_s) as sock:
+        return _send_until_closed(sock, head, b"a" * CHUNK, max_bytes)
+
+
+def endless_chunk_extension(url: str, api_key: str, max_bytes: int = 16 << 20,
+                            timeout_s: float = 20.0) -> bytes:
+    """``POST /v1/completions`` whose first chunk-size line carries an extension that
+    never ends (``1;x=aaaa...``): no payload ever comes. The router should refuse it
+    (400) once the body's framing passes its budget; the status line and the end of
+    the connection, as ``endless_trailer``."""
+    head = (b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer "
+            + api_key.encode() + b"\r\nTransfer-Encoding: chunked\r\n\r\n1;x=")
+    with _connect(url, timeout_s) as sock:
+        return _send_until_closed(sock, head, b"a" * CHUNK, max_bytes)
+
+
+def _send_until_closed(sock: socket.socket, head: bytes, filler: bytes, max_bytes: int
+                       ) -> bytes:
+    """Send ``head``, then ``filler`` over and over up to ``max_bytes`` in all, reading
+    what the router sends meanwhile; its status line once it ended the connection,
+    ``b""`` if it had not after ``max_bytes`` (or went quiet past the timeout)."""
+    received, sent = b"", 0
+    try:
+        sock.sendall(head)
+        while sent < max_bytes:
+            sock.sendall(filler)
+            sent += len(filler)
+            while _peer_spoke(sock):
+                data = sock.recv(4096)
+                if not data:
+                    return received.split(b"\r\n", 1)[0]
+                received = (received + data)[:4096]
+    except OSError:  # reset by the router: it ended the connection
+        return received.split(b"\r\n", 1)[0] if received else _answer(sock)
+    return b""
 
 
 def status_code(status_line: bytes) -> int | None:

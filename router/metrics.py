@@ -37,11 +37,12 @@ _LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 
 _DECISION_BUCKETS = (0.00001, 0.000025, 0.00005, 0.0001, 0.00025, 0.0005, 0.001,
                      0.0025, 0.005, 0.01)
 # The ``reason`` of ``router_refused_requests_total``: the error code of each refusal
-# the router makes itself (``front/auth``, ``client``, ``front/limits``, ``dispatch``),
+# the router makes itself (``front/auth``, ``client``, ``front/limits``, ``dispatch``,
+# and the lean server's own: ``framing_too_large``, its head and URL limits),
 # and ``invalid_request`` for any other 4xx (a malformed body, an unknown model, a
 # client error a worker found). Every child exists from the start.
 REFUSAL_REASONS = ("invalid_api_key", "invalid_request", "request_too_large",
-                   "request_timeout", "max_tokens_too_large", "prompt_too_long",
+                   "framing_too_large", "request_timeout", "max_tokens_too_large", "prompt_too_long",
                    "concurrency_limit", "rate_limit_exceeded", "no_worker", "saturated")
 
 

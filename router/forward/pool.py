@@ -10,7 +10,11 @@ Guarantees: a connection is used by one request at a time; one that the worker
 closed while idle is detected when it fails before any byte of its answer, and the
 request is sent once more on a new connection (a worker never sees it twice: it
 got none of it, or closed without answering); reading pauses while the caller
-has ``MAX_BUFFERED_BYTES`` unread. Failures are ``UpstreamError``
+has ``MAX_BUFFERED_BYTES`` unread. An answer's head over ``MAX_HEAD_BYTES``, or its
+body's framing (chunk-size lines, extensions, trailers) over ``MAX_FRAMING_BYTES``
+plus one byte per ``PAYLOAD_BYTES_PER_FRAMING_BYTE`` of payload, is a failure: llhttp
+buffers a header or trailer until it ends, so a worker's answer is bounded as a
+client's request is (counted per read, O(1)). Failures are ``UpstreamError``
 (``UpstreamConnectError`` when no connection could be opened within the connect
 timeout); a response not over ``total_s`` after it was sent fails with
 ``TimeoutError``.
@@ -27,6 +31,11 @@ import httptools
 
 MAX_BUFFERED_BYTES = 256 * 1024
 MAX_IDLE_PER_WORKER = 256
+MAX_HEAD_BYTES = 64 * 1024
+MAX_FRAMING_BYTES = 64 * 1024
+PAYLOAD_BYTES_PER_FRAMING_BYTE = 8
+# The read that ends a head may carry body bytes too: it is counted whole.
+_LAST_READ_BYTES = 256 * 1024
 
 
 class UpstreamError(Exception):
@@ -46,6 +55,8 @@ class _Connection(asyncio.Protocol):
         self._waiter: asyncio.Future[None] | None = None
         self._chunks: list[bytes] = []
         self._buffered = 0
+        self._fed = 0  # bytes fed in the head, then since the head ended
+        self._payload = 0  # body bytes of the response, in all
         self._paused = False
         self.error: BaseException | None = None
         self.status = 0
@@ -59,17 +70,28 @@ class _Connection(asyncio.Protocol):
         """Reset for the next response on this connection."""
         self.head_done = self.complete = self.got_bytes = False
         self.headers = {}
-        self._chunks, self._buffered = [], 0
+        self._chunks, self._buffered, self._fed, self._payload = [], 0, 0, 0
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = cast(asyncio.Transport, transport)
 
     def data_received(self, data: bytes) -> None:
         self.got_bytes = True
+        self._fed += len(data)
+        if not self.head_done and self._fed > MAX_HEAD_BYTES + _LAST_READ_BYTES:
+            self._fail(UpstreamError(f"answer head over {MAX_HEAD_BYTES} bytes"))
+            return
         try:
             self._parser.feed_data(data)
         except httptools.HttpParserError as exc:
             self._fail(UpstreamError(f"bad HTTP answer: {exc}"))
+            return
+        framing = self._fed - self._payload
+        if self.head_done and not self.complete and framing > MAX_FRAMING_BYTES and (
+                framing > MAX_FRAMING_BYTES + self._payload // PAYLOAD_BYTES_PER_FRAMING_BYTE):
+            self._fail(UpstreamError(f"answer framing (chunk sizes, extensions, trailers) "
+                                     f"over {MAX_FRAMING_BYTES} bytes plus one per "
+                                     f"{PAYLOAD_BYTES_PER_FRAMING_BYTE} of payload"))
 
     def connection_lost(self, exc: Exception | None) -> None:
         if not self.complete:
@@ -82,12 +104,13 @@ class _Connection(asyncio.Protocol):
     def on_headers_complete(self) -> None:
         self.status = self._parser.get_status_code()
         self.keep_alive = self._parser.should_keep_alive()
-        self.head_done = True
+        self.head_done, self._fed = True, 0
         self._wake()
 
     def on_body(self, body: bytes) -> None:
         self._chunks.append(body)
         self._buffered += len(body)
+        self._payload += len(body)
         if self._buffered > MAX_BUFFERED_BYTES and self.transport is not None:
             self.transport.pause_reading()
             self._paused = True

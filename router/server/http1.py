@@ -53,11 +53,13 @@ log = logging.getLogger(__name__)
 class Http1Settings:
     """What the server runs and its limits. ``serve(client, endpoint)`` is the
     pipeline, ``endpoints`` maps a POST path to its endpoint, ``handoff`` makes the
-    aiohttp protocol for connections that ask for anything else."""
+    aiohttp protocol for connections that ask for anything else, ``count_refusal``
+    counts each refusal the server makes itself (the pipeline counts its own)."""
 
     serve: Callable[[Http1Client, str], Awaitable[None]]
     endpoints: Mapping[bytes, str]
     handoff: Callable[[], asyncio.Protocol]
+    count_refusal: Callable[[ApiError], None]
     max_body_bytes: int
     keepalive_timeout_s: float
     connections: set[Http1Connection] = field(default_factory=set)
@@ -254,6 +256,7 @@ class Http1Connection(asyncio.Protocol):
 
     def _answer_error(self, message: Message) -> None:
         assert message.error is not None
+        self._settings.count_refusal(message.error)
         body = orjson.dumps(message.error.body())
         self.send(head(message.error.status, {**JSON_HEADERS, "Content-Length": str(len(body))},
                        "-", close=True) + body)
@@ -264,8 +267,9 @@ class Http1Connection(asyncio.Protocol):
         ``error`` in its turn, and the connection closes after it."""
         message = self._requests.current
         if message is not None and message in self._queue:
-            message.body.set_exception(error)
-            message.body.exception()  # retrieved: the pipeline may not be reading it
+            if not message.body.done():  # else refused already (``Message.refuse``)
+                message.body.set_exception(error)
+                message.body.exception()  # retrieved: the pipeline may not be reading it
         else:
             message = message or Message(self._loop)
             message.error = error
@@ -308,7 +312,10 @@ class Http1Connection(asyncio.Protocol):
                         error, ApiError):
                     message.error = error
                     self._answer_error(message)
-                self._close()
+                    return
+                if isinstance(error, ApiError):
+                    self._settings.count_refusal(error)
+                self._close(half_close=False)  # aiohttp may be writing its answer
                 return
             if message.sink is None and done:
                 aiohttp_protocol.data_received(message.raw(message.body.result()))
@@ -328,9 +335,10 @@ class Http1Connection(asyncio.Protocol):
         self._queue_full = self._body_held = False  # bodies now stream to aiohttp
         self._set_reading()
 
-    def _close(self) -> None:
+    def _close(self, half_close: bool = True) -> None:
         """Close; when the client may still be sending (a request refused before its
-        body was read), first end our side and read and drop what comes for up to
+        body was read), first end our side (unless not ``half_close``: aiohttp may
+        still write its answer meanwhile) and read and drop what comes for up to
         ``LINGER_S``, so that its unread bytes do not reset the connection before it
         reads the answer."""
         transport = self._transport
@@ -342,8 +350,9 @@ class Http1Connection(asyncio.Protocol):
             transport.close()
             return
         self._requests.release()
-        with contextlib.suppress(OSError, RuntimeError):
-            transport.write_eof()
+        if half_close:
+            with contextlib.suppress(OSError, RuntimeError):
+                transport.write_eof()
         transport.resume_reading()
         self._loop.call_later(LINGER_S, transport.close)
 

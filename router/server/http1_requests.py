@@ -8,7 +8,11 @@ completes. The first limit broken or malformed byte stops parsing for good and
 over ``MAX_HEAD_BYTES`` or ``MAX_HEADERS``: counted as the bytes arrive, since llhttp
 reports a header only once it is complete and a header that never ends would
 otherwise grow in the parser's buffer without bound), 413 (body over ``max_body_bytes``, at
-once when its ``Content-Length`` says so), 400 (``Content-Length`` with
+once when its ``Content-Length`` says so), 400 ``framing_too_large`` (a body's bytes
+that are not payload, its chunk-size lines, extensions and trailers, over
+``MAX_FRAMING_BYTES`` plus one per ``PAYLOAD_BYTES_PER_FRAMING_BYTE`` of payload:
+llhttp buffers a trailer field until it ends, and reads an extension without end),
+400 (``Content-Length`` with
 ``Transfer-Encoding``, a bad ``Content-Length`` or chunk size, an upgrade, anything
 llhttp rejects). A request whose body was cut short by the error has that error
 set on its ``body`` future.
@@ -30,6 +34,11 @@ MAX_URL_BYTES = 8 * 1024
 UNBOUNDED_BODY_BYTES = 64 * 1024
 MAX_HEAD_BYTES = 64 * 1024
 MAX_HEADERS = 100
+# What of a body is not payload (chunk-size lines, extensions, trailers): this much,
+# plus one byte per PAYLOAD_BYTES_PER_FRAMING_BYTE of payload (a 1 KiB chunk's line
+# and CRLFs take 7 bytes; 1-byte chunks are refused after about 13,000 of them).
+MAX_FRAMING_BYTES = 64 * 1024
+PAYLOAD_BYTES_PER_FRAMING_BYTE = 8
 # The last read may carry the end of a head and then the body: it is counted whole.
 _LAST_READ_BYTES = 256 * 1024
 
@@ -97,6 +106,19 @@ class Message:
         return data
 
 
+def framing_budget(payload_bytes: int) -> int:
+    """The most bytes a body with ``payload_bytes`` of payload may spend on anything
+    else (chunk-size lines, extensions, trailers)."""
+    return MAX_FRAMING_BYTES + payload_bytes // PAYLOAD_BYTES_PER_FRAMING_BYTE
+
+
+def framing_too_large() -> ApiError:
+    """The 400 for a body whose framing passed ``framing_budget``."""
+    return ApiError(400, f"request body framing (chunk sizes, extensions, trailers) over "
+                    f"{MAX_FRAMING_BYTES} bytes plus one per "
+                    f"{PAYLOAD_BYTES_PER_FRAMING_BYTE} of payload", code="framing_too_large")
+
+
 def _drop(data: bytes) -> None:
     """A refused body's sink."""
 
@@ -122,12 +144,15 @@ class RequestParser:
         self.current: Message | None = None
         self._in_head = False
         self._head_bytes_fed = 0
+        self._body_bytes_fed = 0  # fed since the current head ended
 
     def feed(self, data: bytes) -> ApiError | None:
         """Parse ``data``; the error that stopped parsing, if it stopped now. Bytes fed
         while a head is incomplete count toward the head's limit before llhttp sees
         any of them: a head still open after ``MAX_HEAD_BYTES`` + ``MAX_URL_BYTES`` of
-        them is a 431, whatever its headers look like."""
+        them is a 431, whatever its headers look like. Bytes fed while a body is open
+        and not delivered as its payload are its framing: past its budget
+        (``framing_budget``), a 400. Both checks are O(1) per call."""
         parser = self._parser
         if parser is None:
             return None
@@ -135,6 +160,17 @@ class RequestParser:
             self._head_bytes_fed += len(data)
             if self._head_bytes_fed > MAX_HEAD_BYTES + MAX_URL_BYTES + _LAST_READ_BYTES:
                 return self._stop(ApiError(431, f"request head over {MAX_HEAD_BYTES} bytes"))
+        else:
+            self._body_bytes_fed += len(data)
+        error = self._parse(parser, data)
+        message = self.current
+        if error is None and message is not None and not self._in_head:
+            framing = self._body_bytes_fed - message.size
+            if framing > MAX_FRAMING_BYTES and framing > framing_budget(message.size):
+                error = self._stop(framing_too_large())
+        return error
+
+    def _parse(self, parser: httptools.HttpRequestParser, data: bytes) -> ApiError | None:
         try:
             parser.feed_data(data)
         except httptools.HttpParserUpgrade:
@@ -186,7 +222,7 @@ class RequestParser:
                            f"{MAX_HEADERS} headers")
 
     def on_headers_complete(self) -> None:
-        self._in_head, self._head_bytes_fed = False, 0
+        self._in_head, self._head_bytes_fed, self._body_bytes_fed = False, 0, 0
         message = self._current()
         parser = self._parser
         assert parser is not None

@@ -64,7 +64,8 @@ class Listener:
         settings = Http1Settings(
             serve=lambda client, endpoint: serve_openai(router, client, endpoint),
             endpoints={path.encode(): endpoint for path, endpoint in ENDPOINTS.items()},
-            handoff=runner.server, max_body_bytes=MAX_BODY_BYTES,
+            handoff=runner.server, count_refusal=router.metrics.count_refusal,
+            max_body_bytes=MAX_BODY_BYTES,
             keepalive_timeout_s=listen.keepalive_timeout_s)
         server = await asyncio.get_running_loop().create_server(
             lambda: Http1Connection(settings), sock=sock)

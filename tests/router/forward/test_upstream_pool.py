@@ -133,3 +133,39 @@ async def test_a_path_in_the_worker_url_prefixes_every_request() -> None:
         response.close()
         assert targets == [b"/backend-a/v1/completions"]
         pool.close()
+
+
+def endless(start: bytes, sent: list[int]) -> Script:
+    """A worker that answers ``start`` and then ``a`` without end (up to 16 MiB),
+    counting in ``sent`` what it got to send before the router dropped it."""
+    async def script(reader, writer, number):
+        await read_request(reader)
+        writer.write(start)
+        with contextlib.suppress(OSError):
+            for _ in range(256):
+                writer.write(b"a" * 65536)
+                await writer.drain()
+                sent[0] += 65536
+    return script
+
+
+@pytest.mark.parametrize("start", [
+    b"HTTP/1.1 200 OK\r\nX-Big: ",
+    b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n2\r\nok\r\n0\r\nX-Trailer: ",
+    b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n2;ext=",
+])
+async def test_an_answer_head_or_framing_that_never_ends_fails_at_its_bound(
+        start: bytes) -> None:
+    """A worker's header, trailer or chunk extension that never ends is a failed
+    attempt once it passes its bound, not a buffer that grows with what it sends."""
+    sent = [0]
+    async with upstream(endless(start, sent)) as (url, _):
+        pool = UpstreamPool(1.0, 10.0)
+        with pytest.raises(UpstreamError, match="over 65536 bytes"):
+            response = await pool.post(url, "/", {}, b"x")
+            try:
+                await response.read()
+            finally:
+                response.close()
+        pool.close()
+    assert sent[0] < 8 << 20

@@ -11,7 +11,13 @@ import asyncio
 import pytest
 
 from radix.api_errors import ApiError
-from router.server.http1_requests import UNBOUNDED_BODY_BYTES, Message, RequestParser, chunk
+from router.server.http1_requests import (
+    MAX_FRAMING_BYTES,
+    UNBOUNDED_BODY_BYTES,
+    Message,
+    RequestParser,
+    chunk,
+)
 
 
 def parsed(body: bytes, holds: list[int] | None = None) -> Message:
@@ -51,3 +57,45 @@ def test_a_body_without_its_bound_is_held_past_the_unbounded_allowance() -> None
     assert holds == []
     parsed(b"x" * (UNBOUNDED_BODY_BYTES + 1), holds)
     assert holds == [UNBOUNDED_BODY_BYTES + 1]
+
+
+def fed_in_pieces(head: bytes, filler: bytes, max_bytes: int) -> tuple[ApiError | None, int]:
+    """Feed ``head``, then ``filler`` in pieces up to ``max_bytes``: the error that
+    stopped the parser, and how many bytes it took."""
+    loop = asyncio.new_event_loop()
+    parser = RequestParser(loop, 32 << 20, {b"/v1/completions": "completions"},
+                           lambda message: None, lambda: None, lambda: None)
+    fed, error = len(head), parser.feed(head)
+    while error is None and fed < max_bytes:
+        fed += len(filler)
+        error = parser.feed(filler)
+    loop.close()
+    return error, fed
+
+
+CHUNKED_POST = (b"POST /v1/completions HTTP/1.1\r\nHost: x\r\n"
+                b"Transfer-Encoding: chunked\r\n\r\n")
+
+
+@pytest.mark.parametrize("start", [b"0\r\nX-Trailer: ", b"0\r\nX", b"1;ext="])
+def test_framing_that_never_ends_is_refused_past_its_budget(start: bytes) -> None:
+    """A trailer value or name, or a chunk extension, that never ends: 400
+    ``framing_too_large`` once the body's non-payload bytes pass the budget, not
+    after what a client chooses to send."""
+    error, fed = fed_in_pieces(CHUNKED_POST + start, b"a" * 4096, 16 << 20)
+    assert error is not None and (error.status, error.code) == (400, "framing_too_large")
+    assert fed <= len(CHUNKED_POST) + MAX_FRAMING_BYTES + 2 * 4096
+
+
+def test_ordinary_chunks_stay_within_the_framing_budget() -> None:
+    """32 MiB in 1 KiB chunks (7 framing bytes each) is a body, not an attack."""
+    error, _ = fed_in_pieces(CHUNKED_POST, chunk(b"x" * 1024) * 64, 32 << 20)
+    assert error is None
+
+
+def test_tiny_chunks_are_refused_once_framing_outweighs_the_budget() -> None:
+    """One-byte chunks spend 5 framing bytes per payload byte: refused after about
+    13,000 of them."""
+    error, fed = fed_in_pieces(CHUNKED_POST, chunk(b"x") * 1024, 1 << 20)
+    assert error is not None and error.code == "framing_too_large"
+    assert fed < 128 * 1024
