@@ -152,7 +152,10 @@ class ModelSpec(Section):
     a local Hugging Face directory: ``radix.model_source``), KV block size, public
     prefixes registered at start, the character budget of its token cache
     (``radix.token_cache``; 0 turns it off), and its canary pools with their guards
-    (``PoolConfig``, ``CanaryConfig``; no pools: every worker takes any request)."""
+    (``PoolConfig``, ``CanaryConfig``; no pools: every worker takes any request).
+    ``max_model_len`` is the model's context in tokens (its workers refuse longer
+    prompts): the router reads no request body longer than such a prompt can need,
+    whatever the tenant's limits (``Models.max_body_bytes``)."""
 
     name: str = setting(pattern=NAME)
     tokenizer: str
@@ -161,6 +164,7 @@ class ModelSpec(Section):
     token_cache_chars: int = setting(4_000_000, low=0)
     pools: Mapping[str, PoolConfig] = setting(default_factory=lambda: MappingProxyType({}))
     canary: CanaryConfig = CanaryConfig()
+    max_model_len: int = setting(131_072, low=1)
 
     def check(self) -> None:
         """With pools: the baseline is one of them (``router.config_toml`` checks their

@@ -85,6 +85,7 @@ class ModelTokenizer:
     def __init__(self, config: ModelSpec, tokenizer: PromptTokenizer) -> None:
         self.name = config.name
         self.block_size = config.block_size
+        self.max_model_len = config.max_model_len
         self.tokenizer = tokenizer
         self.token_cache = token_cache(tokenizer, config.token_cache_chars)
         self.public_prefixes = PublicPrefixes(config.block_size)
@@ -164,15 +165,21 @@ class Models:
         return name in self._models
 
     def max_body_bytes(self, limits: TenantLimits) -> int:
-        """The largest request body a prompt within ``limits`` can need, for any model:
-        ``BODY_OVERHEAD_BYTES`` for the other fields, plus its token ids at their widest
-        (``4294967295,``) or its text at its widest (a character escaped as
-        ``\\uXXXX``); ``MAX_BODY_BYTES`` when the limits bound neither."""
-        bounds = [model.max_prompt_chars(limits) for model in self._models.values()]
-        if limits.max_prompt_tokens is None or None in bounds:
-            return MAX_BODY_BYTES
-        widest = max(_TOKEN_ID_BYTES * limits.max_prompt_tokens,
-                     _TEXT_CHAR_BYTES * max(bounds, default=0))
+        """The largest request body a prompt within ``limits`` and within its model's
+        context (``max_model_len``, known before the body that names the model is read)
+        can need, for any model: ``BODY_OVERHEAD_BYTES`` for the other fields, plus its
+        token ids at their widest (``4294967295,``) or its text at its widest (the
+        tenant's ``max_prompt_chars``, else the longest token per token, a character
+        escaped as ``\\uXXXX``); at most ``MAX_BODY_BYTES``. A tenant without limits
+        is bounded by the context all the same."""
+        widest = 0
+        for model in self._models.values():
+            num_tokens = min(limits.max_prompt_tokens or model.max_model_len,
+                             model.max_model_len)
+            num_chars = num_tokens * model.tokenizer.max_chars_per_token
+            if limits.max_prompt_chars is not None:
+                num_chars = min(num_chars, limits.max_prompt_chars)
+            widest = max(widest, _TOKEN_ID_BYTES * num_tokens, _TEXT_CHAR_BYTES * num_chars)
         return min(MAX_BODY_BYTES, BODY_OVERHEAD_BYTES + widest)
 
     def token_cache_stats(self) -> dict[str, CacheStats]:

@@ -23,11 +23,19 @@ import pytest
 import redis
 
 from harness import attacks
-from harness.procs import ManagedProcess, start_process, start_router
+from harness.procs import ManagedProcess, http_json, start_process, start_router
 from router.up.launcher import RedisServer
+from tests.support.metric_samples import sample
 from tests.support.polling import wait_until
 from tests.support.router_calls import complete, num_ready_workers
-from tests.support.router_configs import ALICE, auth_section, model_table, to_toml, worker_list
+from tests.support.router_configs import (
+    ALICE,
+    BOB,
+    auth_section,
+    model_table,
+    to_toml,
+    worker_list,
+)
 
 # Its module-scoped processes start once: the whole module runs on one xdist worker.
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("hostile")]
@@ -133,4 +141,49 @@ def test_bodies_are_not_read_while_their_tenants_bound_waits_on_a_stalled_redis(
                 router.url, ALICE), 9, 9)
     finally:
         server.stop()
+    assert statuses == [413] * 9
+
+
+def refusals(router: ManagedProcess, reason: str) -> float:
+    """``router_refused_requests_total{reason}`` now."""
+    _, text = http_json("GET", f"{router.metrics_url}/metrics")
+    return sample(text, "router_refused_requests_total", {"reason": reason})
+
+
+def test_chunked_framing_that_never_ends_is_cut_off_at_its_budget(router) -> None:
+    """Eight clients send 16 chunked bodies whose framing never ends: with a key, the
+    last chunk and then a trailer (8) or an endless chunk extension (4), 400 each;
+    without one, a trailer after ``GET /health``, which aiohttp answers at once (4),
+    the connection dropped. Each is counted as ``framing_too_large``. Before, llhttp
+    buffered every trailer byte (4 such clients took the router from 96 to 175 MiB)
+    and read an extension without end."""
+    calls = itertools.count()
+
+    def attack() -> bytes:
+        i = next(calls)
+        if i < 8:
+            return attacks.endless_trailer(router.url, ALICE)
+        if i < 12:
+            return attacks.endless_chunk_extension(router.url, ALICE)
+        return attacks.endless_trailer(router.url)
+
+    counted = refusals(router, "framing_too_large")
+    statuses = under_attack(router, attack, 8, 16)
+    assert statuses[:12] == [400] * 12, statuses
+    assert refusals(router, "framing_too_large") - counted == 16
+
+
+def test_token_id_bodies_are_bounded_by_the_context_without_a_tenant_limit(
+        tmp_path: Path, upstream: ManagedProcess) -> None:
+    """A tenant without ``max_prompt_tokens`` sends nine 32 MiB token-id prompts (three
+    chunked): 413 each before the body is read past the model's context (4,096 tokens
+    here). Before, each was read and decoded (then refused for its 2^20 ids): 1.1 GB
+    of peak memory, ``/health`` at about 1 s."""
+    config = {"models": {"demo": model_table(max_model_len=4096)},
+              "auth": auth_section({"alice": {}, "bob": {}}),
+              "workers": worker_list({"u0": upstream.url})}
+    calls = itertools.count()
+    with warm_router(tmp_path / "router.toml", config) as router:
+        statuses = under_attack(router, lambda: attacks.oversize_token_prompt(
+            router.url, BOB, chunked=next(calls) >= 6), 9, 9)
     assert statuses == [413] * 9
