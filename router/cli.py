@@ -14,6 +14,7 @@ import logging
 import os
 import sys
 from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path
 
 from radix.config_flags import add_flags, flag_values, with_values
@@ -54,14 +55,15 @@ def with_flags(config: RouterConfig, args: argparse.Namespace) -> RouterConfig:
     """``config`` with the ``router`` command's flags in ``args``: every config-field
     flag (``radix.config_flags``; ``--redis-url`` also turns ``redis.launch`` off, as
     ``up`` passes the URL of the server it launched, and ``--service-discovery-port``
-    replaces ``discovery.port_name``), then ``--worker-url``. ValueError naming the
-    field or flag at fault."""
+    replaces ``discovery.port_name``), then ``--worker-url``, and the Redis URL from
+    ``redis.url_env``'s variable. ValueError naming the field or flag at fault."""
     values = flag_values(args, RouterConfig)
     if "url" in values.get("redis", {}):
         values["redis"]["launch"] = False
     if "port" in values.get("discovery", {}):
         values["discovery"]["port_name"] = None
-    return _with_worker_urls(with_values(config, values), args.worker_url)
+    config = _with_worker_urls(with_values(config, values), args.worker_url)
+    return replace(config, redis=config.redis.with_url_from_env(os.environ))
 
 
 def _with_worker_urls(config: RouterConfig, worker_urls: Sequence[str]) -> RouterConfig:

@@ -152,7 +152,8 @@ def test_the_router_has_the_permissions_and_secrets_its_config_needs():
     assert probes["readinessProbe"]["httpGet"]["path"] == "/health"
     ports = {p["name"]: p["containerPort"] for p in deployment["containers"][0]["ports"]}
     assert (ports["http"], ports["metrics"]) == (config.listen.port, config.metrics.port)
-    assert config.redis.url is None  # it comes from --redis-url, password and all
+    assert config.redis.url is None  # it comes from $RADIX_REDIS_URL, password and all
+    assert config.redis.url_env == "RADIX_REDIS_URL"
     assert find("redis", "Service")["metadata"]["name"] == "radix-redis"
 
 
@@ -250,12 +251,13 @@ def router_redis_problem(manifests: dict[str, list[dict]], password: tuple[str, 
     (configmap,) = [d for d in manifests["router"] if d["kind"] == "ConfigMap"]
     if parse_config(tomllib.loads(configmap["data"]["router.toml"])).redis.url is not None:
         return "router.toml names the Redis URL: its password would be in the ConfigMap"
-    args, values = router["args"], {e["name"]: e.get("value", "") for e in router["env"]}
-    flag = args[args.index("--redis-url") + 1] if "--redis-url" in args else ""
-    url = values.get(flag[2:-1], "") if re.fullmatch(r"\$\(\w+\)", flag) else flag
+    if "--redis-url" in router["args"]:
+        return "the router's --redis-url puts the password on its command line"
+    variable = parse_config(tomllib.loads(configmap["data"]["router.toml"])).redis.url_env
+    url = {e["name"]: e.get("value", "") for e in router["env"]}.get(variable or "", "")
     uses = re.findall(r"\$\((\w+)\)", url)
     if not uses or secret_env(router).get(uses[0]) != password:
-        return f"the router's --redis-url {flag!r} does not take {password} from its Secret"
+        return f"the router's redis.url_env ${variable} does not take {password} from its Secret"
     return redis_url_problem(url.replace(f"$({uses[0]})", "0f" * 16))
 
 
@@ -306,7 +308,7 @@ def _literal_password(manifests):
 def _url_in_config(manifests):
     (configmap,) = [d for d in manifests["router"] if d["kind"] == "ConfigMap"]
     configmap["data"]["router.toml"] = configmap["data"]["router.toml"].replace(
-        "[redis]\n", '[redis]\nurl = "redis://:hunter2@radix-redis:6379"\n')
+        'url_env = "RADIX_REDIS_URL"', 'url = "redis://:hunter2@radix-redis:6379"')
 
 
 def _redis_open_to_namespace(manifests):

@@ -299,3 +299,20 @@ def test_a_bad_selector_exits_with_status_2_naming_the_flag(capsys) -> None:
         _parser().parse_args(["router", "--selector", "app"])
     assert done.value.code == 2
     assert "argument --selector: expected KEY=VALUE, got 'app'" in capsys.readouterr().err
+
+
+def test_the_redis_url_can_come_from_a_variable_named_in_the_config(monkeypatch) -> None:
+    config = parse_config({**BASE, "redis": {"url_env": "TEST_REDIS_URL"}})
+    assert config.redis.enabled
+    monkeypatch.setenv("TEST_REDIS_URL", "redis://:s3cret@127.0.0.1:6390/0")
+    resolved = flagged(config)
+    assert resolved.redis.url == "redis://:s3cret@127.0.0.1:6390/0"
+    monkeypatch.setenv("TEST_REDIS_URL", "http://:s3cret@host")
+    with pytest.raises(ValueError, match=r"redis.url_env: \$TEST_REDIS_URL is not a Redis URL") as bad:
+        flagged(config)
+    assert "s3cret" not in str(bad.value)
+    monkeypatch.delenv("TEST_REDIS_URL")
+    with pytest.raises(ValueError, match=r"\$TEST_REDIS_URL is not set"):
+        flagged(config)
+    with pytest.raises(ValueError, match="redis.url_env: give url or url_env, not both"):
+        parse_config({**BASE, "redis": {"url_env": "X", "url": "redis://127.0.0.1:1"}})
