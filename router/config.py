@@ -391,11 +391,14 @@ class RedisConfig(Section, section="redis"):
     ``max_workers`` shared workers, ``max_public_prefixes`` shared prefixes,
     ``stream_maxlen`` (approximate) routing decisions of at most
     ``stream_entry_max_tokens`` tokens each (about 330 MB of Redis at the defaults);
-    ``state_ttl_s`` is how long the shared registry outlives the last router."""
+    ``state_ttl_s`` is how long the shared registry outlives the last router.
+    ``url_env``: the environment variable holding the URL instead (a password in it
+    then appears in no file and no command line; ``with_url_from_env`` reads it)."""
 
     url: str | None = setting(None, flag="--redis-url",
                               help="the Redis holding the shared state (turns redis.launch "
                                    "off)")
+    url_env: str | None = setting(None, pattern=ENV_NAME)
     key_prefix: str = setting("radix", pattern=REDIS_KEY_PREFIX)
     launch: bool = False
     command_timeout_s: float = setting(0.25, above=0)
@@ -411,6 +414,8 @@ class RedisConfig(Section, section="redis"):
 
     def check(self) -> None:
         """A valid URL or ``launch``, not both; a lease that outlives a late heartbeat."""
+        if self.url is not None and self.url_env is not None:
+            raise FieldError("url_env", "give url or url_env, not both")
         if self.url is not None:
             if problem := redis_url_problem(self.url):
                 raise FieldError("url", problem)
@@ -424,7 +429,21 @@ class RedisConfig(Section, section="redis"):
     @property
     def enabled(self) -> bool:
         """Whether routers share state (a URL is given or ``up`` launches a server)."""
-        return self.url is not None or self.launch
+        return self.url is not None or self.url_env is not None or self.launch
+
+    def with_url_from_env(self, environ: Mapping[str, str]) -> RedisConfig:
+        """This section with ``url`` read from ``environ[url_env]`` (itself when no
+        ``url_env`` is set); ValueError naming ``redis.url_env`` when the variable is
+        unset or not a Redis URL (the message never shows its value)."""
+        if self.url_env is None:
+            return self
+        url = environ.get(self.url_env)
+        if not url:
+            raise ValueError(f"redis.url_env: ${self.url_env} is not set")
+        if redis_url_problem(url):
+            raise ValueError(f"redis.url_env: ${self.url_env} is not a Redis URL "
+                             "(redis://HOST:PORT[/DB], rediss://... or unix:///PATH)")
+        return replace(self, url=url, url_env=None, launch=False)
 
 
 @dataclass(frozen=True)
