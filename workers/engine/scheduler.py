@@ -1,31 +1,43 @@
 """Continuous-batching scheduler: which sequences compute how many tokens this step.
 
-Policy, in order, under a budget of ``max_batched_tokens`` tokens per step:
+Both queues keep their sequences in scheduling order (``Sequence.order``: the
+request's priority, lower first, then its arrival; vLLM's priority policy, which is
+first come, first served when every priority is equal). Policy, in order, under a
+budget of ``max_batched_tokens`` tokens per step:
 
-1. Running sequences that decode (one uncomputed token) go first, oldest first, so
+1. Running sequences that decode (one uncomputed token) go first, in order, so
    a long prefill never stalls generation; then running sequences still
-   prefilling get the rest of the budget (chunked prefill: a prompt longer than
-   what is left is cut, and continues next step).
+   prefilling get the rest of the budget, in order (chunked prefill: a prompt
+   longer than what is left is cut, and continues next step).
 2. Each scheduled sequence first gets its KV slots (``append_slots``). When the
-   pool is out of blocks even after evicting cached leaves, the newest running
-   sequence not yet scheduled is preempted: its computed tokens are committed to
-   the prefix cache, its blocks released, and it goes back to the front of the
-   waiting queue to be recomputed later (usually from its own cached prefix); in
-   ``swap`` mode (or ``auto`` for long sequences) its leaves also move to the host
-   tier at once, to be copied back when it is admitted again.
-   A sequence that is itself the newest preempts itself.
-3. If nothing was preempted this step, waiting sequences are admitted in FIFO
-   order while the KV manager can reserve their blocks after the prefix match
-   (it evicts cached leaves first) and still leave its watermark of blocks for the
-   running sequences to grow into, and ``max_num_seqs`` allows. The first one that
-   does not fit stops admission (no overtaking: large requests do not starve).
+   pool is out of blocks even after evicting cached leaves, running sequences not
+   yet scheduled this step are preempted, the last in order first (the lowest
+   priority, then the latest arrival), until the slots fit. Decodes go in order
+   and a prompt's blocks are reserved at admission, so the victim is the last of
+   all running sequences: vLLM's choice. A preempted sequence's computed tokens
+   are committed to the prefix cache, its blocks
+   released, and it waits at its place in the order to be recomputed (usually from
+   its own cached prefix); in ``swap`` mode (or ``auto`` for long sequences) its
+   leaves also move to the host tier at once, to be copied back when it is
+   admitted again. A sequence that is itself the last in order preempts itself.
+3. If nothing was preempted this step, waiting sequences are admitted in order
+   while the KV manager can reserve their blocks after the prefix match (it evicts
+   cached leaves first) and still leave its watermark of blocks for the running
+   sequences to grow into, and ``max_num_seqs`` allows. The first one that does not
+   fit stops admission (no overtaking: large requests do not starve behind small
+   ones of their priority). A waiting sequence never preempts a running one,
+   whatever their priorities: as in vLLM v1, it waits for running sequences to
+   finish or to be preempted by the growth of sequences before them.
    A request for a LoRA adapter first pins the adapter's slot (``AdapterSlots``,
    loading it if needed); with every slot pinned it waits at the head the same way.
    A load that fails hands the request to ``on_load_failure`` (the engine fails it
    alone, which takes it off the queue).
 
 Liveness: a waiting sequence waits only behind running ones, which finish or are
-preempted. The KV manager admits any prompt that fits the pool when nothing else is
+preempted, and the waiting ones before it in order (a stream of requests of a
+higher priority delays a lower one for as long as it lasts, as in vLLM). The first
+running sequence in order is preempted only by itself, so it always progresses. The
+KV manager admits any prompt that fits the pool when nothing else is
 live, and the server refuses longer ones before they queue, so admission failing
 with nothing running is a bug: it is logged and counted (``num_stalls``), once per
 sequence.
@@ -36,8 +48,9 @@ The scheduler never runs the model; the engine does, then reports back.
 from __future__ import annotations
 
 import logging
-from collections import deque
-from collections.abc import Callable
+from bisect import bisect_left, insort
+from collections.abc import Callable, Iterator
+from operator import attrgetter
 from typing import NamedTuple
 
 from radix.keys import TOKEN_BYTES
@@ -47,6 +60,7 @@ from workers.kv.manager import KVCacheManager
 from workers.lora.adapters import AdapterSlots
 
 log = logging.getLogger(__name__)
+_ORDER = attrgetter("order")
 
 
 class ScheduledChunk(NamedTuple):
@@ -60,6 +74,40 @@ class ScheduledChunk(NamedTuple):
     num_new_tokens: int
 
 
+class OrderedSequences:
+    """Sequences kept sorted by ``Sequence.order``: ``[0]`` is the first (the next to
+    admit, of a waiting queue), ``[-1]`` the last (the first to preempt, of a running
+    list), and iteration goes in order. Adding or removing one costs a binary search
+    and a move of the pointers behind it; nothing is sorted per step."""
+
+    def __init__(self) -> None:
+        self._seqs: list[Sequence] = []
+
+    def add(self, seq: Sequence) -> None:
+        """Put ``seq`` at its place in the order."""
+        insort(self._seqs, seq, key=_ORDER)
+
+    def remove(self, seq: Sequence) -> None:
+        """Take ``seq`` out; ValueError when it is not here."""
+        index = bisect_left(self._seqs, seq.order, key=_ORDER)
+        if index == len(self._seqs) or self._seqs[index] is not seq:
+            raise ValueError(f"{seq!r} is not here")
+        del self._seqs[index]
+
+    def pop_first(self) -> Sequence:
+        """Take out and return the first sequence."""
+        return self._seqs.pop(0)
+
+    def __getitem__(self, index: int) -> Sequence:
+        return self._seqs[index]
+
+    def __len__(self) -> int:
+        return len(self._seqs)
+
+    def __iter__(self) -> Iterator[Sequence]:
+        return iter(self._seqs)
+
+
 class Scheduler:
     """Owns the waiting queue and the running list; talks to the KV manager for
     admission, slots, preemption and release. Engine thread only."""
@@ -71,8 +119,8 @@ class Scheduler:
         self._config = config
         self._adapters = adapters or AdapterSlots.disabled()
         self._on_load_failure = on_load_failure
-        self.waiting: deque[Sequence] = deque()
-        self.running: list[Sequence] = []
+        self.waiting = OrderedSequences()
+        self.running = OrderedSequences()
         self.num_preemptions = 0
         self.num_swaps = 0
         self.num_stalls = 0
@@ -82,12 +130,12 @@ class Scheduler:
     def add(self, seq: Sequence) -> None:
         """Queue a new sequence for admission."""
         seq.status = SequenceStatus.WAITING
-        self.waiting.append(seq)
+        self.waiting.add(seq)
 
     def add_running(self, seq: Sequence) -> None:
         """Adopt a sequence that already holds blocks (a fork child)."""
         seq.status = SequenceStatus.RUNNING
-        self.running.append(seq)
+        self.running.add(seq)
 
     def release(self, seq: Sequence) -> None:
         """Drop ``seq`` from the queues and free its blocks (finish or abort); the
@@ -147,9 +195,11 @@ class Scheduler:
 
     def _reserve(self, seq: Sequence, num_new: int, scheduled: set[int]) -> bool:
         """Slots for ``num_new`` tokens of ``seq`` once they did not fit, preempting the
-        newest unscheduled sequences until they do (a preempted sequence's KV count is
-        gone, so its start taken before is never used). False when ``seq`` had to
-        preempt itself."""
+        unscheduled sequences last in order first until they do (a preempted
+        sequence's KV count is gone, so its start taken before is never used). False
+        when ``seq`` had to preempt itself. Decodes go in order and a prompt's blocks
+        are reserved at admission, so a victim is the last of all running sequences,
+        vLLM's choice, without taking back a chunk already scheduled."""
         while True:
             victim = next(s for s in reversed(self.running) if s.seq_id not in scheduled)
             self._preempt(victim)
@@ -159,6 +209,8 @@ class Scheduler:
                 return True
 
     def _preempt(self, seq: Sequence) -> None:
+        """Send running ``seq`` back to the waiting queue at its place in the order; its
+        computed positions stay cached (or go to the host tier)."""
         mode = self._config.preemption_mode
         key = seq.key(self._manager.num_computed_tokens(seq.seq_id))
         if mode == "swap" or (
@@ -171,7 +223,7 @@ class Scheduler:
             self._manager.free(seq.seq_id)
         self.running.remove(seq)
         seq.status = SequenceStatus.WAITING
-        self.waiting.appendleft(seq)
+        self.waiting.add(seq)
         self.num_preemptions += 1
         seq.request.num_preemptions += 1
 
@@ -199,9 +251,9 @@ class Scheduler:
                 if not self.running:
                     self._report_stall(seq)
                 break
-            self.waiting.popleft()
+            self.waiting.pop_first()
             seq.status = SequenceStatus.RUNNING
-            self.running.append(seq)
+            self.running.add(seq)
             num_new = min(len(seq.token_ids) - num_cached, budget)
             if not self._manager.append_slots(seq.seq_id, num_new):
                 self._preempt(seq)

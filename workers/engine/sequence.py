@@ -69,10 +69,16 @@ class RequestState:
 
 
 class Sequence:
-    """One choice of a request: token ids, their key, and stop state."""
+    """One choice of a request: token ids, their key, stop state, and its place in the
+    scheduling ``order``: (its request's priority, its request's arrival time, its own
+    id), smallest first. Admission takes waiting sequences in that order and
+    preemption takes the largest running one first, as vLLM's priority policy does;
+    with every priority equal it is first come, first served (the ids of one
+    request's choices break the tie of their shared arrival)."""
 
     __slots__ = (
         "seq_id",
+        "order",
         "request",
         "index",
         "token_ids",
@@ -95,6 +101,7 @@ class Sequence:
         key: bytes = b"",
     ) -> None:
         self.seq_id = seq_id
+        self.order = (request.request.priority, request.arrival_time, seq_id)
         self.request = request
         self.index = index
         self.token_ids = token_ids

@@ -88,13 +88,16 @@ def request(
     prompt_ids: tuple[int, ...], max_tokens: int = 8, *, temperature: float = 0.0,
     seed: int | None = None, n: int = 1, stop: tuple[str, ...] = (),
     stop_token_ids: tuple[int, ...] = (), ignore_eos: bool = True, scope: str = "anonymous",
+    priority: int = 0,
 ) -> GenerationRequest:
-    """A request with the given sampling (greedy, EOS ignored by default)."""
+    """A request with the given sampling (greedy, EOS ignored by default) and scheduling
+    priority."""
     sampling = SamplingParams(
         temperature=temperature, seed=seed, max_tokens=max_tokens,
         stop_token_ids=stop_token_ids, ignore_eos=ignore_eos,
     )
-    return GenerationRequest(prompt_ids, GenerationParams(sampling, n, stop), scope=scope)
+    return GenerationRequest(prompt_ids, GenerationParams(sampling, n, stop), scope=scope,
+                             priority=priority)
 
 
 @dataclass
