@@ -9,12 +9,16 @@ model's context), a large body on a route the lean server hands to aiohttp, and 
 chunked body whose trailer or chunk extension never ends. ``HealthWatch`` times
 ``GET /health`` from another client while they run; ``rss_bytes`` reads a process's
 resident memory from ``/proc``. The hostile suite (tests/router/test_e2e_hostile.py)
-and the chaos soak (``bench.chaos_faults``) use both.
+and the chaos soak (``bench.chaos_faults``) use both. ``oversized_transfer_header``
+and ``unsigned_transfer_request`` attack a worker's KV transfer port instead (docs/pd.md)
+and return the header of the refusal frame it answered (None: none).
 """
 
 from __future__ import annotations
 
 import contextlib
+import json
+import secrets
 import select
 import socket
 import statistics
@@ -23,6 +27,8 @@ import time
 import urllib.parse
 from collections.abc import Iterator
 from pathlib import Path
+
+from workers.kv_transfer.wire import FRAME, MAC_BYTES
 
 CHUNK = 64 * 1024
 # A prompt of token ids, about 5 bytes per id: "[1000, 1000, ...]".
@@ -225,3 +231,48 @@ class HealthWatch:
         worst = max(self.latencies_s, default=float("inf"))
         return (f"{len(self.latencies_s)} calls, median {self.median_s() * 1000:.0f} ms, "
                 f"worst {worst * 1000:.0f} ms")
+
+
+# ---- the KV transfer port (docs/pd.md, "The transfer") ------------------------------
+
+def _transfer_refusal(sock: socket.socket) -> dict | None:
+    """The header of the one frame a transfer port answered (read without checking its
+    MAC: an attacker's view), or None when it closed or went quiet without one."""
+    received = b""
+    with contextlib.suppress(OSError):
+        while len(received) < 64 * 1024:
+            head = FRAME.size + MAC_BYTES
+            if len(received) >= head:
+                header_len = FRAME.unpack(received[: FRAME.size])[0]
+                if len(received) >= head + header_len:
+                    return json.loads(received[head: head + header_len])
+            chunk = sock.recv(4096)
+            if not chunk:
+                break
+            received += chunk
+    return None
+
+
+def oversized_transfer_header(host: str, port: int, header_len: int = 1 << 20,
+                              timeout_s: float = 5.0) -> dict | None:
+    """Claim a pull header of ``header_len`` bytes (past any pull's bound, under the
+    16 MiB a port once buffered) and send only its first 64 KiB, unsigned. A port that
+    bounds before it buffers refuses at the lengths: its refusal frame's header
+    (``{"ok": false, "error": "oversized", ...}``); None when it answered nothing within
+    ``timeout_s`` (it waited for the rest)."""
+    with socket.create_connection((host, port), timeout=timeout_s) as sock:
+        with contextlib.suppress(OSError):  # it may close while we still send
+            sock.sendall(FRAME.pack(header_len, 0) + bytes(MAC_BYTES) + b"{" * CHUNK)
+        return _transfer_refusal(sock)
+
+
+def unsigned_transfer_request(host: str, port: int, timeout_s: float = 5.0) -> dict | None:
+    """A frame of the transfer's layout whose header is not even JSON, under a MAC made
+    without the key. A port that authenticates before it parses refuses it as
+    ``unauthenticated`` (never ``protocol``, which would mean it parsed first): its
+    refusal frame's header; None when it answered nothing within ``timeout_s``."""
+    header = b"{" * 200
+    with socket.create_connection((host, port), timeout=timeout_s) as sock:
+        with contextlib.suppress(OSError):
+            sock.sendall(FRAME.pack(len(header), 0) + secrets.token_bytes(MAC_BYTES) + header)
+        return _transfer_refusal(sock)

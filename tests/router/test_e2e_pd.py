@@ -118,7 +118,7 @@ def test_a_failed_pull_is_retried_whole_on_the_decode_worker(pd_fleet, tmp_path)
         status, answer = complete(router, "A third document to prefill elsewhere. " * 5,
                                   max_tokens=4, temperature=0)
         assert status == 200, answer
-        assert metric(decode, "kv_transfer_failures_total", {"reason": "refused"}) == 1
+        assert metric(decode, "kv_transfer_failures_total", {"reason": "unauthenticated"}) == 1
         assert router_metric(router, "router_pd_requests_total", {"mode": "disaggregated"}) == 1
         assert router_metric(router, "router_retries_total", {}) == 1
         assert answer["usage"]["prompt_tokens_details"]["cached_tokens"] == 0  # whole, retried

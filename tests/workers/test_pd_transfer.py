@@ -169,8 +169,12 @@ def test_refusals_come_before_any_block_moves(fleet):
     assert status == 503 and "mismatch" in answer["error"]["message"]
     status, answer = generate(fleet["fp8"], token_ids, 2, params)
     assert status == 503 and "namespace" in answer["error"]["message"]
+    refused = metric(fleet["producer"], "kv_transfer_port_refusals_total",
+                     {"reason": "unauthenticated"})
     status, answer = generate(fleet["wrong_key"], token_ids, 2, params)
-    assert status == 503 and "unauthorized" in answer["error"]["message"]
+    assert status == 503 and "unauthenticated" in answer["error"]["message"]
+    assert metric(fleet["producer"], "kv_transfer_port_refusals_total",
+                  {"reason": "unauthenticated"}) - refused == 1
     assert metric(fleet["producer"], "kv_transfer_blocks_sent_total") == sent
     status, answer = generate(fleet["producer"], token_ids, 2, params)
     assert status == 400 and "not a kv_consumer" in answer["error"]["message"]

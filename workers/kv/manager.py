@@ -270,7 +270,9 @@ class KVCacheManager:
         """Cache the whole blocks of ``key`` for ``scope`` in the base namespace: its first
         ``num_local_tokens`` (whole blocks) as this cache holds them, the next
         ``len(blocks)`` blocks written from ``blocks`` (``KVCacheTensors.read_slots``
-        bytes), the first ``num_public_tokens`` under ``PUBLIC``; then hold them as
+        bytes), the first ``num_public_tokens`` under ``PUBLIC`` but never a written
+        block (bytes from elsewhere stay in ``scope``: at most the local part is
+        public); then hold them as
         sequence ``pin_id`` (``free`` releases them). The insert emits their KV events
         like any commit. False, holding nothing, when the local part is no longer
         cached or there is no room."""
@@ -293,7 +295,7 @@ class KVCacheManager:
         for k, data in enumerate(blocks):
             self.tensors.write_block(seq.block_table[first + k], data)
         seq.num_computed_tokens = num_tokens
-        seq.num_public_tokens = min(num_public_tokens, num_tokens)
+        seq.num_public_tokens = min(num_public_tokens, num_local_tokens)
         self._seqs[pin_id] = seq
         self.commit(pin_id, key[: num_tokens * TOKEN_BYTES])
         return True

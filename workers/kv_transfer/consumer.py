@@ -4,10 +4,15 @@ its own cache lacks, and imports them before the request runs.
 Before any byte moves, the consumer checks what the producer's params claim: the same
 namespace digest (model, weights, tokenizer, RoPE, KV dtype and layout, FP8 scales),
 block size and dtype, and block hashes equal to the ones it computes itself for the
-prompt's whole blocks (so the blocks are this prompt's, in this scope). It asks for
-the blocks past the whole-block prefix it already caches, checks each block's index,
-hash and size as it arrives, imports them (``KVCacheManager.import_blocks``: written
-into fresh blocks, cached, announced in its KV events, held until ``release``), then
+prompt's whole blocks (so the blocks are this prompt's, in this scope). Params that
+name no block cost no connection. Received blocks are never public: the consumer pulls
+only when it already caches the prompt's whole public prefix itself (else
+``public_prefix``, before connecting), so every received block lies past it and is
+cached under the request's scope. It asks for the blocks past the whole-block prefix
+it already caches under a fresh nonce, authenticates every frame of the answer under
+that nonce and the worker key before reading it (``wire``), checks each block's index,
+hash and size, imports them (``KVCacheManager.import_blocks``: written into fresh
+blocks, cached, announced in its KV events, held until ``release``), then
 acknowledges so the producer lets go. Every failure is a ``TransferError`` with its
 reason; nothing is imported unless every block arrived. A timed worker
 (``link_s_per_block``) also waits the time its profile's real blocks would take on
@@ -27,7 +32,15 @@ from workers.engine.async_engine import AsyncEngine
 from workers.kv.ids import SeqId
 from workers.kv_transfer.identity import TransferIdentity
 from workers.kv_transfer.metrics import TransferMetrics
-from workers.kv_transfer.wire import TransferError, receive, send, sign
+from workers.kv_transfer.wire import (
+    MAX_ANSWER_HEADER_BYTES,
+    REQUEST_CONTEXT,
+    TransferError,
+    answer_context,
+    new_nonce,
+    receive,
+    send,
+)
 
 
 @dataclass(frozen=True)
@@ -93,6 +106,10 @@ class Consumer:
             lambda e: e.manager.prefix_cache.match(key[: len(wanted) * step * TOKEN_BYTES], scope)
             .num_cached_tokens)
         num_local = min(num_cached // step, len(wanted))
+        if num_local < min(num_public_tokens // step, len(wanted)):
+            raise TransferError("public_prefix", "this worker lacks part of the prompt's "
+                                                 "public prefix: received blocks are never "
+                                                 "made public, so it computes the prompt")
         blocks = await self._fetch(remote, wanted, num_local) if num_local < len(wanted) else []
         if self._link_s_per_block:  # a timed worker: the real blocks' time on the link
             await asyncio.sleep(len(blocks) * self._link_s_per_block)
@@ -102,7 +119,8 @@ class Consumer:
         if not imported:
             raise TransferError("evicted", "this worker's own part of the prefix was evicted "
                                            "during the pull, or no room for the blocks")
-        await self._acknowledge(remote)
+        if wanted:  # params that name no block held nothing: no connection
+            await self._acknowledge(remote)
         self._metrics.blocks_received.inc(len(blocks))
         self._metrics.bytes_received.inc(len(blocks) * ident.block_bytes)
         return Pulled(pin_id, num_local, len(blocks))
@@ -118,18 +136,22 @@ class Consumer:
     async def _fetch(self, remote: RemotePrefill, wanted: list[str], first: int) -> list[bytes]:
         ident = self._identity
         reader, writer = await self._connect(remote)
+        nonce = new_nonce()
+        context = answer_context(nonce)
         try:
-            await send(writer, sign(self._key, {
-                "op": "pull", "transfer_id": remote.transfer_id, "first_block": first,
-                "block_hashes": wanted[first:], "namespace": ident.namespace,
-                "block_size": ident.block_size, "kv_dtype": ident.kv_dtype}))
-            status, _ = await receive(reader, 0)
+            await send(writer, self._key, REQUEST_CONTEXT, {
+                "op": "pull", "nonce": nonce, "transfer_id": remote.transfer_id,
+                "first_block": first, "block_hashes": wanted[first:],
+                "namespace": ident.namespace, "block_size": ident.block_size,
+                "kv_dtype": ident.kv_dtype})
+            status, _ = await receive(reader, self._key, context, MAX_ANSWER_HEADER_BYTES, 0)
             if status.get("ok") is not True:
                 raise TransferError("refused", f"the producer refused the pull: "
                                                f"{status.get('error')}: {status.get('message')}")
             blocks = []
             for index in range(first, len(wanted)):
-                header, data = await receive(reader, ident.block_bytes)
+                header, data = await receive(reader, self._key, context,
+                                             MAX_ANSWER_HEADER_BYTES, ident.block_bytes)
                 if (header.get("index") != index or header.get("hash") != wanted[index]
                         or len(data) != ident.block_bytes):
                     raise TransferError("protocol", f"block {index} arrived wrong")
@@ -146,9 +168,11 @@ class Consumer:
         """Tell the producer it may let go (best effort: its deadline releases too)."""
         with contextlib.suppress(TransferError, ConnectionError, OSError):
             reader, writer = await self._connect(remote)
+            nonce = new_nonce()
             try:
-                await send(writer, sign(self._key, {"op": "ack",
-                                                    "transfer_id": remote.transfer_id}))
-                await receive(reader, 0)
+                await send(writer, self._key, REQUEST_CONTEXT, {
+                    "op": "ack", "nonce": nonce, "transfer_id": remote.transfer_id})
+                await receive(reader, self._key, answer_context(nonce),
+                              MAX_ANSWER_HEADER_BYTES, 0)
             finally:
                 writer.close()

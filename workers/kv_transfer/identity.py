@@ -16,7 +16,9 @@ from workers.kv.ids import SeqId
 class TransferIdentity:
     """One worker's side of a transfer: its engine id, namespace digest (hex: it covers
     the model, weights, tokenizer, RoPE, KV dtype, layout version and FP8 scales),
-    block size, KV dtype, bytes per block, and the hasher of its KV events."""
+    block size, KV dtype, bytes per block, the hasher of its KV events, and the most
+    blocks one prompt can have (its longest sequence over the block size: what bounds
+    a pull's size)."""
 
     engine_id: str
     namespace: str
@@ -24,6 +26,7 @@ class TransferIdentity:
     kv_dtype: str
     block_bytes: int
     hasher: BlockHasher
+    max_blocks: int
     _pin_ids: itertools.count = field(default_factory=lambda: itertools.count(1))
 
     def next_pin_id(self) -> SeqId:

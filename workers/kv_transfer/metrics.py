@@ -6,7 +6,11 @@ from collections.abc import Callable
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
-FAILURE_REASONS = ("unreachable", "timeout", "refused", "mismatch", "evicted", "protocol")
+FAILURE_REASONS = ("unreachable", "timeout", "refused", "mismatch", "evicted", "protocol",
+                   "unauthenticated", "oversized", "public_prefix")
+# Why the transfer port closed a connection without serving it (docs/pd.md).
+PORT_REFUSAL_REASONS = ("unauthenticated", "oversized", "protocol", "timeout", "busy",
+                        "error")
 _PULL_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 
 
@@ -31,6 +35,11 @@ class TransferMetrics:
                                 ["reason"], registry=registry)
         for reason in FAILURE_REASONS:
             self.failures.labels(reason)
+        self.port_refusals = Counter("kv_transfer_port_refusals", "Connections to the "
+                                     "transfer port refused before any block was read, "
+                                     "by reason", ["reason"], registry=registry)
+        for reason in PORT_REFUSAL_REASONS:
+            self.port_refusals.labels(reason)
         self.recomputes = Counter("kv_transfer_recomputes", "Requests whose pull failed and "
                                   "that recomputed the prompt (fallback = recompute)",
                                   registry=registry)

@@ -3,10 +3,15 @@
 ``hold`` pins the prompt's cached whole blocks (``KVCacheManager.pin``: referenced
 like a running sequence's, so nothing evicts or changes them) under a new transfer id
 until the consumer acknowledges its pull or ``timeout_s`` passes. The transfer port
-answers ``pull`` for the blocks of a held transfer only, after checking the key
-(``wire``), the namespace, block size and dtype, and that the hashes asked for are
-exactly those held at those positions (a stale, expired or forged block list is
-refused before any byte of KV is sent). Blocks are read on the engine thread.
+answers ``pull`` for the blocks of a held transfer only, after checking the frame
+(``wire``: its size within a pull's bound for this worker's longest prompt, then its
+MAC under the worker key, before the header is parsed), the namespace, block size and
+dtype, and that the hashes asked for are exactly those held at those positions (a
+stale, expired or forged block list is refused before any byte of KV is sent); every
+frame of the answer is signed under the pull's nonce. Blocks are read on the engine
+thread. The port serves one request per connection, at most ``MAX_CONNECTIONS`` at
+once, each request read within ``REQUEST_TIMEOUT_S``; whatever one connection does
+ends that connection only, counted in ``kv_transfer_port_refusals_total{reason}``.
 """
 
 from __future__ import annotations
@@ -23,11 +28,21 @@ from workers.engine.async_engine import AsyncEngine
 from workers.kv.ids import SeqId
 from workers.kv_transfer.identity import TransferIdentity
 from workers.kv_transfer.metrics import TransferMetrics
-from workers.kv_transfer.wire import TransferError, receive, send, verified
+from workers.kv_transfer.wire import (
+    REFUSAL_CONTEXT,
+    REQUEST_CONTEXT,
+    TransferError,
+    answer_context,
+    max_pull_header_bytes,
+    receive,
+    send,
+)
 
 log = logging.getLogger(__name__)
 EXPIRY_INTERVAL_S = 1.0
 CONNECTION_TIMEOUT_S = 60.0
+REQUEST_TIMEOUT_S = 10.0
+MAX_CONNECTIONS = 64
 
 
 @dataclass
@@ -51,6 +66,7 @@ class Producer:
         self._timeout_s = timeout_s
         self._held: dict[str, _Held] = {}
         self._server: asyncio.Server | None = None
+        self._num_connections = 0
         self._expirer: asyncio.Task[None] | None = None
         self.host = ""
         self.port = 0
@@ -116,51 +132,80 @@ class Producer:
                         self.metrics.expired.inc()
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        """Serve one request on a new connection: none past ``MAX_CONNECTIONS`` at once,
+        the whole exchange within ``CONNECTION_TIMEOUT_S``; any failure ends this
+        connection only (counted by reason), never the port."""
+        if self._num_connections >= MAX_CONNECTIONS:
+            self._refused("busy")
+            writer.close()
+            return
+        self._num_connections += 1
         try:
             async with asyncio.timeout(CONNECTION_TIMEOUT_S):
-                while True:
-                    try:
-                        header, _ = await receive(reader, 0)
-                    except TransferError:
-                        return
-                    if not await self._answer(header, writer):
-                        return
-        except (TimeoutError, ConnectionError):
+                await self._serve_request(reader, writer)
+        except TimeoutError:
+            self._refused("timeout")
+        except ConnectionError:
             pass
+        except Exception:  # one bad peer or a bug in one answer never takes the port down
+            log.exception("KV transfer connection failed")
+            self._refused("error")
         finally:
+            self._num_connections -= 1
             writer.close()
-            with contextlib.suppress(ConnectionError):
+            with contextlib.suppress(ConnectionError, OSError):
                 await writer.wait_closed()
 
-    async def _answer(self, header: dict, writer: asyncio.StreamWriter) -> bool:
-        """Answer one request; False to close the connection."""
-        if not verified(self._key, header):
-            await send(writer, {"ok": False, "error": "unauthorized",
-                                "message": "the request is not signed with this worker's key"})
-            return False
+    async def _serve_request(self, reader: asyncio.StreamReader,
+                             writer: asyncio.StreamWriter) -> None:
+        """Read one request within ``REQUEST_TIMEOUT_S``, authenticated before it is
+        parsed (``wire.receive``), and answer it under its nonce; a refused one gets a
+        refusal frame (signed in ``REFUSAL_CONTEXT``) and nothing else."""
+        try:
+            async with asyncio.timeout(REQUEST_TIMEOUT_S):
+                header, _ = await receive(reader, self._key, REQUEST_CONTEXT,
+                                          max_pull_header_bytes(self._identity.max_blocks), 0)
+            context = answer_context(header.get("nonce"))
+        except TransferError as exc:
+            self._refused(exc.reason)
+            await send(writer, self._key, REFUSAL_CONTEXT,
+                       {"ok": False, "error": exc.reason, "message": str(exc)})
+            return
+        await self._answer(header, writer, context)
+
+    def _refused(self, reason: str) -> None:
+        if self.metrics is not None:
+            self.metrics.port_refusals.labels(reason).inc()
+
+    async def _answer(self, header: dict, writer: asyncio.StreamWriter, context: bytes
+                      ) -> None:
+        """Answer one authenticated request, every frame signed in ``context``."""
+
+        async def say(answer: dict, payload: bytes = b"") -> None:
+            await send(writer, self._key, context, answer, payload)
+
         transfer_id = header.get("transfer_id")
         if header.get("op") == "ack":
-            await send(writer, {"ok": await self.release(str(transfer_id))})
-            return False
+            await say({"ok": await self.release(str(transfer_id))})
+            return
         held = self._held.get(transfer_id) if isinstance(transfer_id, str) else None
         if held is None:
-            await send(writer, {"ok": False, "error": "unknown_transfer",
-                                "message": "no such transfer is held (expired, read, or never)"})
-            return False
+            await say({"ok": False, "error": "unknown_transfer",
+                       "message": "no such transfer is held (expired, read, or never)"})
+            return
         if problem := self._mismatch(header, held):
-            await send(writer, {"ok": False, "error": "mismatch", "message": problem})
-            return False
+            await say({"ok": False, "error": "mismatch", "message": problem})
+            return
         first, hashes = header["first_block"], header["block_hashes"]
         block_ids = held.block_ids[first: first + len(hashes)]
         blocks = await self._engine.call(
             lambda e: [e.manager.tensors.read_block(b) for b in block_ids])
-        await send(writer, {"ok": True, "num_blocks": len(blocks)})
+        await say({"ok": True, "num_blocks": len(blocks)})
         for i, (block_hash, data) in enumerate(zip(hashes, blocks, strict=True)):
-            await send(writer, {"index": first + i, "hash": block_hash}, data)
+            await say({"index": first + i, "hash": block_hash}, data)
         if self.metrics is not None:
             self.metrics.blocks_sent.inc(len(blocks))
             self.metrics.bytes_sent.inc(sum(map(len, blocks)))
-        return True
 
     def _mismatch(self, header: dict, held: _Held) -> str | None:
         ident = self._identity

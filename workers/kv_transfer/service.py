@@ -38,7 +38,8 @@ class KVTransfer:
         identity = TransferIdentity(
             ident.worker_id, ident.namespace_digest, ident.namespace.block_size,
             ident.kv_plan.spec.dtype, block_bytes,
-            BlockHasher(bytes.fromhex(ident.namespace_digest), hash_algorithm))
+            BlockHasher(bytes.fromhex(ident.namespace_digest), hash_algorithm),
+            -(-ident.max_model_len // ident.namespace.block_size))
         key = (api_key or "").encode()
         producer = (Producer(engine, identity, key, config.timeout_s) if config.produces
                     else None)

@@ -50,13 +50,26 @@ async def ready(request: web.Request) -> web.Response:
     return web.json_response(_ready_body(state), status=200 if is_ready(state) else 503)
 
 
+def _transfer_endpoint(state: ServerState) -> dict[str, object] | None:
+    """Where this worker's producer serves its blocks (None: it is not a
+    ``kv_producer``): a router checks prefill legs' params against it."""
+    transfer = state.transfer
+    if transfer is None or transfer.producer is None:
+        return None
+    producer = transfer.producer
+    return {"engine_id": transfer.identity.engine_id, "host": producer.host,
+            "port": producer.port}
+
+
 async def info(request: web.Request) -> web.Response:
-    """Identity, KV plan, KV block counts and live load (routers poll this)."""
+    """Identity, KV plan, KV block counts, live load (routers poll this) and the
+    producer's transfer endpoint (``kv_transfer``; null when not a producer)."""
     state = request.app[STATE]
     stats = state.engine.stats
     engine_config = state.worker.engine_config
     return web.json_response({
         **_ready_body(state),
+        "kv_transfer": _transfer_endpoint(state),
         "kv_plan": state.identity.kv_plan_dict(),
         "prefix_cache": state.worker.prefix_cache,
         "kv": {
