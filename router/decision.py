@@ -201,16 +201,21 @@ class Decider:
         """The ``kv_transfer_params`` of a prefill leg for decode worker ``decode``
         (chosen first, by match and load), run on the best prefill worker
         (docs/pd.md); None (served aggregated) when ``decode`` would compute fewer than
-        ``pd.min_uncached_tokens`` of the prompt itself or the request cannot be split
-        (``n`` > 1, an adapter, a worker that does not speak ``/generate``). A leg that
-        fails, or finds every prefill worker saturated, gives None too: the decode
-        worker computes the prompt, counted as a fallback."""
+        ``pd.min_uncached_tokens`` of the prompt itself, lacks part of its public prefix
+        (received blocks are never public, so its consumer would refuse them), or the
+        request cannot be split (``n`` > 1, an adapter, a worker that does not speak
+        ``/generate``). A leg that fails, finds every prefill worker saturated, or
+        answers params naming another transfer endpoint than the one its worker reported
+        (``check_endpoint``) gives None too: the decode worker computes the prompt,
+        counted as a fallback."""
         counts = self._metrics.pd_requests
         prompt = call.prompt
-        num_uncached = len(prompt.token_ids) - matches.tokens.get(decode.worker_id, 0)
+        num_decode_matched = matches.tokens.get(decode.worker_id, 0)
+        num_uncached = len(prompt.token_ids) - num_decode_matched
         candidates = [w for w in prefillers
                       if w is not decode and w.capabilities.speaks_generate]
         if (num_uncached < self._pd.min_uncached_tokens or not candidates
+                or num_decode_matched < prompt.num_public_tokens
                 or not decode.capabilities.speaks_generate or call.adapter is not None
                 or call.request.sampling.n != 1):
             counts["aggregated"].inc()
@@ -225,7 +230,7 @@ class Decider:
         num_tokens = max(len(prompt.token_ids) - matches.tokens.get(prefill.worker_id, 0), 0)
         in_flight = self.commit(prefill, prompt.key, call.scope, None, num_tokens)
         try:
-            params = await self._proxy.prefill(call, prefill)
+            params = check_endpoint(await self._proxy.prefill(call, prefill), prefill)
         except (UpstreamUnavailable, UpstreamError, ApiError) as exc:
             log.warning("request %s: prefill leg on %s failed (%s): decoding whole on %s",
                         call.request_id, prefill.worker_id, exc, decode.worker_id)
@@ -237,6 +242,18 @@ class Decider:
             in_flight.end()
         counts["disaggregated"].inc()
         return params
+
+
+def check_endpoint(params: dict[str, Any], worker: WorkerState) -> dict[str, Any]:
+    """``params`` when their ``remote_host``/``remote_port`` are the transfer endpoint
+    ``worker`` reported in ``/info`` under its key; else ``UpstreamError`` (a decode
+    worker is never sent to pull from an address a prefill answer chose)."""
+    named = (params.get("remote_host"), params.get("remote_port"))
+    if worker.transfer_endpoint is None or named != worker.transfer_endpoint:
+        raise UpstreamError(f"endpoint_mismatch: worker {worker.worker_id}'s params name "
+                            f"{named[0]!r}:{named[1]!r}, it reported "
+                            f"{worker.transfer_endpoint!r}")
+    return params
 
 
 def split_roles(workers: list[WorkerState]) -> tuple[list[WorkerState], list[WorkerState]] | None:

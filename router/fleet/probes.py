@@ -49,8 +49,10 @@ class ProbeResult:
     """Outcome of one probe. ``reason`` says why a worker is not ready; ``namespace`` is
     the router-side digest, ``worker_namespace`` the worker's own (its KV events carry
     it); ``served_model`` the model id the worker answers to. ``adapters`` are the
-    LoRA adapters it registered, ``max_loras`` its adapter slots (0: LoRA off) and
-    ``lora_load_ms`` its mean measured adapter load time (None before any load)."""
+    LoRA adapters it registered, ``max_loras`` its adapter slots (0: LoRA off),
+    ``lora_load_ms`` its mean measured adapter load time (None before any load) and
+    ``transfer_endpoint`` the (host, port) its KV producer serves blocks on (None when
+    it reports none: not a ``kv_producer``)."""
 
     ready: bool
     reason: str
@@ -63,6 +65,7 @@ class ProbeResult:
     adapters: tuple[WorkerAdapter, ...] = ()
     max_loras: int = 0
     lora_load_ms: float | None = None
+    transfer_endpoint: tuple[str, int] | None = None
 
 
 class ProbeError(Exception):
@@ -114,9 +117,22 @@ async def probe_radix(session: aiohttp.ClientSession, url: str, headers: Mapping
                            str(ready.get("model")),
                            _radix_load(info.get("load"), info.get("engine")),
                            worker_namespace=_optional_str(ready.get("namespace_digest")),
-                           adapters=adapters, max_loras=lora[0], lora_load_ms=lora[1])
+                           adapters=adapters, max_loras=lora[0], lora_load_ms=lora[1],
+                           transfer_endpoint=transfer_endpoint(info.get("kv_transfer")))
     except ProbeError as exc:
         return ProbeResult(False, str(exc))
+
+
+def transfer_endpoint(reported: Any) -> tuple[str, int] | None:
+    """``/info``'s ``kv_transfer`` as (host, port); None when absent or malformed, so
+    no prefill leg's params can match it."""
+    if not isinstance(reported, dict):
+        return None
+    host, port = reported.get("host"), reported.get("port")
+    if (not isinstance(host, str) or not host or not isinstance(port, int)
+            or isinstance(port, bool) or not 0 < port < 65536):
+        return None
+    return host, port
 
 
 def radix_adapters(listed: Any, base: CacheNamespace, secret: bytes) -> tuple[WorkerAdapter, ...]:

@@ -50,12 +50,15 @@ class WorkerState:
     of it; ``lora`` its LoRA adapters (``router.routing.adapters``). ``discovered``: it
     came from ``router.fleet.discovery`` (each router discovers its own; never shared);
     ``draining``: it takes no new request and leaves once those in flight end;
-    ``capabilities``: what its kind can do (``router.worker_kinds``)."""
+    ``capabilities``: what its kind can do (``router.worker_kinds``);
+    ``transfer_endpoint``: the (host, port) its KV producer reported under its key at
+    the last probe (None: none), the only place a prefill leg's params may name."""
 
     __slots__ = ("config", "worker_id", "kind", "capabilities", "model", "url", "headers", "ready", "reason",
                  "namespace", "epoch", "served_model", "load", "num_in_flight_requests",
                  "num_in_flight_prompt_tokens", "stats", "index_mode", "index_reason",
-                 "cache_block_size", "worker_namespace", "lora", "discovered", "draining", "role")
+                 "cache_block_size", "worker_namespace", "lora", "discovered", "draining", "role",
+                 "transfer_endpoint")
 
     def __init__(self, config: WorkerSpec, url: str, headers: dict[str, str],
                  discovered: bool = False) -> None:
@@ -83,6 +86,7 @@ class WorkerState:
         self.discovered = discovered
         self.draining = False
         self.role = config.role
+        self.transfer_endpoint: tuple[str, int] | None = None
 
     @property
     def has_event_stream(self) -> bool:

@@ -70,6 +70,10 @@ from router.forward.relay import (
 from router.models import Prompt
 
 log = logging.getLogger(__name__)
+# A prefill leg's answer: one token's completion plus its kv_transfer_params, which
+# name at most one block id and hash (under 64 bytes as JSON) per prompt token.
+PREFILL_ANSWER_BASE_BYTES = 64 * 1024
+PREFILL_ANSWER_BYTES_PER_TOKEN = 96
 
 
 @dataclass(frozen=True)
@@ -147,7 +151,8 @@ class Proxy:
         """Run ``call``'s prefill leg on ``worker`` (a ``kv_producer``: one token, not
         streamed, ``do_remote_decode``) and return the ``kv_transfer_params`` its answer
         carries for the decode leg; ``UpstreamUnavailable`` or ``ApiError`` when it
-        fails, ``UpstreamError`` when the answer carries none."""
+        fails or its answer is longer than such an answer can be (bounded by the
+        prompt's length, read no further), ``UpstreamError`` when it carries none."""
         request = GenerateRequest(
             call.prompt.key, call.scope, replace(call.request.sampling, max_tokens=1, n=1),
             num_public_tokens=call.prompt.num_public_tokens,
@@ -155,8 +160,10 @@ class Proxy:
             kv_transfer_params={"do_remote_decode": True})
         upstream = await self._upstream.post(worker, GENERATE_PATH, request.to_wire(),
                                              call.request)
+        max_bytes = (PREFILL_ANSWER_BASE_BYTES
+                     + PREFILL_ANSWER_BYTES_PER_TOKEN * len(call.prompt.token_ids))
         try:
-            answer = orjson.loads(await upstream.read())
+            answer = orjson.loads(await read_bounded(upstream, max_bytes))
         except MALFORMED as exc:
             raise unavailable(worker, exc) from exc
         finally:
@@ -294,6 +301,19 @@ class Proxy:
                     worker.worker_id, type(exc).__name__, exc)
         exchange.status = 502
         await relay.send(sse_frame(worker_failed().body()) + DONE_FRAME, exchange)
+
+
+async def read_bounded(upstream: UpstreamResponse, max_bytes: int) -> bytes:
+    """The rest of ``upstream``'s body; ``UpstreamError`` as soon as it passes
+    ``max_bytes`` (nothing past the chunk that crossed it is read)."""
+    parts: list[bytes] = []
+    num_bytes = 0
+    while data := await upstream.readany():
+        num_bytes += len(data)
+        if num_bytes > max_bytes:
+            raise UpstreamError(f"the answer is over {max_bytes} bytes")
+        parts.append(data)
+    return b"".join(parts)
 
 
 def _completion_events(batch: Batch) -> Batch:
