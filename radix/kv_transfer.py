@@ -17,6 +17,9 @@ from dataclasses import dataclass
 from typing import Any
 
 MAX_BLOCKS = 1 << 20
+# A producer's route that ends a hold at once: POST {"remote_request_id": ID} (the
+# router's, for params it abandoned; docs/pd.md).
+RELEASE_PATH = "/kv_transfer/release"
 _HEX = re.compile(r"^[0-9a-f]{1,128}$")
 _ID = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
 

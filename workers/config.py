@@ -293,19 +293,30 @@ def parse_lora_module(entry: str) -> tuple[str, str]:
 class KVTransferConfig(Section, section="kv_transfer"):
     """Prefill/decode disaggregation (docs/pd.md), vLLM's roles: a ``kv_producer``
     prefills and holds a request's blocks for a consumer to pull from its transfer
-    port ``kv_port`` (0: a free one) for at most ``timeout_s``; a ``kv_consumer`` pulls
-    the blocks its own cache lacks before it decodes; ``kv_both`` does either. The
-    producer advertises ``kv_host`` (default: ``server.host``). A pull that fails or
-    takes over ``pull_timeout_s`` fails its request (503 ``kv_transfer_failed``)
-    unless ``fallback`` is ``recompute``."""
+    port ``kv_port`` (0: a free one) for at most ``timeout_s``, all holds together at
+    most ``max_held_pool_fraction`` of its KV blocks and one tenant scope's at most
+    ``max_scope_held_pool_fraction`` (past a cap the prefill leg is refused, 429); a
+    ``kv_consumer`` pulls the blocks its own cache lacks before it decodes and
+    acknowledges, waiting at most ``ack_timeout_s`` for the producer's answer;
+    ``kv_both`` does either. The producer advertises ``kv_host`` (default:
+    ``server.host``). A pull that fails or takes over ``pull_timeout_s`` fails its
+    request (503 ``kv_transfer_failed``) unless ``fallback`` is ``recompute``."""
 
     kv_role: str = setting("none", choices=KV_ROLES)
     kv_port: int = setting(0, low=0, high=65535)
     kv_host: str | None = None
-    timeout_s: float = setting(480.0, above=0, flag="--kv-transfer-timeout-s",
-                               help="a producer holds a request's blocks this long for its "
-                                    "consumer")
+    timeout_s: float = setting(20.0, above=0, flag="--kv-transfer-timeout-s",
+                               help="a producer holds a request's blocks at most this long "
+                                    "for its consumer")
+    max_held_pool_fraction: float = setting(
+        0.5, above=0, high=1, flag="--kv-transfer-max-held-fraction",
+        help="a producer holds at most this fraction of its KV blocks for consumers at "
+             "once; past it a prefill leg is refused (429)")
+    max_scope_held_pool_fraction: float = setting(
+        0.25, above=0, high=1, flag="--kv-transfer-max-scope-held-fraction",
+        help="and at most this fraction for one tenant scope's holds")
     pull_timeout_s: float = setting(30.0, above=0)
+    ack_timeout_s: float = setting(2.0, above=0)
     fallback: str = setting("fail", choices=KV_TRANSFER_FALLBACKS, flag="--kv-transfer-fallback",
                             help="a consumer whose pull failed: fail the request (503) or "
                                  "recompute")

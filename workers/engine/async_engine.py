@@ -197,6 +197,19 @@ class AsyncEngine:
         self._inbox.put(run)
         return await future
 
+    def post(self, fn: Callable[[Engine], object]) -> None:
+        """Queue ``fn(engine)`` on the engine thread after every command queued before it
+        (the inbox is FIFO) and wait for nothing: safe in a ``finally`` or an ``except``
+        of a cancelled task. A failure is logged."""
+
+        def run() -> None:
+            try:
+                fn(self._engine)
+            except Exception:
+                log.exception("a posted engine command failed")
+
+        self._inbox.put(run)
+
     # ---- engine thread -------------------------------------------------------------
 
     def _run(self) -> None:

@@ -435,6 +435,11 @@ class KVCacheManager:
             parent.cache,
         )
 
+    def pin_ids(self) -> list[SeqId]:
+        """The ids of the live pins (``pin``, ``import_blocks``): the sequences with a
+        negative id, which the engine never gives."""
+        return [seq_id for seq_id in self._seqs if seq_id < 0]
+
     def free(self, seq_id: SeqId) -> None:
         """Unlock and release every block of ``seq_id``; a no-op for an unknown id, so it
         is safe at any point (finish, abort, preemption)."""

@@ -13,8 +13,13 @@ it already caches under a fresh nonce, authenticates every frame of the answer u
 that nonce and the worker key before reading it (``wire``), checks each block's index,
 hash and size, imports them (``KVCacheManager.import_blocks``: written into fresh
 blocks, cached, announced in its KV events, held until ``release``), then
-acknowledges so the producer lets go. Every failure is a ``TransferError`` with its
-reason; nothing is imported unless every block arrived. A timed worker
+acknowledges so the producer lets go (waiting at most ``ack_timeout_s``: a producer
+that never answers is counted, and the import stands). Every failure is a
+``TransferError`` with its reason; nothing is imported unless every block arrived,
+and a pull that fails or is cancelled holds nothing (its import pin goes through the
+``PinLedger``). Once the consumer has the params it owns their release: a pull that
+times out, is cancelled (its client hung up) or breaks off after asking for blocks
+acknowledges the producer in the background, so the hold ends at once. A timed worker
 (``link_s_per_block``) also waits the time its profile's real blocks would take on
 the link.
 """
@@ -23,6 +28,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import time
 from dataclasses import dataclass
 
@@ -32,6 +38,7 @@ from workers.engine.async_engine import AsyncEngine
 from workers.kv.ids import SeqId
 from workers.kv_transfer.identity import TransferIdentity
 from workers.kv_transfer.metrics import TransferMetrics
+from workers.kv_transfer.pins import PinLedger
 from workers.kv_transfer.wire import (
     MAX_ANSWER_HEADER_BYTES,
     REQUEST_CONTEXT,
@@ -41,6 +48,9 @@ from workers.kv_transfer.wire import (
     receive,
     send,
 )
+
+log = logging.getLogger(__name__)
+ABANDONING_REASONS = frozenset({"timeout", "protocol", "evicted"})
 
 
 @dataclass(frozen=True)
@@ -58,35 +68,54 @@ class Consumer:
     """The consumer side (see the module docstring)."""
 
     def __init__(self, engine: AsyncEngine, identity: TransferIdentity, key: bytes,
-                 timeout_s: float, metrics: TransferMetrics, link_s_per_block: float = 0.0
-                 ) -> None:
+                 timeout_s: float, ack_timeout_s: float, ledger: PinLedger,
+                 metrics: TransferMetrics, link_s_per_block: float = 0.0) -> None:
         self._link_s_per_block = link_s_per_block
         self._engine = engine
         self._identity = identity
         self._key = key
         self._timeout_s = timeout_s
+        self._ack_timeout_s = ack_timeout_s
+        self._ledger = ledger
         self._metrics = metrics
+        self._acks: set[asyncio.Task[None]] = set()
 
     async def pull(self, remote: RemotePrefill, key: bytes, scope: str,
                    num_public_tokens: int) -> Pulled:
         """Pull and import what this worker lacks of ``remote``'s blocks for the prompt
-        ``key``; TransferError (counted by reason) on any failure."""
+        ``key``; the caller owns the returned pin (``release`` it). TransferError
+        (counted by reason) on any failure; failed or cancelled, it holds nothing, and
+        after a timeout, a cancellation or a broken transfer the producer is told to
+        let go (in the background)."""
         started = time.monotonic()
         try:
             async with asyncio.timeout(self._timeout_s):
                 pulled = await self._pull(remote, key, scope, num_public_tokens)
         except TimeoutError:
             self._metrics.failures.labels("timeout").inc()
+            self._acknowledge_later(remote)
             raise TransferError("timeout", f"the pull took over {self._timeout_s:g} s") from None
         except TransferError as exc:
             self._metrics.failures.labels(exc.reason).inc()
+            if exc.reason in ABANDONING_REASONS:
+                self._acknowledge_later(remote)
+            raise
+        except asyncio.CancelledError:
+            self._acknowledge_later(remote)
             raise
         self._metrics.pull_seconds.observe(time.monotonic() - started)
         return pulled
 
     async def release(self, pulled: Pulled) -> None:
-        """Let the imported blocks go (they stay cached, evictable)."""
-        await self._engine.call(lambda e: e.manager.free(pulled.pin_id))
+        """Let the imported blocks go (they stay cached, evictable); cancelling the wait
+        does not cancel the release."""
+        await self._ledger.free(pulled.pin_id)
+
+    async def close(self) -> None:
+        """Cancel the acknowledgements still in flight."""
+        for task in list(self._acks):
+            task.cancel()
+        await asyncio.gather(*self._acks, return_exceptions=True)
 
     async def _pull(self, remote: RemotePrefill, key: bytes, scope: str,
                     num_public_tokens: int) -> Pulled:
@@ -113,14 +142,18 @@ class Consumer:
         blocks = await self._fetch(remote, wanted, num_local) if num_local < len(wanted) else []
         if self._link_s_per_block:  # a timed worker: the real blocks' time on the link
             await asyncio.sleep(len(blocks) * self._link_s_per_block)
-        pin_id = ident.next_pin_id()
-        imported = await self._engine.call(lambda e: e.manager.import_blocks(
-            pin_id, key, scope, num_public_tokens, num_local * step, blocks))
-        if not imported:
-            raise TransferError("evicted", "this worker's own part of the prefix was evicted "
-                                           "during the pull, or no room for the blocks")
-        if wanted:  # params that name no block held nothing: no connection
-            await self._acknowledge(remote)
+        pin_id, imported = await self._ledger.pin(lambda e, p: e.manager.import_blocks(
+            p, key, scope, num_public_tokens, num_local * step, blocks))
+        try:
+            if not imported:
+                raise TransferError("evicted", "this worker's own part of the prefix was "
+                                               "evicted during the pull, or no room for "
+                                               "the blocks")
+            if wanted:  # params that name no block held nothing: no connection
+                await self._acknowledge(remote)
+        except BaseException:
+            self._ledger.free_later(pin_id)
+            raise
         self._metrics.blocks_received.inc(len(blocks))
         self._metrics.bytes_received.inc(len(blocks) * ident.block_bytes)
         return Pulled(pin_id, num_local, len(blocks))
@@ -165,14 +198,30 @@ class Consumer:
                 await writer.wait_closed()
 
     async def _acknowledge(self, remote: RemotePrefill) -> None:
-        """Tell the producer it may let go (best effort: its deadline releases too)."""
-        with contextlib.suppress(TransferError, ConnectionError, OSError):
-            reader, writer = await self._connect(remote)
-            nonce = new_nonce()
-            try:
-                await send(writer, self._key, REQUEST_CONTEXT, {
-                    "op": "ack", "nonce": nonce, "transfer_id": remote.transfer_id})
-                await receive(reader, self._key, answer_context(nonce),
-                              MAX_ANSWER_HEADER_BYTES, 0)
-            finally:
-                writer.close()
+        """Tell the producer it may let go, waiting at most ``ack_timeout_s`` (best
+        effort: its deadline releases too); a producer that does not answer in time is
+        counted in ``kv_transfer_ack_failures_total``."""
+        try:
+            async with asyncio.timeout(self._ack_timeout_s):
+                reader, writer = await self._connect(remote)
+                nonce = new_nonce()
+                try:
+                    await send(writer, self._key, REQUEST_CONTEXT, {
+                        "op": "ack", "nonce": nonce, "transfer_id": remote.transfer_id})
+                    await receive(reader, self._key, answer_context(nonce),
+                                  MAX_ANSWER_HEADER_BYTES, 0)
+                finally:
+                    writer.close()
+        except TimeoutError:
+            self._metrics.ack_failures.inc()
+            log.warning("KV transfer %s: %s did not answer the ack in %g s",
+                        remote.transfer_id, remote.engine_id, self._ack_timeout_s)
+        except (TransferError, ConnectionError, OSError):
+            pass
+
+    def _acknowledge_later(self, remote: RemotePrefill) -> None:
+        """Acknowledge ``remote`` in a task of its own (bounded by ``ack_timeout_s``),
+        so a failed or cancelled pull still ends the producer's hold at once."""
+        task = asyncio.get_running_loop().create_task(self._acknowledge(remote))
+        self._acks.add(task)
+        task.add_done_callback(self._acks.discard)

@@ -11,13 +11,19 @@ FAILURE_REASONS = ("unreachable", "timeout", "refused", "mismatch", "evicted", "
 # Why the transfer port closed a connection without serving it (docs/pd.md).
 PORT_REFUSAL_REASONS = ("unauthenticated", "oversized", "protocol", "timeout", "busy",
                         "error")
+RELEASE_REASONS = ("acknowledged", "abandoned")
+HOLD_CAPS = ("producer", "scope")
+MAX_SCOPE_LABELS = 1000  # held block-seconds beyond this many scopes are charged to "other"
 _PULL_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 
 
 class TransferMetrics:
     """Blocks and bytes sent and received, pull latency, failures by reason (every
-    reason exists from the start), recomputes chosen by ``fallback``, expired holds,
-    and the blocks held for consumers with the oldest hold's age."""
+    reason exists from the start), recomputes chosen by ``fallback``, the blocks held
+    for consumers with the oldest hold's age, and how holds end: released (by the
+    consumer's ack or the router's release of an abandoned one), expired, refused over
+    a cap; pins freed because their owner was cancelled, orphans the sweep freed,
+    acks a producer never answered, and held block-seconds per tenant scope."""
 
     def __init__(self, registry: CollectorRegistry,
                  held: Callable[[], tuple[int, float]]) -> None:
@@ -51,3 +57,44 @@ class TransferMetrics:
         oldest = Gauge("kv_transfer_oldest_hold_seconds", "Age of the oldest held transfer",
                        registry=registry)
         oldest.set_function(lambda: held()[1])
+        self._add_hold_lifecycle(registry)
+
+    def _add_hold_lifecycle(self, registry: CollectorRegistry) -> None:
+        self.released = Counter("kv_transfer_released_holds", "Held transfers released "
+                                "before their deadline: acknowledged by the consumer, or "
+                                "abandoned (released by the router)", ["reason"],
+                                registry=registry)
+        for reason in RELEASE_REASONS:
+            self.released.labels(reason)
+        self.refused = Counter("kv_transfer_refused_holds", "Prefill legs refused (429) "
+                               "because their hold would pass a cap", ["cap"],
+                               registry=registry)
+        for cap in HOLD_CAPS:
+            self.refused.labels(cap)
+        self.cancelled_pins = Counter("kv_transfer_cancelled_pins", "Holds and imports "
+                                      "whose owner was cancelled or failed while the "
+                                      "engine pinned them, freed behind the pin",
+                                      registry=registry)
+        self.orphan_pins = Counter("kv_transfer_orphan_pins_freed", "Pins the engine held "
+                                   "that no hold or import owned, freed by the sweep "
+                                   "(expected 0)", registry=registry)
+        self.ack_failures = Counter("kv_transfer_ack_failures", "Acknowledgements the "
+                                    "producer did not answer in ack_timeout_s",
+                                    registry=registry)
+        self.max_held_blocks = Gauge("kv_transfer_max_held_blocks", "Most blocks this "
+                                     "producer holds for consumers at once (its cap)",
+                                     registry=registry)
+        self._held_block_seconds = Counter(
+            "kv_transfer_held_block_seconds", "Blocks held for consumers times seconds "
+            "held, per tenant scope (charged when the hold ends)", ["scope"],
+            registry=registry)
+        self._scopes: set[str] = set()
+
+    def charge(self, scope: str, block_seconds: float) -> None:
+        """Add ``block_seconds`` to ``scope``'s held block-seconds; past
+        ``MAX_SCOPE_LABELS`` distinct scopes, a new one is charged as ``other``."""
+        if scope not in self._scopes:
+            if len(self._scopes) >= MAX_SCOPE_LABELS:
+                scope = "other"
+            self._scopes.add(scope)
+        self._held_block_seconds.labels(scope).inc(block_seconds)

@@ -12,6 +12,13 @@ frame of the answer is signed under the pull's nonce. Blocks are read on the eng
 thread. The port serves one request per connection, at most ``MAX_CONNECTIONS`` at
 once, each request read within ``REQUEST_TIMEOUT_S``; whatever one connection does
 ends that connection only, counted in ``kv_transfer_port_refusals_total{reason}``.
+
+Holds are bounded: each lives at most ``HoldLimits.timeout_s`` (``expire`` releases
+it then), all of them together at most ``max_held_blocks`` and one tenant scope's at
+most ``max_scope_held_blocks``; a hold past a cap is refused (``HoldRefused``) and
+pins nothing. Pins go through the ``PinLedger``, so a hold cancelled while the engine
+is busy releases its blocks. A released hold charges its blocks times seconds held to
+its scope (``TransferMetrics.charge``).
 """
 
 from __future__ import annotations
@@ -28,6 +35,7 @@ from workers.engine.async_engine import AsyncEngine
 from workers.kv.ids import SeqId
 from workers.kv_transfer.identity import TransferIdentity
 from workers.kv_transfer.metrics import TransferMetrics
+from workers.kv_transfer.pins import PinLedger
 from workers.kv_transfer.wire import (
     REFUSAL_CONTEXT,
     REQUEST_CONTEXT,
@@ -39,15 +47,32 @@ from workers.kv_transfer.wire import (
 )
 
 log = logging.getLogger(__name__)
-EXPIRY_INTERVAL_S = 1.0
 CONNECTION_TIMEOUT_S = 60.0
 REQUEST_TIMEOUT_S = 10.0
 MAX_CONNECTIONS = 64
 
 
+class HoldRefused(Exception):
+    """A hold would pass a cap; ``cap`` is ``producer`` or ``scope``."""
+
+    def __init__(self, cap: str, message: str) -> None:
+        super().__init__(message)
+        self.cap = cap
+
+
+@dataclass(frozen=True)
+class HoldLimits:
+    """How long a hold lives, and the most blocks all holds, and one scope's, pin."""
+
+    timeout_s: float
+    max_held_blocks: int
+    max_scope_held_blocks: int
+
+
 @dataclass
 class _Held:
     pin_id: SeqId
+    scope: str
     block_ids: list[int]
     block_hashes: list[str]
     since: float
@@ -59,77 +84,106 @@ class Producer:
     ``close`` releases every hold."""
 
     def __init__(self, engine: AsyncEngine, identity: TransferIdentity, key: bytes,
-                 timeout_s: float) -> None:
+                 limits: HoldLimits, ledger: PinLedger, metrics: TransferMetrics) -> None:
         self._engine = engine
         self._identity = identity
         self._key = key
-        self._timeout_s = timeout_s
+        self.limits = limits
+        self._ledger = ledger
         self._held: dict[str, _Held] = {}
         self._server: asyncio.Server | None = None
         self._num_connections = 0
-        self._expirer: asyncio.Task[None] | None = None
         self.host = ""
         self.port = 0
-        self.metrics: TransferMetrics | None = None
+        self.metrics = metrics
+        metrics.max_held_blocks.set(limits.max_held_blocks)
 
     def held_stats(self) -> tuple[int, float]:
         """(blocks held, age in seconds of the oldest hold)."""
         now = time.monotonic()
-        return (sum(len(h.block_ids) for h in self._held.values()),
+        return (self.num_held_blocks(),
                 max((now - h.since for h in self._held.values()), default=0.0))
+
+    def num_held_blocks(self, scope: str | None = None) -> int:
+        """Blocks held for consumers now (only ``scope``'s, when given)."""
+        return sum(len(h.block_ids) for h in self._held.values()
+                   if scope is None or h.scope == scope)
+
+    def check_room(self, scope: str, num_blocks: int) -> None:
+        """``HoldRefused`` (counted by cap) unless holding ``num_blocks`` more for
+        ``scope`` stays within both caps; changes nothing else."""
+        limits = self.limits
+        for cap, num_held, most in (
+                ("producer", self.num_held_blocks(), limits.max_held_blocks),
+                ("scope", self.num_held_blocks(scope), limits.max_scope_held_blocks)):
+            if num_held + num_blocks > most:
+                self.metrics.refused.labels(cap).inc()
+                raise HoldRefused(cap, f"holding {num_blocks} more blocks would pass the "
+                                       f"{cap} cap ({num_held} of {most} held)")
 
     async def start(self, bind_host: str, port: int, advertised_host: str) -> None:
         """Listen on ``bind_host:port`` (0: a free port); consumers are told
         ``advertised_host``."""
         self._server = await asyncio.start_server(self._serve, bind_host, port)
         self.host, self.port = advertised_host, self._server.sockets[0].getsockname()[1]
-        self._expirer = asyncio.create_task(self._expire())
         log.info("KV transfer port %s:%d (producer)", bind_host, self.port)
 
     async def close(self) -> None:
         """Stop serving and release every hold."""
-        if self._expirer is not None:
-            self._expirer.cancel()
         if self._server is not None:
             self._server.close()
         for transfer_id in list(self._held):
             await self.release(transfer_id)
 
     async def hold(self, key: bytes, scope: str, num_public_tokens: int) -> RemotePrefill:
-        """Pin the cached whole blocks of the prompt ``key`` (after its prefill) and say
+        """Pin the cached whole blocks of the prompt ``key`` (after its prefill) for
+        ``scope`` until acknowledged, released or ``limits.timeout_s`` passes, and say
         where they wait. Without any cached block, the params name none (the consumer
-        then computes the whole prompt)."""
-        pin_id = self._identity.next_pin_id()
-        block_ids = await self._engine.call(lambda e: e.manager.pin(pin_id, key, scope))
+        then computes the whole prompt). ``HoldRefused``, holding nothing, past a cap;
+        cancelled, it holds nothing either."""
+        pin_id, block_ids = await self._ledger.pin(lambda e, p: e.manager.pin(p, key, scope))
+        try:
+            self.check_room(scope, len(block_ids))
+        except HoldRefused:
+            self._ledger.free_later(pin_id)
+            raise
         hashes = self._identity.block_hashes(key, scope, num_public_tokens)[: len(block_ids)]
         transfer_id = uuid.uuid4().hex
         if block_ids:
             now = time.monotonic()
-            self._held[transfer_id] = _Held(pin_id, block_ids, hashes, now,
-                                            now + self._timeout_s)
+            self._held[transfer_id] = _Held(pin_id, scope, block_ids, hashes, now,
+                                            now + self.limits.timeout_s)
+        else:
+            self._ledger.free_later(pin_id)
         ident = self._identity
         return RemotePrefill(ident.engine_id, transfer_id, self.host, self.port,
                              tuple(block_ids), tuple(hashes), ident.block_size,
                              ident.kv_dtype, ident.namespace)
 
-    async def release(self, transfer_id: str) -> bool:
-        """Unpin a held transfer; False if it was not held."""
+    async def release(self, transfer_id: str, reason: str | None = None) -> bool:
+        """Unpin a held transfer, charge its block-seconds to its scope and count it
+        under ``reason`` (``acknowledged``, ``abandoned``; None: not counted as a
+        release); False if it was not held (never, expired, or released already)."""
         held = self._held.pop(transfer_id, None)
         if held is None:
             return False
-        await self._engine.call(lambda e: e.manager.free(held.pin_id))
+        self.metrics.charge(held.scope, len(held.block_ids) * (time.monotonic() - held.since))
+        if reason is not None:
+            self.metrics.released.labels(reason).inc()
+        await self._ledger.free(held.pin_id)
         return True
 
-    async def _expire(self) -> None:
-        while True:
-            await asyncio.sleep(EXPIRY_INTERVAL_S)
-            now = time.monotonic()
-            for transfer_id in [t for t, h in self._held.items() if h.deadline <= now]:
-                if await self.release(transfer_id):
-                    log.warning("KV transfer %s expired unread after %g s", transfer_id,
-                                self._timeout_s)
-                    if self.metrics is not None:
-                        self.metrics.expired.inc()
+    async def expire(self) -> int:
+        """Release every hold past its deadline (counted as expired); how many."""
+        now = time.monotonic()
+        num_expired = 0
+        for transfer_id in [t for t, h in self._held.items() if h.deadline <= now]:
+            if await self.release(transfer_id):
+                log.warning("KV transfer %s expired unread after %g s", transfer_id,
+                            self.limits.timeout_s)
+                self.metrics.expired.inc()
+                num_expired += 1
+        return num_expired
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         """Serve one request on a new connection: none past ``MAX_CONNECTIONS`` at once,
@@ -174,8 +228,7 @@ class Producer:
         await self._answer(header, writer, context)
 
     def _refused(self, reason: str) -> None:
-        if self.metrics is not None:
-            self.metrics.port_refusals.labels(reason).inc()
+        self.metrics.port_refusals.labels(reason).inc()
 
     async def _answer(self, header: dict, writer: asyncio.StreamWriter, context: bytes
                       ) -> None:
@@ -186,7 +239,7 @@ class Producer:
 
         transfer_id = header.get("transfer_id")
         if header.get("op") == "ack":
-            await say({"ok": await self.release(str(transfer_id))})
+            await say({"ok": await self.release(str(transfer_id), "acknowledged")})
             return
         held = self._held.get(transfer_id) if isinstance(transfer_id, str) else None
         if held is None:
@@ -203,9 +256,8 @@ class Producer:
         await say({"ok": True, "num_blocks": len(blocks)})
         for i, (block_hash, data) in enumerate(zip(hashes, blocks, strict=True)):
             await say({"index": first + i, "hash": block_hash}, data)
-        if self.metrics is not None:
-            self.metrics.blocks_sent.inc(len(blocks))
-            self.metrics.bytes_sent.inc(sum(map(len, blocks)))
+        self.metrics.blocks_sent.inc(len(blocks))
+        self.metrics.bytes_sent.inc(sum(map(len, blocks)))
 
     def _mismatch(self, header: dict, held: _Held) -> str | None:
         ident = self._identity

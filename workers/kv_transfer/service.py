@@ -1,9 +1,14 @@
 """``KVTransfer``: a worker's roles in prefill/decode disaggregation, built from
-``[kv_transfer]``: the producer (with its transfer port), the consumer, or both."""
+``[kv_transfer]``: the producer (with its transfer port), the consumer, or both, and
+their housekeeping: every ``HOUSEKEEPING_INTERVAL_S`` the producer's expired holds are
+released and the engine's orphan pins freed (``PinLedger.sweep``)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import asyncio
+import contextlib
+import logging
+from dataclasses import dataclass, field
 
 from radix.hashing import BlockHasher
 from workers.build import BuiltWorker
@@ -11,7 +16,11 @@ from workers.config import KVTransferConfig
 from workers.kv_transfer.consumer import Consumer
 from workers.kv_transfer.identity import TransferIdentity
 from workers.kv_transfer.metrics import TransferMetrics
-from workers.kv_transfer.producer import Producer
+from workers.kv_transfer.pins import PinLedger
+from workers.kv_transfer.producer import HoldLimits, Producer
+
+log = logging.getLogger(__name__)
+HOUSEKEEPING_INTERVAL_S = 1.0
 
 
 @dataclass
@@ -24,6 +33,8 @@ class KVTransfer:
     metrics: TransferMetrics
     producer: Producer | None
     consumer: Consumer | None
+    ledger: PinLedger
+    _housekeeper: asyncio.Task[None] | None = field(default=None, repr=False)
 
     @classmethod
     async def start(cls, config: KVTransferConfig, worker: BuiltWorker, hash_algorithm: str,
@@ -41,18 +52,57 @@ class KVTransfer:
             BlockHasher(bytes.fromhex(ident.namespace_digest), hash_algorithm),
             -(-ident.max_model_len // ident.namespace.block_size))
         key = (api_key or "").encode()
-        producer = (Producer(engine, identity, key, config.timeout_s) if config.produces
-                    else None)
-        metrics = TransferMetrics(worker.registry, producer.held_stats if producer else
-                                  lambda: (0, 0.0))
-        consumer = (Consumer(engine, identity, key, config.pull_timeout_s, metrics,
-                             link_s_per_block) if config.consumes else None)
+        metrics = TransferMetrics(worker.registry, lambda: producer.held_stats()
+                                  if producer is not None else (0, 0.0))
+        ledger = PinLedger(engine, identity, metrics)
+        num_blocks = await engine.call(lambda e: e.manager.pool.num_total_blocks)
+        producer = (Producer(engine, identity, key, hold_limits(config, num_blocks), ledger,
+                             metrics) if config.produces else None)
+        consumer = (Consumer(engine, identity, key, config.pull_timeout_s,
+                             config.ack_timeout_s, ledger, metrics, link_s_per_block)
+                    if config.consumes else None)
         if producer is not None:
-            producer.metrics = metrics
             await producer.start(bind_host, config.kv_port, config.kv_host or bind_host)
-        return cls(config, identity, metrics, producer, consumer)
+        transfer = cls(config, identity, metrics, producer, consumer, ledger)
+        transfer._housekeeper = asyncio.create_task(transfer._housekeep())
+        return transfer
+
+    async def _housekeep(self) -> None:
+        while True:
+            await asyncio.sleep(HOUSEKEEPING_INTERVAL_S)
+            try:
+                if self.producer is not None:
+                    await self.producer.expire()
+                if num_freed := await self.ledger.sweep():
+                    log.warning("freed %d KV transfer pins that no hold or import owned",
+                                num_freed)
+            except Exception:  # the engine failed: the worker is going down anyway
+                log.exception("KV transfer housekeeping failed")
 
     async def close(self) -> None:
-        """Close the transfer port and release every hold."""
+        """Stop the housekeeping, close the transfer port and release every hold."""
+        if self._housekeeper is not None:
+            self._housekeeper.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._housekeeper
+        if self.consumer is not None:
+            await self.consumer.close()
         if self.producer is not None:
             await self.producer.close()
+
+    def load(self) -> dict[str, int]:
+        """The held-blocks fields of ``/info``'s ``load``: blocks held for consumers
+        now and the producer's cap (0 and 0 on a worker that produces nothing)."""
+        if self.producer is None:
+            return {"num_held_blocks": 0, "max_held_blocks": 0}
+        return {"num_held_blocks": self.producer.num_held_blocks(),
+                "max_held_blocks": self.producer.limits.max_held_blocks}
+
+
+def hold_limits(config: KVTransferConfig, num_total_blocks: int) -> HoldLimits:
+    """A producer's ``HoldLimits`` from ``config`` for a pool of ``num_total_blocks``
+    (each cap at least one block)."""
+    return HoldLimits(
+        config.timeout_s,
+        max(1, int(config.max_held_pool_fraction * num_total_blocks)),
+        max(1, int(config.max_scope_held_pool_fraction * num_total_blocks)))

@@ -28,6 +28,7 @@ from workers.server import (
     routes_openai,
     routes_peers,
     routes_status,
+    transfer_legs,
 )
 from workers.server.errors import ApiError, error_body, error_response
 from workers.server.state import STATE, ServerState
@@ -83,4 +84,5 @@ def create_app(state: ServerState) -> web.Application:
     app.router.add_get("/openapi.json", routes_status.openapi)
     routes_peers.add_routes(app)
     routes_lora.add_routes(app)
+    transfer_legs.add_routes(app)
     return app

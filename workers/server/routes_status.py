@@ -83,8 +83,16 @@ async def info(request: web.Request) -> web.Response:
             "max_num_seqs": engine_config.max_num_seqs,
             "max_waiting_requests": engine_config.max_waiting_requests,
         },
-        "load": stats.load(),
+        "load": {**stats.load(), **_held_load(state)},
     })
+
+
+def _held_load(state: ServerState) -> dict[str, int]:
+    """The load's held-block fields: blocks held for consumers and the cap on them
+    (zeros on a worker that does not produce)."""
+    if state.transfer is None:
+        return {"num_held_blocks": 0, "max_held_blocks": 0}
+    return state.transfer.load()
 
 
 async def metrics(request: web.Request) -> web.Response:

@@ -8,6 +8,13 @@ with the ``kv_transfer_params`` where they wait. ``pull_remote_prefill``: a
 a failed pull is a 503 ``kv_transfer_failed`` (with ``Retry-After``), or, with
 ``fallback = "recompute"``, a counted, logged recompute. A worker without the role
 answers 400. ``leg_of`` wraps a route's run in the right one of these.
+
+A prefill leg whose hold would pass the producer's caps (all holds, or its tenant
+scope's) is refused with 429 ``kv_hold_refused`` before it computes anything, or,
+when the caps filled meanwhile, after it ran (holding nothing): the router then
+serves the request whole on its decode worker. ``POST /kv_transfer/release``
+(``{"remote_request_id"}``: the router's) releases a hold whose params the router
+abandoned (its decode attempt failed, or its client hung up).
 """
 
 from __future__ import annotations
@@ -18,12 +25,21 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
 
-from radix.kv_transfer import RemotePrefill, wants_remote_decode, wants_remote_prefill
+from aiohttp import web
+
+from radix.keys import TOKEN_BYTES
+from radix.kv_transfer import (
+    RELEASE_PATH,
+    RemotePrefill,
+    wants_remote_decode,
+    wants_remote_prefill,
+)
 from workers.kv_transfer.consumer import Consumer, Pulled
-from workers.kv_transfer.producer import Producer
+from workers.kv_transfer.producer import HoldRefused, Producer
 from workers.kv_transfer.service import KVTransfer
 from workers.kv_transfer.wire import TransferError
 from workers.server.errors import ApiError, bad_request
+from workers.server.state import STATE, read_fields
 
 log = logging.getLogger(__name__)
 
@@ -53,7 +69,14 @@ async def leg_of(transfer: KVTransfer | None, leg: Leg) -> AsyncIterator[Produce
         raise bad_request("kv_transfer_params must ask for a leg: do_remote_decode or "
                           "do_remote_prefill true", "kv_transfer_params")
     if wants_remote_decode(leg.params):
-        yield producer_of(transfer, leg)
+        producer = producer_of(transfer, leg)
+        assert transfer is not None
+        num_blocks = len(leg.prompt_key) // TOKEN_BYTES // transfer.identity.block_size
+        try:
+            producer.check_room(leg.scope, num_blocks)
+        except HoldRefused as exc:
+            raise hold_refused(exc) from exc
+        yield producer
         return
     pulled = await pull_remote_prefill(transfer, leg) if wants_remote_prefill(
         leg.params) else None
@@ -77,9 +100,40 @@ def producer_of(transfer: KVTransfer | None, leg: Leg) -> Producer:
 
 
 async def hold(producer: Producer, leg: Leg) -> dict[str, Any]:
-    """After the prefill leg ran: hold its blocks; the ``kv_transfer_params`` to answer."""
-    remote = await producer.hold(leg.prompt_key, leg.scope, leg.num_public_tokens)
+    """After the prefill leg ran: hold its blocks; the ``kv_transfer_params`` to answer.
+    429 ``kv_hold_refused`` (holding nothing) when the hold would pass a cap."""
+    try:
+        remote = await producer.hold(leg.prompt_key, leg.scope, leg.num_public_tokens)
+    except HoldRefused as exc:
+        raise hold_refused(exc) from exc
     return remote.to_params()
+
+
+def hold_refused(exc: HoldRefused) -> ApiError:
+    """The 429 of a prefill leg whose hold would pass a cap: the router serves the
+    request whole on its decode worker (it counts a fallback, never an error)."""
+    return ApiError(429, f"this prefill worker holds too many blocks for consumers: {exc}",
+                    code="kv_hold_refused", headers={"Retry-After": "1"})
+
+
+async def release(request: web.Request) -> web.Response:
+    """``POST /kv_transfer/release`` ``{"remote_request_id": ID}``: end the hold ``ID``
+    at once (counted as abandoned); ``{"released": false}`` when it was not held
+    (read, expired, or released already); 400 on a worker that produces nothing."""
+    transfer = request.app[STATE].transfer
+    if transfer is None or transfer.producer is None:
+        raise bad_request("this worker is not a kv_producer", "remote_request_id")
+    fields = await read_fields(request)
+    transfer_id = fields.string("remote_request_id", None)
+    if transfer_id is None:
+        raise bad_request("remote_request_id is required", "remote_request_id")
+    return web.json_response(
+        {"released": await transfer.producer.release(transfer_id, "abandoned")})
+
+
+def add_routes(app: web.Application) -> None:
+    """Register ``POST /kv_transfer/release``."""
+    app.router.add_post(RELEASE_PATH, release)
 
 
 async def pull_remote_prefill(transfer: KVTransfer | None, leg: Leg
