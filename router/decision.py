@@ -30,7 +30,7 @@ from router.forward.proxy import Call, Proxy
 from router.metrics import RouterMetrics
 from router.models import Prompt
 from router.routing.index import RouterIndex
-from router.routing.load_cost import is_saturated
+from router.routing.load_cost import is_held_up, is_saturated
 from router.routing.policy import Policy
 from router.routing.views import RouteRequest
 from router.siblings.protocol import Siblings
@@ -69,11 +69,13 @@ class Candidates(NamedTuple):
 class Decision:
     """Where one request goes. ``ranked``: the workers to try, best first (never
     empty); ``matches``: what the index predicted each holds; ``kv_transfer_params``:
-    the prefill leg's answer for ``ranked[0]`` (None: served aggregated)."""
+    the prefill leg's answer for ``ranked[0]`` (None: served aggregated), whose blocks
+    ``prefill`` holds until they are pulled or released."""
 
     ranked: list[WorkerState]
     matches: Matches
     kv_transfer_params: dict[str, Any] | None
+    prefill: WorkerState | None = None
 
     def attempts(self) -> list[Attempt]:
         """The tries in order: each ranked worker once, except that a decode worker
@@ -120,10 +122,10 @@ class Decider:
         takers = workers if split is None else split[0]
         ranked = self.choose(takers, matches, call, candidates.fallback)
         self._metrics.decision_seconds.observe(time.monotonic() - started)
-        params = None
+        params, prefill = None, None
         if split is not None:
-            params = await self._prefill_leg(call, ranked[0], split[1], matches)
-        return Decision(ranked, matches, params)
+            params, prefill = await self._prefill_leg(call, ranked[0], split[1], matches)
+        return Decision(ranked, matches, params, prefill)
 
     def match(self, workers: list[WorkerState], prompt: Prompt, scope: str,
               adapter: str | None) -> Matches:
@@ -197,7 +199,7 @@ class Decider:
 
     async def _prefill_leg(self, call: Call, decode: WorkerState,
                            prefillers: list[WorkerState], matches: Matches
-                           ) -> dict[str, Any] | None:
+                           ) -> tuple[dict[str, Any] | None, WorkerState | None]:
         """The ``kv_transfer_params`` of a prefill leg for decode worker ``decode``
         (chosen first, by match and load), run on the best prefill worker
         (docs/pd.md); None (served aggregated) when ``decode`` would compute fewer than
@@ -207,7 +209,8 @@ class Decider:
         ``/generate``). A leg that fails, finds every prefill worker saturated, or
         answers params naming another transfer endpoint than the one its worker reported
         (``check_endpoint``) gives None too: the decode worker computes the prompt,
-        counted as a fallback."""
+        counted as a fallback; so is a hold cap (a worker at it is skipped, one past it
+        answers 429). Returns (params, the worker holding their blocks)."""
         counts = self._metrics.pd_requests
         prompt = call.prompt
         num_decode_matched = matches.tokens.get(decode.worker_id, 0)
@@ -219,14 +222,15 @@ class Decider:
                 or not decode.capabilities.speaks_generate or call.adapter is not None
                 or call.request.sampling.n != 1):
             counts["aggregated"].inc()
-            return None
-        try:
-            prefill = self.choose(candidates, matches, call, [])[0]
+            return None, None
+        try:  # a worker at its hold cap (polled) would refuse the leg: skip it
+            prefill = self.choose([w for w in candidates if not is_held_up(
+                w.view(0, 0, None, 0.0))], matches, call, [])[0]
         except ApiError as exc:
             log.info("request %s: no prefill worker (%s): decoding whole on %s",
                      call.request_id, exc.code, decode.worker_id)
             counts["fallback"].inc()
-            return None
+            return None, None
         num_tokens = max(len(prompt.token_ids) - matches.tokens.get(prefill.worker_id, 0), 0)
         in_flight = self.commit(prefill, prompt.key, call.scope, None, num_tokens)
         try:
@@ -237,11 +241,11 @@ class Decider:
             if isinstance(exc, UpstreamUnavailable) and exc.worker_down:
                 await self._registry.mark_failed(prefill, str(exc))
             counts["fallback"].inc()
-            return None
+            return None, None
         finally:
             in_flight.end()
         counts["disaggregated"].inc()
-        return params
+        return params, prefill
 
 
 def check_endpoint(params: dict[str, Any], worker: WorkerState) -> dict[str, Any]:

@@ -157,7 +157,9 @@ async def forward(router: Router, client: Client, call: Call, decision: Decision
     flight counts the tokens the worker must prefill (prompt minus its match) until
     the first token comes back: a request that hits the cache adds little queued
     work, so locality is not punished, and a request that is decoding no longer
-    counts as prefill waiting."""
+    counts as prefill waiting. The attempt given the prefill leg's params owns their
+    hold until it is answered: failed or cancelled, it releases the hold on the prefill
+    worker at once (``Proxy.release_hold``)."""
     relay = router.proxy.relay(client, call)
     failure: UpstreamUnavailable | None = None
     matched = decision.matches.tokens
@@ -192,8 +194,10 @@ async def forward(router: Router, client: Client, call: Call, decision: Decision
 
 def learn(router: Router, client: Client, worker: WorkerState, prompt: Prompt,
           decision: Decision, exchange: Exchange, started: float) -> None:
+        answered = False
     """Record what the request taught: the index's prediction for the chosen worker
     against what it reported as cached (also one access-log line at INFO), and the
+            answered = True
     latencies."""
     num_matched = decision.matches.tokens.get(worker.worker_id, 0)
     router.metrics.count_tokens(worker.worker_id, len(prompt.token_ids), num_matched)
@@ -201,6 +205,8 @@ def learn(router: Router, client: Client, worker: WorkerState, prompt: Prompt,
     if access_log.isEnabledFor(logging.INFO):
         access_log.info("request %s worker=%s status=%d prompt_tokens=%d predicted_cached=%d "
                         "cached=%s", client.request_id, worker.worker_id, exchange.status,
+            if params is not None and not answered:
+                router.proxy.release_hold(decision.prefill, params)
                         len(prompt.token_ids), num_matched, exchange.num_cached_tokens)
     now = time.monotonic()
     router.metrics.request_seconds.observe(now - started)

@@ -35,13 +35,16 @@ from router.routing.index import NamespaceDigest
 class WorkerLoad:
     """Load a worker reported at its last poll (zeros when it reports none), and the
     most requests it admits at once (running plus queued; None when it does not say),
-    beyond which it answers 429."""
+    beyond which it answers 429; for a prefill worker, the KV blocks it holds for
+    consumers and its cap on them (0: no cap reported), at which it refuses legs."""
 
     num_requests_running: int = 0
     num_requests_waiting: int = 0
     num_waiting_tokens: int = 0
     kv_cache_usage_ratio: float = 0.0
     max_num_requests: int | None = None
+    num_held_blocks: int = 0
+    max_held_blocks: int = 0
 
 
 @dataclass(frozen=True)
@@ -171,6 +174,8 @@ def _radix_load(load: Any, engine: Any) -> WorkerLoad:
             num_waiting_tokens=int(load.get("num_waiting_tokens", 0)),
             kv_cache_usage_ratio=float(load.get("kv_cache_usage_ratio", 0.0)),
             max_num_requests=max_num_requests,
+            num_held_blocks=int(load.get("num_held_blocks", 0)),
+            max_held_blocks=int(load.get("max_held_blocks", 0)),
         )
     except (KeyError, TypeError, ValueError):
         return WorkerLoad()

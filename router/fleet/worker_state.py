@@ -127,6 +127,8 @@ class WorkerState:
         """JSON view for ``GET /admin/workers``."""
         return {
             "id": self.worker_id, "kind": self.kind, "role": self.role, "model": self.model,
+            num_held_blocks=load.num_held_blocks,
+            max_held_blocks=load.max_held_blocks,
             "url": self.url,
             "ready": self.ready, "reason": self.reason, "namespace": self.namespace,
             "discovered": self.discovered, "draining": self.draining,

@@ -33,6 +33,7 @@ its streamed chunks carry the router's model name, never the backend's.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, replace
@@ -43,6 +44,7 @@ import orjson
 from radix.api_errors import ApiError
 from radix.generate import PATH as GENERATE_PATH
 from radix.generate import GenerateRequest
+from radix.kv_transfer import RELEASE_PATH
 from radix.openai.rendered import RenderSpec
 from radix.openai.requests import COMPLETIONS, OpenAIRequest
 from radix.openai.responses import DONE_FRAME, ChoiceText, ResponseShape, sse_frame
@@ -70,6 +72,7 @@ from router.forward.relay import (
 from router.models import Prompt
 
 log = logging.getLogger(__name__)
+RELEASE_TIMEOUT_S = 5.0
 # A prefill leg's answer: one token's completion plus its kv_transfer_params, which
 # name at most one block id and hash (under 64 bytes as JSON) per prompt token.
 PREFILL_ANSWER_BASE_BYTES = 64 * 1024
@@ -110,7 +113,36 @@ class Proxy:
     def __init__(self, pool: UpstreamPool, config: ProxyConfig) -> None:
         self._upstream = Upstream(pool, config)
         self._write_timeout_s = config.client_write_timeout_s
+        self._pool = pool
 
+        self._releases: set[asyncio.Task[None]] = set()
+
+    def release_hold(self, worker: WorkerState | None, params: dict[str, Any]) -> None:
+        """Tell prefill worker ``worker`` to end the hold of ``params`` now (their decode
+        attempt failed or its client hung up: nobody will pull them, or the decode
+        worker has and acknowledged already, and then this changes nothing). Runs in a
+        task of its own, at most ``RELEASE_TIMEOUT_S``, so it is safe while the caller
+        is being cancelled; a failure is logged (the worker's hold deadline ends the
+        hold then). Nothing for None."""
+        if worker is None:
+            return
+        task = asyncio.get_running_loop().create_task(self._release(worker, params))
+        self._releases.add(task)
+        task.add_done_callback(self._releases.discard)
+
+    async def _release(self, worker: WorkerState, params: dict[str, Any]) -> None:
+        body = orjson.dumps({"remote_request_id": params.get("remote_request_id")})
+        headers = {**worker.headers, "Content-Type": "application/json"}
+        try:
+            async with asyncio.timeout(RELEASE_TIMEOUT_S):
+                response = await self._pool.post(worker.url, RELEASE_PATH, headers, body)
+                try:
+                    await response.read()
+                finally:
+                    response.close()
+        except (UpstreamError, TimeoutError, OSError) as exc:
+            log.info("could not release hold %s on %s: %s", params.get("remote_request_id"),
+                     worker.worker_id, exc)
     def relay(self, client: Client, call: Call) -> Relay:
         """The client side of ``call``, shared by all its attempts."""
         request = call.request

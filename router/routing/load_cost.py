@@ -139,6 +139,12 @@ def is_saturated(view: WorkerView) -> bool:
     return num_requests >= view.max_num_requests
 
 
+def is_held_up(view: WorkerView) -> bool:
+    """A prefill worker at its cap on blocks held for consumers (polled): it would
+    refuse a prefill leg (429), so the router runs none there until its holds end."""
+    return 0 < view.max_held_blocks <= view.num_held_blocks
+
+
 def load_cost(view: WorkerView, weights: PolicyWeights) -> float:
     """Cost of the load already on a worker, in prefill-token equivalents."""
     return load_costs((view,), weights)[0]

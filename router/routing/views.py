@@ -42,7 +42,9 @@ class WorkerView(NamedTuple):
     being prefilled); ``adapter_load_ms`` is
     how long the request's adapter takes to load there (0: resident, or the base
     model) and ``adapter_swap_share`` the share of a swap it costs (0: nothing is
-    evicted; ``WorkerLora.swap_share``). A NamedTuple, as is
+    evicted; ``WorkerLora.swap_share``); ``num_held_blocks`` and ``max_held_blocks``
+    are a prefill worker's polled blocks held for consumers and its cap (0: none). A
+    NamedTuple, as is
     ``WorkerScore``: policies build one per worker per request, and a tuple is
     cheaper to build than a frozen dataclass."""
 
@@ -58,3 +60,5 @@ class WorkerView(NamedTuple):
     adapter_load_ms: float = 0.0
     adapter_swap_share: float = 0.0
     num_matched_routed_tokens: int = 0
+    num_held_blocks: int = 0
+    max_held_blocks: int = 0

@@ -68,3 +68,22 @@ async def test_a_decode_worker_given_pulled_blocks_is_tried_again_without_them_f
                                        Attempt(second, None)]
     finally:
         await router.close()
+
+
+async def test_a_prefill_worker_at_its_hold_cap_is_skipped_for_a_whole_request():
+    urls = ["http://127.0.0.1:9", "http://127.0.0.1:10"]
+    config = replace(make_config(urls), pd=PDConfig(min_uncached_tokens=1))
+    router = Router.build(config, TEST_SECRET, InProcessSharedState())
+    try:
+        decode = _worker(router, 0, "decode", WorkerLoad())
+        prefill = _worker(router, 1, "prefill", WorkerLoad(num_held_blocks=31,
+                                                           max_held_blocks=31))
+        decision = await router.decider.decide(Candidates([decode, prefill], [], None),
+                                               _call(router))  # no leg is sent: no server
+        assert decision.kv_transfer_params is None and decision.prefill is None
+        assert [a.worker for a in decision.attempts()] == [decode]
+        assert prefill.ready  # never tried: a leg to its closed port would mark it failed
+        metrics = generate_latest(router.metrics.registry).decode()
+        assert sample(metrics, "router_pd_requests_total", {"mode": "fallback"}) == 1
+    finally:
+        await router.close()
