@@ -173,8 +173,10 @@ async def forward(router: Router, client: Client, call: Call, decision: Decision
         in_flight = router.decider.commit(worker, key, call.scope, call.adapter, num_tokens)
         relay.on_first_token = in_flight.prefilled
         attempt = call if params is None else replace(call, kv_transfer_params=params)
+        answered = False
         try:
             await router.proxy.send(client, attempt, relay, worker, exchange)
+            answered = True
             return worker
         except UpstreamUnavailable as exc:
             failure = exc
@@ -182,6 +184,8 @@ async def forward(router: Router, client: Client, call: Call, decision: Decision
                 await router.registry.mark_failed(worker, str(exc))
         finally:
             in_flight.end()
+            if params is not None and not answered:
+                router.proxy.release_hold(decision.prefill, params)
         if relay.can_finish:
             await relay.finish(exchange)
             return worker
@@ -194,10 +198,8 @@ async def forward(router: Router, client: Client, call: Call, decision: Decision
 
 def learn(router: Router, client: Client, worker: WorkerState, prompt: Prompt,
           decision: Decision, exchange: Exchange, started: float) -> None:
-        answered = False
     """Record what the request taught: the index's prediction for the chosen worker
     against what it reported as cached (also one access-log line at INFO), and the
-            answered = True
     latencies."""
     num_matched = decision.matches.tokens.get(worker.worker_id, 0)
     router.metrics.count_tokens(worker.worker_id, len(prompt.token_ids), num_matched)
@@ -205,8 +207,6 @@ def learn(router: Router, client: Client, worker: WorkerState, prompt: Prompt,
     if access_log.isEnabledFor(logging.INFO):
         access_log.info("request %s worker=%s status=%d prompt_tokens=%d predicted_cached=%d "
                         "cached=%s", client.request_id, worker.worker_id, exchange.status,
-            if params is not None and not answered:
-                router.proxy.release_hold(decision.prefill, params)
                         len(prompt.token_ids), num_matched, exchange.num_cached_tokens)
     now = time.monotonic()
     router.metrics.request_seconds.observe(now - started)

@@ -121,14 +121,14 @@ class WorkerState:
             num_matched_routed_tokens=num_matched_routed_tokens,
             adapter_load_ms=load_ms,
             adapter_swap_share=swap_share,
+            num_held_blocks=load.num_held_blocks,
+            max_held_blocks=load.max_held_blocks,
         )
 
     def to_dict(self) -> dict[str, object]:
         """JSON view for ``GET /admin/workers``."""
         return {
             "id": self.worker_id, "kind": self.kind, "role": self.role, "model": self.model,
-            num_held_blocks=load.num_held_blocks,
-            max_held_blocks=load.max_held_blocks,
             "url": self.url,
             "ready": self.ready, "reason": self.reason, "namespace": self.namespace,
             "discovered": self.discovered, "draining": self.draining,
