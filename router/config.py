@@ -630,6 +630,12 @@ class FlowConfig(Section, section="flow"):
         names = [band.name for band in self.bands]
         return names.index(self.default_band if name is None else name)
 
+    def effective_band(self, name: str | None, priority: int) -> int:
+        """The band a request of a tenant in band ``name`` runs in when it asks for
+        ``priority`` (vLLM's: lower first): each unit above 0 moves it one band down, to
+        the last at most; a negative one never moves it above its tenant's band."""
+        return min(self.band_index(name) + max(priority, 0), len(self.bands) - 1)
+
 
 @dataclass(frozen=True)
 class RouterConfig(Section):
@@ -657,8 +663,9 @@ class RouterConfig(Section):
         names = {band.name for band in self.flow.bands}
         for tenant in self.auth.tenants:
             if tenant.band is not None and tenant.band not in names:
-                raise FieldError("auth", f"tenant {tenant.tenant_id}: band {tenant.band!r} "
-                                         f"is not one of flow.bands {sorted(names)}")
+                raise FieldError(None, f"auth.tenants.{tenant.tenant_id}.band: "
+                                       f"{tenant.band!r} is not one of flow.bands "
+                                       f"{sorted(names)}")
 
 
 def default_key_env(worker_id: str, prefix: str = WORKER_KEY_ENV_PREFIX) -> str:

@@ -32,7 +32,6 @@ from router.config import (
     default_key_env,
 )
 
-
 _TENANT_KEYS = frozenset({"key_digests", "band", "weight"})  # the rest are limits
 
 

@@ -15,11 +15,13 @@ from aiohttp import web
 
 from radix.openai.salt import CacheSalts
 from router.canary.controller import Canary
-from router.config import RouterConfig
+from router.config import FlowConfig, RouterConfig
 from router.decision import Decider
 from router.fleet.events.follower import KVEventFollower
 from router.fleet.events.vllm.attach import VllmAttacher
 from router.fleet.registry import WorkerRegistry, WorkerState
+from router.flow.controller import FlowController, NoFlowControl
+from router.flow.headroom import RequestLimit, no_request_limit, request_limit
 from router.forward.pool import UpstreamPool
 from router.forward.proxy import Proxy
 from router.front.auth import Authenticator
@@ -60,6 +62,7 @@ class Router:
     vllm: VllmAttacher
     canary: Canary
     decider: Decider
+    flow: FlowController | NoFlowControl
     discovery: KubernetesDiscovery | None
 
     @classmethod
@@ -106,23 +109,35 @@ class Router:
             discovery = KubernetesDiscovery(config, registry, models, session)
             metrics.follow_discovery(discovery.status)
         proxy = Proxy(pool, config.proxy)
+        limit = request_limit(config.flow) if config.flow.enabled else no_request_limit
         decider = Decider(index, policy, registry, canary, siblings, proxy, config.pd,
-                          config.proxy.max_attempts, metrics)
+                          config.proxy.max_attempts, metrics, limit)
         return cls(config, models, auth, TenantLimiter(state), index, policy, session, registry,
-                   proxy, pool, metrics, salts, siblings, vllm, canary, decider, discovery)
+                   proxy, pool, metrics, salts, siblings, vllm, canary, decider,
+                   _flow_control(config.flow, decider, limit, metrics), discovery)
 
     async def close(self) -> None:
-        """Stop discovering, leave the siblings, stop the canary's guards, stop polling
+        """Stop discovering and dispatching queued requests, leave the siblings, stop the
+        canary's guards, stop polling
         and following every worker, then close the request path's idle connections and
         the client session."""
         if self.discovery is not None:
             await self.discovery.close()
+        await self.flow.close()
         await self.siblings.close()
         await self.canary.close()
         await self.registry.close()
         self.vllm.close()
         self.pool.close()
         await self.session.close()
+
+
+def _flow_control(config: FlowConfig, decider: Decider, limit: RequestLimit,
+                  metrics: RouterMetrics) -> FlowController | NoFlowControl:
+    """The queue step: a ``FlowController`` with its metrics when ``config.enabled``."""
+    if not config.enabled:
+        return NoFlowControl()
+    return FlowController(config, decider, limit, metrics.registry)
 
 
 def shared_backends(config: RouterConfig) -> tuple[SharedState, Siblings]:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from operator import attrgetter
 from typing import Any, NamedTuple
@@ -45,6 +46,15 @@ class Matches(NamedTuple):
 
     tokens: dict[str, int]
     routed: dict[str, int]
+
+
+class Ranking(NamedTuple):
+    """A request's workers, best first, what each holds, and for a fleet with roles
+    (``split_roles``) the workers that take whole requests and those that prefill."""
+
+    ranked: list[WorkerState]
+    matches: Matches
+    split: tuple[list[WorkerState], list[WorkerState]] | None
 
 
 class Attempt(NamedTuple):
@@ -94,10 +104,12 @@ class Decider:
 
     def __init__(self, index: RouterIndex, policy: Policy, registry: WorkerRegistry,
                  canary: Canary, siblings: Siblings, proxy: Proxy, pd: PDConfig,
-                 max_attempts: int, metrics: RouterMetrics) -> None:
+                 max_attempts: int, metrics: RouterMetrics,
+                 request_limit: Callable[[WorkerState], int | None]) -> None:
         self._index, self._policy, self._registry = index, policy, registry
         self._canary, self._siblings, self._proxy = canary, siblings, proxy
         self._pd, self._max_attempts, self._metrics = pd, max_attempts, metrics
+        self._request_limit = request_limit
 
     def candidates(self, model: str, call: Call) -> Candidates:
         """Who may serve ``call`` to base model ``model``: the ready workers serving
@@ -111,10 +123,11 @@ class Decider:
             return Candidates(workers, [], None)
         return Candidates(route.workers, route.fallback, route.window)
 
-    async def decide(self, candidates: Candidates, call: Call) -> Decision:
-        """The decision for ``call`` among ``candidates`` (a canary pool's request may
-        fall back to the baseline). ``ApiError`` 503 (``no_worker`` or ``saturated``,
-        with Retry-After) when no worker can take it now."""
+    def rank(self, candidates: Candidates, call: Call) -> Ranking:
+        """``call``'s workers among ``candidates``, best first (a canary pool's request
+        may fall back to the baseline), with what each holds. ``ApiError`` 503
+        (``no_worker`` or ``saturated``, with Retry-After) when no worker can take it
+        now. Changes nothing."""
         started = time.monotonic()
         workers = candidates.workers
         matches = self.match(workers, call.prompt, call.scope, call.adapter)
@@ -122,6 +135,14 @@ class Decider:
         takers = workers if split is None else split[0]
         ranked = self.choose(takers, matches, call, candidates.fallback)
         self._metrics.decision_seconds.observe(time.monotonic() - started)
+        return Ranking(ranked, matches, split)
+
+    async def decide(self, candidates: Candidates, call: Call,
+                     ranking: Ranking | None = None) -> Decision:
+        """The decision for ``call`` among ``candidates``: its ``ranking`` (made now
+        when None, see ``rank``) and, in a fleet with prefill and decode roles, the
+        prefill leg's answer."""
+        ranked, matches, split = ranking or self.rank(candidates, call)
         params, prefill = None, None
         if split is not None:
             params, prefill = await self._prefill_leg(call, ranked[0], split[1], matches)
@@ -164,7 +185,7 @@ class Decider:
                            headers={"Retry-After": RETRY_AFTER_S})
         load_ms = self._policy.weights.default_adapter_load_ms
         views = [w.view(matches.tokens.get(w.worker_id, 0), matches.routed.get(w.worker_id, 0),
-                        call.adapter, load_ms) for w in workers]
+                        call.adapter, load_ms, self._request_limit(w)) for w in workers]
         views = [v for v in views if not is_saturated(v)]
         if not views and fallback:
             fallback_matches = self.match(fallback, call.prompt, call.scope, call.adapter)

@@ -1,5 +1,5 @@
 """The OpenAI routes, one request as a sequence of steps:
-authenticate -> limit -> decode -> tokenize -> decide -> forward -> learn.
+authenticate -> limit -> decode -> tokenize -> queue -> decide -> forward -> learn.
 
 ``serve_openai`` runs the sequence; each step is one call. *Authenticate* finds the
 tenant from its key; *limit* takes the tenant's concurrency slot before its body is
@@ -8,8 +8,10 @@ need (413 past it, before it is buffered or decoded), and refuses what can be
 refused without the token count before tokenizing (the text size, the output cap, a
 full tokens-per-minute window); *decode* parses the body (``decode``); *tokenize*
 gives the router's own token ids (``tokenize``), after which the prompt's tokens are
-reserved; *decide* is ``router.decision``'s (who may serve it, then which worker,
-and the prefill leg in a prefill/decode fleet); *forward* tries the decided workers
+reserved; *queue* finds who may serve it (``Decider.candidates``) and, with flow
+control on, waits in the router until one of them has headroom and fairness lets the
+request go (``router.flow``); *decide* is ``router.decision``'s (which worker, and the
+prefill leg in a prefill/decode fleet); *forward* tries the decided workers
 in turn (``forward``); *learn* records what the answer taught (``learn``). Every
 refusal is an ``ApiError`` (OpenAI-shaped 4xx/5xx).
 
@@ -43,6 +45,7 @@ from router.front.requests import check_text_size, parse_request
 from router.models import ModelTokenizer, Prompt
 
 NO_WORKER = "none"
+MAX_FAIRNESS_KEY_CHARS = 128
 INLINE_DECODE_BYTES = 256 * 1024  # about 1 ms of decoding; larger bodies go to a thread
 # One thread decodes the large bodies, one at a time: a decoded body can take several
 # times its bytes (a list of token ids about 7x), so however many arrive at once, only
@@ -69,7 +72,11 @@ async def serve_openai(router: Router, client: Client, endpoint: str) -> None:
         try:
             model, call, admission = await admit(router, client, endpoint, tenant, admission)
             candidates = router.decider.candidates(model, call)
-            decision = await router.decider.decide(candidates, call)
+            turn = await router.flow.turn(candidates, call, tenant, fairness_key(router, client))
+            try:
+                decision = await router.decider.decide(candidates, call, turn.ranking)
+            finally:
+                turn.release()
             worker = await forward(router, client, call, decision, exchange)
             worker_id = worker.worker_id
             learn(router, client, worker, call.prompt, decision, exchange, started)
@@ -84,6 +91,7 @@ async def serve_openai(router: Router, client: Client, endpoint: str) -> None:
         code = CLIENT_CLOSED
         raise
     finally:
+        router.flow.wake()
         router.metrics.count_request(worker_id, tenant_id, code)
         if candidates is not None and candidates.window is not None:
             record_canary(candidates, exchange, code, started)
@@ -93,12 +101,15 @@ async def admit(router: Router, client: Client, endpoint: str, tenant: Tenant,
                 admission: Admission) -> tuple[str, Call, Admission]:
     """(the base model's name, the call, the admission with the prompt's tokens
     reserved) for the request ``tenant`` holds ``admission`` for: the *limit*,
-    *decode* and *tokenize* steps. ``ApiError`` on a refusal (the caller still
-    releases ``admission``)."""
+    *decode* and *tokenize* steps. The request's ``priority`` becomes its band's index
+    (``FlowConfig.effective_band``): never above its tenant's band. ``ApiError`` on a
+    refusal (the caller still releases ``admission``)."""
     body = await client.read_body(router.config.listen.body_timeout_s,
                                   router.models.max_body_bytes(tenant.limits))
     model, adapter, parsed = await decode(router, body, endpoint, tenant)
     del body
+    parsed = replace(parsed, priority=router.config.flow.effective_band(tenant.band,
+                                                                        parsed.priority))
     check_text_size(model, parsed, tenant.limits)
     max_tokens = router.limiter.output_cap(tenant, parsed.sampling.max_tokens,
                                            parsed.sampling.max_tokens_param)
@@ -110,6 +121,16 @@ async def admit(router: Router, client: Client, endpoint: str, tenant: Tenant,
                 router.cache_salts.salt(tenant.tenant_id), tenant.limits.max_cached_tokens,
                 client.request_id, adapter)
     return model.name, call, admission
+
+
+def fairness_key(router: Router, client: Client) -> str | None:
+    """The value of the configured fairness header (splitting a tenant's share by
+    session or agent), at most ``MAX_FAIRNESS_KEY_CHARS``; None without one."""
+    header = router.config.flow.fairness_header
+    if header is None:
+        return None
+    value = client.header(header)
+    return None if not value else value[:MAX_FAIRNESS_KEY_CHARS]
 
 
 def record_canary(candidates: Candidates, exchange: Exchange, code: int,

@@ -33,9 +33,10 @@ from router.routing.index import NamespaceDigest
 
 @dataclass(frozen=True)
 class WorkerLoad:
-    """Load a worker reported at its last poll (zeros when it reports none), and the
-    most requests it admits at once (running plus queued; None when it does not say),
-    beyond which it answers 429; for a prefill worker, the KV blocks it holds for
+    """Load a worker reported at its last poll (zeros when it reports none), the most
+    requests it admits at once (running plus queued; None when it does not say),
+    beyond which it answers 429, and of those the most it runs at once (its batch
+    slots, ``max_num_seqs``); for a prefill worker, the KV blocks it holds for
     consumers and its cap on them (0: no cap reported), at which it refuses legs."""
 
     num_requests_running: int = 0
@@ -43,6 +44,7 @@ class WorkerLoad:
     num_waiting_tokens: int = 0
     kv_cache_usage_ratio: float = 0.0
     max_num_requests: int | None = None
+    max_num_running: int | None = None
     num_held_blocks: int = 0
     max_held_blocks: int = 0
 
@@ -165,15 +167,17 @@ def _radix_load(load: Any, engine: Any) -> WorkerLoad:
     if not isinstance(load, dict):
         return WorkerLoad()
     try:
-        max_num_requests = None
+        max_num_requests = max_num_running = None
         if isinstance(engine, dict) and "max_waiting_requests" in engine:
-            max_num_requests = int(engine["max_num_seqs"]) + int(engine["max_waiting_requests"])
+            max_num_running = int(engine["max_num_seqs"])
+            max_num_requests = max_num_running + int(engine["max_waiting_requests"])
         return WorkerLoad(
             num_requests_running=int(load.get("num_requests_running", 0)),
             num_requests_waiting=int(load.get("num_requests_waiting", 0)),
             num_waiting_tokens=int(load.get("num_waiting_tokens", 0)),
             kv_cache_usage_ratio=float(load.get("kv_cache_usage_ratio", 0.0)),
             max_num_requests=max_num_requests,
+            max_num_running=max_num_running,
             num_held_blocks=int(load.get("num_held_blocks", 0)),
             max_held_blocks=int(load.get("max_held_blocks", 0)),
         )

@@ -96,12 +96,18 @@ class WorkerState:
             events is EventSource.ZMQ_WHEN_CONFIGURED and self.config.kv_events is not None)
 
     def view(self, num_matched_tokens: int, num_matched_routed_tokens: int,
-             adapter: str | None, default_adapter_load_ms: float) -> WorkerView:
+             adapter: str | None, default_adapter_load_ms: float,
+             request_limit: int | None = None) -> WorkerView:
         """This worker as a policy sees it now, for a request matching
         ``num_matched_tokens`` here (``num_matched_routed_tokens`` of them only routed)
         for ``adapter`` (None: the base model), whose load time is
-        ``default_adapter_load_ms`` until measured."""
+        ``default_adapter_load_ms`` until measured. ``request_limit`` (flow control's
+        headroom bound) lowers the requests it is seen to admit."""
         load = self.load
+        max_num_requests = load.max_num_requests
+        if request_limit is not None:
+            max_num_requests = (request_limit if max_num_requests is None
+                                else min(max_num_requests, request_limit))
         if adapter is None:
             load_ms = swap_share = 0.0
         else:
@@ -116,7 +122,7 @@ class WorkerState:
             num_requests_waiting=load.num_requests_waiting,
             num_waiting_tokens=load.num_waiting_tokens,
             kv_cache_usage_ratio=load.kv_cache_usage_ratio,
-            max_num_requests=load.max_num_requests,
+            max_num_requests=max_num_requests,
             num_matched_tokens=num_matched_tokens,
             num_matched_routed_tokens=num_matched_routed_tokens,
             adapter_load_ms=load_ms,

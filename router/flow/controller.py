@@ -108,8 +108,6 @@ class FlowController:
         self._queue: FairQueue[_Waiter] = FairQueue(len(config.bands), config.aging_s)
         self._ttl_s = [band.queue_ttl_s for band in config.bands]
         self._names = [band.name for band in config.bands]
-        self._bands: dict[str | None, int] = {name: i for i, name in enumerate(self._names)}
-        self._bands[None] = config.band_index(None)
         self._served = ServedWindow(FAIRNESS_WINDOW_S)
         self._metrics = None if registry is None else FlowMetrics(
             registry, self._names, self._queue.num_queued, self.jain_index)
@@ -149,15 +147,16 @@ class FlowController:
 
     def _request(self, candidates: Candidates, call: Call, tenant: Tenant,
                  fairness_key: str | None) -> FlowRequest:
-        """What flow control weighs of a request: its tenant's band, its fairness id
-        and its cost in tokens (prompt plus expected decode per choice)."""
+        """What flow control weighs of a request: its band (its ``priority``, which the
+        pipeline set to its band's index), its fairness id and its cost in tokens
+        (prompt plus expected decode per choice)."""
         sampling = call.request.sampling
         num_decode = self._config.expected_decode_tokens
         if call.max_tokens is not None:
             num_decode = min(num_decode, call.max_tokens)
         cost = len(call.prompt.token_ids) + num_decode * sampling.n
         flow = tenant.tenant_id if fairness_key is None else f"{tenant.tenant_id}/{fairness_key}"
-        return FlowRequest(candidates, call, tenant.tenant_id, self._bands[tenant.band],
+        return FlowRequest(candidates, call, tenant.tenant_id, call.request.priority,
                            flow, tenant.weight, float(max(cost, 1)))
 
     def wake(self) -> None:

@@ -104,7 +104,8 @@ def generate_request(call: Call, render: RenderSpec) -> GenerateRequest:
         call.prompt.key, call.scope, replace(call.request.sampling, max_tokens=call.max_tokens),
         stream=True, render=render, num_public_tokens=call.prompt.num_public_tokens,
         max_cached_tokens=call.max_cached_tokens, request_id=call.request_id,
-        adapter=call.adapter, kv_transfer_params=call.kv_transfer_params)
+        adapter=call.adapter, kv_transfer_params=call.kv_transfer_params,
+        priority=call.request.priority)
 
 
 class Proxy:
@@ -112,9 +113,8 @@ class Proxy:
 
     def __init__(self, pool: UpstreamPool, config: ProxyConfig) -> None:
         self._upstream = Upstream(pool, config)
-        self._write_timeout_s = config.client_write_timeout_s
         self._pool = pool
-
+        self._write_timeout_s = config.client_write_timeout_s
         self._releases: set[asyncio.Task[None]] = set()
 
     def release_hold(self, worker: WorkerState | None, params: dict[str, Any]) -> None:
@@ -143,6 +143,7 @@ class Proxy:
         except (UpstreamError, TimeoutError, OSError) as exc:
             log.info("could not release hold %s on %s: %s", params.get("remote_request_id"),
                      worker.worker_id, exc)
+
     def relay(self, client: Client, call: Call) -> Relay:
         """The client side of ``call``, shared by all its attempts."""
         request = call.request
@@ -189,7 +190,7 @@ class Proxy:
             call.prompt.key, call.scope, replace(call.request.sampling, max_tokens=1, n=1),
             num_public_tokens=call.prompt.num_public_tokens,
             max_cached_tokens=call.max_cached_tokens, request_id=call.request_id,
-            kv_transfer_params={"do_remote_decode": True})
+            kv_transfer_params={"do_remote_decode": True}, priority=call.request.priority)
         upstream = await self._upstream.post(worker, GENERATE_PATH, request.to_wire(),
                                              call.request)
         max_bytes = (PREFILL_ANSWER_BASE_BYTES

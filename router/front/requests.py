@@ -33,7 +33,8 @@ def parse_request(raw: bytes, endpoint: str, models: Models, limits: TenantLimit
     adapter = name if isinstance(name, str) and name not in models and name in adapters else None
     model = models.get(name if adapter is None else adapters[adapter])
     return model, adapter, parse_openai_request(body, endpoint, model.bounds,
-                                                max_prompt_token_ids=limits.max_prompt_tokens)
+                                                max_prompt_token_ids=limits.max_prompt_tokens,
+                                                allow_priority=True)
 
 
 def check_text_size(model: ModelTokenizer, parsed: OpenAIRequest, limits: TenantLimits) -> None:

@@ -316,3 +316,15 @@ def test_the_redis_url_can_come_from_a_variable_named_in_the_config(monkeypatch)
         flagged(config)
     with pytest.raises(ValueError, match="redis.url_env: give url or url_env, not both"):
         parse_config({**BASE, "redis": {"url_env": "X", "url": "redis://127.0.0.1:1"}})
+
+
+def test_a_request_priority_only_ever_lowers_its_tenants_band() -> None:
+    flow = parse_config(BASE).flow
+    assert [b.name for b in flow.bands] == ["interactive", "standard", "batch"]
+    assert flow.effective_band("interactive", 0) == 0
+    assert flow.effective_band("interactive", 1) == 1
+    assert flow.effective_band(None, -1000) == 1  # the default band, standard
+    assert flow.effective_band("standard", 5) == 2  # the last band at most
+    with pytest.raises(ValueError, match="auth.tenants.t.band: 'gold' is not one of flow.bands"):
+        parse_config({**BASE, "auth": {"tenants": {"t": {"key_digests": ["a" * 64],
+                                                          "band": "gold"}}}})

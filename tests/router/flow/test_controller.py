@@ -47,6 +47,7 @@ def _call(router: Router, text: str, tenant: Tenant = ALICE) -> Call:
     model = router.models.get("demo")
     request = parse_openai_request({"model": "demo", "prompt": text, "max_tokens": 4},
                                    COMPLETIONS, model.bounds)
+    request = replace(request, priority=router.config.flow.effective_band(tenant.band, 0))
     return Call(request, "demo", model.prompt(request, tenant.tenant_id), tenant.tenant_id,
                 4, "salt")
 

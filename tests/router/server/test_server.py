@@ -359,12 +359,18 @@ async def test_openai_kind_worker_gets_token_ids_and_passes_through() -> None:
         assert seen[-1]["max_tokens"] == 2 and seen[-1]["stream"] is False
         salt = seen[-1]["cache_salt"]
         assert salt == router.cache_salts.salt("alice") and "alice" not in salt and len(salt) == 43
-        for field, value in (("cache_salt", "mine"), ("kv_transfer_params", {}), ("priority", 1),
+        for field, value in (("cache_salt", "mine"), ("kv_transfer_params", {}),
                              ("chat_template", "{{x}}")):
             status, error, _ = await call(session, "POST", f"{url}/v1/completions",
                                           {**body, field: value}, ALICE)
             assert (status, error["error"]["param"]) == (400, field)
         assert len(seen) == 1
+        # A priority orders the router's queue and our workers; an OpenAI backend never
+        # sees it (vLLM refuses one unless it schedules by priority).
+        status, _, _ = await call(session, "POST", f"{url}/v1/completions",
+                                  {**body, "priority": 1}, ALICE)
+        assert status == 200 and "priority" not in seen[-1]
+        assert len(seen) == 2
         body["stream"] = True
         async with session.post(f"{url}/v1/completions", json=body, headers=ALICE) as resp:
             chunks = sse_objects(await resp.text())
