@@ -254,11 +254,15 @@ class Decider:
             return None, None
         num_tokens = max(len(prompt.token_ids) - matches.tokens.get(prefill.worker_id, 0), 0)
         in_flight = self.commit(prefill, prompt.key, call.scope, None, num_tokens)
+        params = None
         try:
-            params = check_endpoint(await self._proxy.prefill(call, prefill), prefill)
+            params = await self._proxy.prefill(call, prefill)
+            check_endpoint(params, prefill)
         except (UpstreamUnavailable, UpstreamError, ApiError) as exc:
             log.warning("request %s: prefill leg on %s failed (%s): decoding whole on %s",
                         call.request_id, prefill.worker_id, exc, decode.worker_id)
+            if params is not None:  # refused params: nobody will pull what they hold
+                self._proxy.release_hold(prefill, params)
             if isinstance(exc, UpstreamUnavailable) and exc.worker_down:
                 await self._registry.mark_failed(prefill, str(exc))
             counts["fallback"].inc()

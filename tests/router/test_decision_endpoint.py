@@ -35,10 +35,11 @@ def _worker(router: Router, index: int, role: str) -> WorkerState:
     return worker
 
 
-async def _decide(answer_host: str, answer_port: int,
-                  reported: tuple[str, int] | None) -> tuple[dict | None, str]:
+async def _decide(answer_host: str, answer_port: int, reported: tuple[str, int] | None
+                  ) -> tuple[dict | None, str, list[tuple[str, dict]]]:
     """The decode leg's params when the prefill worker reported ``reported`` and its
-    leg answered params naming ``answer_host:answer_port``; and the router's metrics."""
+    leg answered params naming ``answer_host:answer_port``; the router's metrics; and
+    the holds released, as (worker id, params)."""
     urls = ["http://127.0.0.1:9", "http://127.0.0.1:10"]
     config = replace(make_config(urls), pd=PDConfig(min_uncached_tokens=1))
     router = Router.build(config, TEST_SECRET, InProcessSharedState())
@@ -51,21 +52,26 @@ async def _decide(answer_host: str, answer_port: int,
             return {"do_remote_prefill": True, "remote_host": answer_host,
                     "remote_port": answer_port, "remote_request_id": "t"}
 
+        released: list[tuple[str, dict]] = []
         router.decider._proxy.prefill = prefill_leg  # type: ignore[method-assign]
+        router.decider._proxy.release_hold = (  # type: ignore[method-assign]
+            lambda worker, params: released.append((worker.worker_id, params)))
         model = router.models.get("demo")
         request = parse_openai_request({"model": "demo", "prompt": PROMPT, "max_tokens": 4},
                                        COMPLETIONS, model.bounds)
         call = Call(request, "demo", model.prompt(request, "alice"), "alice", 4, "salt")
         decision = await router.decider.decide(Candidates([decode, prefill], [], None), call)
         assert decision.ranked == [decode]
-        return decision.kv_transfer_params, generate_latest(router.metrics.registry).decode()
+        return (decision.kv_transfer_params, generate_latest(router.metrics.registry).decode(),
+                released)
     finally:
         await router.close()
 
 
 async def test_params_naming_the_reported_endpoint_go_to_the_decode_worker():
-    params, metrics = await _decide(*REPORTED, REPORTED)
+    params, metrics, released = await _decide(*REPORTED, REPORTED)
     assert params is not None and params["remote_port"] == REPORTED[1]
+    assert released == []
     assert sample(metrics, "router_pd_requests_total", {"mode": "disaggregated"}) == 1
 
 
@@ -75,8 +81,9 @@ async def test_params_naming_the_reported_endpoint_go_to_the_decode_worker():
     (*REPORTED, None),  # the worker reports no transfer endpoint at all
 ])
 async def test_params_naming_another_endpoint_are_a_failed_leg(host, port, reported):
-    params, metrics = await _decide(host, port, reported)
+    params, metrics, released = await _decide(host, port, reported)
     assert params is None  # served whole on the decode worker
+    assert [worker_id for worker_id, _ in released] == ["u1"]  # its hold ends at once
     assert sample(metrics, "router_pd_requests_total", {"mode": "fallback"}) == 1
     assert sample(metrics, "router_pd_requests_total", {"mode": "disaggregated"}) == 0
 
