@@ -19,8 +19,8 @@ NOT_YET_EXPORTED = frozenset({
     "router_shared_state_up",  # the Redis shared state (another branch)
 })
 # Exported only by a router that discovers its workers (tests/router/test_e2e_discovery.py
-# reads it from a live one).
-ONLY_WITH_DISCOVERY = frozenset({"router_discovery_up"})
+# reads them from a live one).
+ONLY_WITH_DISCOVERY = frozenset({"router_discovery_up", "router_discovery_refused_pods_total"})
 
 
 def exported(text: str) -> set[str]:
@@ -32,7 +32,9 @@ def exported(text: str) -> set[str]:
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory
             ) -> Iterator[tuple[ManagedProcess, ManagedProcess]]:
-    worker = start_worker(kv_cache_bytes="8MiB")
+    # A producer and a consumer of KV transfers (docs/pd.md): its transfer metrics exist.
+    worker = start_worker("--kv-transfer-config", '{"kv_role": "kv_both"}',
+                          kv_cache_bytes="8MiB")
     router = None
     try:
         path = tmp_path_factory.mktemp("router") / "router.toml"
