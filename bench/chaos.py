@@ -1,12 +1,16 @@
-"""``python -m bench chaos [--duration-s S] [--max-requests N]``: a chaos soak, bounded
-in time and count, that stops by itself.
+"""``python -m bench chaos [--fleet multi|pd] [--duration-s S] [--max-requests N]``: a
+chaos soak, bounded in time and count, that stops by itself.
 
-A deployment like configs/multi-router.toml (launched Redis, two routers, three demo
-workers) runs under ``radix-router up``; greedy traffic from three tenants
-(completions and chat, streaming and not) goes to both routers while the faults of
-``bench.chaos_faults`` strike one after the other, each in its own slot of the
-duration. A fault-free reference run of every prompt comes first, so every answer
-is checked in full (``bench.chaos_traffic`` classifies each). At the end, with the
+A deployment runs under ``radix-router up`` (``bench.chaos_faults.FLEETS``): by
+default one like configs/multi-router.toml (launched Redis, two routers, three demo
+workers); with ``--fleet pd`` a prefill/decode fleet (one router, a prefill, a decode
+and a ``both`` worker) whose prompts are long enough to be split. Greedy traffic from
+three tenants (completions and chat, streaming and not) goes to the routers while the
+fleet's faults strike one after the other, each in its own slot of the duration. A
+fault-free reference run of every prompt comes first, so every answer is checked in
+full (``bench.chaos_traffic`` classifies each); in the PD fleet the reference of a
+tenant's prompt is asked as another tenant, so no tenant's scope caches its prompts
+before the soak and their first requests are disaggregated. At the end, with the
 traffic stopped, it reports:
 
 - requests: ok, lost (reset, truncated, timed out, or a text that differs from the
@@ -17,7 +21,10 @@ traffic stopped, it reports:
   (every router sees every worker and Redis, and answers);
 - RSS of every child after warm-up and at the end (growth, when it was not restarted);
 - KV blocks still in use on each worker and concurrency slots still held in Redis
-  (both must be 0 once idle); whether everything is healthy and ``up`` exits cleanly.
+  (both must be 0 once idle); whether everything is healthy and ``up`` exits cleanly;
+- in the PD fleet, also the blocks the prefill worker still holds for consumers
+  (``/info`` ``load.num_held_blocks`` and its ``kv_transfer_held_blocks`` gauge, 0 once
+  idle), its hold counters, and the router's requests by PD mode.
 """
 
 from __future__ import annotations
@@ -28,17 +35,19 @@ import json
 import random
 import signal
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import aiohttp
 import redis
 
-from bench.chaos_faults import FAULTS, ROUTERS, WORKERS, Deployment, wait_healthy
+from bench.chaos_faults import FAULTS, FLEETS, Deployment, wait_healthy
 from bench.chaos_traffic import Outcome, Request, send
 from harness.up_process import TENANT_KEYS, alive, all_pids
 
 NUM_PROMPTS = 6
-SETTLE_S = 20.0
+NUM_PD_PROMPTS = 12
+REFERENCE_CONCURRENCY = 4
 
 
 def prompts(rng: random.Random) -> list[Request]:
@@ -54,16 +63,36 @@ def prompts(rng: random.Random) -> list[Request]:
     return requests
 
 
+def pd_prompts(rng: random.Random) -> list[Request]:
+    """Every request kind with ``NUM_PD_PROMPTS`` documents per tenant, each sharing the
+    tenant's prefix and going on for at least a hundred tokens of its own (far past
+    ``[pd] min_uncached_tokens``), so a decode worker that holds only the prefix has
+    the request disaggregated."""
+    shared = "You are a helpful assistant. Use the document below. " * 3
+    words = ("kv", "block", "prefill", "decode", "cache", "hold", "pull", "router", "tenant")
+    requests = []
+    for tenant, key in TENANT_KEYS.items():
+        for i in range(NUM_PD_PROMPTS):
+            document = " ".join(rng.choice(words) for _ in range(20 + 2 * i))
+            text = f"{shared}Document {i} of {tenant}: {document}. Question {i}?"
+            requests += [Request(key, chat, text, stream) for chat in (False, True)
+                         for stream in (False, True)]
+    rng.shuffle(requests)
+    return requests
+
+
 class Soak:
     """One run: the deployment, the traffic, the outcomes, the fault windows."""
 
     def __init__(self, duration_s: float, max_requests: int, num_clients: int, seed: int,
-                 faults: tuple[str, ...], workdir: Path | None) -> None:
+                 faults: tuple[str, ...], workdir: Path | None, fleet: str = "multi") -> None:
         self.duration_s, self.max_requests, self.num_clients = duration_s, max_requests, num_clients
         self.fault_names = faults
         self.rng = random.Random(seed)
-        self.requests = prompts(self.rng)
-        self.deployment = Deployment(workdir)
+        self.pd = fleet == "pd"
+        self.requests = pd_prompts(self.rng) if self.pd else prompts(self.rng)
+        self.deployment = Deployment(workdir, fleet)
+        self.fleet = self.deployment.fleet
         self.references: dict[tuple[bool, str], str] = {}
         self.outcomes: list[Outcome] = []
         self.faults: list[dict] = []
@@ -81,24 +110,36 @@ class Soak:
             self.stop_traffic.set()
             await asyncio.gather(*clients)
             healthy = await wait_healthy(session, self.deployment, 120.0)
-            blocks = await self._blocks_in_use(session)
-        report = {"duration_s": round(time.monotonic() - self.t0, 1),
+            blocks, held = await self._blocks_in_use(session)
+            pd = await self._pd_counters(session) if self.pd else None
+        report = {"fleet": self.fleet.name, "duration_s": round(time.monotonic() - self.t0, 1),
                   "requests": self._totals(), "faults": self.faults,
                   "rss_mb": self._rss_growth(rss_start, self._rss()),
                   "kv_blocks_in_use": blocks, "redis_slots_held": self._slots_held(),
                   "healthy_at_end": healthy, "workdir": str(self.deployment.workdir)}
+        if pd is not None:
+            report["held_blocks"], report["pd"] = held, pd
         report["up_exit_status"], report["children_left"] = self._stop()
         return report
 
     async def _reference(self, session: aiohttp.ClientSession) -> None:
+        """The fault-free text of every prompt, ``REFERENCE_CONCURRENCY`` at a time."""
         router = self.deployment.routers[0]
-        for request in self.requests:
-            if request.stream or request.reference_key in self.references:
-                continue
-            outcome = await send(session, router, request, None)
+        keys = list(TENANT_KEYS.values())
+        todo = {r.reference_key: r for r in self.requests if not r.stream}
+        semaphore = asyncio.Semaphore(REFERENCE_CONCURRENCY)
+
+        async def reference(request: Request) -> None:
+            if self.pd:  # asked as the next tenant: the tenant's own scope stays cold
+                request = replace(request, tenant_key=keys[
+                    (keys.index(request.tenant_key) + 1) % len(keys)])
+            async with semaphore:
+                outcome = await send(session, router, request, None)
             if outcome.kind != "ok":
                 raise RuntimeError(f"reference request failed: {outcome}")
             self.references[request.reference_key] = outcome.detail
+
+        await asyncio.gather(*(reference(r) for r in todo.values()))
 
     async def _client(self, session: aiohttp.ClientSession, index: int) -> None:
         rng = random.Random(index)
@@ -115,7 +156,7 @@ class Soak:
         await asyncio.sleep(slot_s / 2)  # traffic before the first fault
         for i, name in enumerate(self.fault_names):
             start = time.monotonic()
-            notes = await FAULTS[name](self.deployment, min(20.0, slot_s / 3))
+            notes = await self.fleet.faults[name](self.deployment, min(20.0, slot_s / 3))
             end = time.monotonic()
             recovered = await wait_healthy(session, self.deployment, max(slot_s, 60.0))
             self.faults.append({"fault": name, "at_s": round(start - self.t0, 1),
@@ -152,7 +193,7 @@ class Soak:
 
     def _rss(self) -> dict[str, tuple[int, float]]:
         rss = {}
-        for name in ("redis", *WORKERS, *ROUTERS):
+        for name in self.fleet.children:
             pid = self.deployment.up.pid(name)
             for line in _read(f"/proc/{pid}/status").splitlines():
                 if line.startswith("VmRSS:"):
@@ -169,29 +210,83 @@ class Soak:
                             if end_pid == pid else "restarted"}
         return growth
 
-    async def _blocks_in_use(self, session: aiohttp.ClientSession) -> dict[str, int | None]:
-        """Each worker's KV blocks in use, polled until all are 0 or SETTLE_S passes."""
-        headers = {"Authorization": f"Bearer {self.deployment.worker_key()}"}
-        deadline = time.monotonic() + SETTLE_S
+    async def _blocks_in_use(self, session: aiohttp.ClientSession
+                             ) -> tuple[dict[str, int | None], dict[str, dict[str, float | None]]]:
+        """Each worker's KV blocks in use (``/info`` ``kv.num_used_blocks``) and, per
+        worker that has a transfer role, the blocks it holds for consumers (``/info``
+        ``load.num_held_blocks`` and the ``kv_transfer_held_blocks`` gauge), polled
+        until all are 0 or the fleet's settle time passes."""
+        deadline = time.monotonic() + self.fleet.settle_s
+        producers = [name for name, role in zip(self.fleet.workers, self.fleet.roles or (),
+                                                strict=False) if role != "decode"]
         while True:
             used: dict[str, int | None] = {}
-            for name in WORKERS:
-                try:
-                    async with session.get(f"{self.deployment.up.url(name)}/info",
-                                           headers=headers) as response:
-                        used[name] = (await response.json())["kv"]["num_used_blocks"]
-                except (aiohttp.ClientError, KeyError, ValueError):
-                    used[name] = None
-            if all(n == 0 for n in used.values()) or time.monotonic() > deadline:
-                return used
+            held: dict[str, dict[str, float | None]] = {}
+            for name in self.fleet.workers:
+                info = await self._worker_json(session, name, "/info")
+                used[name] = info["kv"]["num_used_blocks"] if info else None
+                if name in producers:
+                    text = await self._worker_text(session, name, "/metrics")
+                    held[name] = {"info": info["load"].get("num_held_blocks") if info else None,
+                                  "metric": _sample(text, "kv_transfer_held_blocks")}
+            counts = [*used.values(), *(n for h in held.values() for n in h.values())]
+            if all(n == 0 for n in counts) or time.monotonic() > deadline:
+                return used, held
             await asyncio.sleep(0.5)
+
+    async def _worker_text(self, session: aiohttp.ClientSession, name: str, path: str) -> str:
+        headers = {"Authorization": f"Bearer {self.deployment.worker_key()}"}
+        try:
+            async with session.get(f"{self.deployment.up.url(name)}{path}", headers=headers,
+                                   timeout=aiohttp.ClientTimeout(total=5)) as response:
+                return await response.text() if response.status == 200 else ""
+        except (TimeoutError, aiohttp.ClientError):
+            return ""
+
+    async def _worker_json(self, session: aiohttp.ClientSession, name: str,
+                           path: str) -> dict | None:
+        try:
+            return json.loads(await self._worker_text(session, name, path))
+        except ValueError:
+            return None
+
+    async def _pd_counters(self, session: aiohttp.ClientSession) -> dict:
+        """The router's requests by PD mode and retries, and the hold counters of the
+        workers that produce (since their last start)."""
+        counters: dict[str, dict[str, float | None]] = {}
+        async with session.get(f"{self.deployment.metrics[0]}/metrics") as response:
+            text = await response.text()
+        counters["router"] = {
+            **{mode: _sample(text, "router_pd_requests_total", f'mode="{mode}"')
+               for mode in ("aggregated", "disaggregated", "fallback")},
+            "retries": _sample(text, "router_retries_total")}
+        for name, role in zip(self.fleet.workers, self.fleet.roles or (), strict=False):
+            text = await self._worker_text(session, name, "/metrics")
+            names = {"decode": ("kv_transfer_blocks_received_total",
+                                "kv_transfer_ack_failures_total",
+                                "kv_transfer_recomputes_total")}.get(role, (
+                "kv_transfer_blocks_sent_total", "kv_transfer_expired_holds_total",
+                "kv_transfer_orphan_pins_freed_total", "kv_transfer_cancelled_pins_total"))
+            counters[name] = {"role": role, **{n: _sample(text, n) for n in names}}  # type: ignore[dict-item]
+            if role != "decode":
+                counters[name].update({
+                    f"released_{reason}": _sample(text, "kv_transfer_released_holds_total",
+                                                  f'reason="{reason}"')
+                    for reason in ("acknowledged", "abandoned")})
+                counters[name].update({
+                    f"refused_{cap}": _sample(text, "kv_transfer_refused_holds_total",
+                                              f'cap="{cap}"') for cap in ("producer", "scope")})
+        return counters
 
     def _slots_held(self) -> dict[str, int]:
         """Concurrency slots held in Redis per router and tenant, polled until none or
-        SETTLE_S passes (a killed router's slots go when its lease ends)."""
+        the settle time passes (a killed router's slots go when its lease ends); {}
+        without a launched Redis."""
+        if not self.fleet.launch_redis:
+            return {}
         client = redis.Redis(host="127.0.0.1", port=self.deployment.redis_port,
                              decode_responses=True)
-        deadline = time.monotonic() + SETTLE_S
+        deadline = time.monotonic() + self.fleet.settle_s
         while True:
             held = {f"{key.rsplit(':', 1)[1]}/{tenant}": int(count)
                     for key in client.scan_iter("chaos:slots:*")
@@ -203,7 +298,7 @@ class Soak:
 
     def _stop(self) -> tuple[int, list[int]]:
         up = self.deployment.up
-        pids = all_pids(up, ["redis", *WORKERS, *ROUTERS])
+        pids = all_pids(up, list(self.fleet.children))
         status = up.stop(signal.SIGTERM)
         return status, [pid for pid in pids if alive(pid)]
 
@@ -215,6 +310,16 @@ def _read(path: str) -> str:
         return ""
 
 
+def _sample(text: str, name: str, labels: str = "") -> float | None:
+    """The value of metric ``name`` (with exactly ``labels``, as Prometheus prints
+    them) in an exposition ``text``; None when absent."""
+    head = f"{name}{{{labels}}} " if labels else f"{name} "
+    for line in text.splitlines():
+        if line.startswith(head):
+            return float(line.split()[-1])
+    return None
+
+
 def _p99_ms(outcomes: list[Outcome]) -> float | None:
     latencies = sorted(o.latency_s for o in outcomes if o.kind == "ok")
     if not latencies:
@@ -223,10 +328,13 @@ def _p99_ms(outcomes: list[Outcome]) -> float | None:
 
 
 def run(duration_s: float = 1800.0, max_requests: int = 1_000_000, num_clients: int = 6,
-        seed: int = 0, faults: tuple[str, ...] = tuple(FAULTS),
-        workdir: Path | None = None) -> dict:
-    """One soak with ``faults`` in this order; the report (see the module docstring)."""
-    soak = Soak(duration_s, max_requests, num_clients, seed, faults, workdir)
+        seed: int = 0, faults: tuple[str, ...] | None = None,
+        workdir: Path | None = None, fleet: str = "multi") -> dict:
+    """One soak of ``fleet`` with ``faults`` in this order (None: all of the fleet's, in
+    their order); the report (see the module docstring)."""
+    if faults is None:
+        faults = tuple(FLEETS[fleet].faults)
+    soak = Soak(duration_s, max_requests, num_clients, seed, faults, workdir, fleet)
     try:
         return asyncio.run(soak.run())
     finally:
@@ -244,6 +352,9 @@ def print_report(report: dict) -> None:
               f"{f['p99_after_ms']!s:>10} {f['num_lost']:>5}  {notes or ''}")
     for name, rss in report["rss_mb"].items():
         print(f"RSS {name:8} {rss['start']:>7} MB -> {rss['end']:>7} MB ({rss['growth_pct']})")
+    if "pd" in report:
+        print(f"PD counters: {json.dumps(report['pd'])}")
+        print(f"Held blocks (prefill side): {report['held_blocks']}")
     print(f"KV blocks in use: {report['kv_blocks_in_use']}; Redis slots held: "
           f"{report['redis_slots_held']}; healthy at end: {report['healthy_at_end']}; "
           f"up exit status: {report['up_exit_status']}; children left: {report['children_left']}")
@@ -256,12 +367,19 @@ def main(argv: list[str]) -> dict:
     parser.add_argument("--max-requests", type=int, default=1_000_000)
     parser.add_argument("--clients", type=int, default=6)
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--faults", default=",".join(FAULTS),
-                        help=f"comma-separated, in order, from {', '.join(FAULTS)}")
+    parser.add_argument("--fleet", choices=tuple(FLEETS), default="multi",
+                        help="multi: Redis, two routers, three workers; pd: one router, a "
+                             "prefill, a decode and a both worker")
+    parser.add_argument("--faults", default=None,
+                        help="comma-separated, in order; default: all of the fleet's "
+                             f"(multi: {', '.join(FAULTS)}; pd: "
+                             f"{', '.join(FLEETS['pd'].faults)})")
     args = parser.parse_args(argv)
-    faults = tuple(args.faults.split(","))
-    if unknown := set(faults) - set(FAULTS):
-        parser.error(f"unknown faults: {', '.join(sorted(unknown))}")
-    report = run(args.duration_s, args.max_requests, args.clients, args.seed, faults)
+    known = FLEETS[args.fleet].faults
+    faults = tuple(known) if args.faults is None else tuple(args.faults.split(","))
+    if unknown := set(faults) - set(known):
+        parser.error(f"unknown faults for fleet {args.fleet}: {', '.join(sorted(unknown))}")
+    report = run(args.duration_s, args.max_requests, args.clients, args.seed, faults,
+                 fleet=args.fleet)
     print_report(report)
     return report

@@ -1,5 +1,5 @@
 """The chaos soak's clients: greedy requests whose every outcome is classified, and
-the hostile clients (non-reading streams, slowloris).
+the hostile clients (non-reading streams, slowloris, clients that hang up).
 
 A request is sent to one router and ends as exactly one ``Outcome``:
 
@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import random
 import socket
 import time
 from collections.abc import Sequence
@@ -204,3 +205,46 @@ def _closed_by_peer(sock: socket.socket) -> bool:
 def close_all(sockets: Sequence[socket.socket]) -> None:
     for sock in sockets:
         sock.close()
+
+
+# Where a client that hangs up closes its connection: right after sending its request,
+# after a random delay of up to HANG_UP_MAX_DELAY_S (in a PD fleet: during the prefill
+# leg, the pull or the decode's queueing; before the first byte), or once the first
+# event of its stream came (mid-stream).
+HANG_UP_POINTS = ("after_send", "delayed", "mid_stream")
+HANG_UP_MAX_DELAY_S = 0.5
+HANG_UP_TIMEOUT_S = 10.0
+
+
+async def hang_up(router: str, tenant_key: str, prompt: str, point: str,
+                  rng: random.Random) -> bool:
+    """Send a completion of ``prompt`` to ``router`` and close the connection at
+    ``point`` (``HANG_UP_POINTS``), half the time with a reset rather than a FIN;
+    whether any byte of the answer came first. At most ``HANG_UP_TIMEOUT_S``."""
+    host, port = router.removeprefix("http://").rsplit(":", 1)
+    body = json.dumps({"model": "demo", "prompt": prompt, "max_tokens": 64, "temperature": 0,
+                       "ignore_eos": True, "stream": point == "mid_stream"}).encode()
+    head = (f"POST /v1/completions HTTP/1.1\r\nHost: chaos\r\nAuthorization: Bearer "
+            f"{tenant_key}\r\nContent-Type: application/json\r\nContent-Length: "
+            f"{len(body)}\r\n\r\n").encode()
+    received = b""
+    writer = None
+    with contextlib.suppress(TimeoutError, OSError):
+        async with asyncio.timeout(HANG_UP_TIMEOUT_S):
+            reader, writer = await asyncio.open_connection(host, int(port))
+            writer.write(head + body)
+            await writer.drain()
+            if point == "delayed":
+                await asyncio.sleep(rng.uniform(0.0, HANG_UP_MAX_DELAY_S))
+            elif point == "mid_stream":
+                while b"data:" not in received and len(received) < 65536:
+                    chunk = await reader.read(4096)
+                    if not chunk:
+                        break
+                    received += chunk
+    if writer is not None:
+        if rng.random() < 0.5:
+            writer.transport.abort()
+        else:
+            writer.close()
+    return bool(received)

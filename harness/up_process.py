@@ -11,6 +11,7 @@ URL of each child in them. Plain module (no pytest).
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import signal
@@ -27,22 +28,29 @@ from router.front.auth import hash_key
 ADMIN_KEY = "sk-demo-admin"
 TENANT_KEYS = {"alice": "sk-demo-alice", "bob": "sk-demo-bob", "carol": "sk-demo-carol"}
 WORKER_FLAGS = ("--kv-cache-bytes", "16MiB", "--num-threads", "1", "--log-level", "WARNING")
+KV_ROLES = {"prefill": "kv_producer", "decode": "kv_consumer", "both": "kv_both"}
 
 
 def up_config(num_workers: int, num_routers: int = 1, launch_redis: bool = False,
               launch: Mapping[str, float] | None = None, policy: str = "round_robin",
-              max_concurrent_requests: int = 64, keepalive_timeout_s: float = 15.0) -> str:
+              max_concurrent_requests: int = 64, keepalive_timeout_s: float = 15.0,
+              roles: Sequence[str] | None = None, pd_min_uncached_tokens: int | None = None,
+              first_byte_timeout_s: float = 30.0) -> str:
     """A deployment of demo workers on free ports, ``num_routers`` routers (sharing a
     launched Redis with ``launch_redis``; closing a connection that sends no complete
-    request for ``keepalive_timeout_s``), the tenants of ``TENANT_KEYS`` (4,096 prompt
-    and 512 output tokens each, as a deployment facing untrusted keys sets), the admin
-    key ``ADMIN_KEY``, and ``launch`` settings (restart policy) for ``up``."""
+    request for ``keepalive_timeout_s``; waiting ``first_byte_timeout_s`` for an
+    attempt's first byte), the tenants of ``TENANT_KEYS`` (4,096 prompt and 512 output
+    tokens each, as a deployment facing untrusted keys sets), the admin key
+    ``ADMIN_KEY``, and ``launch`` settings (restart policy) for ``up``. ``roles``, one
+    per worker (docs/pd.md): worker ``i``'s router role and the matching
+    ``--kv-transfer-config`` (``KV_ROLES``); with ``pd_min_uncached_tokens``, the
+    router's ``[pd]``."""
     lines = ["[listen]", "port = 0", f"keepalive_timeout_s = {keepalive_timeout_s}",
              "[metrics]", "port = 0",
              "[models.demo]", 'tokenizer = "demo"', "block_size = 16",
              "[policy]", f'name = "{policy}"',
              "[registry]", "poll_interval_s = 0.5", "probe_timeout_s = 2.0",
-             "[proxy]", "max_attempts = 3", "first_byte_timeout_s = 30",
+             "[proxy]", "max_attempts = 3", f"first_byte_timeout_s = {first_byte_timeout_s}",
              "idle_timeout_s = 10",
              "[auth]", "allow_anonymous = false", f'admin_key_digest = "{hash_key(ADMIN_KEY)}"']
     for tenant, key in TENANT_KEYS.items():
@@ -53,11 +61,18 @@ def up_config(num_workers: int, num_routers: int = 1, launch_redis: bool = False
     if launch_redis:
         lines += ["[redis]", "launch = true", 'key_prefix = "chaos"', "command_timeout_s = 0.5",
                   "heartbeat_interval_s = 0.5", "lease_ttl_s = 2.0", "sync_interval_s = 0.5"]
+    if pd_min_uncached_tokens is not None:
+        lines += ["[pd]", f"min_uncached_tokens = {pd_min_uncached_tokens}"]
     lines += ["[launch]", "ready_timeout_s = 180", f"routers = {num_routers}"]
     lines += [f"{key} = {value}" for key, value in (launch or {}).items()]
     for i in range(num_workers):
-        launch_args = ", ".join(f'"{a}"' for a in ("--model", "demo", "--port", "0", *WORKER_FLAGS))
-        lines += ["[[workers]]", f'id = "w{i}"', 'model = "demo"', f"launch = [{launch_args}]"]
+        role = "both" if roles is None else roles[i]
+        args = ["--model", "demo", "--port", "0", *WORKER_FLAGS]
+        if roles is not None:
+            args += ["--kv-transfer-config", json.dumps({"kv_role": KV_ROLES[role]})]
+        launch_args = ", ".join(json.dumps(a) for a in args)
+        lines += ["[[workers]]", f'id = "w{i}"', 'model = "demo"', f'role = "{role}"',
+                  f"launch = [{launch_args}]"]
     return "\n".join(lines) + "\n"
 
 

@@ -19,7 +19,9 @@ import pytest
 
 from bench import chaos
 
-pytestmark = pytest.mark.slow
+# Same group as the PD soak (test_chaos_pd.py): each starts a whole deployment under
+# `up`, and side by side on a small machine they would starve each other.
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("chaos")]
 
 
 # Two minutes of soak plus start-up, on a machine that may still be starting the
