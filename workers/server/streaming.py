@@ -92,9 +92,14 @@ class EventStream:
             headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
         )
 
-    async def open(self) -> None:
-        """Send the headers."""
-        await self.response.prepare(self._request)
+    async def open(self) -> bool:
+        """Send the headers; False when the client is already gone (then nothing more
+        is sent)."""
+        try:
+            await self.response.prepare(self._request)
+        except ConnectionError:
+            return False
+        return True
 
     async def send(self, payload: object) -> bool:
         """Send one event: a JSON value, the literal ``[DONE]``, or ``bytes`` that are
@@ -132,7 +137,8 @@ async def stream_response(
     stream = submit(engine, engine_request)
     events = EventStream(request)
     try:
-        await events.open()
+        if not await events.open():
+            return events.response
         async with asyncio.timeout(timeout_s):
             async for output in stream:
                 for payload in render(output):
