@@ -19,6 +19,7 @@ from bench import (
     e2e_timed,
     e2e_worker_bench,
     engine_overhead,
+    fairness,
     fuzz,
     headroom,
     host_tier_bench,
@@ -78,6 +79,7 @@ BENCHMARKS: dict[str, Callable[[list[str]], dict]] = {
     "lora": lora_bench.main,
     "canary": canary_bench.main,
     "pd": pd_bench.main,
+    "fairness": fairness.main,
 }
 
 
