@@ -574,15 +574,18 @@ class PDConfig(Section, section="pd"):
 
 @dataclass(frozen=True)
 class BandConfig(Section):
-    """A priority band of flow control: its name (what tenants name) and how long a
-    request may wait in it before it is shed (429 with Retry-After)."""
+    """A priority band of flow control: its name (what tenants name), how long a
+    request may wait in it before it is shed (429 with Retry-After), and the share of
+    each worker's headroom bound its requests may fill (the rest stays free for the
+    bands above)."""
 
     name: str = setting(pattern=NAME)
     queue_ttl_s: float = setting(30.0, above=0)
+    max_slot_fraction: float = setting(1.0, above=0, high=1)
 
 
 DEFAULT_BANDS = (BandConfig("interactive", 10.0), BandConfig("standard", 30.0),
-                 BandConfig("batch", 120.0))
+                 BandConfig("batch", 120.0, 0.75))
 
 
 @dataclass(frozen=True)

@@ -105,7 +105,7 @@ class Decider:
     def __init__(self, index: RouterIndex, policy: Policy, registry: WorkerRegistry,
                  canary: Canary, siblings: Siblings, proxy: Proxy, pd: PDConfig,
                  max_attempts: int, metrics: RouterMetrics,
-                 request_limit: Callable[[WorkerState], int | None]) -> None:
+                 request_limit: Callable[[WorkerState, int], int | None]) -> None:
         self._index, self._policy, self._registry = index, policy, registry
         self._canary, self._siblings, self._proxy = canary, siblings, proxy
         self._pd, self._max_attempts, self._metrics = pd, max_attempts, metrics
@@ -185,7 +185,8 @@ class Decider:
                            headers={"Retry-After": RETRY_AFTER_S})
         load_ms = self._policy.weights.default_adapter_load_ms
         views = [w.view(matches.tokens.get(w.worker_id, 0), matches.routed.get(w.worker_id, 0),
-                        call.adapter, load_ms, self._request_limit(w)) for w in workers]
+                        call.adapter, load_ms, self._request_limit(w, call.request.priority))
+                 for w in workers]
         views = [v for v in views if not is_saturated(v)]
         if not views and fallback:
             fallback_matches = self.match(fallback, call.prompt, call.scope, call.adapter)

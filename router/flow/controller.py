@@ -216,26 +216,34 @@ class FlowController:
 
     def _window(self, now: float) -> list[tuple[Entry[_Waiter], Ranking]]:
         """The first ``locality_window`` queued requests, in fair order, that a worker
-        with headroom can take now, with their rankings."""
+        with headroom can take now, with their rankings: all of the band the first of
+        them stands in (locality never lets a lower band's request pass a higher's)."""
         window: list[tuple[Entry[_Waiter], Ranking]] = []
-        headroom: dict[int, bool] = {}
+        headroom: dict[tuple[int, int], bool] = {}
+        band = None
         for entry in self._queue.in_order(now):
             if entry.item.granted.done():
                 continue
+            if band is not None and self._queue.effective_band(entry, now) != band:
+                break
             ranking = self._rank(entry.item.request, headroom)
-            if ranking is not None:
-                window.append((entry, ranking))
-                if len(window) >= self._config.locality_window:
-                    break
+            if ranking is None:
+                continue
+            band = self._queue.effective_band(entry, now)
+            window.append((entry, ranking))
+            if len(window) >= self._config.locality_window:
+                break
         return window
 
-    def _rank(self, request: FlowRequest, headroom: dict[int, bool]) -> Ranking | None:
-        """``request``'s ranking among its workers with headroom; None when none has
-        any. ``headroom`` memoizes the check per worker list within one pass."""
+    def _rank(self, request: FlowRequest, headroom: dict[tuple[int, int], bool]
+              ) -> Ranking | None:
+        """``request``'s ranking among its workers with headroom for its band; None when
+        none has any. ``headroom`` memoizes the check per worker list and band within
+        one pass."""
         workers = request.candidates.workers
-        key = id(workers)
+        key = (id(workers), request.band)
         if key not in headroom:
-            headroom[key] = any(has_headroom(w, self._limit) for w in workers)
+            headroom[key] = any(has_headroom(w, self._limit, request.band) for w in workers)
         if not headroom[key]:
             return None
         try:

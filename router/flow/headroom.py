@@ -6,7 +6,11 @@ it, or its polled running plus waiting when that is higher: the same count as
 is the configured ``max_requests_per_worker``, else the worker's batch slots plus
 ``queue_per_worker`` (a request beyond its slots only queues there, where nobody
 chooses who goes first), else ``fallback_requests_per_worker`` for a worker that
-reports no slots (vLLM, OpenAI-compatible servers).
+reports no slots (vLLM, OpenAI-compatible servers). A band's requests may fill only
+its ``max_slot_fraction`` of that bound (at least one request): the default batch
+band leaves a quarter of each worker free for the bands above it, so an interactive
+request finds headroom at once beside a batch flood, and the worker's batches (and
+so its steps) stay smaller.
 """
 
 from __future__ import annotations
@@ -17,28 +21,30 @@ from router.config import FlowConfig
 from router.fleet.worker_state import WorkerState
 from router.routing.load_cost import is_saturated
 
-RequestLimit = Callable[[WorkerState], "int | None"]
+RequestLimit = Callable[[WorkerState, int], "int | None"]
 
 
 def request_limit(config: FlowConfig) -> RequestLimit:
-    """The headroom bound of ``config`` per worker (see the module docstring)."""
+    """The headroom bound of ``config`` per worker and band (see the module docstring)."""
+    fractions = [band.max_slot_fraction for band in config.bands]
 
-    def limit(worker: WorkerState) -> int:
+    def limit(worker: WorkerState, band: int) -> int:
         if config.max_requests_per_worker is not None:
-            return config.max_requests_per_worker
-        num_slots = worker.load.max_num_running
-        if num_slots is None:
-            return config.fallback_requests_per_worker
-        return num_slots + config.queue_per_worker
+            bound = config.max_requests_per_worker
+        elif worker.load.max_num_running is None:
+            bound = config.fallback_requests_per_worker
+        else:
+            bound = worker.load.max_num_running + config.queue_per_worker
+        return max(1, int(bound * fractions[band]))
 
     return limit
 
 
-def no_request_limit(worker: WorkerState) -> int | None:
+def no_request_limit(worker: WorkerState, band: int) -> int | None:
     """Without flow control no bound but the worker's own (its admission queue)."""
     return None
 
 
-def has_headroom(worker: WorkerState, limit: RequestLimit) -> bool:
-    """Whether ``worker`` may take one more request now under ``limit``."""
-    return not is_saturated(worker.view(0, 0, None, 0.0, limit(worker)))
+def has_headroom(worker: WorkerState, limit: RequestLimit, band: int) -> bool:
+    """Whether ``worker`` may take one more request of ``band`` now under ``limit``."""
+    return not is_saturated(worker.view(0, 0, None, 0.0, limit(worker, band)))

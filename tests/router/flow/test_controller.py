@@ -159,3 +159,51 @@ async def test_within_the_window_the_request_whose_prefix_the_worker_holds_goes_
         assert granted[0] == cached
     finally:
         await router.close()
+
+
+async def test_locality_never_lets_a_lower_bands_request_pass_a_higher_ones() -> None:
+    router = _router()
+    try:
+        worker = _worker(router)
+        cached = "a long shared document that the worker already holds " * 3
+        router.index.note_routed("ns", worker.worker_id, _call(router, cached, BOB).prompt.key,
+                                 "bob")
+        busy = InFlight(worker, 0)
+        granted: list[str] = []
+        urgent = Tenant("alice", TenantLimits(), band="interactive")
+        warm = asyncio.create_task(_queued(router, worker, cached, BOB, granted))
+        await asyncio.sleep(0.01)
+        cold = asyncio.create_task(_queued(router, worker, "urgent and cold " * 9, urgent,
+                                           granted))
+        await asyncio.sleep(0.01)
+        busy.end()
+        router.flow.wake()
+        await asyncio.wait_for(asyncio.gather(cold, warm), 5)
+        assert granted[0] == "urgent and cold " * 9
+    finally:
+        await router.close()
+
+
+async def test_a_lower_band_leaves_part_of_each_worker_to_the_bands_above() -> None:
+    bands = (BandConfig("interactive", 5.0), BandConfig("batch", 5.0, max_slot_fraction=0.5))
+    config = replace(make_config(["http://127.0.0.1:9"]),
+                     flow=FlowConfig(enabled=True, bands=bands, default_band="batch"))
+    router = Router.build(config, TEST_SECRET, InProcessSharedState())
+    try:
+        worker = _worker(router)
+        worker.load = WorkerLoad(max_num_requests=8, max_num_running=4)
+        candidates = Candidates([worker], [], None)
+        turns = [await router.flow.turn(candidates, _call(router, f"batch {i}"), ALICE, None)
+                 for i in range(2)]
+        third = asyncio.create_task(router.flow.turn(candidates, _call(router, "batch 2"),
+                                                     ALICE, None))
+        await asyncio.sleep(0.1)
+        assert not third.done()  # half of the four slots is the batch band's share
+        urgent = Tenant("bob", TenantLimits(), band="interactive")
+        turns.append(await asyncio.wait_for(router.flow.turn(
+            candidates, _call(router, "urgent", urgent), urgent, None), 1))
+        third.cancel()
+        for turn in turns:
+            turn.release()
+    finally:
+        await router.close()
