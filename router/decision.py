@@ -235,14 +235,8 @@ class Decider:
         answers 429). Returns (params, the worker holding their blocks)."""
         counts = self._metrics.pd_requests
         prompt = call.prompt
-        num_decode_matched = matches.tokens.get(decode.worker_id, 0)
-        num_uncached = len(prompt.token_ids) - num_decode_matched
-        candidates = [w for w in prefillers
-                      if w is not decode and w.capabilities.speaks_generate]
-        if (num_uncached < self._pd.min_uncached_tokens or not candidates
-                or num_decode_matched < prompt.num_public_tokens
-                or not decode.capabilities.speaks_generate or call.adapter is not None
-                or call.request.sampling.n != 1):
+        candidates = self._prefill_candidates(call, decode, prefillers, matches)
+        if not candidates:
             counts["aggregated"].inc()
             return None, None
         try:  # a worker at its hold cap (polled) would refuse the leg: skip it
@@ -272,6 +266,20 @@ class Decider:
             in_flight.end()
         counts["disaggregated"].inc()
         return params, prefill
+
+    def _prefill_candidates(self, call: Call, decode: WorkerState,
+                            prefillers: list[WorkerState], matches: Matches
+                            ) -> list[WorkerState]:
+        """The workers that may prefill ``call`` for ``decode``; none when it is served
+        whole (see ``_prefill_leg``)."""
+        prompt = call.prompt
+        num_decode_matched = matches.tokens.get(decode.worker_id, 0)
+        if (len(prompt.token_ids) - num_decode_matched < self._pd.min_uncached_tokens
+                or num_decode_matched < prompt.num_public_tokens
+                or not decode.capabilities.speaks_generate or call.adapter is not None
+                or call.request.sampling.n != 1):
+            return []
+        return [w for w in prefillers if w is not decode and w.capabilities.speaks_generate]
 
 
 def check_endpoint(params: dict[str, Any], worker: WorkerState) -> dict[str, Any]:
