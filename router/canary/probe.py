@@ -14,6 +14,7 @@ from chance. Where either side returned text only (an OpenAI server without
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping, Sequence
 from typing import NamedTuple
 
@@ -24,7 +25,7 @@ from radix.generate import GenerateRequest
 from radix.keys import to_key
 from radix.openai.sampling import Sampling
 from radix.tree import DIRECT
-from router.fleet.probes import ProbeError
+from router.fleet.probes import MAX_PROBE_BYTES, ProbeError, read_at_most
 
 
 class Answer(NamedTuple):
@@ -60,7 +61,10 @@ async def greedy_outputs(session: aiohttp.ClientSession, url: str, headers: Mapp
                                     timeout=aiohttp.ClientTimeout(total=timeout_s)) as resp:
                 if resp.status != 200:
                     raise ProbeError(f"HTTP {resp.status}")
-                choice = (await resp.json())["choices"][0]
+                raw = await read_at_most(resp, MAX_PROBE_BYTES)
+                if raw is None:
+                    raise ProbeError(f"an answer over {MAX_PROBE_BYTES} bytes")
+                choice = json.loads(raw)["choices"][0]
             ids = choice.get("token_ids")
             outputs.append(Answer(None if ids is None else tuple(int(t) for t in ids),
                                   str(choice.get("text") or "")))

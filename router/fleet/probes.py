@@ -30,6 +30,9 @@ from router.models import ModelTokenizer
 from router.routing.adapters import WorkerAdapter
 from router.routing.index import NamespaceDigest
 
+# /ready, /info, /metrics and /v1/models answers are kilobytes; a vLLM server's
+# /metrics with many LoRA adapters tens of kilobytes.
+MAX_PROBE_BYTES = 4 << 20
 
 @dataclass(frozen=True)
 class WorkerLoad:
@@ -77,12 +80,29 @@ class ProbeError(Exception):
     """A probe request failed or answered something unusable."""
 
 
+async def read_at_most(resp: aiohttp.ClientResponse, limit: int) -> bytes | None:
+    """``resp``'s body, or None as soon as it passes ``limit`` bytes (what a worker
+    answers is never buffered past what the router expects of it)."""
+    chunks: list[bytes] = []
+    size = 0
+    async for chunk in resp.content.iter_chunked(64 * 1024):
+        size += len(chunk)
+        if size > limit:
+            return None
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
 async def _get(session: aiohttp.ClientSession, url: str, headers: Mapping[str, str],
                timeout_s: float) -> tuple[int, str]:
     try:
         async with session.get(url, headers=headers,
                                timeout=aiohttp.ClientTimeout(total=timeout_s)) as resp:
-            return resp.status, await resp.text()
+            raw = await read_at_most(resp, MAX_PROBE_BYTES)
+            if raw is None:
+                raise ProbeError(f"GET {url}: HTTP {resp.status}, an answer over "
+                                 f"{MAX_PROBE_BYTES} bytes")
+            return resp.status, raw.decode(errors="replace")
     except (aiohttp.ClientError, TimeoutError) as exc:
         raise ProbeError(f"GET {url}: {type(exc).__name__}: {exc}") from exc
 

@@ -15,11 +15,14 @@ routed either, unless its worker entry says ``trust_cache_salt = true``.
 
 from __future__ import annotations
 
+import json
 import logging
 import secrets
 from collections.abc import Mapping, Sequence
 
 import aiohttp
+
+from router.fleet.probes import MAX_PROBE_BYTES, read_at_most
 
 PROBE_TOKENS = 320  # more than two KV blocks of 128 tokens
 log = logging.getLogger(__name__)
@@ -74,7 +77,10 @@ async def _cached_tokens(session: aiohttp.ClientSession, url: str, headers: Mapp
                             timeout=aiohttp.ClientTimeout(total=timeout_s)) as resp:
         if resp.status != 200:
             raise ValueError(f"HTTP {resp.status}")
-        usage = (await resp.json())["usage"]
+        raw = await read_at_most(resp, MAX_PROBE_BYTES)
+        if raw is None:
+            raise ValueError(f"an answer over {MAX_PROBE_BYTES} bytes")
+        usage = json.loads(raw)["usage"]
     details = usage.get("prompt_tokens_details") or {}
     cached = details.get("cached_tokens")
     return cached if isinstance(cached, int) else None

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 import aiohttp
 
 from router.fleet.discovery.pods import PodEndpoint
+from router.fleet.probes import read_at_most
 from router.tasks import cancel_and_wait
 
 MODEL_RETRY_S = 5.0
@@ -93,7 +94,7 @@ async def served_model(session: aiohttp.ClientSession, url: str, headers: Mappin
                                timeout=aiohttp.ClientTimeout(total=timeout_s)) as resp:
             if resp.status != 200:
                 return None
-            raw = await _read_at_most(resp, MAX_MODELS_BYTES)
+            raw = await read_at_most(resp, MAX_MODELS_BYTES)
         body = json.loads(raw) if raw is not None else None
     except (aiohttp.ClientError, TimeoutError, ValueError):
         return None
@@ -102,15 +103,3 @@ async def served_model(session: aiohttp.ClientSession, url: str, headers: Mappin
         if isinstance(entry, dict) and entry.get("id") in names:
             return entry["id"]
     return None
-
-
-async def _read_at_most(resp: aiohttp.ClientResponse, limit: int) -> bytes | None:
-    """The body, or None as soon as it passes ``limit`` bytes."""
-    chunks: list[bytes] = []
-    size = 0
-    async for chunk in resp.content.iter_chunked(64 * 1024):
-        size += len(chunk)
-        if size > limit:
-            return None
-        chunks.append(chunk)
-    return b"".join(chunks)
