@@ -16,10 +16,7 @@ from tests.support.router_calls import admin, complete, wait_until_ready
 from tests.support.router_configs import (
     WORKER_KEY,
     WORKER_KEY_ENV,
-    auth_section,
-    model_table,
-    to_toml,
-    worker_list,
+    pd_config,
 )
 
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("e2e_pd")]
@@ -34,25 +31,6 @@ def metric(worker: ManagedProcess, name: str, labels: dict | None = None) -> flo
 def router_metric(router: ManagedProcess, name: str, labels: dict) -> float:
     """One sample of the router's ``/metrics``."""
     return sample(http_json("GET", f"{router.metrics_url}/metrics")[1], name, labels)
-
-
-def pd_config(directory, prefill: ManagedProcess, decode_id: str, decode: ManagedProcess,
-              decode_key_env: str):
-    """A router config in ``directory``: model demo, prefill worker p0 (its key in
-    WORKER_KEY_ENV), the decode worker ``decode_id`` (its key in ``decode_key_env``),
-    PD from 32 uncached tokens; returns its path."""
-    path = directory / "router.toml"
-    path.write_text(to_toml({
-        "models": {"demo": model_table()},
-        "registry": {"poll_interval_s": 0.2},
-        "auth": auth_section({"alice": {}}),
-        "pd": {"min_uncached_tokens": 32},
-        "workers": [*worker_list({"p0": prefill.url}, api_key_env=WORKER_KEY_ENV,
-                                 role="prefill"),
-                    *worker_list({decode_id: decode.url}, api_key_env=decode_key_env,
-                                 role="decode")],
-    }))
-    return path
 
 
 @pytest.fixture(scope="module")

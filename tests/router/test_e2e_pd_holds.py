@@ -20,10 +20,7 @@ from tests.support.router_calls import ALICE, admin, base_url, complete, wait_un
 from tests.support.router_configs import (
     WORKER_KEY,
     WORKER_KEY_ENV,
-    auth_section,
-    model_table,
-    to_toml,
-    worker_list,
+    pd_config,
 )
 
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("e2e_pd_holds")]
@@ -57,17 +54,7 @@ def pd_router(directory, prefill: ManagedProcess, decode: ManagedProcess,
               decode_key: str = WORKER_KEY) -> ManagedProcess:
     """A ready router over prefill worker p0 and decode worker d0 (its key
     ``decode_key``), PD from 32 uncached tokens."""
-    path = directory / "router.toml"
-    path.write_text(to_toml({
-        "models": {"demo": model_table()},
-        "registry": {"poll_interval_s": 0.2},
-        "auth": auth_section({"alice": {}}),
-        "pd": {"min_uncached_tokens": 32},
-        "workers": [*worker_list({"p0": prefill.url}, api_key_env=WORKER_KEY_ENV,
-                                 role="prefill"),
-                    *worker_list({"d0": decode.url}, api_key_env="DECODE_KEY",
-                                 role="decode")],
-    }))
+    path = pd_config(directory, prefill, "d0", decode, "DECODE_KEY")
     router = start_router(path, env={WORKER_KEY_ENV: WORKER_KEY, "DECODE_KEY": decode_key})
     wait_until_ready(router)
     return router

@@ -8,8 +8,10 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
+from harness.procs import ManagedProcess
 from router.config import RouterConfig
 from router.config_toml import parse_config
 from router.front.auth import hash_key
@@ -147,3 +149,22 @@ def canary_pools(probe_interval_s: float) -> dict[str, Any]:
     return {"pools": {"baseline": {"workers": ["base"], "weight": 1},
                       "fp8": {"workers": ["fp8"], "weight": 1}},
             "canary": {"probe_interval_s": probe_interval_s, "check_interval_s": 0.1}}
+
+
+def pd_config(directory: Path, prefill: ManagedProcess, decode_id: str,
+              decode: ManagedProcess, decode_key_env: str) -> Path:
+    """A router config in ``directory``: model demo, prefill worker p0 (its key in
+    WORKER_KEY_ENV), the decode worker ``decode_id`` (its key in ``decode_key_env``),
+    PD from 32 uncached tokens; returns its path."""
+    path = directory / "router.toml"
+    path.write_text(to_toml({
+        "models": {"demo": model_table()},
+        "registry": {"poll_interval_s": 0.2},
+        "auth": auth_section({"alice": {}}),
+        "pd": {"min_uncached_tokens": 32},
+        "workers": [*worker_list({"p0": prefill.url}, api_key_env=WORKER_KEY_ENV,
+                                 role="prefill"),
+                    *worker_list({decode_id: decode.url}, api_key_env=decode_key_env,
+                                 role="decode")],
+    }))
+    return path
