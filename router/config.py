@@ -8,6 +8,7 @@ default.
 
 from __future__ import annotations
 
+import functools
 import re
 import urllib.parse
 from collections.abc import Mapping
@@ -628,10 +629,19 @@ class FlowConfig(Section, section="flow"):
         if self.default_band not in names:
             raise FieldError("default_band", f"must be one of the bands {names}")
 
+    @functools.cached_property
+    def _band_indexes(self) -> dict[str | None, int]:
+        indexes: dict[str | None, int] = {band.name: i for i, band in enumerate(self.bands)}
+        indexes[None] = indexes[self.default_band]
+        return indexes
+
     def band_index(self, name: str | None) -> int:
-        """The index of band ``name`` (None: the default band); ValueError if unknown."""
-        names = [band.name for band in self.bands]
-        return names.index(self.default_band if name is None else name)
+        """The index of band ``name`` (None: the default band); ValueError if unknown.
+        A dictionary lookup: it runs once per request."""
+        try:
+            return self._band_indexes[name]
+        except KeyError:
+            raise ValueError(f"unknown band {name!r}") from None
 
     def effective_band(self, name: str | None, priority: int) -> int:
         """The band a request of a tenant in band ``name`` runs in when it asks for

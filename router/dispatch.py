@@ -108,8 +108,9 @@ async def admit(router: Router, client: Client, endpoint: str, tenant: Tenant,
                                   router.models.max_body_bytes(tenant.limits))
     model, adapter, parsed = await decode(router, body, endpoint, tenant)
     del body
-    parsed = replace(parsed, priority=router.config.flow.effective_band(tenant.band,
-                                                                        parsed.priority))
+    band = router.config.flow.effective_band(tenant.band, parsed.priority)
+    if band != parsed.priority:
+        parsed = replace(parsed, priority=band)
     check_text_size(model, parsed, tenant.limits)
     max_tokens = router.limiter.output_cap(tenant, parsed.sampling.max_tokens,
                                            parsed.sampling.max_tokens_param)
