@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import pytest
 
-from harness.procs import ManagedProcess, http_json, start_router, start_worker
-from tests.support.metric_samples import sample
+from harness.procs import start_router, start_worker
+from tests.support.metric_samples import router_metric
+from tests.support.metric_samples import worker_metric as metric
 from tests.support.polling import wait_until
 from tests.support.router_calls import admin, complete, wait_until_ready
 from tests.support.router_configs import (
@@ -21,16 +22,6 @@ from tests.support.router_configs import (
 
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("e2e_pd")]
 PROMPT = "Disaggregated serving moves the prompt's cache from one worker to another. " * 3
-
-
-def metric(worker: ManagedProcess, name: str, labels: dict | None = None) -> float:
-    """One sample of ``worker``'s ``/metrics``."""
-    return sample(worker.get_json("/metrics")[1], name, labels)
-
-
-def router_metric(router: ManagedProcess, name: str, labels: dict) -> float:
-    """One sample of the router's ``/metrics``."""
-    return sample(http_json("GET", f"{router.metrics_url}/metrics")[1], name, labels)
 
 
 @pytest.fixture(scope="module")

@@ -13,8 +13,9 @@ import random
 import aiohttp
 import pytest
 
-from harness.procs import ManagedProcess, http_json, start_router, start_worker
-from tests.support.metric_samples import sample
+from harness.procs import ManagedProcess, start_router, start_worker
+from tests.support.metric_samples import router_metric
+from tests.support.metric_samples import worker_metric as metric
 from tests.support.polling import wait_until
 from tests.support.router_calls import ALICE, admin, base_url, complete, wait_until_ready
 from tests.support.router_configs import (
@@ -27,16 +28,6 @@ pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("e2e_pd_holds")]
 PRODUCER = '{"kv_role": "kv_producer"}'
 CONSUMER = '{"kv_role": "kv_consumer"}'
 HOLD_S = 5  # the producers' hold deadline
-
-
-def metric(worker: ManagedProcess, name: str, labels: dict | None = None) -> float:
-    """One sample of ``worker``'s ``/metrics``."""
-    return sample(worker.get_json("/metrics")[1], name, labels)
-
-
-def router_metric(router: ManagedProcess, name: str, labels: dict) -> float:
-    """One sample of the router's ``/metrics``."""
-    return sample(http_json("GET", f"{router.metrics_url}/metrics")[1], name, labels)
 
 
 def used_blocks(worker: ManagedProcess) -> int:

@@ -20,7 +20,7 @@ import aiohttp
 import pytest
 
 from harness.procs import ManagedProcess, start_worker
-from tests.support.metric_samples import sample
+from tests.support.metric_samples import worker_metric as metric
 from tests.support.polling import wait_until
 
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("pd_holds")]
@@ -45,11 +45,6 @@ def body(token_ids: list[int], max_tokens: int, params: dict | None = None,
     if params is not None:
         request["kv_transfer_params"] = params
     return request
-
-
-def metric(worker: ManagedProcess, name: str, labels: dict | None = None) -> float:
-    """One sample of ``worker``'s ``/metrics``."""
-    return sample(worker.get_json("/metrics")[1], name, labels)
 
 
 def used_blocks(worker: ManagedProcess) -> int:

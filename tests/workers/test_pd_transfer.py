@@ -15,7 +15,7 @@ from collections.abc import Iterator
 import pytest
 
 from harness.procs import ManagedProcess, start_worker
-from tests.support.metric_samples import sample
+from tests.support.metric_samples import worker_metric as metric
 from tests.support.polling import wait_until
 
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("pd_transfer")]
@@ -38,11 +38,6 @@ def generate(worker: ManagedProcess, token_ids: list[int], max_tokens: int,
     if params is not None:
         body["kv_transfer_params"] = params
     return worker.post_json("/generate", body)
-
-
-def metric(worker: ManagedProcess, name: str, labels: dict | None = None) -> float:
-    """The value of one sample of ``worker``'s ``/metrics``."""
-    return sample(worker.get_json("/metrics")[1], name, labels)
 
 
 def used_blocks(worker: ManagedProcess) -> int:

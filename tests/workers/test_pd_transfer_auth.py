@@ -19,7 +19,7 @@ import pytest
 
 from harness.attacks import oversized_transfer_header, unsigned_transfer_request
 from harness.procs import ManagedProcess, start_worker
-from tests.support.metric_samples import sample
+from tests.support.metric_samples import worker_metric as metric
 from tests.support.polling import wait_until
 from workers.kv_transfer.wire import FRAME, MAC_BYTES, answer_context, frame
 
@@ -45,11 +45,6 @@ def generate(worker: ManagedProcess, token_ids: list[int], max_tokens: int,
     if params is not None:
         body["kv_transfer_params"] = params
     return worker.post_json("/generate", body)
-
-
-def metric(worker: ManagedProcess, name: str, labels: dict | None = None) -> float:
-    """One sample of ``worker``'s ``/metrics``."""
-    return sample(worker.get_json("/metrics")[1], name, labels)
 
 
 def holds_nothing(worker: ManagedProcess) -> bool:
