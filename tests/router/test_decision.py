@@ -38,23 +38,29 @@ def _call(router: Router) -> Call:
     return Call(request, "demo", model.prompt(request, "alice"), "alice", 4, "salt")
 
 
-async def test_saturated_prefill_workers_leave_the_request_whole_on_the_decode_worker():
+async def _decide_beside(prefill_load: WorkerLoad) -> tuple[Decision, WorkerState, WorkerState, str]:
+    """A PD decision for a decode worker and a prefill worker with ``prefill_load``:
+    (the decision, decode, prefill, the router's metrics after it)."""
     urls = ["http://127.0.0.1:9", "http://127.0.0.1:10"]
     config = replace(make_config(urls), pd=PDConfig(min_uncached_tokens=1))
     router = Router.build(config, TEST_SECRET, InProcessSharedState())
     try:
         decode = _worker(router, 0, "decode", WorkerLoad())
-        prefill = _worker(router, 1, "prefill", WorkerLoad(num_requests_running=2,
-                                                           max_num_requests=2))
+        prefill = _worker(router, 1, "prefill", prefill_load)
         decision = await router.decider.decide(Candidates([decode, prefill], [], None),
-                                               _call(router))
-        assert decision.ranked == [decode]
-        assert decision.kv_transfer_params is None
-        assert [a.worker for a in decision.attempts()] == [decode]
-        metrics = generate_latest(router.metrics.registry).decode()
-        assert sample(metrics, "router_pd_requests_total", {"mode": "fallback"}) == 1
+                                               _call(router))  # no leg is sent: no server
+        return decision, decode, prefill, generate_latest(router.metrics.registry).decode()
     finally:
         await router.close()
+
+
+async def test_saturated_prefill_workers_leave_the_request_whole_on_the_decode_worker():
+    decision, decode, _, metrics = await _decide_beside(
+        WorkerLoad(num_requests_running=2, max_num_requests=2))
+    assert decision.ranked == [decode]
+    assert decision.kv_transfer_params is None
+    assert [a.worker for a in decision.attempts()] == [decode]
+    assert sample(metrics, "router_pd_requests_total", {"mode": "fallback"}) == 1
 
 
 async def test_a_decode_worker_given_pulled_blocks_is_tried_again_without_them_first():
@@ -71,19 +77,9 @@ async def test_a_decode_worker_given_pulled_blocks_is_tried_again_without_them_f
 
 
 async def test_a_prefill_worker_at_its_hold_cap_is_skipped_for_a_whole_request():
-    urls = ["http://127.0.0.1:9", "http://127.0.0.1:10"]
-    config = replace(make_config(urls), pd=PDConfig(min_uncached_tokens=1))
-    router = Router.build(config, TEST_SECRET, InProcessSharedState())
-    try:
-        decode = _worker(router, 0, "decode", WorkerLoad())
-        prefill = _worker(router, 1, "prefill", WorkerLoad(num_held_blocks=31,
-                                                           max_held_blocks=31))
-        decision = await router.decider.decide(Candidates([decode, prefill], [], None),
-                                               _call(router))  # no leg is sent: no server
-        assert decision.kv_transfer_params is None and decision.prefill is None
-        assert [a.worker for a in decision.attempts()] == [decode]
-        assert prefill.ready  # never tried: a leg to its closed port would mark it failed
-        metrics = generate_latest(router.metrics.registry).decode()
-        assert sample(metrics, "router_pd_requests_total", {"mode": "fallback"}) == 1
-    finally:
-        await router.close()
+    decision, decode, prefill, metrics = await _decide_beside(
+        WorkerLoad(num_held_blocks=31, max_held_blocks=31))
+    assert decision.kv_transfer_params is None and decision.prefill is None
+    assert [a.worker for a in decision.attempts()] == [decode]
+    assert prefill.ready  # never tried: a leg to its closed port would mark it failed
+    assert sample(metrics, "router_pd_requests_total", {"mode": "fallback"}) == 1
