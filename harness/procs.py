@@ -12,13 +12,14 @@ it.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import sys
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 
 from router.up.launcher import WORKER_KEY_ENV, ChildProcess
@@ -144,6 +145,22 @@ def start_worker(
     (loopback only)."""
     return start_process(worker_args(*flags, kv_cache_bytes=kv_cache_bytes), env, timeout_s,
                          wait, api_key)
+
+
+@contextlib.contextmanager
+def started_workers(flags: Mapping[str, tuple[Sequence[str], str | None]],
+                    kv_cache_bytes: str = "4MiB") -> Iterator[dict[str, ManagedProcess]]:
+    """Demo-model workers by name, each with its flags and API key (``flags``: name ->
+    (flags, key)), started together and ready; all stopped when the block ends."""
+    workers = {name: start_worker(*f, api_key=key, wait=False, kv_cache_bytes=kv_cache_bytes)
+               for name, (f, key) in flags.items()}
+    try:
+        for worker in workers.values():
+            worker.wait_ready(120)
+        yield workers
+    finally:
+        for worker in workers.values():
+            worker.stop()
 
 
 def router_args(config_path: str | Path, *flags: str) -> list[str]:

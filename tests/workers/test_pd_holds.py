@@ -19,7 +19,7 @@ from collections.abc import Iterator
 import aiohttp
 import pytest
 
-from harness.procs import ManagedProcess, start_worker
+from harness.procs import ManagedProcess, started_workers
 from tests.support.metric_samples import worker_metric as metric
 from tests.support.polling import wait_until
 
@@ -145,14 +145,8 @@ def fleet() -> Iterator[dict[str, ManagedProcess]]:
         "capped": ("--kv-transfer-config", PRODUCER, "--kv-transfer-timeout-s", "60",
                    "--kv-transfer-max-scope-held-fraction", "0.1"),
     }
-    workers = {name: start_worker(*f, api_key=KEY, wait=False) for name, f in flags.items()}
-    try:
-        for worker in workers.values():
-            worker.wait_ready(120)
+    with started_workers({name: (f, KEY) for name, f in flags.items()}) as workers:
         yield workers
-    finally:
-        for worker in workers.values():
-            worker.stop()
 
 
 def random_prompt(seed: int) -> list[int]:

@@ -14,7 +14,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from harness.procs import ManagedProcess, start_worker
+from harness.procs import ManagedProcess, started_workers
 from tests.support.metric_samples import worker_metric as metric
 from tests.support.polling import wait_until
 
@@ -73,15 +73,8 @@ def fleet() -> Iterator[dict[str, ManagedProcess]]:
         "recompute": (("--kv-transfer-config", CONSUMER, "--kv-transfer-fallback",
                        "recompute"), KEY),
     }
-    workers = {name: start_worker(*f, api_key=key, wait=False)
-               for name, (f, key) in flags.items()}
-    try:
-        for worker in workers.values():
-            worker.wait_ready(120)
+    with started_workers(flags) as workers:
         yield workers
-    finally:
-        for worker in workers.values():
-            worker.stop()
 
 
 def prefill(fleet: dict[str, ManagedProcess], token_ids: list[int],

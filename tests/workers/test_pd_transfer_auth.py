@@ -18,7 +18,7 @@ from collections.abc import Callable, Iterator
 import pytest
 
 from harness.attacks import oversized_transfer_header, unsigned_transfer_request
-from harness.procs import ManagedProcess, start_worker
+from harness.procs import ManagedProcess, started_workers
 from tests.support.metric_samples import worker_metric as metric
 from tests.support.polling import wait_until
 from workers.kv_transfer.wire import FRAME, MAC_BYTES, answer_context, frame
@@ -63,15 +63,8 @@ def fleet() -> Iterator[dict[str, ManagedProcess]]:
              "consumer": ("--kv-transfer-config", CONSUMER),
              "recompute": ("--kv-transfer-config", CONSUMER, "--kv-transfer-fallback",
                            "recompute")}
-    workers = {name: start_worker(*f, api_key=KEY, wait=False, kv_cache_bytes="8MiB")
-               for name, f in flags.items()}
-    try:
-        for worker in workers.values():
-            worker.wait_ready(120)
+    with started_workers({name: (f, KEY) for name, f in flags.items()}, "8MiB") as workers:
         yield workers
-    finally:
-        for worker in workers.values():
-            worker.stop()
 
 
 def prefill(fleet: dict[str, ManagedProcess], token_ids: list[int], **kwargs) -> dict:
