@@ -604,7 +604,9 @@ class FlowConfig(Section, section="flow"):
     whose value splits a tenant into fairness ids (agent or session ids); None: the
     tenant is the fairness id. A request's token cost is its prompt plus
     ``expected_decode_tokens`` (at most its ``max_tokens``) per choice. Past
-    ``max_queued_requests`` waiting, a new request is shed at once."""
+    ``max_queued_requests`` waiting, a new request is shed at once. With Redis, every
+    ``share_sync_interval_s`` a router publishes what it dispatched per fairness id
+    and reads what the other routers did, so shares hold across routers."""
 
     enabled: bool = setting(False, flag="--flow-control",
                             help="queue requests in the router until a worker has headroom")
@@ -618,6 +620,7 @@ class FlowConfig(Section, section="flow"):
     fairness_header: str | None = setting(None, pattern=NAME)
     expected_decode_tokens: int = setting(256, low=0)
     max_queued_requests: int = setting(10_000, low=1)
+    share_sync_interval_s: float = setting(0.5, above=0)
 
     def check(self) -> None:
         """At least one band, names unique, the default band among them."""

@@ -22,6 +22,7 @@ from router.fleet.events.vllm.attach import VllmAttacher
 from router.fleet.registry import WorkerRegistry, WorkerState
 from router.flow.controller import FlowController, NoFlowControl
 from router.flow.headroom import RequestLimit, no_request_limit, request_limit
+from router.flow.shares import FlowShares
 from router.forward.pool import UpstreamPool
 from router.forward.proxy import Proxy
 from router.front.auth import Authenticator
@@ -32,6 +33,7 @@ from router.routing.index import NamespaceDigest, RouterIndex, WorkerId
 from router.routing.policy import Policy, make_policy
 from router.siblings.protocol import NoSiblings, Siblings
 from router.siblings.redis_siblings import RedisSiblings
+from router.state.redis_state.flow_shares import RedisFlowShares
 from router.state.redis_state.limits import RedisSharedState
 from router.state.redis_state.link import RedisLink
 from router.state.shared_state import InProcessSharedState, SharedState
@@ -67,11 +69,14 @@ class Router:
 
     @classmethod
     def build(cls, config: RouterConfig, secret: bytes, state: SharedState,
-              siblings: Siblings | None = None) -> Router:
+              siblings: Siblings | None = None, flow_shares: FlowShares | None = None
+              ) -> Router:
         """Load tokenizers, resolve the policy and wire the parts; ValueError naming
         the config field when something is unusable. Call inside the event loop.
         ``state`` holds the tenant counters, ``siblings`` (default ``NoSiblings``) the
-        registry shared with other routers; the app's startup starts it."""
+        registry shared with other routers; the app's startup starts it.
+        ``flow_shares``: what the other routers served per fairness id (None: this
+        router's flow control is fair over its own traffic only)."""
         models = Models.from_config(config.models)
         policy = make_policy(config.policy.name, config.policy.weights)
         index = RouterIndex(config.index)
@@ -114,7 +119,7 @@ class Router:
                           config.proxy.max_attempts, metrics, limit)
         return cls(config, models, auth, TenantLimiter(state), index, policy, session, registry,
                    proxy, pool, metrics, salts, siblings, vllm, canary, decider,
-                   _flow_control(config.flow, decider, limit, metrics), discovery)
+                   _flow_control(config.flow, decider, limit, metrics, flow_shares), discovery)
 
     async def close(self) -> None:
         """Stop discovering and dispatching queued requests, leave the siblings, stop the
@@ -133,22 +138,25 @@ class Router:
 
 
 def _flow_control(config: FlowConfig, decider: Decider, limit: RequestLimit,
-                  metrics: RouterMetrics) -> FlowController | NoFlowControl:
+                  metrics: RouterMetrics, shares: FlowShares | None
+                  ) -> FlowController | NoFlowControl:
     """The queue step: a ``FlowController`` with its metrics when ``config.enabled``."""
     if not config.enabled:
         return NoFlowControl()
-    return FlowController(config, decider, limit, metrics.registry)
+    return FlowController(config, decider, limit, metrics.registry, shares)
 
 
-def shared_backends(config: RouterConfig) -> tuple[SharedState, Siblings]:
-    """(limits, siblings) for ``config``: in process when ``redis.url`` is None, else on
-    Redis, sharing one ``RedisLink``. Build inside the event loop; ``siblings.start``
-    connects."""
+def shared_backends(config: RouterConfig
+                    ) -> tuple[SharedState, Siblings, FlowShares | None]:
+    """(limits, siblings, flow shares) for ``config``: in process (no flow shares) when
+    ``redis.url`` is None, else on Redis, sharing one ``RedisLink``. Build inside the
+    event loop; ``siblings.start`` connects."""
     if config.redis.url is None:
-        return InProcessSharedState(), NoSiblings()
+        return InProcessSharedState(), NoSiblings(), None
     link = RedisLink(config.redis)
-    return RedisSharedState(link), RedisSiblings(link, config.admin.worker_key_env_prefix,
-                                                  config.workers)
+    return (RedisSharedState(link),
+            RedisSiblings(link, config.admin.worker_key_env_prefix, config.workers),
+            RedisFlowShares(link, config.flow.share_sync_interval_s))
 
 
 ROUTER = web.AppKey("router", Router)

@@ -23,6 +23,7 @@ import contextlib
 import logging
 import math
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from prometheus_client import CollectorRegistry
@@ -35,6 +36,7 @@ from router.flow.fair_queue import Entry, FairQueue
 from router.flow.headroom import RequestLimit, has_headroom
 from router.flow.metrics import FlowMetrics
 from router.flow.served import ServedWindow
+from router.flow.shares import FlowShares
 from router.forward.proxy import Call
 from router.front.auth import Tenant
 from router.tasks import cancel_and_wait
@@ -44,6 +46,7 @@ TICK_S = 0.05
 FAIRNESS_WINDOW_S = 30.0
 _RATE_LIFETIME_S = 5.0
 _MAX_RETRY_AFTER_S = 60
+_NOWHERE: Mapping[str, float] = {}
 
 
 @dataclass
@@ -101,8 +104,10 @@ class FlowController:
     """Flow control (see the module docstring)."""
 
     def __init__(self, config: FlowConfig, decider: Decider, limit: RequestLimit,
-                 registry: CollectorRegistry | None = None) -> None:
-        """``registry``: where the metrics go (None: no metrics, for tests)."""
+                 registry: CollectorRegistry | None = None,
+                 shares: FlowShares | None = None) -> None:
+        """``registry``: where the metrics go (None: no metrics, for tests);
+        ``shares``: what other routers served per fairness id (None: none)."""
         self._config = config
         self._decider, self._limit = decider, limit
         self._queue: FairQueue[_Waiter] = FairQueue(len(config.bands), config.aging_s)
@@ -113,6 +118,8 @@ class FlowController:
             registry, self._names, self._queue.num_queued, self.jain_index)
         self._wakeup = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
+        self._shares = shares
+        self._share_task: asyncio.Task[None] | None = None
         self._num_recent, self._recent_at = 0.0, time.monotonic()
 
     def jain_index(self) -> float:
@@ -127,6 +134,9 @@ class FlowController:
         serves it at all."""
         request = self._request(candidates, call, tenant, fairness_key)
         now = time.monotonic()
+        if self._shares is not None and self._share_task is None:
+            self._share_task = asyncio.create_task(self._sync_shares(self._shares),
+                                                   name="flow shares sync")
         if not request.candidates.workers:
             raise ApiError(503, "no ready worker serves this model", code="no_worker",
                            headers={"Retry-After": "1"})
@@ -138,7 +148,7 @@ class FlowController:
             raise self._shed(request, "queue_full", "too many requests are waiting")
         waiter = _Waiter(request)
         entry = self._queue.push(waiter, request.band, request.flow, request.cost,
-                                 request.weight, now)
+                                 request.weight, now, self._served_elsewhere())
         self.wake()
         try:
             return await self._wait(waiter, entry)
@@ -166,9 +176,24 @@ class FlowController:
             self._task = asyncio.create_task(self._dispatcher(), name="flow dispatcher")
 
     async def close(self) -> None:
-        """Stop the dispatcher (waiting requests stay until their clients or TTLs go)."""
-        if self._task is not None:
-            await cancel_and_wait(self._task)
+        """Stop the dispatcher and the shares' sync (waiting requests stay until their
+        clients or TTLs go)."""
+        for task in (self._task, self._share_task):
+            if task is not None:
+                await cancel_and_wait(task)
+
+    def _served_elsewhere(self) -> Mapping[str, float]:
+        return _NOWHERE if self._shares is None else self._shares.served_elsewhere
+
+    async def _sync_shares(self, shares: FlowShares) -> None:
+        """Every ``shares.interval_s``: publish what this router dispatched per flow
+        over the fairness window, and learn what the others did."""
+        while True:
+            try:
+                await shares.sync(self._served.totals(time.monotonic()))
+            except Exception:  # a bug must not end the sync
+                log.exception("flow shares sync failed")
+            await asyncio.sleep(shares.interval_s)
 
     async def _wait(self, waiter: _Waiter, entry: Entry[_Waiter]) -> Turn:
         request = waiter.request

@@ -8,6 +8,13 @@ start tag ``S = max(V, F_flow)`` and moves the flow's finish tag to
 virtual time ``V`` becomes that tag. A flow that sent nothing for a while starts at
 ``V``: idle time banks no credit. Within a flow, requests keep their order.
 
+Other routers' service (``served_elsewhere``: weighted tokens other router processes
+dispatched per flow over their recent window, ``router.flow.shares``) lifts a flow's
+start tag to at least ``V + served_elsewhere[flow]``: a flow another router already
+serves waits here behind those it serves less, as if this queue had served it, so
+shares hold across routers. Only differences between flows matter (every tag is
+relative to ``V``), and it stays work-conserving: a flow alone still goes at once.
+
 Aging keeps a lower band from starving: a request that has waited ``aging_s`` is
 promoted one band for each ``aging_s`` it has waited, and a promoted request goes
 before that band's own (it has waited longest). The queue holds no clock: callers
@@ -21,12 +28,13 @@ from __future__ import annotations
 
 import heapq
 import itertools
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Generic, TypeVar
 
 T = TypeVar("T")
 _SLACK = 64  # removed entries a heap may carry before it is rebuilt
+_NOWHERE: Mapping[str, float] = {}
 
 
 @dataclass(eq=False)
@@ -75,11 +83,13 @@ class FairQueue(Generic[T]):
         return self._bands[band].num_queued
 
     def push(self, item: T, band: int, flow: str, cost: float, weight: float,
-             now: float) -> Entry[T]:
+             now: float, served_elsewhere: Mapping[str, float] = _NOWHERE) -> Entry[T]:
         """Queue ``item`` of ``cost`` tokens for ``flow`` (of ``weight`` > 0) in
-        ``band``; returns its entry (to pass to ``remove``)."""
+        ``band``, behind what ``served_elsewhere`` says other routers gave it; returns
+        its entry (to pass to ``remove``)."""
         b = self._bands[band]
-        start = max(b.virtual_time, b.finish_tags.get(flow, 0.0))
+        start = max(b.virtual_time + served_elsewhere.get(flow, 0.0),
+                    b.finish_tags.get(flow, 0.0))
         entry = Entry(item, band, flow, cost, now, start, start + cost / weight,
                       next(self._order))
         b.finish_tags[flow] = entry.finish

@@ -26,6 +26,11 @@ class ServedWindow:
         self._totals[flow] = self._totals.get(flow, 0.0) + weighted_tokens
         self._trim(now)
 
+    def totals(self, now: float) -> dict[str, float]:
+        """Weighted tokens per flow served within the window (a copy)."""
+        self._trim(now)
+        return dict(self._totals)
+
     def jain_index(self, now: float) -> float:
         """Jain's index over the flows served in the window; 1.0 with fewer than two."""
         self._trim(now)

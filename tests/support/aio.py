@@ -53,9 +53,11 @@ async def running_router(config: RouterConfig, wait_ready_s: float = 10.0,
                          shared: bool = False) -> AsyncIterator[tuple[str, Router]]:
     """A real router for ``config``; waits until every configured worker is ready
     (when there are any) and yields (URL, Router). With ``shared`` its limits and
-    siblings are ``config.redis``'s (``shared_backends``), else in process."""
-    state, siblings = shared_backends(config) if shared else (InProcessSharedState(), None)
-    router = Router.build(config, TEST_SECRET, state, siblings)
+    siblings (and flow shares) are ``config.redis``'s (``shared_backends``), else in
+    process."""
+    state, siblings, shares = (shared_backends(config) if shared
+                               else (InProcessSharedState(), None, None))
+    router = Router.build(config, TEST_SECRET, state, siblings, shares)
     sock = bind_socket("127.0.0.1", 0)
     listener = await Listener.start(router, sock)
     try:

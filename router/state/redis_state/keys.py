@@ -29,6 +29,16 @@ class Keys:
         """HASH tenant -> concurrency slots that router holds (TTL: the lease)."""
         return f"{self.slots_prefix}{router_id}"
 
+    @property
+    def flow_served_prefix(self) -> str:
+        """Prefix of the per-router flow totals hashes (``flow_served``)."""
+        return f"{self.prefix}:flow:"
+
+    def flow_served(self, router_id: str) -> str:
+        """HASH fairness id -> weighted tokens that router's flow control dispatched
+        over its recent window (TTL: the lease)."""
+        return f"{self.flow_served_prefix}{router_id}"
+
     def token_window(self, tenant_id: str) -> str:
         """ZSET reservation id -> time recorded (ms): the tenant's token window."""
         return f"{self.prefix}:tokens:{tenant_id}"

@@ -149,3 +149,19 @@ if redis.call('HLEN', KEYS[1]) >= tonumber(ARGV[3]) then return -1 end
 redis.call('HSET', KEYS[1], ARGV[1], ARGV[2])
 return 1
 """
+
+# KEYS: routers, my flow totals. ARGV: flow totals key prefix, router id, lease ms,
+# then flow, total pairs. Replaces this router's totals (TTL: the lease) and returns
+# the flow, total pairs of every other live router.
+SYNC_FLOW_SHARES = _NOW + """
+redis.call('DEL', KEYS[2])
+for i = 4, #ARGV, 2 do redis.call('HSET', KEYS[2], ARGV[i], ARGV[i + 1]) end
+redis.call('PEXPIRE', KEYS[2], ARGV[3])
+local out = {}
+for _, router in ipairs(redis.call('ZRANGEBYSCORE', KEYS[1], '(' .. now, '+inf')) do
+  if router ~= ARGV[2] then
+    for _, v in ipairs(redis.call('HGETALL', ARGV[1] .. router)) do table.insert(out, v) end
+  end
+end
+return out
+"""

@@ -33,9 +33,11 @@ class _Model:
         self.finish: list[dict[str, float]] = [{} for _ in range(num_bands)]
         self.items: list[_Item] = []
         self.aging_s = aging_s
+        self.elsewhere: dict[str, float] = {}
 
     def push(self, ident: int, band: int, flow: str, cost: float, now: float) -> None:
-        start = max(self.virtual[band], self.finish[band].get(flow, 0.0))
+        start = max(self.virtual[band] + self.elsewhere.get(flow, 0.0),
+                    self.finish[band].get(flow, 0.0))
         finish = start + cost / WEIGHTS[flow]
         self.finish[band][flow] = finish
         self.items.append(_Item(ident, band, flow, start, finish, now))
@@ -69,6 +71,7 @@ operation = st.one_of(
     st.tuples(st.just("dispatch"), st.integers(0, 3)),
     st.tuples(st.just("cancel"), st.integers(0, 100)),
     st.tuples(st.just("wait"), st.floats(0.0, 4.0)),
+    st.tuples(st.just("elsewhere"), st.dictionaries(st.sampled_from(FLOWS), st.integers(0, 80))),
 )
 
 
@@ -82,7 +85,8 @@ def test_the_queue_serves_in_the_models_order(operations, aging_s) -> None:
     for op in operations:
         if op[0] == "push":
             _, band, flow, cost = op
-            entries[next_ident] = queue.push(next_ident, band, flow, cost, WEIGHTS[flow], now)
+            entries[next_ident] = queue.push(next_ident, band, flow, cost, WEIGHTS[flow], now,
+                                             model.elsewhere)
             model.push(next_ident, band, flow, cost, now)
             next_ident += 1
         elif op[0] == "dispatch" and model.items:
@@ -95,6 +99,8 @@ def test_the_queue_serves_in_the_models_order(operations, aging_s) -> None:
             model.remove(item, dispatched=False)
         elif op[0] == "wait":
             now += op[1]
+        elif op[0] == "elsewhere":
+            model.elsewhere = {flow: float(total) for flow, total in op[1].items()}
         assert [e.item for e in queue.in_order(now)] == [i.ident for i in model.order(now)]
         assert len(queue) == len(model.items)
         ttl_s = [5.0, 10.0, 20.0]
@@ -125,6 +131,26 @@ def test_backlogged_flows_get_their_weighted_share_within_one_request(requests) 
         for f in busy:
             for g in busy:
                 assert served[f] - served[g] <= biggest[f] + biggest[g] + 1e-9
+
+
+def test_a_flow_served_by_other_routers_waits_here_behind_one_that_was_not() -> None:
+    """Served elsewhere 100 weighted tokens, flow a goes after b has been served about
+    as much here; alone, it goes at once."""
+    queue: FairQueue[str] = FairQueue(1, None)
+    elsewhere = {"a": 100.0}
+    for i in range(20):
+        queue.push(f"a{i}", 0, "a", 10, 1.0, 0.0, elsewhere)
+        queue.push(f"b{i}", 0, "b", 10, 1.0, 0.0, elsewhere)
+    order = []
+    while len(queue):
+        entry = next(queue.in_order(0.0))
+        queue.remove(entry, dispatched=True)
+        order.append(entry.item)
+    assert order[:10] == [f"b{i}" for i in range(10)]
+    assert sorted(order[10:12]) == ["a0", "b10"]
+    alone: FairQueue[str] = FairQueue(1, None)
+    alone.push("a", 0, "a", 10, 1.0, 0.0, elsewhere)
+    assert next(alone.in_order(0.0)).item == "a"
 
 
 def test_bands_go_in_order_and_aging_lifts_a_waiting_request() -> None:
