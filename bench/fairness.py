@@ -70,7 +70,7 @@ from bench.e2e_timed import (
 from bench.workloads import TraceRequest, generate
 from harness.procs import http_json, start_router, wait_routable
 from radix.cost_model import Profile, get_profile
-from router.config import DEFAULT_BANDS
+from router.config import DEFAULT_BANDS, BandConfig
 from router.front.auth import hash_key
 
 SETUPS = ("ours flow", "ours cache_aware", "sglang cache_aware default", "vllm cache_aware")
@@ -157,14 +157,15 @@ def router_config(setup: str, urls: Sequence[str], time_scale: float) -> str:
     POLICY``): every tenant with its key, band and weight; flow control on for
     ``ours flow``, its band TTLs and ``aging_s`` in profile seconds."""
     _, name, *items = setup.split()
+    band_items = [item for item in items if "." in item.split("=")[0]]
     lines = ["[models.demo]", 'tokenizer = "demo"', "[registry]",
              f"poll_interval_s = {POLL_INTERVAL_S / time_scale}", "[policy]",
              f'name = "{"cache_aware" if name == "flow" else name}"']
     if name == "flow":
-        lines += ["[flow]", "enabled = true", f"aging_s = {10.0 * time_scale}", *items]
+        lines += ["[flow]", "enabled = true", f"aging_s = {10.0 * time_scale}",
+                  *(item for item in items if item not in band_items)]
     for band in DEFAULT_BANDS:
-        lines += ["[[flow.bands]]", f'name = "{band.name}"',
-                  f"queue_ttl_s = {band.queue_ttl_s * time_scale}"]
+        lines += _band_lines(band, time_scale, band_items)
     for tenant in all_tenants():
         lines += [f"[auth.tenants.{tenant.name}]", f'key_digests = ["{hash_key(tenant.key)}"]',
                   f"weight = {tenant.weight}"]
@@ -174,6 +175,21 @@ def router_config(setup: str, urls: Sequence[str], time_scale: float) -> str:
         lines += ["[[workers]]", f'id = "w{i}"', 'model = "demo"', f'url = "{url}"',
                   f'api_key_env = "{WORKER_KEY_ENV}"']
     return "\n".join(lines) + "\n"
+
+
+def _band_lines(band: BandConfig, time_scale: float, band_items: Sequence[str]) -> list[str]:
+    """One ``[[flow.bands]]`` table: the band's defaults (its TTL in profile seconds),
+    with the setup's ``BAND.NAME=VALUE`` items for it in their place."""
+    fields = {"name": f'"{band.name}"', "queue_ttl_s": str(band.queue_ttl_s * time_scale),
+              "max_slot_fraction": str(band.max_slot_fraction)}
+    if band.max_pending_prefill_tokens is not None:
+        fields["max_pending_prefill_tokens"] = str(band.max_pending_prefill_tokens)
+    for item in band_items:
+        key, value = item.split("=", 1)
+        owner, field = key.split(".", 1)
+        if owner == band.name:
+            fields[field] = value
+    return ["[[flow.bands]]", *(f"{key} = {value}" for key, value in fields.items())]
 
 
 class RouterUnderTest:

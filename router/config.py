@@ -288,15 +288,49 @@ class TenantConfig(Section):
 
 
 @dataclass(frozen=True)
+class AdminKeyConfig(Section):
+    """An admin key: its name (which the admin log records for every admin action
+    made with it) and the HMAC digest of the key."""
+
+    name: str = setting(pattern=NAME)
+    key_digest: str = setting(pattern=DIGEST)
+
+
+# The name of ``auth.admin_key_digest``, the single admin key of older configs.
+LEGACY_ADMIN_KEY_NAME = "admin"
+
+
+@dataclass(frozen=True)
 class AuthConfig(Section, section="auth"):
     """API keys and tenants. Without ``allow_anonymous`` a request needs a known key;
     with it, keyless requests run as tenant ``anonymous`` under ``anonymous_limits``.
-    With no ``admin_key_digest`` the admin routes refuse every request."""
+    The admin keys are ``admin_keys`` (named) and ``admin_key_digest`` (the key named
+    ``admin``); with none the admin routes refuse every request."""
 
     tenants: tuple[TenantConfig, ...] = ()
     allow_anonymous: bool = False
     anonymous_limits: TenantLimits = TenantLimits()
     admin_key_digest: str | None = setting(None, pattern=DIGEST)
+    admin_keys: tuple[AdminKeyConfig, ...] = ()
+
+    def check(self) -> None:
+        """Admin key names are unique (``admin`` is ``admin_key_digest``'s when set),
+        and so are their digests."""
+        names = [key.name for key in self.admin_keys]
+        if self.admin_key_digest is not None:
+            names.append(LEGACY_ADMIN_KEY_NAME)
+        if len(set(names)) < len(names):
+            raise FieldError("admin_keys", f"two admin keys have one name (admin_key_digest "
+                             f"is the key named {LEGACY_ADMIN_KEY_NAME!r})")
+        if len(self.admin_key_names()) < len(names):
+            raise FieldError("admin_keys", "two admin keys have one digest")
+
+    def admin_key_names(self) -> dict[str, str]:
+        """Each admin key's digest -> its name."""
+        named = {key.key_digest: key.name for key in self.admin_keys}
+        if self.admin_key_digest is not None:
+            named[self.admin_key_digest] = LEGACY_ADMIN_KEY_NAME
+        return named
 
     def shared_by(self, num_sharers: int) -> AuthConfig:
         """This config with every tenant's (and the anonymous) rate limits cut to one
@@ -313,6 +347,23 @@ class RegistryConfig(Section, section="registry"):
 
     poll_interval_s: float = setting(1.0, above=0)
     probe_timeout_s: float = setting(2.0, above=0)
+
+
+@dataclass(frozen=True)
+class KVEventsConfig(Section, section="kv_events"):
+    """Following the workers' KV event streams. A stream silent for ``read_timeout_s``
+    (not an event, not a heartbeat; our workers send one every 5 s when idle, so keep
+    it above that) is dead: the worker is routed stale and the stream reconnected. For
+    vLLM, whose stream has no heartbeat, the same deadline bounds the ZMQ connection's
+    own pings. Reconnects back off from ``initial_backoff_s``, doubling up to
+    ``max_backoff_s``; connecting may take ``connect_timeout_s``; no line or frame of
+    our workers' streams may pass ``max_message_bytes``."""
+
+    read_timeout_s: float = setting(15.0, above=0)
+    initial_backoff_s: float = setting(0.05, above=0)
+    max_backoff_s: float = setting(5.0, above=0)
+    connect_timeout_s: float = setting(5.0, above=0)
+    max_message_bytes: int = setting(64 << 20, low=1)
 
 
 @dataclass(frozen=True)
@@ -576,13 +627,17 @@ class PDConfig(Section, section="pd"):
 @dataclass(frozen=True)
 class BandConfig(Section):
     """A priority band of flow control: its name (what tenants name), how long a
-    request may wait in it before it is shed (429 with Retry-After), and the share of
+    request may wait in it before it is shed (429 with Retry-After), the share of
     each worker's headroom bound its requests may fill (the rest stays free for the
-    bands above)."""
+    bands above), and ``max_pending_prefill_tokens``: a request of the band goes to a
+    worker only while the prompt tokens this router sent it that are not yet prefilled
+    (uncached, no first token yet) stay below it (None: no bound), so the band's
+    prefills never make the worker's steps long for the bands above."""
 
     name: str = setting(pattern=NAME)
     queue_ttl_s: float = setting(30.0, above=0)
     max_slot_fraction: float = setting(1.0, above=0, high=1)
+    max_pending_prefill_tokens: int | None = setting(None, low=1)
 
 
 DEFAULT_BANDS = (BandConfig("interactive", 10.0), BandConfig("standard", 30.0),
@@ -663,6 +718,7 @@ class RouterConfig(Section):
     policy: PolicyConfig = PolicyConfig()
     auth: AuthConfig = AuthConfig()
     registry: RegistryConfig = RegistryConfig()
+    kv_events: KVEventsConfig = KVEventsConfig()
     proxy: ProxyConfig = ProxyConfig()
     secret: SecretConfig = SecretConfig()
     launch: LaunchConfig = LaunchConfig()

@@ -281,8 +281,12 @@ class FlowController:
 
     def _grant(self, request: FlowRequest, ranking: Ranking, now: float,
                waited_s: float) -> Turn:
-        """Reserve ``request``'s place on its best worker and count the dispatch."""
-        reservation = InFlight(ranking.ranked[0], 0)
+        """Reserve ``request``'s place on its best worker (one request and its uncached
+        prompt tokens) and count the dispatch."""
+        best = ranking.ranked[0]
+        num_uncached = len(request.call.prompt.token_ids) - ranking.matches.tokens.get(
+            best.worker_id, 0)
+        reservation = InFlight(best, max(num_uncached, 0))
         self._served.add(now, request.flow, request.cost / request.weight)
         self._num_recent = self._recent_dispatches(now) + 1
         self._recent_at = now

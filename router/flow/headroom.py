@@ -10,7 +10,11 @@ reports no slots (vLLM, OpenAI-compatible servers). A band's requests may fill o
 its ``max_slot_fraction`` of that bound (at least one request): the default batch
 band leaves a quarter of each worker free for the bands above it, so an interactive
 request finds headroom at once beside a batch flood, and the worker's batches (and
-so its steps) stay smaller.
+so its steps) stay smaller. A band with ``max_pending_prefill_tokens`` has no room
+(limit 0) on a worker while the uncached prompt tokens this router sent it and that
+have no first token yet reach that bound: the default batch band keeps at most about
+one long prompt's prefill pending per worker, so a worker's chunked-prefill steps
+stay short for the interactive requests beside it.
 """
 
 from __future__ import annotations
@@ -27,8 +31,12 @@ RequestLimit = Callable[[WorkerState, int], "int | None"]
 def request_limit(config: FlowConfig) -> RequestLimit:
     """The headroom bound of ``config`` per worker and band (see the module docstring)."""
     fractions = [band.max_slot_fraction for band in config.bands]
+    prefill_bounds = [band.max_pending_prefill_tokens for band in config.bands]
 
     def limit(worker: WorkerState, band: int) -> int:
+        prefill_bound = prefill_bounds[band]
+        if prefill_bound is not None and worker.num_in_flight_prompt_tokens >= prefill_bound:
+            return 0
         if config.max_requests_per_worker is not None:
             bound = config.max_requests_per_worker
         elif worker.load.max_num_running is None:

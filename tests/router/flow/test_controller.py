@@ -169,3 +169,33 @@ async def test_a_lower_band_leaves_part_of_each_worker_to_the_bands_above() -> N
             turn.release()
     finally:
         await router.close()
+
+
+async def test_a_band_waits_while_its_worker_has_prefill_pending_past_its_bound() -> None:
+    """A batch request's reservation counts its uncached prompt tokens: the next batch
+    request waits until that prefill is done (first token), an interactive one does not."""
+    bands = (BandConfig("interactive", 5.0),
+             BandConfig("batch", 5.0, max_pending_prefill_tokens=1))
+    config = replace(make_config(["http://127.0.0.1:9"]),
+                     flow=FlowConfig(enabled=True, bands=bands, default_band="batch"))
+    router = Router.build(config, TEST_SECRET, InProcessSharedState())
+    try:
+        worker = flow_worker(router)
+        worker.load = WorkerLoad(max_num_requests=8, max_num_running=4)
+        candidates = Candidates([worker], [], None)
+        first = await router.flow.turn(candidates, flow_call(router, "batch 0"), ALICE, None)
+        assert worker.num_in_flight_prompt_tokens > 0
+        second = asyncio.create_task(router.flow.turn(candidates, flow_call(router, "batch 1"),
+                                                      ALICE, None))
+        await asyncio.sleep(0.1)
+        assert not second.done()
+        urgent = Tenant("bob", TenantLimits(), band="interactive")
+        (await asyncio.wait_for(router.flow.turn(
+            candidates, flow_call(router, "urgent", urgent), urgent, None), 1)).release()
+        in_flight = InFlight(worker, 0)  # the first request's own count takes over
+        first.release()
+        router.flow.wake()
+        (await asyncio.wait_for(second, 1)).release()
+        in_flight.end()
+    finally:
+        await router.close()
