@@ -1,9 +1,11 @@
 """The operations kit's files are valid: promtool checks the alert rules, runs their
 unit tests (configs/prometheus/alerts_test.yml) and parses every dashboard query;
-the dashboard is a Grafana model with a Prometheus datasource variable."""
+every rule's runbook is a section of docs/operations.md; the dashboard is a Grafana
+model with a Prometheus datasource variable."""
 
 from __future__ import annotations
 
+import re
 import shutil
 import subprocess
 from pathlib import Path
@@ -18,6 +20,7 @@ needs_promtool = pytest.mark.skipif(
     PROMTOOL is None, reason="promtool is missing (`make test` installs the prometheus package)")
 # Grafana's interval variables, replaced by a fixed range for promtool.
 GRAFANA_RANGES = ("$__rate_interval", "$__interval", "$__range")
+OPERATIONS = ALERTS.parents[2] / "docs" / "operations.md"
 
 
 def promtool(*args: str | Path) -> str:
@@ -57,6 +60,24 @@ def test_promtool_parses_every_dashboard_query(tmp_path: Path) -> None:
     path = tmp_path / "dashboard_rules.yml"
     path.write_text(yaml.safe_dump({"groups": [{"name": "dashboard", "rules": rules}]}))
     promtool("check", "rules", path)
+
+
+def test_every_runbook_is_a_section_of_the_operations_guide() -> None:
+    runbooks = {rule["alert"]: rule["annotations"]["runbook_url"] for rule in alert_rules()
+                if "runbook_url" in rule["annotations"]}
+    assert runbooks, "no rule names a runbook"
+    text = re.sub(r"^```.*?^```", "", OPERATIONS.read_text(encoding="utf-8"),
+                  flags=re.MULTILINE | re.DOTALL)  # a code block's comments are no headings
+    headings = re.findall(r"^#+ (.+)$", text, re.MULTILINE)
+    anchors = {f"docs/operations.md#{github_anchor(heading)}" for heading in headings}
+    missing = {alert: url for alert, url in runbooks.items() if url not in anchors}
+    assert not missing, f"runbook_url names no heading of docs/operations.md: {missing}"
+
+
+def github_anchor(heading: str) -> str:
+    """The anchor GitHub gives a Markdown heading: lower case, punctuation dropped,
+    spaces as hyphens."""
+    return re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
 
 
 def test_the_dashboard_is_a_grafana_model_on_a_datasource_variable() -> None:
