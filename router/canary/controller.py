@@ -13,6 +13,10 @@ Routers that share Redis share each model's weights and trips (``shared_state``)
 every change made here, by the admin API or a guard, is handed to ``publish``, and
 what another router published arrives through ``adopt``; so a pool one router
 drained is drained on all of them, and a router that restarts keeps it drained.
+
+An admin change with ``ttl_s`` goes back by itself (``router.canary.overrides``): a
+task sleeps until its deadline, sets the weights it reverts, logs it on the admin log
+and hands it to ``publish`` like any other change.
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ import aiohttp
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from router.canary.guards import GuardWindow, judge
+from router.canary.overrides import PendingOverrides, SetBy, log_expiry
 from router.canary.pools import ModelPools, Trip
 from router.canary.probe import Outputs, divergences, greedy_outputs
 from router.config import CanaryConfig, ModelSpec
@@ -61,6 +66,7 @@ class _ModelCanary:
         self.windows = {name: GuardWindow(config.canary.window_s) for name in config.pools}
         self.probe_prompts = tuple(tuple(p) for p in probe_prompts)
         self.last_probe: dict[str, str] = {}
+        self.overrides = PendingOverrides()
 
 
 class Canary:
@@ -90,6 +96,7 @@ class Canary:
                     for result in PROBE_RESULTS:
                         self._probes.labels(model.pools.model, pool, result)
         self._tasks: list[asyncio.Task[None]] = []
+        self._expiries: set[asyncio.Task[None]] = set()
         self._publish: Publish | None = None
 
     def route(self, model: str, workers: list[WorkerState], tenant_id: str,
@@ -116,8 +123,8 @@ class Canary:
                        for model in self._models.values()]
 
     async def close(self) -> None:
-        """Stop the guard loops."""
-        for task in self._tasks:
+        """Stop the guard loops and forget the overrides still to go back."""
+        for task in [*self._tasks, *self._expiries]:
             await cancel_and_wait(task)
         self._tasks = []
 
@@ -131,21 +138,57 @@ class Canary:
                              "tripped": (None if (trip := model.pools.trips.get(pool)) is None
                                          else trip._asdict()),
                              "window": model.windows[pool].summary(now).to_dict(),
-                             "last_probe": model.last_probe.get(pool)}
+                             "last_probe": model.last_probe.get(pool),
+                             "override": model.overrides.to_dict(pool, now)}
                       for pool, weight in model.pools.weights.items()},
         } for name, model in self._models.items()}
 
-    def set_weights(self, model: str, weights: Mapping[str, float]) -> Mapping[str, float]:
-        """Set pool weights of ``model`` (``ModelPools.set_weights``); a pool given a
+    def set_weights(self, model: str, weights: Mapping[str, float], set_by: SetBy,
+                    ttl_s: float | None = None) -> Mapping[str, float]:
+        """Set pool weights of ``model`` (``ModelPools.set_weights``) for good (``ttl_s``
+        None) or for ``ttl_s`` seconds, after which they go back by themselves
+        (``router.canary.overrides``; call inside the event loop then); a pool given a
         weight above 0 starts a clean window. KeyError for a model without pools,
         ValueError naming a bad pool or weight. Returns the weights now in force."""
         canary = self._models[model]
+        before = canary.pools.weights
+        self._apply(canary, weights)
+        now = canary.pools.weights
+        canary.overrides.record(before, {pool: now[pool] for pool in weights}, ttl_s,
+                                time.monotonic(), set_by)
+        if ttl_s is not None:
+            task = asyncio.create_task(self._expire_after(canary, ttl_s))
+            self._expiries.add(task)
+            task.add_done_callback(self._expiries.discard)
+        return now
+
+    def _apply(self, canary: _ModelCanary, weights: Mapping[str, float]) -> None:
         canary.pools.set_weights(weights)
         for pool, weight in weights.items():
             if weight:
                 canary.windows[pool].clear()
         self._show_weights(canary)
-        return canary.pools.weights
+
+    async def _expire_after(self, canary: _ModelCanary, ttl_s: float) -> None:
+        """Sleep ``ttl_s``, then let the overrides of ``canary`` due by then go back,
+        log them and share the change."""
+        deadline = time.monotonic() + ttl_s
+        while (left := deadline - time.monotonic()) > 0:
+            await asyncio.sleep(left)
+        model = canary.pools.model
+        try:
+            expiry = canary.overrides.expire(time.monotonic(), canary.pools.weights)
+            refused = None
+            if expiry.weights:
+                try:
+                    self._apply(canary, expiry.weights)
+                except ValueError as exc:
+                    refused = f"going back was refused: {exc}"
+            log_expiry(model, expiry, canary.pools.weights, refused)
+            if expiry.weights and refused is None and self._publish is not None:
+                await self._publish(model, self.shared_state(model))
+        except Exception:  # a bug here must not end the router's other tasks
+            log.exception("canary override of model %s: going back failed", model)
 
     def shared_state(self, model: str) -> dict[str, Any]:
         """What other routers need of ``model``'s pools, as JSON: ``weights`` (pool ->

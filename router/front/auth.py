@@ -52,8 +52,8 @@ class Authenticator:
     """Maps an ``Authorization`` header to a Tenant.
 
     A digest-keyed dict is safe against timing attacks: the caller controls the key,
-    not its HMAC, so lookup time reveals nothing about stored digests. The admin key,
-    a single secret, is compared with ``hmac.compare_digest``.
+    not its HMAC, so lookup time reveals nothing about stored digests. An admin key is
+    compared with every admin digest by ``hmac.compare_digest``, each of them always.
     """
 
     def __init__(self, config: AuthConfig) -> None:
@@ -64,7 +64,7 @@ class Authenticator:
         self._anonymous = (
             Tenant(ANONYMOUS, config.anonymous_limits) if config.allow_anonymous else None
         )
-        self._admin_digest = config.admin_key_digest
+        self._admin_names = config.admin_key_names()
 
     def tenant(self, authorization: str | None) -> Tenant:
         """The tenant of the request; ApiError 401 for a missing (unless anonymous
@@ -88,11 +88,18 @@ class Authenticator:
             ids.add(self._anonymous.tenant_id)
         return ids
 
-    def check_admin(self, authorization: str | None) -> None:
-        """Return if the header carries the admin key; ApiError 401 otherwise (403 when
-        the config sets no admin key at all)."""
-        if self._admin_digest is None:
-            raise ApiError(403, "admin routes are disabled: no auth.admin_key_digest configured")
+    def check_admin(self, authorization: str | None) -> str:
+        """The name of the admin key the header carries; ApiError 401 when it carries
+        none (403 when the config sets no admin key at all)."""
+        if not self._admin_names:
+            raise ApiError(403, "admin routes are disabled: no admin key configured "
+                                "(auth.admin_keys or auth.admin_key_digest)")
         key = _bearer(authorization)
-        if key is None or not hmac.compare_digest(hash_key(key), self._admin_digest):
+        digest = "" if key is None else hash_key(key)
+        name = None
+        for admin_digest, admin_name in self._admin_names.items():
+            if hmac.compare_digest(digest, admin_digest):
+                name = admin_name
+        if name is None:
             raise ApiError(401, "admin key required", code="invalid_api_key")
+        return name

@@ -1,9 +1,11 @@
 """Admin routes (admin key required): workers, public prefixes, index statistics,
 canary pool weights.
 
-Every change is logged (logger ``router.admin``) with who made it (the caller's
-address and request id; there is one admin key), what changed, and when (the log
-record's time). A worker added here may take its key only from the variable named
+Every change is logged (logger ``router.admin``, INFO) with who made it (the name of
+the admin key, the caller's address and the request id), what changed, and when
+(the log record's time); every admin request, reads too, at DEBUG. Canary weights
+may be set for ``ttl_s`` seconds: they go back by themselves, logged the same way
+(``router.canary.overrides``). A worker added here may take its key only from the variable named
 for its id (``router.fleet.worker_keys``): otherwise an admin request could have the
 router send another worker's key, or the deployment secret, to a host it names.
 With several routers sharing Redis, each change is also published to the others
@@ -19,6 +21,7 @@ from aiohttp import web
 from radix.api_errors import ApiError
 from radix.keys import to_key
 from radix.openai.json_body import decode_json_object
+from router.canary.overrides import MAX_TTL_S, SetBy
 from router.config_toml import parse_public_prefix, parse_worker
 from router.context import ROUTER, Router
 from router.fleet.worker_keys import runtime_key_problem
@@ -26,23 +29,45 @@ from router.server.request_ids import request_id
 from router.server.slow_clients import read_body
 
 audit = logging.getLogger("router.admin")
+_KEY_NAME = web.RequestKey("admin_key_name", str)
 
 
 async def _admin(request: web.Request) -> Router:
     router = request.app[ROUTER]
-    router.auth.check_admin(request.headers.get("Authorization"))
+    request[_KEY_NAME] = router.auth.check_admin(request.headers.get("Authorization"))
+    audit.debug("admin %s %s by key %s from %s (request %s)", request.method, request.path,
+                request[_KEY_NAME], request.remote, request_id(request))
     return router
 
 
+def _set_by(request: web.Request) -> SetBy:
+    return SetBy(request[_KEY_NAME], request_id(request))
+
+
 def _log_change(request: web.Request, what: str, *args: object) -> None:
-    audit.info("admin change by %s (request %s): " + what, request.remote, request_id(request),
-               *args)
+    audit.info("admin change by key %s from %s (request %s): " + what, request[_KEY_NAME],
+               request.remote, request_id(request), *args)
+
+
+def _ttl(value: object) -> float | None:
+    """An admin change's ``ttl_s``: None (for good) or seconds in (0, ``MAX_TTL_S``];
+    ApiError 400 naming ``ttl_s`` otherwise."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) \
+            or not 0 < value <= MAX_TTL_S:
+        raise ApiError(400, f"ttl_s must be a number of seconds above 0, at most {MAX_TTL_S:g}",
+                       param="ttl_s")
+    return float(value)
 
 
 async def list_workers(request: web.Request) -> web.Response:
-    """``GET /admin/workers``: every registered worker with state, load and stats."""
+    """``GET /admin/workers``: every registered worker with state, load and stats, and
+    per model the cache namespaces its ready workers are in (more than one: a split
+    pool, ``router.fleet.model_namespaces``)."""
     router = await _admin(request)
-    return web.json_response({"workers": [w.to_dict() for w in router.registry.workers()]})
+    return web.json_response({"workers": [w.to_dict() for w in router.registry.workers()],
+                              "models": router.registry.namespaces.to_dict()})
 
 
 async def change_workers(request: web.Request) -> web.Response:
@@ -142,25 +167,29 @@ async def canary_state(request: web.Request) -> web.Response:
 
 
 async def set_canary_weights(request: web.Request) -> web.Response:
-    """``POST /admin/canary``: ``{"model", "weights": {pool: weight}}`` sets the named
-    pools' weights (on every router sharing this one's Redis); a weight above 0
-    re-enables a pool a guard tripped. 404 for a model without pools, 400 naming a
-    bad pool or weight."""
+    """``POST /admin/canary``: ``{"model", "weights": {pool: weight}, "ttl_s"?}`` sets
+    the named pools' weights (on every router sharing this one's Redis), with
+    ``ttl_s`` for that many seconds only; a weight above 0 re-enables a pool a guard
+    tripped. 404 for a model without pools, 400 naming a bad pool, weight or ttl."""
     router = await _admin(request)
     body = decode_json_object(
         await read_body(request, router.config.listen.body_timeout_s))
     model, weights = body.get("model"), body.get("weights")
     if not isinstance(weights, dict) or not weights:
         raise ApiError(400, "weights must be an object of pool: weight", param="weights")
+    ttl_s = _ttl(body.get("ttl_s"))
     try:
-        now = router.canary.set_weights(model if isinstance(model, str) else "", weights)
+        now = router.canary.set_weights(model if isinstance(model, str) else "", weights,
+                                        _set_by(request), ttl_s)
     except KeyError:
         raise ApiError(404, f"model {model!r} has no canary pools", param="model") from None
     except ValueError as exc:
         raise ApiError(400, str(exc), param="weights") from exc
     await router.siblings.canary_changed(model, router.canary.shared_state(model))
-    _log_change(request, "set canary weights of model %s: %s", model, dict(now))
-    return web.json_response({"model": model, "weights": dict(now)})
+    _log_change(request, "set canary weights of model %s: %s%s", model, dict(now),
+                "" if ttl_s is None else f" for {ttl_s:g} s")
+    answer = {"model": model, "weights": dict(now)}
+    return web.json_response(answer if ttl_s is None else {**answer, "ttl_s": ttl_s})
 
 
 def add_admin_routes(app: web.Application) -> None:

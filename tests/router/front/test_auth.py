@@ -8,6 +8,7 @@ import pytest
 
 from radix.api_errors import ApiError
 from router.config import AuthConfig, TenantConfig, TenantLimits
+from router.config_toml import parse_config
 from router.front.auth import ANONYMOUS, Authenticator, hash_key
 from router.front.limits import TenantLimiter
 from router.state.shared_state import InProcessSharedState
@@ -70,6 +71,38 @@ def test_admin_key() -> None:
     with pytest.raises(ApiError) as info:
         Authenticator(AuthConfig()).check_admin("Bearer admin")
     assert info.value.status == 403
+
+
+def test_each_admin_key_has_a_name_and_an_old_config_keeps_its_key_as_admin() -> None:
+    config = parse_config({"models": {"demo": {"tokenizer": "demo"}}, "auth": {
+        "admin_key_digest": hash_key("old"),
+        "admin_keys": [{"name": "ops-alice", "key_digest": hash_key("alice-admin")},
+                       {"name": "deploy-bot", "key_digest": hash_key("bot")}]}})
+    auth = Authenticator(config.auth)
+    assert [auth.check_admin(f"Bearer {key}") for key in ("old", "alice-admin", "bot")] == [
+        "admin", "ops-alice", "deploy-bot"]
+    with pytest.raises(ApiError) as info:
+        auth.check_admin("Bearer key-a")
+    assert info.value.status == 401
+    assert Authenticator(AUTH).check_admin("Bearer admin") == "admin"
+
+
+@pytest.mark.parametrize(("auth", "message"), [
+    ({"admin_keys": [{"name": "a", "key_digest": hash_key("x")},
+                     {"name": "a", "key_digest": hash_key("y")}]}, "two admin keys have one name"),
+    ({"admin_key_digest": hash_key("x"), "admin_keys": [{"name": "admin",
+                                                         "key_digest": hash_key("y")}]},
+     "two admin keys have one name"),
+    ({"admin_key_digest": hash_key("x"), "admin_keys": [{"name": "b",
+                                                         "key_digest": hash_key("x")}]},
+     "two admin keys have one digest"),
+    ({"admin_keys": [{"name": "b c", "key_digest": hash_key("x")}]}, r"admin_keys\[0\].name"),
+    ({"admin_keys": [{"name": "b", "key_digest": "x"}]}, r"admin_keys\[0\].key_digest"),
+    ({"admin_keys": [{"key_digest": hash_key("x")}]}, r"admin_keys\[0\].name: required"),
+])
+def test_bad_admin_keys_are_refused_naming_the_field(auth: dict, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        parse_config({"models": {"demo": {"tokenizer": "demo"}}, "auth": auth})
 
 
 def test_sizes() -> None:
