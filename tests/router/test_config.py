@@ -66,7 +66,7 @@ def test_timeouts_and_drain_are_read() -> None:
                                                                        "token_ids": [1]}]}}},
          "models.demo.public_prefixes[0]"),
         ({"workers": [{"id": "w0", "model": "nope", "url": "http://x"}]}, "workers[0].model"),
-        ({"workers": [{"id": "w0", "model": "demo", "url": "http://x", "kind": "sglang"}]},
+        ({"workers": [{"id": "w0", "model": "demo", "url": "http://x", "kind": "trtllm"}]},
          "workers[0].kind"),
         ({"workers": [{"id": "w0", "model": "demo"}]}, "workers[0]: give url"),
         ({"workers": [{"id": "w0", "model": "demo", "url": "http://x",
@@ -116,13 +116,22 @@ def test_timeouts_and_drain_are_read() -> None:
         ({"discovery": {"kind": "inferencepool"}}, "discovery.pool: give"),
         ({"discovery": {"namespace": "Not_A_Namespace"}}, "discovery.namespace"),
         ({"discovery": {"model": "nope"}}, "discovery.model: unknown model 'nope'"),
-        ({"discovery": {"worker_kind": "sglang"}}, "discovery.worker_kind"),
+        ({"discovery": {"worker_kind": "trtllm"}}, "discovery.worker_kind"),
     ],
 )
 def test_errors_name_the_field(patch: dict, field: str) -> None:
     data = {**BASE, **patch}
     with pytest.raises(ValueError, match=field.replace("[", r"\[").replace("]", r"\]")):
         parse_config(data)
+
+
+def test_an_sglang_worker_names_its_zmq_endpoints_as_a_vllm_worker_does() -> None:
+    config = parse_config({**BASE, "workers": [
+        {"id": "s0", "model": "demo", "url": "http://x", "kind": "sglang",
+         "kv_events": "tcp://127.0.0.1:5557", "kv_events_replay": "tcp://127.0.0.1:5558"}]})
+    (worker,) = config.workers
+    assert (worker.kind, worker.kv_events, worker.kv_events_replay) == (
+        "sglang", "tcp://127.0.0.1:5557", "tcp://127.0.0.1:5558")
 
 
 def test_digest_used_twice_is_refused() -> None:

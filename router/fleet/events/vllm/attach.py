@@ -4,7 +4,9 @@
 it when the worker becomes ready and cancels it when it leaves). A worker whose
 tokenization differs from the router's is routed approximately for as long as it stays
 ready, with the reason in ``GET /admin/workers``; one that agrees is routed exactly
-from its ZMQ KV events.
+from its ZMQ KV events. An SGLang worker takes the same path (its events are vLLM's
+format, ``router.fleet.events.vllm.sglang``), its entries filed under its own kind's
+namespace.
 """
 
 from __future__ import annotations
@@ -60,14 +62,15 @@ class VllmAttacher:
         self._index.set_exact(WorkerId(worker.worker_id))
         translator = VllmTranslator(worker.worker_id, self._scopes.get,
                                     functools.lru_cache(maxsize=256)(
-                                        functools.partial(self._namespace, model)))
+                                        functools.partial(self._namespace, model,
+                                                          worker.kind)))
         endpoints = Endpoints(worker.config.kv_events, worker.config.kv_events_replay,
                               replay_batches=worker.config.kv_events_replay_batches)
         await VllmEventFollower(self._index, translator, endpoints, self._metrics,
                                 self._context).run()
 
-    def _namespace(self, model: ModelTokenizer, lora_name: str | None) -> str:
-        return openai_namespace(model, self._secret, "vllm", lora_name or "")
+    def _namespace(self, model: ModelTokenizer, kind: str, lora_name: str | None) -> str:
+        return openai_namespace(model, self._secret, kind, lora_name or "")
 
     def close(self) -> None:
         """Close the ZMQ context (after every follower task ended)."""

@@ -230,8 +230,8 @@ class VllmEventFollower:
                 log.warning("kv events of %s: an event of seq %d skipped: %s",
                             self._worker_id, seq, exc)
                 continue
-            if translated is not None:
-                self._sink.apply_event(self._worker_id, translated)
+            for index_event in translated:
+                self._sink.apply_event(self._worker_id, index_event)
         self._events.inc()
         if live:
             self._lag.observe(max(time.time() - batch.ts, 0.0))

@@ -20,6 +20,8 @@ What vLLM says and what the index needs differ in four ways, each settled here:
   a request's blocks tail first, so a parent normally outlives its children; when a
   parent goes first anyway, its descendants are dropped from the index with it (an
   under-claim until they are stored again, never a claim of an unreachable block).
+- **Bigram pages** (SGLang under EAGLE) are filed under hashes of their own tokens
+  (``bigrams``): two engine pages with the same tokens are two copies of one block.
 - **Conflicts.** A block is one place in the index: its tier, namespace, scope, parent
   and tokens. A stored block whose place this worker already holds under another
   engine hash (vLLM sends none for what the router sent: every hash input it mixes in
@@ -39,6 +41,7 @@ from dataclasses import dataclass
 
 from radix.events import EventBlock, KVEvent, Medium
 from radix.keys import to_key
+from router.fleet.events.vllm.bigrams import BigramChains
 from router.fleet.events.vllm.wire import (
     AllCleared,
     BlocksRemoved,
@@ -87,6 +90,7 @@ class VllmTranslator:
         self._entries: dict[tuple[Medium, str], _Entry] = {}
         self._holders: dict[_Place, str] = {}
         self._group: int | None = None
+        self._bigrams = BigramChains()
         self.num_unknown_salt_blocks = 0
         self.num_skipped_group_events = 0
 
@@ -95,19 +99,21 @@ class VllmTranslator:
         self._entries.clear()
         self._holders.clear()
         self._group = None
+        self._bigrams.reset()
 
-    def translate(self, seq: int, event: Event) -> KVEvent | None:
-        """The index event for ``event`` (None when there is nothing to apply);
-        ``BlockConflict``, with nothing changed, for a store that conflicts."""
+    def translate(self, seq: int, event: Event) -> list[KVEvent]:
+        """The index events for ``event``, in order (none when there is nothing to
+        apply); ``BlockConflict``, with nothing changed, for a store that conflicts."""
         if isinstance(event, AllCleared):
             self.reset()
-            return self._event(seq, "cleared", "", "", (), "device")
+            return [self._event(seq, "cleared", "", "", (), "device")]
         if not self._indexed_group(event):
             self.num_skipped_group_events += 1
-            return None
+            return []
         if isinstance(event, BlocksStored):
-            return self._stored(seq, event)
-        return self._removed(seq, event)
+            stored = self._stored(seq, self._bigrams.stored(event) if event.bigram else event)
+            return [] if stored is None else [stored]
+        return self._removed(seq, self._bigrams.removed(event))
 
     def _indexed_group(self, event: BlocksStored | BlocksRemoved) -> bool:
         if event.group_idx is None:
@@ -179,24 +185,23 @@ class VllmTranslator:
                 return self._namespace_for(event.lora_name), scope
         return None
 
-    def _removed(self, seq: int, event: BlocksRemoved) -> KVEvent | None:
-        """The blocks whose last copy left, and their descendants; the index finds each
-        block's tree by its hash, so one event carries them all."""
+    def _removed(self, seq: int, event: BlocksRemoved) -> list[KVEvent]:
+        """The blocks whose last copy left, and their descendants: one event per
+        namespace and scope they were filed under (an engine may remove blocks of
+        several tenants and adapters in one event; SGLang coalesces its removals)."""
         medium = _medium(event.medium)
-        gone: list[str] = []
-        first: _Entry | None = None
+        gone: dict[tuple[str, str], list[str]] = {}
         for block_hash in event.hashes:
             entry = self._entries.get((medium, block_hash))
             if entry is None:
                 continue
             entry.num_copies -= 1
             if entry.num_copies == 0:
-                first = first or entry
-                self._drop_subtree(medium, block_hash, gone)
-        if first is None:
-            return None
-        return self._event(seq, "removed", first.namespace, first.scope,
-                           tuple(EventBlock(block_hash) for block_hash in gone), medium)
+                self._drop_subtree(medium, block_hash,
+                                   gone.setdefault((entry.namespace, entry.scope), []))
+        return [self._event(seq, "removed", namespace, scope,
+                            tuple(EventBlock(block_hash) for block_hash in hashes), medium)
+                for (namespace, scope), hashes in gone.items()]
 
     def _drop_subtree(self, medium: Medium, root: str, gone: list[str]) -> None:
         """Forget ``root`` and every block chained below it (children before parents,

@@ -11,6 +11,8 @@ Events come in two encodings, both accepted here:
 - an array tagged ``["BlockStored", block_hashes, parent, ...]``, fields in
   declaration order, trailing defaults left out (older vLLM, SGLang).
 
+What SGLang's stores add (a salt field, bigram pages) is read by ``sglang``.
+
 Block hashes are uint64 ints (``VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES``) or raw bytes;
 both become one canonical hex string. Unknown fields and unknown event types are
 ignored; an event of a known type whose fields do not fit is a ``WireError``, as is
@@ -27,6 +29,8 @@ from typing import Any
 
 import msgspec
 
+from router.fleet.events.vllm.sglang import array_fields, first_tokens, is_bigram, salt_strings
+
 END_OF_REPLAY = b"\xff" * 8
 _UINT64 = (1 << 64) - 1
 _STORED_FIELDS = ("block_hashes", "parent_block_hash", "token_ids", "block_size", "lora_id",
@@ -41,8 +45,10 @@ class WireError(ValueError):
 @dataclass(frozen=True)
 class BlocksStored:
     """``BlockStored``: blocks chained from ``parent`` (None: from the sequence start),
-    ``tokens`` the concatenation of their ``block_size`` tokens each. ``salt_keys`` are
-    the strings of the first block's extra keys (a ``cache_salt`` rides there)."""
+    ``tokens`` the concatenation of their ``block_size`` tokens each (of a bigram page,
+    each position's own token). ``salt_keys`` are the strings of the first block's extra
+    keys (vLLM's ``cache_salt`` rides there) and SGLang's salt fields. ``bigram``: the
+    engine sent bigram pages (SGLang under EAGLE)."""
 
     hashes: tuple[str, ...]
     parent: str | None
@@ -53,6 +59,7 @@ class BlocksStored:
     salt_keys: tuple[str, ...]
     group_idx: int | None
     spec_kind: str | None
+    bigram: bool = False
 
 
 @dataclass(frozen=True)
@@ -133,7 +140,7 @@ def decode_event(item: object) -> Event | None:
     elif isinstance(item, list) and item and isinstance(item[0], str):
         tag = item[0]
         names = _STORED_FIELDS if tag == "BlockStored" else _REMOVED_FIELDS
-        fields = dict(zip(names, item[1:], strict=False))
+        fields = array_fields(names, item[1:])
     else:
         raise WireError("event must be a tagged map or a tagged array")
     if tag == "BlockStored":
@@ -152,6 +159,9 @@ def _stored(fields: Mapping[str, Any]) -> BlocksStored:
         raise WireError("a stored chain must not name a block hash twice")
     block_size = fields.get("block_size")
     tokens = fields.get("token_ids")
+    bigram = is_bigram(tokens)
+    if bigram:
+        tokens = first_tokens(tokens)
     if type(block_size) is not int or block_size <= 0:
         raise WireError(f"block_size must be a positive int, got {block_size!r}")
     if not isinstance(tokens, list) or len(tokens) != len(hashes) * block_size:
@@ -169,9 +179,10 @@ def _stored(fields: Mapping[str, Any]) -> BlocksStored:
         block_size=block_size,
         medium=_optional(fields, "medium", str),
         lora_name=_optional(fields, "lora_name", str),
-        salt_keys=_first_block_strings(fields.get("extra_keys")),
+        salt_keys=_first_block_strings(fields.get("extra_keys")) + salt_strings(fields),
         group_idx=_optional(fields, "group_idx", int),
         spec_kind=_optional(fields, "kv_cache_spec_kind", str),
+        bigram=bigram,
     )
 
 

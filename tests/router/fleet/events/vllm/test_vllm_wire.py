@@ -91,8 +91,7 @@ def test_negative_and_bytes_hashes_are_canonical():
 
 def apply(index, translator, *events, seq=0):
     for event in decode_batch(seq, batch(*events)).events:
-        translated = translator.translate(seq, event)
-        if translated is not None:
+        for translated in translator.translate(seq, event):
             index.apply_event("v0", translated)
 
 
@@ -234,8 +233,8 @@ def run_sequence(seed: int) -> None:
                 translated = translator.translate(seq, event)
             except BlockConflict:
                 continue
-            if translated is not None:
-                index.apply_event("v0", translated)
+            for index_event in translated:
+                index.apply_event("v0", index_event)
         index.check_invariants()
     index.reset_worker("v0")
     index.check_invariants()
