@@ -32,8 +32,8 @@ from router.routing.index import RouterIndex
 from tests.support.aio import eventually
 from tests.support.sglang_publisher import HeldNode, SglangPublisher, available
 
-pytestmark = [pytest.mark.slow,
-              pytest.mark.skipif(available() is not None, reason=str(available()))]
+MISSING = available()
+pytestmark = [pytest.mark.slow, pytest.mark.skipif(MISSING is not None, reason=str(MISSING))]
 PAGE = 4
 SALTS = {"salt-alice": "alice", "salt-bob": "bob"}
 WRITERS = ("salt-alice", "salt-bob", "salt-stranger", None)
