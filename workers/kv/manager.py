@@ -490,6 +490,13 @@ class KVCacheManager:
             num_freed += cache.evict(num_blocks - num_freed)
         return num_freed
 
+    def reset_prefix_cache(self) -> int:
+        """Evict every cached block that no sequence (nor pin) holds, in every namespace,
+        as vLLM's ``reset_prefix_cache`` drops every unreferenced cached block: each
+        leaves with a ``removed`` event, and goes to the host or disk tier where the
+        worker has one, as any eviction does. Returns the blocks freed."""
+        return self.evict(self.pool.num_total_blocks)
+
     def _reserve(self, seq: _SeqState, end: int) -> None:
         """Give positions ``[num_computed_tokens, end)`` writable blocks (room is there)."""
         start, table = seq.num_computed_tokens, seq.block_table

@@ -22,6 +22,7 @@ from aiohttp import web
 from aiohttp.typedefs import Handler
 
 from workers.server import (
+    routes_cache,
     routes_generate,
     routes_kv,
     routes_lora,
@@ -84,5 +85,6 @@ def create_app(state: ServerState) -> web.Application:
     app.router.add_get("/openapi.json", routes_status.openapi)
     routes_peers.add_routes(app)
     routes_lora.add_routes(app)
+    routes_cache.add_routes(app)
     transfer_legs.add_routes(app)
     return app

@@ -129,3 +129,19 @@ def test_append_slots_fails_holding_nothing_new_and_the_sequence_can_still_be_fr
     manager.free(1)
     assert manager.num_free_blocks == 2
     manager.check_invariants()
+
+
+def test_reset_prefix_cache_drops_every_unheld_block_and_announces_each():
+    manager = filled()
+    assert manager.admit(4, [*A, 99], "t1") == 8  # holds [1 2 3 4] and [5 6 7 8]
+    head = manager.event_log.head_seq
+    assert manager.reset_prefix_cache() == 2  # A2's tail (block 2) and C (block 3)
+    removed = manager.event_log.since(head, manager.event_log.epoch)
+    assert {e.type for e in removed} == {"removed"}
+    assert sum(len(e.blocks) for e in removed) == 2
+    assert free_blocks(manager) >= {2, 3} and not free_blocks(manager) & {0, 1}
+    manager.free(4)
+    manager.check_invariants()
+    assert manager.reset_prefix_cache() == 2  # A's path, no longer held
+    assert manager.stats().num_cached_blocks == 0 and manager.prefix_cache.tree.num_nodes == 0
+    assert manager.reset_prefix_cache() == 0

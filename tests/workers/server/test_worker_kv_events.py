@@ -100,3 +100,18 @@ def test_reconnect_resumes_or_resyncs(worker, ready):
         assert first["type"] == "cleared" and first["seq"] >= head + 1 and first["epoch"] == epoch
     status, body = worker.get_json("/kv/events?since=-1")
     assert status == 400 and body["error"]["param"] == "since"
+
+
+def test_reset_prefix_cache_announces_every_block_it_drops(worker, ready):
+    """``POST /reset_prefix_cache`` empties the cache, and a live replay, applying the
+    ``removed`` events it published, is empty too: a follower is never left claiming
+    what the worker dropped."""
+    live = EventStream(worker.url, new_replay(ready))
+    generate(worker, [200 + i for i in range(40)])
+    status, body = worker.post_json("/reset_prefix_cache", {})
+    assert status == 200 and body["num_freed_blocks"] >= 40 // BLOCK_SIZE
+    fresh = snapshot(worker, ready)
+    live.wait_for(lambda s: s.replay.last_seq >= fresh.last_seq)
+    live.close()
+    assert any(e and e["type"] == "removed" for e in live.lines)
+    assert fresh.paths() == set() and live.replay.paths() == set()
