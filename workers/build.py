@@ -26,7 +26,6 @@ from radix.model_source import DEMO_MODEL, resolve_model_path
 from radix.namespace import CacheNamespace
 from radix.tokenizer import PromptTokenizer
 from radix.version import project_version
-from workers.attention.backend import backend_name
 from workers.config import EngineConfig, WorkerConfig
 from workers.engine.async_engine import AsyncEngine
 from workers.engine.engine import Engine
@@ -48,6 +47,7 @@ from workers.model.config import ModelConfig
 from workers.model.decode_graphs import CudaGraphCapture
 from workers.model.demo import demo_config, ensure_demo_checkpoint
 from workers.model.loader import load_model
+from workers.model.numerics import EngineNumerics
 from workers.model.runner import GraphPlan, ModelRunner
 from workers.model.timed import (
     TimedRunner,
@@ -237,8 +237,9 @@ def build_worker(config: WorkerConfig, worker_id: str, secret: bytes) -> BuiltWo
     spec = backend.spec
     plan = plan_kv_cache(spec, backend.kv_budget.num_bytes, sizing_rule=backend.kv_budget.rule)
     scales = kv_scales(spec, config.kv.scales_file, backend.weights_digest)
+    numerics = EngineNumerics.on(device, config.model.numerics_version)
     namespace = cache_namespace(served_names[0], backend.weights_digest, backend.tokenizer,
-                                backend.rope, spec, scales)
+                                backend.rope, spec, scales, numerics)
     digest = namespace.digest(secret)
     manager = _kv_cache_manager(config, backend, plan, digest, worker_id, device, secret)
     model_limit = backend.max_positions
@@ -265,7 +266,7 @@ def build_worker(config: WorkerConfig, worker_id: str, secret: bytes) -> BuiltWo
         kv_plan=plan,
         kv_scales=scales,
         engine_version=project_version(),
-        attention_backend=backend_name(device),
+        attention_backend=numerics.attention_backend,
         decode_graph_sizes=(runner.graphs.sizes if isinstance(runner, ModelRunner)
                             and runner.graphs is not None else ()),
     )
@@ -330,10 +331,11 @@ def _log_plan(identity: WorkerIdentity, source: str, device: torch.device,
 
 def cache_namespace(
     served_name: str, weights_digest: str, tokenizer: PromptTokenizer,
-    rope: Mapping[str, object], spec: KVCacheSpec, scales: KVScales,
+    rope: Mapping[str, object], spec: KVCacheSpec, scales: KVScales, numerics: EngineNumerics,
 ) -> CacheNamespace:
     """What makes this worker's KV blocks mean what they mean (no adapter yet): the
-    KV dtype and, for FP8, the scale file's digest are part of it."""
+    KV dtype and, for FP8, the scale file's digest are part of it, and so are the
+    kernels that write the blocks and their numerics version."""
     return CacheNamespace(
         model_id=served_name,
         weights_digest=weights_digest,
@@ -343,6 +345,8 @@ def cache_namespace(
         block_size=spec.block_size,
         kv_scales_digest=scales.digest,
         kv_layout_version=KV_LAYOUT_VERSION,
+        attention_backend=numerics.attention_backend,
+        engine_numerics_version=numerics.version,
     )
 
 

@@ -75,7 +75,10 @@ class ModelSettings(Section, section="model"):
     so the engine's own CPU time stays small beside the waits (benchmarks divide what
     they measure by it). ``enforce_eager`` turns off the CUDA graphs decode steps are
     otherwise replayed from on CUDA (vLLM's ``--enforce-eager``; the CPU is always
-    eager).
+    eager). ``numerics_version`` overrides the engine numerics version the cache
+    namespace carries (None: this build's ``ENGINE_NUMERICS_VERSION``,
+    ``workers.model.numerics``): for a build whose kernels were changed locally, and
+    for tests of a split pool; workers with different values never share KV.
     """
 
     name: str = setting("demo", flag="--model",
@@ -99,6 +102,11 @@ class ModelSettings(Section, section="model"):
                                   help="CUDA: run every decode step eagerly instead of "
                                        "replaying it from CUDA graphs (docs/model.md, Decode "
                                        "graphs); the CPU is always eager")
+    numerics_version: int | None = setting(
+        None, low=1, flag="--engine-numerics-version",
+        help="engine numerics version in the cache namespace (default: this build's); "
+             "only for locally changed kernels and tests: workers with different values "
+             "never share KV")
 
     @property
     def served_names(self) -> tuple[str, ...]:

@@ -8,6 +8,7 @@ from workers.build import cache_namespace
 from workers.kv.scales import KVScales
 from workers.kv.spec import KVCacheSpec
 from workers.kv.tensors import KV_LAYOUT_FINGERPRINTS, KV_LAYOUT_VERSION, layout_fingerprint
+from workers.model.numerics import EngineNumerics
 
 
 def test_the_current_layout_is_the_one_recorded_for_the_current_version():
@@ -19,5 +20,5 @@ def test_the_current_layout_is_the_one_recorded_for_the_current_version():
 
 def test_worker_namespaces_carry_the_current_version():
     namespace = cache_namespace("m", "w", PromptTokenizer.demo(), {}, KVCacheSpec(1, 1, 2),
-                                KVScales.unit(1))
+                                KVScales.unit(1), EngineNumerics("torch-reference", 1))
     assert namespace.kv_layout_version == KV_LAYOUT_VERSION

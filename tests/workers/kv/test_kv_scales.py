@@ -15,6 +15,7 @@ from workers.kv.spec import KVCacheSpec
 from workers.model.calibrate import calibrate
 from workers.model.demo import ensure_demo_checkpoint
 from workers.model.loader import load_model
+from workers.model.numerics import EngineNumerics
 
 
 @pytest.fixture(scope="module")
@@ -75,12 +76,13 @@ def test_an_fp8_namespace_never_equals_one_without(demo, record, tmp_path):
     unit = kv_scales(fp8, None, demo.weights_digest)
     assert unit == KVScales.unit(4)
     ids = (demo.weights_digest, demo.tokenizer, demo.config.rope_fingerprint())
+    numerics = EngineNumerics("torch-reference", 1)
     namespaces = [
-        cache_namespace("demo", *ids, auto, KVScales.unit(4)),
-        cache_namespace("demo", *ids, fp8, unit),
-        cache_namespace("demo", *ids, fp8, calibrated),
+        cache_namespace("demo", *ids, auto, KVScales.unit(4), numerics),
+        cache_namespace("demo", *ids, fp8, unit, numerics),
+        cache_namespace("demo", *ids, fp8, calibrated, numerics),
         cache_namespace("demo", *ids, e5m2, kv_scales(e5m2, write(tmp_path, record),
-                                                      demo.weights_digest)),
+                                                      demo.weights_digest), numerics),
     ]
     assert namespaces[2].kv_scales_digest == record["sha256"]
     digests = {ns.fingerprint(secret) for ns in namespaces}
