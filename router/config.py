@@ -641,7 +641,7 @@ class BandConfig(Section):
 
 
 DEFAULT_BANDS = (BandConfig("interactive", 10.0), BandConfig("standard", 30.0),
-                 BandConfig("batch", 120.0, 0.75))
+                 BandConfig("batch", 120.0, 0.75, max_pending_prefill_tokens=2048))
 
 
 @dataclass(frozen=True)
