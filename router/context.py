@@ -19,6 +19,7 @@ from router.config import FlowConfig, RouterConfig
 from router.decision import Decider
 from router.fleet.events.follower import KVEventFollower
 from router.fleet.events.vllm.attach import VllmAttacher
+from router.fleet.index_modes import key_mode_problem, route_approximately, route_exactly
 from router.fleet.registry import WorkerRegistry, WorkerState
 from router.flow.controller import FlowController, NoFlowControl
 from router.flow.headroom import RequestLimit, no_request_limit, request_limit
@@ -94,6 +95,10 @@ class Router:
             if worker.capabilities.events is EventSource.ZMQ_WHEN_CONFIGURED:
                 await vllm.follow(worker, models.get(worker.model))
                 return
+            if (problem := key_mode_problem(worker)) is not None:
+                route_approximately(worker, index, problem)
+                return
+            route_exactly(worker, index)
             base = NamespaceDigest(worker.namespace or "")
             await KVEventFollower(
                 index, WorkerId(worker.worker_id), worker.url, session, metrics.kv_events,
@@ -102,6 +107,7 @@ class Router:
                                                               worker.worker_namespace)).run()
 
         registry = WorkerRegistry(config.registry, models, secret, session, index, follow)
+        metrics.registry.register(registry.namespaces)
         siblings = siblings or NoSiblings()
         metrics.follow_siblings(siblings)
         pool = UpstreamPool(config.proxy.connect_timeout_s, config.proxy.request_timeout_s)

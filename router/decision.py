@@ -270,7 +270,8 @@ class Decider:
     def _prefill_candidates(self, call: Call, decode: WorkerState,
                             prefillers: list[WorkerState], matches: Matches
                             ) -> list[WorkerState]:
-        """The workers that may prefill ``call`` for ``decode``; none when it is served
+        """The workers that may prefill ``call`` for ``decode``: those of its cache
+        namespace (``decode`` refuses blocks of any other); none when it is served
         whole (see ``_prefill_leg``)."""
         prompt = call.prompt
         num_decode_matched = matches.tokens.get(decode.worker_id, 0)
@@ -279,7 +280,8 @@ class Decider:
                 or not decode.capabilities.speaks_generate or call.adapter is not None
                 or call.request.sampling.n != 1):
             return []
-        return [w for w in prefillers if w is not decode and w.capabilities.speaks_generate]
+        return [w for w in prefillers if w is not decode and w.capabilities.speaks_generate
+                and w.namespace == decode.namespace]
 
 
 def check_endpoint(params: dict[str, Any], worker: WorkerState) -> dict[str, Any]:

@@ -60,7 +60,8 @@ class ProbeResult:
     LoRA adapters it registered, ``max_loras`` its adapter slots (0: LoRA off),
     ``lora_load_ms`` its mean measured adapter load time (None before any load) and
     ``transfer_endpoint`` the (host, port) its KV producer serves blocks on (None when
-    it reports none: not a ``kv_producer``)."""
+    it reports none: not a ``kv_producer``); ``cache_namespace`` the fields of the
+    worker's base namespace (None for a kind whose namespace the router builds)."""
 
     ready: bool
     reason: str
@@ -74,6 +75,7 @@ class ProbeResult:
     max_loras: int = 0
     lora_load_ms: float | None = None
     transfer_endpoint: tuple[str, int] | None = None
+    cache_namespace: CacheNamespace | None = None
 
 
 class ProbeError(Exception):
@@ -143,7 +145,8 @@ async def probe_radix(session: aiohttp.ClientSession, url: str, headers: Mapping
                            _radix_load(info.get("load"), info.get("engine")),
                            worker_namespace=_optional_str(ready.get("namespace_digest")),
                            adapters=adapters, max_loras=lora[0], lora_load_ms=lora[1],
-                           transfer_endpoint=transfer_endpoint(info.get("kv_transfer")))
+                           transfer_endpoint=transfer_endpoint(info.get("kv_transfer")),
+                           cache_namespace=base)
     except ProbeError as exc:
         return ProbeResult(False, str(exc))
 

@@ -27,6 +27,7 @@ from typing import Any, Protocol
 import aiohttp
 
 from router.config import RegistryConfig, WorkerSpec
+from router.fleet.model_namespaces import ModelNamespaces
 from router.fleet.probes import ProbeResult, probe_openai, probe_radix
 from router.fleet.salt_probe import PROBE_TOKENS, SaltProbeFailed, salt_isolation_problem
 from router.fleet.worker_state import InFlight, WorkerState
@@ -53,7 +54,8 @@ EventFollower = Callable[[WorkerState], Coroutine[Any, Any, None]]
 
 
 class WorkerRegistry:
-    """Owns the WorkerStates, their poll tasks and their KV event follower tasks."""
+    """Owns the WorkerStates, their poll tasks and their KV event follower tasks;
+    ``namespaces`` groups each model's routable workers by cache namespace."""
 
     def __init__(self, config: RegistryConfig, models: Models, secret: bytes,
                  session: aiohttp.ClientSession, index: WorkerIndex,
@@ -70,6 +72,7 @@ class WorkerRegistry:
         self._follow_tasks: dict[str, asyncio.Task[None]] = {}
         self._salt_refusals: dict[str, tuple[float, str]] = {}
         self._adapters: dict[str, str] = {}
+        self.namespaces = ModelNamespaces(models.names())
 
     def add(self, config: WorkerSpec, discovered: bool = False) -> WorkerState:
         """Register a worker and start polling it; ValueError naming the field if the id
@@ -211,7 +214,7 @@ class WorkerRegistry:
                     and (problem := await self._salt_problem(worker))):
                 worker.reason = problem
                 return
-            worker.namespace = result.namespace
+            worker.namespace, worker.cache_namespace = result.namespace, result.cache_namespace
             worker.ready = True
             worker.reason = result.reason
             if worker.has_event_stream:
@@ -261,5 +264,6 @@ class WorkerRegistry:
             if worker.ready and not worker.draining:
                 routable.setdefault(worker.model, []).append(worker)
         self._routable = routable
+        self.namespaces.observe(routable)
 
 

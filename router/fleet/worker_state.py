@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
+from radix.namespace import CacheNamespace
 from router.config import WorkerSpec
 from router.fleet.probes import WorkerLoad
 from router.routing.adapters import WorkerLora
@@ -47,7 +48,8 @@ class WorkerState:
     dispatcher, the proxy and the admin routes. ``config`` is what it was registered
     with; ``namespace`` is the router-side digest of the worker's base cache namespace
     (None until the first passing probe), ``worker_namespace`` the worker's own digest
-    of it; ``lora`` its LoRA adapters (``router.routing.adapters``). ``discovered``: it
+    of it, ``cache_namespace`` its fields (None for a kind whose namespace the router
+    builds itself); ``lora`` its LoRA adapters (``router.routing.adapters``). ``discovered``: it
     came from ``router.fleet.discovery`` (each router discovers its own; never shared);
     ``draining``: it takes no new request and leaves once those in flight end;
     ``capabilities``: what its kind can do (``router.worker_kinds``);
@@ -58,7 +60,7 @@ class WorkerState:
                  "namespace", "epoch", "served_model", "load", "num_in_flight_requests",
                  "num_in_flight_prompt_tokens", "stats", "index_mode", "index_reason",
                  "cache_block_size", "worker_namespace", "lora", "discovered", "draining", "role",
-                 "transfer_endpoint")
+                 "transfer_endpoint", "cache_namespace")
 
     def __init__(self, config: WorkerSpec, url: str, headers: dict[str, str],
                  discovered: bool = False) -> None:
@@ -87,6 +89,7 @@ class WorkerState:
         self.draining = False
         self.role = config.role
         self.transfer_endpoint: tuple[str, int] | None = None
+        self.cache_namespace: CacheNamespace | None = None
 
     @property
     def has_event_stream(self) -> bool:

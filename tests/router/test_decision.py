@@ -38,15 +38,18 @@ def _call(router: Router) -> Call:
     return Call(request, "demo", model.prompt(request, "alice"), "alice", 4, "salt")
 
 
-async def _decide_beside(prefill_load: WorkerLoad) -> tuple[Decision, WorkerState, WorkerState, str]:
-    """A PD decision for a decode worker and a prefill worker with ``prefill_load``:
-    (the decision, decode, prefill, the router's metrics after it)."""
+async def _decide_beside(prefill_load: WorkerLoad, prefill_namespace: str = "ns"
+                         ) -> tuple[Decision, WorkerState, WorkerState, str]:
+    """A PD decision for a decode worker and a prefill worker with ``prefill_load`` in
+    ``prefill_namespace`` (the decode worker's: ``ns``): (the decision, decode,
+    prefill, the router's metrics after it)."""
     urls = ["http://127.0.0.1:9", "http://127.0.0.1:10"]
     config = replace(make_config(urls), pd=PDConfig(min_uncached_tokens=1))
     router = Router.build(config, TEST_SECRET, InProcessSharedState())
     try:
         decode = _worker(router, 0, "decode", WorkerLoad())
         prefill = _worker(router, 1, "prefill", prefill_load)
+        prefill.namespace = prefill_namespace
         decision = await router.decider.decide(Candidates([decode, prefill], [], None),
                                                _call(router))  # no leg is sent: no server
         return decision, decode, prefill, generate_latest(router.metrics.registry).decode()
@@ -83,3 +86,11 @@ async def test_a_prefill_worker_at_its_hold_cap_is_skipped_for_a_whole_request()
     assert [a.worker for a in decision.attempts()] == [decode]
     assert prefill.ready  # never tried: a leg to its closed port would mark it failed
     assert sample(metrics, "router_pd_requests_total", {"mode": "fallback"}) == 1
+
+
+async def test_a_prefill_worker_of_another_namespace_is_never_asked_for_a_leg():
+    decision, decode, prefill, metrics = await _decide_beside(WorkerLoad(), "another")
+    assert decision.kv_transfer_params is None and decision.prefill is None
+    assert [a.worker for a in decision.attempts()] == [decode]
+    assert prefill.ready  # never tried: its blocks would be refused by the decode worker
+    assert sample(metrics, "router_pd_requests_total", {"mode": "aggregated"}) == 1

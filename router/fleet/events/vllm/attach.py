@@ -12,7 +12,6 @@ namespace.
 from __future__ import annotations
 
 import functools
-import logging
 from collections.abc import Iterable
 
 import aiohttp
@@ -23,12 +22,11 @@ from router.fleet.events.metrics import KVEventMetrics
 from router.fleet.events.vllm.follower import Endpoints, VllmEventFollower
 from router.fleet.events.vllm.parity import token_parity_problem
 from router.fleet.events.vllm.translate import VllmTranslator
+from router.fleet.index_modes import route_approximately, route_exactly
 from router.fleet.probes import openai_namespace
 from router.fleet.registry import WorkerState
 from router.models import ModelTokenizer
-from router.routing.index import RouterIndex, WorkerId
-
-log = logging.getLogger(__name__)
+from router.routing.index import RouterIndex
 
 
 class VllmAttacher:
@@ -54,12 +52,9 @@ class VllmAttacher:
                                              worker.served_model, model.tokenizer,
                                              self._probe_timeout_s)
         if problem is not None:
-            log.warning("worker %s routed approximately: %s", worker.worker_id, problem)
-            worker.index_mode, worker.index_reason = "approximate", problem
-            self._index.set_approximate(WorkerId(worker.worker_id))
+            route_approximately(worker, self._index, problem)
             return
-        worker.index_mode, worker.index_reason = "exact", ""
-        self._index.set_exact(WorkerId(worker.worker_id))
+        route_exactly(worker, self._index)
         translator = VllmTranslator(worker.worker_id, self._scopes.get,
                                     functools.lru_cache(maxsize=256)(
                                         functools.partial(self._namespace, model,
