@@ -35,6 +35,7 @@ from radix.openai.requests import CHAT, COMPLETIONS, INLINE_TOKENIZE_CHARS, Open
 from router.client import Client
 from router.context import Router
 from router.decision import Candidates, Decision
+from router.fleet.cache_prediction import prediction_outcome, reusable_tokens
 from router.fleet.registry import WorkerState
 from router.forward.attempt import UpstreamUnavailable
 from router.forward.proxy import Call
@@ -221,16 +222,41 @@ async def forward(router: Router, client: Client, call: Call, decision: Decision
 def learn(router: Router, client: Client, worker: WorkerState, prompt: Prompt,
           decision: Decision, exchange: Exchange, started: float) -> None:
     """Record what the request taught: the index's prediction for the chosen worker
-    against what it reported as cached (also one access-log line at INFO), and the
-    latencies."""
+    against what it reported as cached, totalled and checked (``check_prediction``;
+    also one access-log line at INFO), and the latencies."""
+    num_prompt_tokens = len(prompt.token_ids)
     num_matched = decision.matches.tokens.get(worker.worker_id, 0)
-    router.metrics.count_tokens(worker.worker_id, len(prompt.token_ids), num_matched)
-    worker.stats.record(len(prompt.token_ids), num_matched, exchange.num_cached_tokens)
+    router.metrics.count_tokens(worker.worker_id, num_prompt_tokens, num_matched)
+    worker.stats.record(num_prompt_tokens, num_matched, exchange.num_cached_tokens)
+    outcome = check_prediction(router, worker, num_prompt_tokens, num_matched,
+                               exchange.num_cached_tokens)
     if access_log.isEnabledFor(logging.INFO):
         access_log.info("request %s worker=%s status=%d prompt_tokens=%d predicted_cached=%d "
-                        "cached=%s", client.request_id, worker.worker_id, exchange.status,
-                        len(prompt.token_ids), num_matched, exchange.num_cached_tokens)
+                        "cached=%s outcome=%s", client.request_id, worker.worker_id,
+                        exchange.status, num_prompt_tokens, num_matched,
+                        exchange.num_cached_tokens, outcome or "unchecked")
     now = time.monotonic()
     router.metrics.request_seconds.observe(now - started)
     if exchange.first_byte_at is not None:
         router.metrics.ttft_seconds.observe(exchange.first_byte_at - started)
+
+
+def check_prediction(router: Router, worker: WorkerState, num_prompt_tokens: int,
+                     num_matched_tokens: int, num_cached_tokens: int | None) -> str | None:
+    """The outcome of the index's prediction (``num_matched_tokens`` of the prompt on
+    ``worker``) against the ``num_cached_tokens`` the worker reported, both as it
+    reuses them (``router.fleet.cache_prediction``: whole blocks of its
+    ``cache_block_size``, else of its model's ``block_size``, which our workers' probe
+    checks); counted in its stats and in ``router_cache_predictions_total`` and
+    ``router_cache_prediction_tokens_total``. None, counted nowhere, when the worker
+    reported no cached tokens."""
+    if num_cached_tokens is None:
+        return None
+    block_size = worker.cache_block_size or router.models.get(worker.model).block_size
+    num_predicted = reusable_tokens(num_matched_tokens, num_prompt_tokens, block_size)
+    num_served = reusable_tokens(num_cached_tokens, num_prompt_tokens, block_size)
+    outcome = prediction_outcome(num_predicted, num_served)
+    worker.stats.record_prediction(outcome)
+    router.metrics.count_prediction(worker.worker_id, worker.namespace or "", outcome,
+                                    num_predicted, num_served)
+    return outcome

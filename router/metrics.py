@@ -12,6 +12,7 @@ from ``/proc`` at each scrape.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator, Mapping
+from typing import NamedTuple
 
 from prometheus_client import (
     CollectorRegistry,
@@ -26,6 +27,7 @@ from prometheus_client.registry import Collector
 
 from radix.api_errors import ApiError
 from radix.token_cache import CacheStats
+from router.fleet.cache_prediction import OUTCOMES
 from router.fleet.discovery.status import DiscoveryStatus
 from router.fleet.events.metrics import KVEventMetrics
 from router.fleet.registry import WorkerState
@@ -75,8 +77,7 @@ class RouterMetrics:
                                   ["worker"], registry=r)
         self.worker_exact = Gauge("router_worker_index_exact",
                                   "1 while the worker is routed from its KV events, 0 while "
-                                  "approximately (no events, or its tokenization differs) "
-                                  "or stale (its event stream silent or being rebuilt)",
+                                  "approximately (no events, or its tokenization differs)",
                                   ["worker"], registry=r)
         self.worker_load = Gauge("router_worker_load", "Worker load as the router sees it",
                                  ["worker", "measure"], registry=r)
@@ -95,8 +96,17 @@ class RouterMetrics:
                           ["reason"], registry=r)
         self._refusals = {reason: refused.labels(reason) for reason in REFUSAL_REASONS}
         self.kv_events = KVEventMetrics(r)
+        self.cache_prediction_tokens = Counter(
+            "router_cache_prediction_tokens", "Prompt tokens of the checked requests the index "
+            "predicted cached on the chosen worker (predicted) and the worker served from its "
+            "cache (served), both in whole blocks", ["worker", "kind"], registry=r)
+        self.cache_predictions = Counter(
+            "router_cache_predictions", "Requests whose predicted cached tokens were checked "
+            "against the worker's cached_tokens, by outcome: exact, over (predicted more than "
+            "served), under", ["worker", "namespace", "outcome"], registry=r)
         self._request_counters: dict[tuple[str, str, int], Counter] = {}
         self._token_counters: dict[str, tuple[Counter, Counter]] = {}
+        self._prediction_counters: dict[str, _PredictionCounters] = {}
 
     def follow_siblings(self, siblings: Siblings) -> None:
         """Expose what several routers share: ``router_shared_state_up`` (1 while the
@@ -147,6 +157,26 @@ class RouterMetrics:
         counters[0].inc(num_prompt_tokens)
         counters[1].inc(num_matched_tokens)
 
+    def count_prediction(self, worker_id: str, namespace: str, outcome: str,
+                         num_predicted_tokens: int, num_served_tokens: int) -> None:
+        """Count one checked prediction (``router.fleet.cache_prediction``) of
+        ``worker_id`` in base namespace ``namespace``: its outcome in
+        ``router_cache_predictions_total`` and its tokens in
+        ``router_cache_prediction_tokens_total``. A worker's children are made at its
+        first check, every outcome at once (so each is exported from then on), and
+        cached (as in ``count_request``) until its namespace changes."""
+        counters = self._prediction_counters.get(worker_id)
+        if counters is None or counters.namespace != namespace:
+            counters = self._prediction_counters[worker_id] = _PredictionCounters(
+                namespace,
+                {name: self.cache_predictions.labels(worker_id, namespace, name)
+                 for name in OUTCOMES},
+                self.cache_prediction_tokens.labels(worker_id, "predicted"),
+                self.cache_prediction_tokens.labels(worker_id, "served"))
+        counters.outcomes[outcome].inc()
+        counters.predicted.inc(num_predicted_tokens)
+        counters.served.inc(num_served_tokens)
+
     def render(self, workers: Iterable[WorkerState]) -> bytes:
         """Refresh the gauges and return the Prometheus text exposition."""
         self.worker_load.clear()
@@ -158,6 +188,15 @@ class RouterMetrics:
             for measure, value in _load_measures(worker).items():
                 self.worker_load.labels(worker.worker_id, measure).set(value)
         return generate_latest(self.registry)
+
+
+class _PredictionCounters(NamedTuple):
+    """One worker's children of the two prediction counters, for one namespace."""
+
+    namespace: str
+    outcomes: dict[str, Counter]
+    predicted: Counter
+    served: Counter
 
 
 class _TokenCacheCollector(Collector):

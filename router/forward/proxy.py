@@ -265,7 +265,7 @@ class Proxy:
         finally:
             upstream.close()
         answered(exchange)
-        note_usage(exchange, shaped["usage"])
+        note_usage(exchange, result["usage"])  # cached_tokens as reported, or None
         client.respond_json(200, shaped)
 
     async def _pass_openai(self, client: Client, call: Call, relay: Relay,

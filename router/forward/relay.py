@@ -226,7 +226,7 @@ class Relay:
                 return True
             if "usage" in event:
                 usage = token_usage(event["usage"])
-                note_token_usage(exchange, usage)
+                note_usage(exchange, event["usage"])  # cached_tokens as reported, or None
                 if self._include_usage:
                     frames.append(self._shape.usage_chunk(usage))
             elif "error" in event:
@@ -241,9 +241,10 @@ class Relay:
 
     async def finish(self, exchange: Exchange) -> None:
         """Complete a stream whose choices all finished although the worker died before
-        its usage: usage from the delivered tokens (cached: unknown, 0)."""
+        its usage: usage from the delivered tokens (cached: unknown, 0 to the client and
+        None in ``exchange``, so no prediction is checked against it)."""
         usage = TokenUsage(self._num_prompt_tokens, self.progress.num_tokens, 0)
-        note_token_usage(exchange, usage)
+        exchange.num_completion_tokens = usage.completion_tokens
         frames = self._shape.usage_chunk(usage) if self._include_usage else b""
         await self.send(frames + DONE_FRAME, exchange)
 

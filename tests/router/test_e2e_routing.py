@@ -16,9 +16,10 @@ from typing import Any
 import msgspec
 import pytest
 
-from harness.procs import ManagedProcess, start_router, start_worker, stream_lines
+from harness.procs import ManagedProcess, http_json, start_router, start_worker, stream_lines
 from radix.events import KVEvent, decode_event
 from router.routing.index import RouterIndex
+from tests.support.metric_samples import sample
 from tests.support.polling import wait_until
 from tests.support.router_calls import (
     FULL_LENGTH,
@@ -62,8 +63,24 @@ def cluster(tmp_path_factory: pytest.TempPathFactory
             worker.stop()
 
 
-def start_keyed_router(path: Path) -> ManagedProcess:
-    return start_router(path, env={WORKER_KEY_ENV: WORKER_KEY, ADDED_KEY_ENV: WORKER_KEY})
+def start_keyed_router(path: Path, *flags: str) -> ManagedProcess:
+    return start_router(path, *flags, env={WORKER_KEY_ENV: WORKER_KEY, ADDED_KEY_ENV: WORKER_KEY})
+
+
+@pytest.fixture(scope="module")
+def openai_router(cluster, tmp_path_factory: pytest.TempPathFactory
+                  ) -> Iterator[ManagedProcess]:
+    """A second router in front of w0 as an ``openai`` worker "oa": it routes there
+    approximately (what it routed), never reading w0's KV events."""
+    _, workers = cluster
+    path = tmp_path_factory.mktemp("openai") / "openai.toml"
+    path.write_text(to_toml(keyed_demo_config({"oa": workers["w0"].url}, kind="openai")))
+    router = start_keyed_router(path)
+    try:
+        wait_until_ready(router)
+        yield router
+    finally:
+        router.stop()
 
 
 def requests_per_worker(router: ManagedProcess) -> dict[str, int]:
@@ -181,26 +198,50 @@ def test_index_equals_the_union_of_worker_caches(cluster) -> None:
     assert compare()[0]["num_tokens"] > 2000
 
 
-def test_openai_kind_worker_is_routed_approximately(cluster, tmp_path: Path) -> None:
+def test_openai_kind_worker_is_routed_approximately(openai_router: ManagedProcess) -> None:
+    router = openai_router
+    prompt = "An OpenAI-compatible server sees only this text. " * 4
+    first = openai_complete(router, prompt)
+    assert first.model == "demo" and first.usage.completion_tokens == 2
+    assert cached(openai_complete(router, prompt)) >= len(prompt) // BLOCK_SIZE * BLOCK_SIZE
+    stream = list(openai_client(router).completions.create(
+        model="demo", prompt=prompt, max_tokens=3, stream=True, extra_body=FULL_LENGTH))
+    assert stream[-1].choices[0].finish_reason == "length"
+    assert all(chunk.choices for chunk in stream)  # no usage chunk nobody asked for
+    index = admin(router, "/admin/index")
+    assert index["index"]["num_approx_tokens"]["oa"] >= len(prompt)
+    assert index["index"]["num_blocks"] == {}
+
+
+def predictions(router: ManagedProcess) -> dict[str, float]:
+    """Worker oa's checked predictions so far, by outcome, from the router's /metrics."""
+    namespace = admin(router, "/admin/workers")["workers"][0]["namespace"]
+    text = http_json("GET", f"{router.metrics_url}/metrics")[1]
+    return {outcome: sample(text, "router_cache_predictions_total",
+                            {"worker": "oa", "namespace": namespace, "outcome": outcome})
+            for outcome in ("exact", "over", "under")}
+
+
+def test_a_cache_flushed_behind_the_routers_back_is_counted_over(
+        cluster, openai_router: ManagedProcess) -> None:
+    """w0 drops its cache (``POST /reset_prefix_cache``); the router that routes it
+    approximately cannot know, predicts the prompt it routed there, and counts the
+    miss as ``over``."""
     _, workers = cluster
-    path = tmp_path / "openai.toml"
-    path.write_text(to_toml(keyed_demo_config({"oa": workers["w0"].url}, kind="openai")))
-    router = start_keyed_router(path)
-    try:
-        wait_until_ready(router)
-        prompt = "An OpenAI-compatible server sees only this text. " * 4
-        first = openai_complete(router, prompt)
-        assert first.model == "demo" and first.usage.completion_tokens == 2
-        assert cached(openai_complete(router, prompt)) >= len(prompt) // BLOCK_SIZE * BLOCK_SIZE
-        stream = list(openai_client(router).completions.create(
-            model="demo", prompt=prompt, max_tokens=3, stream=True, extra_body=FULL_LENGTH))
-        assert stream[-1].choices[0].finish_reason == "length"
-        assert all(chunk.choices for chunk in stream)  # no usage chunk nobody asked for
-        index = admin(router, "/admin/index")
-        assert index["index"]["num_approx_tokens"]["oa"] >= len(prompt)
-        assert index["index"]["num_blocks"] == {}
-    finally:
-        router.stop()
+    router = openai_router
+    prompt = "Flushed behind the router's back, this document was cached once. " * 3
+    assert cached(openai_complete(router, prompt)) < BLOCK_SIZE
+    before = predictions(router)
+    assert cached(openai_complete(router, prompt)) >= len(prompt) // BLOCK_SIZE * BLOCK_SIZE
+    assert predictions(router) == {**before, "exact": before["exact"] + 1}
+    status, reset = workers["w0"].post_json("/reset_prefix_cache", {})
+    assert status == 200 and reset["num_freed_blocks"] >= len(prompt) // BLOCK_SIZE
+    assert cached(openai_complete(router, prompt)) == 0
+    assert predictions(router) == {**before, "exact": before["exact"] + 1,
+                                   "over": before["over"] + 1}
+    stats = admin(router, "/admin/workers")["workers"][0]["stats"]
+    assert stats["num_over_predictions"] == before["over"] + 1
+    assert stats["exact_fraction"] < 1
 
 
 def test_worker_restart_drops_its_old_entries(cluster) -> None:

@@ -18,8 +18,6 @@ import aiohttp
 import zmq.asyncio
 
 from radix.openai.salt import CacheSalts
-from router.config import KVEventsConfig
-from router.fleet.events.health import StreamHealth
 from router.fleet.events.metrics import KVEventMetrics
 from router.fleet.events.vllm.follower import Endpoints, VllmEventFollower
 from router.fleet.events.vllm.parity import token_parity_problem
@@ -34,19 +32,17 @@ from router.routing.index import RouterIndex
 class VllmAttacher:
     """What every vLLM worker's follower shares: the index, the HTTP session, the
     salts the router issues (mapped back to tenant scopes), the metrics and the ZMQ
-    context. ``tenants`` are every tenant id a request can run as; ``config`` bounds
-    how long an event connection may stay silent to a ping."""
+    context. ``tenants`` are every tenant id a request can run as."""
 
     def __init__(self, index: RouterIndex, session: aiohttp.ClientSession, secret: bytes,
                  salts: CacheSalts, tenants: Iterable[str], metrics: KVEventMetrics,
-                 probe_timeout_s: float, config: KVEventsConfig) -> None:
+                 probe_timeout_s: float) -> None:
         self._index = index
         self._session = session
         self._secret = secret
         self._scopes = {salts.salt(tenant): tenant for tenant in tenants}
         self._metrics = metrics
         self._probe_timeout_s = probe_timeout_s
-        self._read_timeout_s = config.read_timeout_s
         self._context = zmq.asyncio.Context()
 
     async def follow(self, worker: WorkerState, model: ModelTokenizer) -> None:
@@ -64,10 +60,9 @@ class VllmAttacher:
                                         functools.partial(self._namespace, model,
                                                           worker.kind)))
         endpoints = Endpoints(worker.config.kv_events, worker.config.kv_events_replay,
-                              replay_batches=worker.config.kv_events_replay_batches,
-                              read_timeout_s=self._read_timeout_s)
+                              replay_batches=worker.config.kv_events_replay_batches)
         await VllmEventFollower(self._index, translator, endpoints, self._metrics,
-                                self._context, StreamHealth(worker, self._index)).run()
+                                self._context).run()
 
     def _namespace(self, model: ModelTokenizer, kind: str, lora_name: str | None) -> str:
         return openai_namespace(model, self._secret, kind, lora_name or "")
