@@ -30,7 +30,7 @@ from router.front.auth import Authenticator
 from router.front.limits import TenantLimiter
 from router.metrics import RouterMetrics
 from router.models import Models
-from router.routing.index import NamespaceDigest, RouterIndex, WorkerId
+from router.routing.index import NamespaceDigest, RouterIndex
 from router.routing.policy import Policy, make_policy
 from router.siblings.protocol import NoSiblings, Siblings
 from router.siblings.redis_siblings import RedisSiblings
@@ -89,7 +89,7 @@ class Router:
         auth = Authenticator(config.auth)
         salts = CacheSalts(secret)
         vllm = VllmAttacher(index, session, secret, salts, auth.tenant_ids(), metrics.kv_events,
-                            config.registry.probe_timeout_s)
+                            config.registry.probe_timeout_s, config.kv_events)
 
         async def follow(worker: WorkerState) -> None:
             if worker.capabilities.events is EventSource.ZMQ_WHEN_CONFIGURED:
@@ -101,12 +101,13 @@ class Router:
             route_exactly(worker, index)
             base = NamespaceDigest(worker.namespace or "")
             await KVEventFollower(
-                index, WorkerId(worker.worker_id), worker.url, session, metrics.kv_events,
-                worker.headers,
+                index, worker, session, metrics.kv_events,
                 lambda namespace: worker.lora.event_namespace(namespace, base,
-                                                              worker.worker_namespace)).run()
+                                                              worker.worker_namespace),
+                config.kv_events).run()
 
         registry = WorkerRegistry(config.registry, models, secret, session, index, follow)
+        metrics.kv_events.follow_workers(registry.workers)
         metrics.registry.register(registry.namespaces)
         siblings = siblings or NoSiblings()
         metrics.follow_siblings(siblings)

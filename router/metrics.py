@@ -77,7 +77,8 @@ class RouterMetrics:
                                   ["worker"], registry=r)
         self.worker_exact = Gauge("router_worker_index_exact",
                                   "1 while the worker is routed from its KV events, 0 while "
-                                  "approximately (no events, or its tokenization differs)",
+                                  "approximately (no events, or its tokenization differs) "
+                                  "or stale (its event stream silent or being rebuilt)",
                                   ["worker"], registry=r)
         self.worker_load = Gauge("router_worker_load", "Worker load as the router sees it",
                                  ["worker", "measure"], registry=r)

@@ -3,10 +3,14 @@ path change the answers, category by category?
 
 Both CONFIGs are worker TOML files (``workers.config``); ``--model`` overrides the
 model of both (they must serve the same one). The run (``bench.quality.gate``)
-scores every category of the prompt set (``bench.quality.prompts``) and each
-long-context length against its own noise floor. Writes a markdown report
-(``--report``, printed too) and the per-bucket verdicts as JSON (``--json``), one
-of each per candidate, and exits 1 when a bucket of any candidate fails (``report.Thresholds``).
+scores every category of the prompt set (``bench.quality.prompts``), each
+long-context length and each bucket of the user's ``--prompts FILE``
+(``bench.quality.user_prompts``) against its own noise floor, on the candidate's
+own KV path and down each of ``--paths`` (``bench.quality.paths``: the host and disk
+tiers, decode graphs). Writes a markdown report (``--report``, printed too) and the
+verdicts as JSON (``--json``), one of each per candidate, with where it ran
+(``bench.quality.record``), and exits 1 when a bucket of any candidate fails on any
+path (``report.Thresholds``), 2 for bad arguments or a prompt file it cannot use.
 """
 
 from __future__ import annotations
@@ -17,9 +21,12 @@ import sys
 from dataclasses import asdict
 from pathlib import Path
 
+from bench.quality.compare import BucketSummary
 from bench.quality.gate import GateOptions, GateResult, run_gate
+from bench.quality.paths import PATHS
 from bench.quality.prompts import CATEGORIES, DEPTHS, LONG_TARGETS
 from bench.quality.report import Thresholds, markdown
+from bench.quality.user_prompts import PromptFileError, read_user_prompts
 from workers.config import WorkerConfig, load_config
 
 
@@ -36,6 +43,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         " (max: the longest prompt that leaves room for the answer)")
     add("--depths", default=",".join(f"{d:g}" for d in DEPTHS), help="needle depths (0-1)")
     add("--prompts-per-kind", type=int, help="only the first N prompts of each category")
+    add("--prompts", type=Path, metavar="FILE",
+        help="also the user's prompts: JSONL, one {\"prompt\"|\"messages\", \"expected\"?, "
+             "\"bucket\"?, \"id\"?} a line")
+    add("--paths", default=",".join(PATHS),
+        help=f"paths each candidate also runs down, of {','.join(PATHS)} (empty: none)")
     add("--max-new-tokens", type=int, default=32)
     add("--max-new-tokens-long", type=int, default=16)
     add("--report", type=Path, help="also write the markdown report here")
@@ -55,6 +67,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     args.depths = [float(d) for d in args.depths.split(",") if d]
     if not args.depths or any(not 0.0 <= d <= 1.0 for d in args.depths):
         parser.error("--depths takes shares of the document between 0 and 1")
+    args.paths = [p for p in args.paths.split(",") if p]
+    if set(args.paths) - set(PATHS):
+        parser.error(f"--paths takes {', '.join(PATHS)}")
+    try:
+        args.prompts = None if args.prompts is None else read_user_prompts(args.prompts)
+    except PromptFileError as exc:
+        parser.error(f"--prompts: {exc}")
     return args
 
 
@@ -68,13 +87,18 @@ def main(argv: list[str] | None = None) -> int:
     limits = Thresholds(args.max_exact_match_drop, args.min_top1, args.max_kl,
                         args.max_decision_drop, args.max_score_drop, args.require_exact)
     options = GateOptions(args.categories, args.long, args.depths, args.prompts_per_kind,
-                          args.max_new_tokens, args.max_new_tokens_long, limits)
-    results = run_gate(baseline, candidates, options)
+                          args.max_new_tokens, args.max_new_tokens_long, limits, args.prompts,
+                          args.paths)
+    try:
+        results = run_gate(baseline, candidates, options)
+    except PromptFileError as exc:
+        print(f"error: --prompts: {exc}", file=sys.stderr)
+        return 2
     texts, verdicts = [], {}
     for path, result in zip(args.candidate, results, strict=True):
         setup = [f"baseline `{args.baseline}`, candidate `{path}`", *result.setup]
         texts.append(markdown(f"KV quality: `{path}` vs baseline", setup, result.candidate,
-                              result.noise, result.results, result.failures))
+                              result.noise, result.results, result.failures, result.paths))
         verdicts[path] = summary_json(result, setup)
     text = "\n".join(texts)
     print(text)
@@ -88,16 +112,30 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def summary_json(result: GateResult, setup: list[str]) -> dict[str, object]:
-    """The machine-readable verdict: setup lines, overall pass, and per bucket the
-    candidate's and the noise floor's summaries with the failed checks."""
-    floor = {s.bucket: s for s in result.noise}
-    buckets = {
-        s.bucket: {"passed": not result.failures[s.bucket], "failures": result.failures[s.bucket],
+    """The machine-readable verdict: setup lines, overall pass, per bucket the
+    candidate's and the noise floor's summaries with the failed checks, where it ran
+    (``record``), and per path whether it was exercised, why or why not, its counters
+    and its buckets."""
+    paths = {
+        run.name: {"exercised": run.exercised, "ran": run.ran, "reason": run.reason,
+                   "passed": run.passed, "counters": run.counters,
+                   "buckets": _buckets(run.candidate, result.noise, run.failures)}
+        for run in result.paths
+    }
+    return {"setup": setup, "passed": result.passed, "record": asdict(result.record),
+            "buckets": _buckets(result.candidate, result.noise, result.failures),
+            "paths": paths}
+
+
+def _buckets(candidate: list[BucketSummary], noise: list[BucketSummary],
+             failures: dict[str, list[str]]) -> dict[str, object]:
+    floor = {s.bucket: s for s in noise}
+    return {
+        s.bucket: {"passed": not failures[s.bucket], "failures": failures[s.bucket],
                    "candidate": asdict(s), "noise_floor": asdict(floor[s.bucket])}
-        for s in result.candidate
+        for s in candidate
         if s.bucket != "all"
     }
-    return {"setup": setup, "passed": result.passed, "buckets": buckets}
 
 
 def _config(path: str, model: str | None) -> WorkerConfig:

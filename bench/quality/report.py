@@ -6,6 +6,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from bench.quality.compare import BucketSummary, PromptResult
+from bench.quality.paths import PathRun
 
 
 @dataclass(frozen=True)
@@ -43,7 +44,7 @@ def _failures(s: BucketSummary, n: BucketSummary, limits: Thresholds) -> list[st
     if limits.require_exact and s.exact_match_rate < 1.0:
         failures.append(f"greedy exact match {s.exact_match_rate:.0%}, need 100%")
     drop = n.exact_match_rate - s.exact_match_rate
-    if not s.bucket.startswith("long") and drop > limits.max_exact_match_drop + 1e-9:
+    if not s.bucket.startswith("long-") and drop > limits.max_exact_match_drop + 1e-9:
         failures.append(f"exact match {s.exact_match_rate:.0%}, {drop:.0%} below the noise "
                         f"floor (allowed {limits.max_exact_match_drop:.0%})")
     if s.top1_agreement < limits.min_top1:
@@ -71,12 +72,42 @@ def markdown(
     noise: Sequence[BucketSummary],
     results: Sequence[PromptResult],
     failures: dict[str, list[str]],
+    paths: Sequence[PathRun] = (),
 ) -> str:
     """The whole report: setup, the per-bucket table (noise floor | candidate) with
-    each bucket's verdict, each prompt's row, and the failed checks."""
-    floor = {s.bucket: s for s in noise}
+    each bucket's verdict, each prompt's row, a section per path (tiers, graphs: what
+    ran or why not, its counters and its table), and the failed checks."""
     lines = [f"# {title}", "", *(f"- {line}" for line in setup), "",
-             "| bucket | prompts | exact match (noise / cand.) | median first divergence "
+             *_bucket_table(candidate, noise, failures), "",
+             "| prompt | bucket | tokens in / out | exact | first divergence | top-1 | KL "
+             "| decision (base / cand.) |", "|---|---|---|---|---|---|---|---|"]
+    for r in results:
+        lines.append(
+            f"| {r.prompt.prompt_id} | {r.prompt.kind} | {len(r.prompt.token_ids)} / "
+            f"{r.num_steps} | {'yes' if r.exact_match else 'no'} | {_opt(r.first_divergence)} | "
+            f"{r.top1_agreement:.3f} | {r.mean_kl:.2e} | {_decision(r.baseline_decision, r.baseline_correct)}"
+            f" / {_decision(r.candidate_decision, r.candidate_correct)} |"
+        )
+    failed = [f"{bucket}: {line}" for bucket, lines_ in failures.items() for line in lines_]
+    for run in paths:
+        lines += ["", f"## Path `{run.name}`: {'exercised' if run.exercised else 'not exercised'}",
+                  "", f"- {run.reason}"]
+        lines += [f"- {name} {value}" for name, value in run.counters.items()]
+        if run.ran:
+            lines += ["", *_bucket_table(run.candidate, noise, run.failures)]
+        failed += [f"{run.name}/{bucket}: {line}" for bucket, lines_ in run.failures.items()
+                   for line in lines_]
+    lines += ["", "**FAIL**" if failed else "**PASS**", *(f"- {f}" for f in failed)]
+    return "\n".join(lines) + "\n"
+
+
+def _bucket_table(
+    candidate: Sequence[BucketSummary], noise: Sequence[BucketSummary],
+    failures: dict[str, list[str]],
+) -> list[str]:
+    """The per-bucket table: noise floor | candidate, and each bucket's verdict."""
+    floor = {s.bucket: s for s in noise}
+    lines = ["| bucket | prompts | exact match (noise / cand.) | median first divergence "
              "| top-1 (noise / cand.) | mean KL (noise / cand.) | same decision (noise / "
              "cand.) | task score (base / cand.) | verdict |",
              "|---|---|---|---|---|---|---|---|---|"]
@@ -90,18 +121,7 @@ def markdown(
             f"{_pct(n.same_decision)} / {_pct(s.same_decision)} | "
             f"{_pct(s.baseline_correct)} / {_pct(s.candidate_correct)} | {judged} |"
         )
-    lines += ["", "| prompt | bucket | tokens in / out | exact | first divergence | top-1 | KL "
-              "| decision (base / cand.) |", "|---|---|---|---|---|---|---|---|"]
-    for r in results:
-        lines.append(
-            f"| {r.prompt.prompt_id} | {r.prompt.kind} | {len(r.prompt.token_ids)} / "
-            f"{r.num_steps} | {'yes' if r.exact_match else 'no'} | {_opt(r.first_divergence)} | "
-            f"{r.top1_agreement:.3f} | {r.mean_kl:.2e} | {_decision(r.baseline_decision, r.baseline_correct)}"
-            f" / {_decision(r.candidate_decision, r.candidate_correct)} |"
-        )
-    failed = [f"{bucket}: {line}" for bucket, lines_ in failures.items() for line in lines_]
-    lines += ["", "**FAIL**" if failed else "**PASS**", *(f"- {f}" for f in failed)]
-    return "\n".join(lines) + "\n"
+    return lines
 
 
 def _opt(value: float | None) -> str:

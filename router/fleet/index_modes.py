@@ -34,7 +34,7 @@ def key_mode_problem(worker: WorkerState) -> str | None:
 
 def route_exactly(worker: WorkerState, index: RouterIndex) -> None:
     """Index ``worker`` from its KV events (undoing ``route_approximately``)."""
-    worker.index_mode, worker.index_reason = "exact", ""
+    worker.set_index_mode("exact", "")
     index.set_exact(WorkerId(worker.worker_id))
 
 
@@ -42,5 +42,5 @@ def route_approximately(worker: WorkerState, index: RouterIndex, problem: str) -
     """Index ``worker`` from what the router sends it, for ``problem`` (logged, and
     shown in ``GET /admin/workers``)."""
     log.warning("worker %s routed approximately: %s", worker.worker_id, problem)
-    worker.index_mode, worker.index_reason = "approximate", problem
+    worker.set_index_mode("approximate", problem)
     index.set_approximate(WorkerId(worker.worker_id))

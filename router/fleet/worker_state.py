@@ -8,6 +8,7 @@ effect at once.
 
 from __future__ import annotations
 
+import time
 from dataclasses import asdict, dataclass
 
 from radix.namespace import CacheNamespace
@@ -75,11 +76,18 @@ class WorkerState:
     ``draining``: it takes no new request and leaves once those in flight end;
     ``capabilities``: what its kind can do (``router.worker_kinds``);
     ``transfer_endpoint``: the (host, port) its KV producer reported under its key at
-    the last probe (None: none), the only place a prefill leg's params may name."""
+    the last probe (None: none), the only place a prefill leg's params may name.
+    ``index_mode``: how its index entries are trusted, ``"exact"`` (from its KV
+    events), ``"approximate"`` (from what was routed to it) or ``"stale"`` (it has an
+    event stream, but not one followed and caught up now:
+    ``router.fleet.events.health``), with ``index_reason`` and ``index_since`` (wall
+    clock) of the last change; ``events_heard_at`` (monotonic) is when its stream last
+    delivered an event or heartbeat (None: never followed)."""
 
     __slots__ = ("config", "worker_id", "kind", "capabilities", "model", "url", "headers", "ready", "reason",
                  "namespace", "epoch", "served_model", "load", "num_in_flight_requests",
                  "num_in_flight_prompt_tokens", "stats", "index_mode", "index_reason",
+                 "index_since", "events_heard_at",
                  "cache_block_size", "worker_namespace", "lora", "discovered", "draining", "role",
                  "transfer_endpoint", "cache_namespace")
 
@@ -101,8 +109,11 @@ class WorkerState:
         self.num_in_flight_requests = 0
         self.num_in_flight_prompt_tokens = 0
         self.stats = WorkerStats()
-        self.index_mode = "exact" if self.has_event_stream else "approximate"
-        self.index_reason = "" if self.has_event_stream else "publishes no KV events"
+        self.index_mode = "stale" if self.has_event_stream else "approximate"
+        self.index_reason = ("events not followed yet" if self.has_event_stream
+                             else "publishes no KV events")
+        self.index_since = time.time()
+        self.events_heard_at: float | None = None
         self.cache_block_size: int | None = None
         self.worker_namespace: str | None = None
         self.lora = WorkerLora()
@@ -118,6 +129,13 @@ class WorkerState:
         events = self.capabilities.events
         return events is EventSource.OWN_STREAM or (
             events is EventSource.ZMQ_WHEN_CONFIGURED and self.config.kv_events is not None)
+
+    def set_index_mode(self, mode: str, reason: str) -> None:
+        """Record how the worker's index entries are trusted now (``index_mode``), and
+        why; ``index_since`` moves only when the mode changes."""
+        if mode != self.index_mode:
+            self.index_mode, self.index_since = mode, time.time()
+        self.index_reason = reason
 
     def view(self, num_matched_tokens: int, num_matched_routed_tokens: int,
              adapter: str | None, default_adapter_load_ms: float,
@@ -164,6 +182,7 @@ class WorkerState:
             "discovered": self.discovered, "draining": self.draining,
             "epoch": self.epoch, "served_model": self.served_model,
             "index_mode": self.index_mode, "index_reason": self.index_reason,
+            "index_since": self.index_since,
             "cache_block_size": self.cache_block_size,
             "load": asdict(self.load),
             "num_in_flight_requests": self.num_in_flight_requests,

@@ -5,6 +5,7 @@ may take traffic, and the gate stops the SmolLM2 FP8 config, which fails on Smol
 The demo runs are sized for CI (two prompts per category, a few new tokens, needles
 at three depths of a prompt that fills the demo model's context); the pool is
 smaller than the shipped configs' (the KV format, not the pool size, is under test).
+The runs down the tier and graph paths are tested in test_quality_paths.py.
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ DEMO = GateOptions(
     prompts_per_kind=2,
     max_new_tokens=8,
     max_new_tokens_long=4,
+    paths=(),
 )
 
 
@@ -95,7 +97,8 @@ def test_the_smollm2_fp8_config_refuses_the_demo_model_and_fails_on_smollm2():
         run_gate(shipped(BASELINE, "demo", 1 << 20), [shipped(name, "demo", 1 << 20)], DEMO)
     model = load_config(SHIPPED / name).model.name
     options = GateOptions(
-        categories=("multi_turn",), long_kinds=(), prompts_per_kind=2, max_new_tokens=16
+        categories=("multi_turn",), long_kinds=(), prompts_per_kind=2, max_new_tokens=16,
+        paths=(),
     )
     (result,) = run_gate(shipped(BASELINE, model, 64 << 20), [shipped(name, model, 64 << 20)],
                          options)

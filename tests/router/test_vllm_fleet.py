@@ -102,7 +102,8 @@ def fleet_router(vllm_fleet: list[VllmServer], redis: RedisServer, tmp_path_fact
 
 def test_the_index_predicts_what_vllm_reuses_and_routes_to_the_holder(fleet_router):
     router, _ = fleet_router
-    assert {w["index_mode"] for w in workers(router).values()} == {"exact"}
+    wait_until(lambda: {w["index_mode"] for w in workers(router).values()} == {"exact"}, 30,
+               lambda: workers(router))  # stale until the first replay from seq 0
     assert {w["cache_block_size"] for w in workers(router).values()} == {BLOCK}
     before = workers(router)
     first = ask(router, DOCUMENT + " Question one?")

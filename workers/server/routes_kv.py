@@ -5,8 +5,10 @@ client that accepts ``application/x-msgpack``, as the binary frames of ``radix.e
 If ``epoch`` is the current epoch and the log still holds every event after
 ``since``, those come first; otherwise (no ``since``, another epoch, too old) a
 snapshot does: a ``cleared`` line and ``stored`` lines stamped with the head
-``seq``. Live events follow; an empty line (or frame) is a heartbeat. The stream ends if the
-consumer falls too far behind; it then reconnects and resyncs.
+``seq``. A heartbeat (an empty line or frame) follows at once, telling the consumer
+it has caught up; live events follow, with a heartbeat whenever none came for
+``kv_events_heartbeat_s``. The stream ends if the consumer falls too far behind; it
+then reconnects and resyncs.
 """
 
 from __future__ import annotations
@@ -43,6 +45,7 @@ async def kv_events(request: web.Request) -> web.StreamResponse:
     try:
         await response.prepare(request)
         await response.write(subscription.backlog)
+        await response.write(form.heartbeat)
         while not subscription.lost:
             try:
                 async with asyncio.timeout(heartbeat_s):  # not wait_for: 3.11's can eat a cancel

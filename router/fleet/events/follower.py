@@ -20,12 +20,16 @@ Any other exception (a bug) is logged and counted
 (``router_kv_event_follower_restarts_total``), and the follower starts over from a
 snapshot. Reconnects back off exponentially up to ``max_backoff_s``, reset by a stream
 that delivered an event. Cancelling the task closes the connection and ends ``run``.
+
+Trust (``router.fleet.events.health``): the worker is routed stale from the start
+and whenever a stream ends, for whichever reason it ended, and exact again at the
+first heartbeat of a stream: the worker sends one right after the backlog or snapshot
+it opens with, so every event before it is applied.
 """
 
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import logging
 from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass
@@ -41,27 +45,13 @@ from radix.events import (
     decode_event,
     decode_frame,
 )
+from router.config import KVEventsConfig
+from router.fleet.events.health import StreamHealth
 from router.fleet.events.metrics import KVEventMetrics
+from router.fleet.worker_state import WorkerState
 from router.routing.index import RouterIndex, WorkerId
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class FollowerConfig:
-    """Reconnect backoff (doubling from ``initial_backoff_s`` to ``max_backoff_s``), the
-    silence after which a stream counts as dead, and the longest accepted line or frame."""
-
-    initial_backoff_s: float = 0.05
-    max_backoff_s: float = 5.0
-    connect_timeout_s: float = 5.0
-    read_timeout_s: float = 15.0
-    max_message_bytes: int = 64 << 20
-
-    def __post_init__(self) -> None:
-        for f in dataclasses.fields(self):
-            if getattr(self, f.name) <= 0:
-                raise ValueError(f"kv_events.{f.name} must be positive, got {getattr(self, f.name)!r}")
 
 
 @dataclass(frozen=True)
@@ -87,27 +77,28 @@ class _Malformed(_Resync):
 
 
 class KVEventFollower:
-    """Streams one worker's KV events into ``index`` under ``worker_id``.
+    """Streams ``worker``'s KV events into ``index`` under its id, and says how far
+    they are trusted on ``worker`` (``StreamHealth``).
 
-    ``metrics`` count its decode errors and restarts under ``worker_id``.
-    ``headers`` go with every request (the worker's ``Authorization``). When
+    ``metrics`` count its decode errors and restarts under the worker's id. The
+    worker's ``headers`` go with every request (its ``Authorization``). When
     ``namespace_of`` is given, each event is filed under ``namespace_of(its
     namespace)``: the router's own digest of that namespace (the worker's base or one
     of its LoRA adapters'), which differs from the worker's when their secrets do.
     """
 
-    def __init__(self, index: RouterIndex, worker_id: WorkerId, url: str,
+    def __init__(self, index: RouterIndex, worker: WorkerState,
                  session: aiohttp.ClientSession, metrics: KVEventMetrics,
-                 headers: Mapping[str, str] | None = None,
                  namespace_of: Callable[[str], str] | None = None,
-                 config: FollowerConfig | None = None) -> None:
+                 config: KVEventsConfig | None = None) -> None:
         self.index = index
-        self.worker_id = worker_id
-        self.url = url.rstrip("/") + "/kv/events"
+        self.worker_id = WorkerId(worker.worker_id)
+        self.health = StreamHealth(worker, index)
+        self.url = worker.url + "/kv/events"
         self.session = session
-        self.headers = dict(headers or {})
+        self.headers: Mapping[str, str] = worker.headers
         self.namespace_of = namespace_of
-        self.config = config or FollowerConfig()
+        self.config = config or KVEventsConfig()
         self._epoch: str | None = None
         self._last_seq: int | None = None
         self._snapshot_seq: int | None = None
@@ -115,8 +106,8 @@ class KVEventFollower:
         self._connected = False
         self._num_events = self._num_connects = self._num_resyncs = 0
         self._last_error: str | None = None
-        self._decode_errors = metrics.decode_errors.labels(worker_id)
-        self._restarts = metrics.restarts.labels(worker_id)
+        self._decode_errors = metrics.decode_errors.labels(self.worker_id)
+        self._restarts = metrics.restarts.labels(self.worker_id)
 
     def status(self) -> FollowerStatus:
         """A snapshot of the follower's position and counters."""
@@ -125,34 +116,50 @@ class KVEventFollower:
                               self._last_error)
 
     async def run(self) -> None:
-        """Follow the log until cancelled; never returns otherwise."""
+        """Follow the log until cancelled; never returns otherwise. The worker is routed
+        stale from the start until a stream catches up, after every stream that ends,
+        and once cancelled."""
+        self.health.started("connecting to its KV event stream")
         backoff = self.config.initial_backoff_s
-        while True:
-            num_before = self._num_events
-            try:
-                await self._stream()
-                self._last_error = "stream ended"
-            except _Resync as exc:
-                if isinstance(exc, _Malformed):
-                    self._decode_errors.inc()
-                self._resume = False
-                self._num_resyncs += 1
-                self._last_error = str(exc)
-                log.warning("kv events of %s: %s; resyncing from a snapshot", self.worker_id, exc)
-            except (aiohttp.ClientError, TimeoutError) as exc:
-                self._last_error = f"{type(exc).__name__}: {exc}"
-                log.info("kv events of %s: %s; reconnecting", self.worker_id, self._last_error)
-            except Exception as exc:  # a bug must not end following: log it, start over
-                self._resume = False
-                self._last_error = f"{type(exc).__name__}: {exc}"
-                self._restarts.inc()
-                log.exception("kv events of %s: unexpected error; resyncing", self.worker_id)
-            finally:
-                self._connected = False
-            if self._num_events > num_before:
-                backoff = self.config.initial_backoff_s
-            await asyncio.sleep(backoff)
-            backoff = min(2 * backoff, self.config.max_backoff_s)
+        try:
+            while True:
+                num_before = self._num_events
+                self._last_error = await self._follow_once()
+                self.health.stale(f"KV event stream: {self._last_error}")
+                if self._num_events > num_before:
+                    backoff = self.config.initial_backoff_s
+                await asyncio.sleep(backoff)
+                backoff = min(2 * backoff, self.config.max_backoff_s)
+        finally:
+            self.health.stopped()
+
+    async def _follow_once(self) -> str:
+        """Follow one stream until it ends; why it ended."""
+        try:
+            await self._stream()
+            return "stream ended"
+        except _Resync as exc:
+            if isinstance(exc, _Malformed):
+                self._decode_errors.inc()
+            self._resume = False
+            self._num_resyncs += 1
+            log.warning("kv events of %s: %s; resyncing from a snapshot", self.worker_id, exc)
+            return str(exc)
+        except aiohttp.SocketTimeoutError:
+            reason = f"no event or heartbeat for {self.config.read_timeout_s:g} s"
+            log.warning("kv events of %s: %s; reconnecting", self.worker_id, reason)
+            return reason
+        except (aiohttp.ClientError, TimeoutError) as exc:
+            reason = f"{type(exc).__name__}: {exc}"
+            log.info("kv events of %s: %s; reconnecting", self.worker_id, reason)
+            return reason
+        except Exception as exc:  # a bug must not end following: log it, start over
+            self._resume = False
+            self._restarts.inc()
+            log.exception("kv events of %s: unexpected error; resyncing", self.worker_id)
+            return f"{type(exc).__name__}: {exc}"
+        finally:
+            self._connected = False
 
     async def _stream(self) -> None:
         params = {}
@@ -172,6 +179,9 @@ class KVEventFollower:
                        if resp.content_type == MSGPACK_CONTENT_TYPE else
                        _json_lines(resp.content, self.config.max_message_bytes))
             async for events in batches:
+                self.health.heard()
+                if not events:  # a heartbeat: everything sent before it is applied
+                    self.health.rebuilt()
                 for event in events:
                     self._handle(event)
 
@@ -198,13 +208,16 @@ class KVEventFollower:
 
 async def _json_lines(content: aiohttp.StreamReader, max_message_bytes: int
                       ) -> AsyncIterator[list[KVEvent]]:
-    """The NDJSON stream's events, a line at a time (empty lines are heartbeats)."""
+    """The NDJSON stream's events, a line at a time (an empty line is a heartbeat: no
+    events)."""
     async for line in _lines(content, max_message_bytes):
-        if line.strip():
-            try:
-                yield [decode_event(line)]
-            except EventDecodeError as exc:
-                raise _Malformed(f"malformed event: {exc}") from exc
+        if not line.strip():
+            yield []
+            continue
+        try:
+            yield [decode_event(line)]
+        except EventDecodeError as exc:
+            raise _Malformed(f"malformed event: {exc}") from exc
 
 
 async def _frames(content: aiohttp.StreamReader, max_frame_bytes: int

@@ -8,6 +8,11 @@ namespace, its trees shared by all workers): for workers marked approximate
 the worker's KV cache, for every other worker a speculative entry with a short TTL
 that the real ``stored`` event supersedes.
 
+Stale workers (``set_stale``: a worker whose event stream went silent, jumped or is
+being rebuilt) keep their exact entries, on which a resumed stream builds, but
+``match`` leaves them out: such a worker is matched by what was routed to it since it
+went stale, kept as approximate entries, until ``set_exact``.
+
 Tiers: a worker's events with medium ``host`` (blocks it moved to host memory) or
 ``disk`` file those blocks as held there. A worker whose chain of blocks reaches ``d``
 tokens on its device, ``h >= d`` counting its host blocks and ``k >= h`` counting its
@@ -65,6 +70,7 @@ class RouterIndex:
                                  self.config.max_blocks)
         self._approx: dict[NamespaceDigest, ApproxIndex] = {}
         self._approximate_capacity: dict[WorkerId, int] = {}
+        self._stale: set[WorkerId] = set()
 
     def apply_event(self, worker_id: WorkerId, event: KVEvent) -> None:
         """Apply one KV event of ``worker_id`` (``cleared`` drops its exact entries, in
@@ -91,9 +97,19 @@ class RouterIndex:
         for approx in self._approx.values():
             approx.reset_worker(worker_id)
 
+    def set_stale(self, worker_id: WorkerId) -> None:
+        """Stop trusting ``worker_id``'s exact entries until ``set_exact``: they are
+        kept and still follow its events, but ``match`` ignores them, and what is routed
+        to it from now on is kept as approximate entries (``set_approximate``)."""
+        if worker_id not in self._stale:
+            self.set_approximate(worker_id)
+            self._stale.add(worker_id)
+
     def set_exact(self, worker_id: WorkerId) -> None:
-        """Undo ``set_approximate``: ``worker_id``'s KV events are followed again, and
-        what is routed to it is kept only as short speculative entries."""
+        """Undo ``set_approximate`` and ``set_stale``: ``worker_id``'s KV events are
+        followed and trusted, and what is routed to it is kept only as short
+        speculative entries."""
+        self._stale.discard(worker_id)
         if self._approximate_capacity.pop(worker_id, None) is not None:
             for approx in self._approx.values():
                 approx.reset_worker(worker_id)
@@ -131,6 +147,8 @@ class RouterIndex:
         whose blocks it has not reported stored, which it is still computing (or was
         never sent). Workers with none are left out of each."""
         found = self._exact.match(namespace, key, scope)
+        for worker_id in self._stale:
+            found.pop(worker_id, None)
         routed: dict[WorkerId, int] = {}
         approx = self._approx.get(namespace)
         if approx is None:

@@ -18,6 +18,8 @@ import aiohttp
 import zmq.asyncio
 
 from radix.openai.salt import CacheSalts
+from router.config import KVEventsConfig
+from router.fleet.events.health import StreamHealth
 from router.fleet.events.metrics import KVEventMetrics
 from router.fleet.events.vllm.follower import Endpoints, VllmEventFollower
 from router.fleet.events.vllm.parity import token_parity_problem
@@ -32,17 +34,19 @@ from router.routing.index import RouterIndex
 class VllmAttacher:
     """What every vLLM worker's follower shares: the index, the HTTP session, the
     salts the router issues (mapped back to tenant scopes), the metrics and the ZMQ
-    context. ``tenants`` are every tenant id a request can run as."""
+    context. ``tenants`` are every tenant id a request can run as; ``config`` bounds
+    how long an event connection may stay silent to a ping."""
 
     def __init__(self, index: RouterIndex, session: aiohttp.ClientSession, secret: bytes,
                  salts: CacheSalts, tenants: Iterable[str], metrics: KVEventMetrics,
-                 probe_timeout_s: float) -> None:
+                 probe_timeout_s: float, config: KVEventsConfig) -> None:
         self._index = index
         self._session = session
         self._secret = secret
         self._scopes = {salts.salt(tenant): tenant for tenant in tenants}
         self._metrics = metrics
         self._probe_timeout_s = probe_timeout_s
+        self._read_timeout_s = config.read_timeout_s
         self._context = zmq.asyncio.Context()
 
     async def follow(self, worker: WorkerState, model: ModelTokenizer) -> None:
@@ -60,9 +64,10 @@ class VllmAttacher:
                                         functools.partial(self._namespace, model,
                                                           worker.kind)))
         endpoints = Endpoints(worker.config.kv_events, worker.config.kv_events_replay,
-                              replay_batches=worker.config.kv_events_replay_batches)
+                              replay_batches=worker.config.kv_events_replay_batches,
+                              read_timeout_s=self._read_timeout_s)
         await VllmEventFollower(self._index, translator, endpoints, self._metrics,
-                                self._context).run()
+                                self._context, StreamHealth(worker, self._index)).run()
 
     def _namespace(self, model: ModelTokenizer, kind: str, lora_name: str | None) -> str:
         return openai_namespace(model, self._secret, kind, lora_name or "")

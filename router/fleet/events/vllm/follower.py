@@ -11,24 +11,41 @@ block the server may not hold:
   out of the buffer is not claimed; its chain's later blocks are orphans, skipped).
 - **Live:** a batch at ``last + 1`` is applied; at or below ``last`` it is a
   duplicate (the replay already applied it) and skipped; above it is a gap, filled
-  by a replay from ``last + 1``. A replay that no longer reaches ``last + 1`` clears
-  the worker and applies what the buffer still has.
+  by a replay from ``last + 1`` (``router.fleet.events.vllm.sequence``). A replay
+  that no longer reaches ``last + 1``, or none (no replay endpoint, or one that
+  fails), clears the worker and applies what the buffer still has: replay before
+  clear. A replay that covers the gap but ends before the live batch's seq shows that
+  seq was garbage: the message is skipped as malformed and nothing is cleared.
 - **Restart:** the PUB connection dropping (a ZMQ socket monitor sees it) clears the
   worker's entries at once and discards the messages queued before it, even if the
   server then stays idle and sends nothing. A live ``seq`` at or below the previous
-  live one (the server restarted between two messages) clears it too. A failed probe
-  ends this task and clears the worker (``WorkerRegistry``).
+  live one is a restart between two messages (the worker is cleared and replayed from
+  0) unless a replay from it shows the server's buffer still reaching the previous
+  one: then the seq was garbage, skipped. Without a replay endpoint it is a restart.
+  A failed probe ends this task and clears the worker (``WorkerRegistry``).
+- **Silence:** vLLM publishes nothing while idle, so quiet is no fault; but the
+  subscription pings the server (ZMTP heartbeats, every half of ``read_timeout_s``)
+  and drops a connection that does not answer within the other half: a dead or
+  unreachable server is a dropped connection, as above.
 - **Garbage:** a malformed message, batch or event (anything that fails to decode, a
   message nested past the decoder's depth included, or a store that would file one
   index block under two hashes) is skipped and counted by reason
   (``router_kv_event_malformed_total``); the rest of its batch applies, the worker's
-  entries stay and the follower goes on. No message may pass ``MAX_MESSAGE_BYTES``
-  (ZMQ drops the connection), and a replay is bounded in time (``replay_timeout_s``
-  in all, not per message), in batches (``replay_batches``: the server's buffer) and
-  in bytes (``replay_bytes``): past any bound it is abandoned.
+  entries stay and the follower goes on. A message whose seq cannot be read shows as
+  a gap at the next one, which a replay fills; a payload that does not decode is not
+  asked again (the server buffers the very bytes it sent). No message may pass
+  ``MAX_MESSAGE_BYTES`` (ZMQ drops the connection); a replay is bounded
+  (``router.fleet.events.vllm.replay``).
 - **Anything else** that ends the follower (a bug) is logged and counted
   (``router_kv_event_follower_restarts_total``); the worker's entries are cleared and
   the follower starts over.
+
+Trust (``router.fleet.events.health``): the worker is routed stale from the start
+until the first replay from 0, from a gap until its replay (or the clear) is applied,
+and from a dropped connection until it is back and replayed; when that replay fails,
+until its first live batch. vLLM has no snapshot: a cleared worker is rebuilt from
+what the replay buffer still holds and what comes live after, a subset of its cache
+that never claims a block it may not hold.
 
 Cancelling the task closes its sockets.
 """
@@ -48,25 +65,24 @@ from zmq.utils.monitor import parse_monitor_message
 
 from radix.events import KVEvent
 from router.config import VLLM_REPLAY_BATCHES
+from router.fleet.events.health import StreamHealth
 from router.fleet.events.metrics import MALFORMED_REASONS, KVEventMetrics
+from router.fleet.events.vllm.replay import MAX_MESSAGE_BYTES, ReplayFailed, request_replay
+from router.fleet.events.vllm.sequence import (
+    LiveStep,
+    Replayed,
+    gap_replayed,
+    live_step,
+    restarted,
+)
 from router.fleet.events.vllm.translate import BlockConflict, VllmTranslator
-from router.fleet.events.vllm.wire import END_OF_REPLAY, WireError, decode_batch, decode_seq
+from router.fleet.events.vllm.wire import WireError, decode_batch, decode_seq
 from router.routing.index import WorkerId
 
 log = logging.getLogger(__name__)
 _MONITORED = zmq.EVENT_CONNECTED | zmq.EVENT_DISCONNECTED
 _REPLAY_YIELD_EVERY = 64
-MAX_MESSAGE_BYTES = 64 * 2**20
-# A scheduler step of 8,192 new tokens in 16-token blocks publishes about 40 KiB; most
-# steps (decode) publish far less. A replay may average this much per batch.
-REPLAY_BYTES_PER_BATCH = 32 * 2**10
 RESTART_DELAY_S = 1.0
-
-
-def replay_bytes(replay_batches: int) -> int:
-    """The most bytes a replay of ``replay_batches`` may bring: ``REPLAY_BYTES_PER_BATCH``
-    each, and never less than one message of ``MAX_MESSAGE_BYTES``."""
-    return max(replay_batches * REPLAY_BYTES_PER_BATCH, MAX_MESSAGE_BYTES)
 
 
 class EventSink(Protocol):
@@ -82,25 +98,30 @@ class EventSink(Protocol):
 @dataclass(frozen=True)
 class Endpoints:
     """A vLLM server's ``endpoint`` (its PUB socket) and ``replay_endpoint`` (its
-    ROUTER socket; None when it has none: gaps then clear the worker), and how many
-    batches its replay buffer holds (``buffer_steps``)."""
+    ROUTER socket; None when it has none: gaps then clear the worker), how many
+    batches its replay buffer holds (``buffer_steps``), and how long its connection
+    may leave a ping unanswered, in all (``kv_events.read_timeout_s``)."""
 
     events: str
     replay: str | None
     replay_timeout_s: float = 10.0
     replay_batches: int = VLLM_REPLAY_BATCHES
+    read_timeout_s: float = 15.0
 
 
 class VllmEventFollower:
-    """Streams one vLLM server's KV events into ``sink`` under ``translator``'s worker."""
+    """Streams one vLLM server's KV events into ``sink`` under ``translator``'s worker,
+    and says how far they are trusted (``health``)."""
 
     def __init__(self, sink: EventSink, translator: VllmTranslator, endpoints: Endpoints,
-                 metrics: KVEventMetrics, context: zmq.asyncio.Context) -> None:
+                 metrics: KVEventMetrics, context: zmq.asyncio.Context,
+                 health: StreamHealth) -> None:
         self._sink = sink
         self._translator = translator
         self._worker_id = WorkerId(translator.worker_id)
         self._endpoints = endpoints
         self._context = context
+        self._health = health
         self._last_seq: int | None = None
         self._last_live_seq: int | None = None
         self._synced = False
@@ -121,20 +142,27 @@ class VllmEventFollower:
 
     async def run(self) -> None:
         """Follow until cancelled, starting over after anything that ends a run."""
-        while True:
-            try:
-                await self._follow()
-            except Exception:  # a bug must not freeze this worker's index
-                log.exception("kv events of %s: the follower failed; starting over",
-                              self._worker_id)
-                self._restarts.inc()
-                self._clear("the follower started over")
-                await asyncio.sleep(RESTART_DELAY_S)
+        self._health.started("connecting to its KV event publisher")
+        try:
+            while True:
+                try:
+                    await self._follow()
+                except Exception:  # a bug must not freeze this worker's index
+                    log.exception("kv events of %s: the follower failed; starting over",
+                                  self._worker_id)
+                    self._restarts.inc()
+                    self._clear("the follower started over")
+                    await asyncio.sleep(RESTART_DELAY_S)
+        finally:
+            self._health.stopped()
 
     async def _follow(self) -> None:
         sub = self._context.socket(zmq.SUB)
         sub.setsockopt(zmq.LINGER, 0)
         sub.setsockopt(zmq.MAXMSGSIZE, MAX_MESSAGE_BYTES)
+        ping_ms = max(int(self._endpoints.read_timeout_s * 500), 1)
+        sub.setsockopt(zmq.HEARTBEAT_IVL, ping_ms)
+        sub.setsockopt(zmq.HEARTBEAT_TIMEOUT, ping_ms)
         sub.setsockopt(zmq.SUBSCRIBE, b"")
         monitor = sub.get_monitor_socket(_MONITORED)
         sub.connect(self._endpoints.events)
@@ -164,45 +192,63 @@ class VllmEventFollower:
             await self._sync()
 
     async def _on_live(self, frames: Sequence[bytes]) -> None:
+        self._health.heard()
         try:
-            seq = decode_seq(frames[-2]) if len(frames) >= 2 else -1
+            seq = decode_seq(frames[-2]) if len(frames) >= 2 else None
         except WireError:
-            seq = -1
-        if seq < 0:
+            seq = None
+        if seq is None or not await self._catch_up(seq):
             self._skip("message")
             return
-        if self._last_live_seq is not None and seq <= self._last_live_seq:
-            self._clear(f"seq went back from {self._last_live_seq} to {seq} (a restart)")
         self._last_live_seq = seq
-        if not self._synced:
-            await self._sync()
-        if self._last_seq is not None and seq > self._last_seq + 1:
-            self._gaps.inc()
-            await self._fill(self._last_seq + 1)
-            if self._last_seq is not None and seq > self._last_seq + 1:
-                self._clear(f"gap before seq {seq} that no replay covers")
-                self._synced = True  # from here on, what comes live is the whole truth
         if self._last_seq is None or seq == self._last_seq + 1:
             self._apply(seq, frames[-1], live=True)
+        self._health.rebuilt()  # the index holds every batch up to this live one
+
+    async def _catch_up(self, seq: int) -> bool:
+        """Bring the index up to live ``seq`` (a sync from 0 after a start or a clear, a
+        replay over a gap, a clear after a restart); False when ``seq`` is one the
+        server never published (garbage, to skip)."""
+        step = live_step(seq, self._last_seq, self._last_live_seq)
+        if step is LiveStep.WENT_BACK:
+            assert self._last_live_seq is not None
+            replay = await self._replay(seq)
+            if not restarted(self._last_live_seq, _seqs(replay)):
+                return False
+            self._clear(f"seq went back from {self._last_live_seq} to {seq} (a restart)")
+        if not self._synced:
+            await self._sync()
+        elif step is LiveStep.GAP:
+            return await self._fill_gap(seq)
+        return True
 
     async def _sync(self) -> None:
-        """Catch up from seq 0 (after a start or a clear)."""
+        """Catch up from seq 0 (after a start or a clear). The worker is rebuilt then,
+        unless the replay failed: then at its first live batch."""
         self._synced = True
         batches = await self._replay(0)
         if batches:
             self._resyncs.inc()
             await self._apply_all(batches)
+        if batches is not None or self._endpoints.replay is None:
+            self._health.rebuilt()
 
-    async def _fill(self, start: int) -> None:
-        """Replay from ``start``; a buffer that no longer reaches it clears the worker
-        and applies what it has."""
+    async def _fill_gap(self, seq: int) -> bool:
+        """Replay what was missed before live ``seq``; a buffer that no longer reaches
+        it, or no replay, clears the worker and applies what the buffer has. False when
+        the replay shows ``seq`` was never published."""
+        assert self._last_seq is not None
+        start = self._last_seq + 1
+        self._gaps.inc()
+        self._health.stale(f"KV events missed: seq {seq} after {start - 1}; replaying")
         batches = await self._replay(start)
-        if batches is None:
-            return
-        if not batches or batches[0][0] != start:
-            self._clear(f"replay buffer no longer holds seq {start}")
-            self._synced = True
-        await self._apply_all(batches)
+        outcome = gap_replayed(start, seq, _seqs(batches))
+        if outcome is Replayed.LOST:
+            self._clear(f"gap before seq {seq} that no replay covers")
+            self._synced = True  # from here on, what comes live is the whole truth
+        await self._apply_all(batches or [])
+        self._health.rebuilt()
+        return outcome is not Replayed.UNPUBLISHED
 
     async def _apply_all(self, batches: list[tuple[int, bytes]]) -> None:
         for i, (seq, payload) in enumerate(batches):
@@ -243,6 +289,7 @@ class VllmEventFollower:
 
     def _clear(self, reason: str) -> None:
         log.warning("kv events of %s: %s; clearing its index entries", self._worker_id, reason)
+        self._health.stale(reason)
         self._sink.reset_worker(self._worker_id)
         self._translator.reset()
         self._resyncs.inc()
@@ -250,41 +297,28 @@ class VllmEventFollower:
         self._synced = False
 
     async def _replay(self, start: int) -> list[tuple[int, bytes]] | None:
-        """The buffered batches from ``start`` on, or None without a replay endpoint or
-        when the server does not finish answering within ``replay_timeout_s`` (in all),
-        ``replay_batches`` batches and ``replay_bytes`` of them."""
+        """The buffered batches from ``start`` on (messages that do not decode counted
+        and left out), or None without a replay endpoint or when the replay fails
+        (``request_replay``)."""
         if self._endpoints.replay is None:
             return None
-        max_batches = self._endpoints.replay_batches
-        max_bytes = replay_bytes(max_batches)
         self._replays.inc()
-        dealer = self._context.socket(zmq.DEALER)
-        dealer.setsockopt(zmq.LINGER, 0)
-        dealer.setsockopt(zmq.MAXMSGSIZE, MAX_MESSAGE_BYTES)
-        dealer.connect(self._endpoints.replay)
-        deadline = time.monotonic() + self._endpoints.replay_timeout_s
-        batches: list[tuple[int, bytes]] = []
-        num_bytes = 0
         try:
-            await dealer.send_multipart([b"", start.to_bytes(8, "big")])
-            while (left_ms := int((deadline - time.monotonic()) * 1000)) > 0 \
-                    and await dealer.poll(left_ms):
-                frames = await dealer.recv_multipart()
-                if len(frames) < 3 or frames[-2] == END_OF_REPLAY:
-                    return batches
-                num_bytes += sum(len(frame) for frame in frames)
-                if num_bytes > max_bytes or len(batches) >= max_batches:
-                    log.warning("kv events of %s: replay from %d over %d bytes or %d batches; "
-                                "abandoned", self._worker_id, start, max_bytes, max_batches)
-                    return None
-                try:
-                    batches.append((decode_seq(frames[-2]), frames[-1]))
-                except WireError:
-                    self._skip("message")
-            log.warning("kv events of %s: replay from %d timed out", self._worker_id, start)
+            replay = await request_replay(self._context, self._endpoints.replay, start,
+                                          self._endpoints.replay_timeout_s,
+                                          self._endpoints.replay_batches)
+        except ReplayFailed as exc:
+            log.warning("kv events of %s: replay from %d abandoned: %s", self._worker_id,
+                        start, exc)
             return None
-        finally:
-            dealer.close(linger=0)
+        if replay.num_malformed:
+            self._skip("message", replay.num_malformed)
+        return replay.batches
+
+
+def _seqs(batches: list[tuple[int, bytes]] | None) -> list[int] | None:
+    """The seqs of replayed ``batches`` (None stays None: no replay)."""
+    return None if batches is None else [seq for seq, _ in batches]
 
 
 def _recv_now(sock: zmq.Socket) -> list[bytes] | None:

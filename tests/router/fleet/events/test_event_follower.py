@@ -21,8 +21,10 @@ from bench.sim_cache import SimCache
 from radix.events import KVEvent, encode_event
 from radix.keys import to_key
 from radix.tree import PUBLIC
-from router.fleet.events.follower import FollowerConfig, KVEventFollower
+from router.config import KVEventsConfig, WorkerSpec
+from router.fleet.events.follower import KVEventFollower
 from router.fleet.events.metrics import KVEventMetrics
+from router.fleet.worker_state import WorkerState
 from router.routing.index import RouterIndex
 from tests.support.aio import eventually
 
@@ -32,7 +34,8 @@ BLOCK = 4
 KEY = "secret-key"
 # How long a test waits for the follower to catch up.
 FOLLOW_S = 5.0
-FAST = FollowerConfig(initial_backoff_s=0.01, max_backoff_s=0.05, read_timeout_s=2.0)
+FAST = KVEventsConfig(initial_backoff_s=0.01, max_backoff_s=0.05, read_timeout_s=2.0)
+AUTH = {"Authorization": f"Bearer {KEY}"}
 
 
 class EventLogServer:
@@ -44,6 +47,7 @@ class EventLogServer:
         self.log_size = log_size
         self.requests: list[dict[str, str]] = []
         self.raw_lines: list[bytes] = []
+        self.silent = False  # True: write nothing, not even heartbeats
         self._changed = asyncio.Event()
         self._streams: set[web.StreamResponse] = set()
         self.runner: web.AppRunner | None = None
@@ -105,6 +109,8 @@ class EventLogServer:
                 position = snapshot[0].seq
             epoch = self.cache.epoch
             while True:
+                while self.silent:
+                    await asyncio.sleep(0.05)
                 changed = self._changed
                 if self.cache.epoch != epoch:
                     position, epoch = -1, self.cache.epoch
@@ -139,6 +145,11 @@ def assert_index_mirrors(index: RouterIndex, cache: SimCache, namespace: str = N
             assert real // BLOCK * BLOCK <= got <= real, (node, scope)
 
 
+def worker(url: str, headers: dict[str, str] = AUTH) -> WorkerState:
+    """Worker ``w`` at ``url``, called with ``headers``."""
+    return WorkerState(WorkerSpec(worker_id="w", model="demo", url=url), url, dict(headers))
+
+
 def run_with_follower(test, log_size: int = 1000, **follower_args):
     """Run ``test(server, index, follower)`` with a following task; cancel it after.
     ``follower_args`` override the follower's (``metrics`` to read its counters)."""
@@ -148,9 +159,9 @@ def run_with_follower(test, log_size: int = 1000, **follower_args):
         await server.start()
         index = RouterIndex()
         async with aiohttp.ClientSession() as session:
-            args = {"headers": {"Authorization": f"Bearer {KEY}"}, "config": FAST,
-                    "metrics": KVEventMetrics(CollectorRegistry()), **follower_args}
-            follower = KVEventFollower(index, "w", server.url, session, **args)
+            args = {"config": FAST, "metrics": KVEventMetrics(CollectorRegistry()),
+                    **follower_args}
+            follower = KVEventFollower(index, worker(server.url), session, **args)
             task = asyncio.create_task(follower.run())
             try:
                 await test(server, index, follower)
@@ -164,7 +175,10 @@ def run_with_follower(test, log_size: int = 1000, **follower_args):
 
 
 def caught_up(server: EventLogServer, follower: KVEventFollower):
-    return lambda: (follower.status().epoch, follower.status().last_seq) == (server.cache.epoch, server.head)
+    """Whether the follower applied the server's log to its head and (a heartbeat came
+    after it) trusts the worker's entries again."""
+    return lambda: ((follower.status().epoch, follower.status().last_seq)
+                    == (server.cache.epoch, server.head) and not follower.health.is_stale)
 
 
 def counted(registry: CollectorRegistry, name: str) -> float:
@@ -248,7 +262,7 @@ def test_a_line_over_the_message_bound_is_counted_as_a_decode_error():
         await eventually(caught_up(server, follower), FOLLOW_S)
         assert_index_mirrors(index, server.cache)
 
-    bounded = FollowerConfig(initial_backoff_s=0.01, max_backoff_s=0.05, read_timeout_s=2.0,
+    bounded = KVEventsConfig(initial_backoff_s=0.01, max_backoff_s=0.05, read_timeout_s=2.0,
                              max_message_bytes=256)
     run_with_follower(test, metrics=KVEventMetrics(registry), config=bounded)
 
@@ -321,7 +335,7 @@ def test_a_refused_key_is_retried_with_backoff_and_cancel_ends_the_task():
         server = EventLogServer()
         await server.start()
         async with aiohttp.ClientSession() as session:
-            follower = KVEventFollower(RouterIndex(), "w", server.url, session,
+            follower = KVEventFollower(RouterIndex(), worker(server.url, {}), session,
                                        KVEventMetrics(CollectorRegistry()), config=FAST)
             task = asyncio.create_task(follower.run())
             await eventually(lambda: len(server.requests) >= 3, FOLLOW_S)
@@ -341,9 +355,8 @@ def test_cancel_closes_a_live_stream():
         await server.start()
         server.insert([1, 2, 3, 4, 5])
         async with aiohttp.ClientSession() as session:
-            follower = KVEventFollower(RouterIndex(), "w", server.url, session,
-                                       KVEventMetrics(CollectorRegistry()),
-                                       headers={"Authorization": f"Bearer {KEY}"}, config=FAST)
+            follower = KVEventFollower(RouterIndex(), worker(server.url), session,
+                                       KVEventMetrics(CollectorRegistry()), config=FAST)
             task = asyncio.create_task(follower.run())
             await eventually(caught_up(server, follower), FOLLOW_S)
             assert len(server._streams) == 1
@@ -355,3 +368,24 @@ def test_cancel_closes_a_live_stream():
         await server.stop()
 
     asyncio.run(main())
+
+
+def test_a_silent_stream_makes_the_worker_stale_until_it_resumes_from_its_position():
+    async def test(server, index, follower):
+        server.insert([1, 2, 3, 4, 5])
+        await eventually(caught_up(server, follower), FOLLOW_S)
+        worker = follower.health.worker
+        assert (worker.index_mode, worker.index_reason) == ("exact", "")
+        server.silent = True
+        await eventually(lambda: worker.index_mode == "stale", FOLLOW_S)
+        assert worker.index_reason == "KV event stream: no event or heartbeat for 0.5 s"
+        assert index.match(NS, to_key([1, 2, 3, 4, 5]), "tenant-a") == {}
+        server.insert([2, 2, 2, 2, 2])
+        server.silent = False
+        await eventually(caught_up(server, follower), FOLLOW_S)
+        assert worker.index_mode == "exact"
+        assert_index_mirrors(index, server.cache)
+        assert server.requests[-1]["since"] == "1" and follower.status().num_resyncs == 0
+
+    silence = KVEventsConfig(initial_backoff_s=0.01, max_backoff_s=0.05, read_timeout_s=0.5)
+    run_with_follower(test, config=silence)

@@ -4,7 +4,8 @@ The follower builds an index from the worker's live ``/kv/events`` (in the binar
 form it asks for) while requests run through ``POST /generate``; a fresh snapshot then
 describes the worker's cache exactly. With and without evictions the live index may
 only lag by the partial block a split left unannounced:
-floor(snapshot / B) * B <= live <= snapshot.
+floor(snapshot / B) * B <= live <= snapshot (compared while the follower runs: a
+worker no longer followed is stale, its entries not matched).
 """
 
 from __future__ import annotations
@@ -19,8 +20,10 @@ from prometheus_client import CollectorRegistry
 from radix.events import decode_event
 from radix.keys import to_key
 from radix.tree import PUBLIC
-from router.fleet.events.follower import FollowerConfig, KVEventFollower
+from router.config import KVEventsConfig, WorkerSpec
+from router.fleet.events.follower import KVEventFollower
 from router.fleet.events.metrics import KVEventMetrics
+from router.fleet.worker_state import WorkerState
 from router.routing.index import RouterIndex
 from tests.support.aio import eventually
 
@@ -61,8 +64,9 @@ async def follow_and_compare(url: str, prompts: list[tuple[list[int], str, int]]
     async with aiohttp.ClientSession() as session:
         async with session.get(f"{url}/ready") as resp:
             namespace = (await resp.json())["namespace_digest"]
-        follower = KVEventFollower(live, "w", url, session, KVEventMetrics(CollectorRegistry()),
-                                   config=FollowerConfig(initial_backoff_s=0.01))
+        worker = WorkerState(WorkerSpec(worker_id="w", model="demo", url=url), url, {})
+        follower = KVEventFollower(live, worker, session, KVEventMetrics(CollectorRegistry()),
+                                   config=KVEventsConfig(initial_backoff_s=0.01))
         task = asyncio.create_task(follower.run())
         try:
             queries = []
@@ -70,20 +74,21 @@ async def follow_and_compare(url: str, prompts: list[tuple[list[int], str, int]]
                 output = await generate(session, url, tokens, scope, num_public)
                 queries += [tokens, tokens + output, tokens[: len(tokens) // 2 + 3]]
             snapshot, head = await snapshot_index(session, url)
-            await eventually(lambda: (follower.status().last_seq or -1) >= head, 10,
+            await eventually(lambda: (follower.status().last_seq or -1) >= head
+                             and not follower.health.is_stale, 10,
                              interval_s=0.02, describe=follower.status)
+            live.check_invariants()
+            assert follower.status().num_resyncs == 0
+            for tokens in queries:
+                key = to_key(tokens + [7])
+                for scope in SCOPES:
+                    got = live.match(namespace, key, scope).get("w", 0)
+                    real = snapshot.match(namespace, key, scope).get("w", 0)
+                    assert real // 16 * 16 <= got <= real, (tokens, scope)
         finally:
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await task
-    live.check_invariants()
-    assert follower.status().num_resyncs == 0
-    for tokens in queries:
-        key = to_key(tokens + [7])
-        for scope in SCOPES:
-            got = live.match(namespace, key, scope).get("w", 0)
-            real = snapshot.match(namespace, key, scope).get("w", 0)
-            assert real // 16 * 16 <= got <= real, (tokens, scope)
 
 
 def prompts(num: int) -> list[tuple[list[int], str, int]]:

@@ -225,6 +225,24 @@ def test_the_routed_part_of_a_match_is_what_only_a_speculative_entry_vouches_for
     assert index.match_routed(NS, key, PUBLIC) == ({"w1": 4, "w2": 6, "oa": 6}, {})
 
 
+def test_a_stale_worker_is_matched_by_what_was_routed_to_it_until_it_is_exact_again():
+    clock = Clock()
+    index = RouterIndex(IndexConfig(speculative_ttl_s=2.0, approximate_ttl_s=60.0), clock=clock)
+    index.apply_event("w1", stored(("a0", None, [1, 2, 3, 4]), ("a1", "a0", [5, 6, 7, 8])))
+    index.apply_event("w2", stored(("b0", None, [1, 2, 3, 4])))
+    index.note_routed(NS, "w1", to_key([1, 2, 3, 4, 5, 6, 7, 8, 9]), PUBLIC)
+    index.set_stale("w1")
+    assert match(index, [1, 2, 3, 4, 5, 6, 7, 8, 9]) == {"w2": 4}
+    index.note_routed(NS, "w1", to_key([1, 2, 3, 4, 5, 6]), PUBLIC)
+    clock.now += 30  # far past a speculative entry's TTL: it is kept as approximate
+    assert index.match_routed(NS, to_key([1, 2, 3, 4, 5, 6, 7, 8]), PUBLIC) == (
+        {"w1": 6, "w2": 4}, {})
+    index.apply_event("w1", removed("a1"))  # its events still apply while it is stale
+    index.set_exact("w1")
+    assert match(index, [1, 2, 3, 4, 5, 6, 7, 8]) == {"w1": 4, "w2": 4}
+    index.check_invariants()
+
+
 def test_config_and_capacity_are_validated():
     with pytest.raises(ValueError, match="index.speculative_ttl_s"):
         IndexConfig(speculative_ttl_s=0)

@@ -4,29 +4,35 @@ Each test drives the publisher (tests/support/vllm_publisher.py) through one of 
 situations the follower must survive: a late start, a lost message, a gap the replay
 buffer no longer covers, a restarted server (idle or busy), garbage, and both event
 encodings, a batch that would file one block under two hashes, a replay longer than
-the server's buffer. The index is checked by exact matches per tenant.
+the server's buffer, a seq the server never published, a gap with no replay endpoint,
+a dropped connection, a frozen server (a publisher process under SIGSTOP). The index
+is checked by exact matches per tenant, the worker's trust by its ``index_mode``.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 
+import msgspec
 import pytest
 import zmq.asyncio
 from prometheus_client import CollectorRegistry
 
 from radix.keys import to_key
+from router.config import WorkerSpec
 from router.config_toml import parse_worker
+from router.fleet.events.health import StreamHealth
 from router.fleet.events.metrics import KVEventMetrics
-from router.fleet.events.vllm.follower import (
-    MAX_MESSAGE_BYTES,
-    Endpoints,
-    VllmEventFollower,
-    replay_bytes,
-)
+from router.fleet.events.vllm.follower import Endpoints, VllmEventFollower
+from router.fleet.events.vllm.replay import MAX_MESSAGE_BYTES, replay_bytes
 from router.fleet.events.vllm.translate import VllmTranslator
+from router.fleet.worker_state import WorkerState
 from router.routing.index import RouterIndex
 from tests.support.aio import eventually
 from tests.support.vllm_publisher import VllmPublisher, chain_hashes
@@ -49,9 +55,15 @@ class Harness:
         self.metrics = KVEventMetrics(self.registry)
         self.translator = VllmTranslator("v0", SALTS.get, lambda lora: "ns")
         self.context = zmq.asyncio.Context()
-        self.follower = VllmEventFollower(self.index, self.translator,
-                                          Endpoints(self.events, self.replay, 1.0),
-                                          self.metrics, self.context)
+        self.worker = WorkerState(WorkerSpec(worker_id="v0", model="m", kind="vllm",
+                                             url="http://127.0.0.1:9", kv_events=self.events),
+                                  "http://127.0.0.1:9", {})
+        self.follower = self.follow(Endpoints(self.events, self.replay, 1.0))
+
+    def follow(self, endpoints: Endpoints) -> VllmEventFollower:
+        """A follower of the publisher at ``endpoints`` into this harness's index."""
+        return VllmEventFollower(self.index, self.translator, endpoints, self.metrics,
+                                 self.context, StreamHealth(self.worker, self.index))
 
     def store(self, tokens: list[int], salt: str = "salt-alice", send: bool = True) -> list[int]:
         hashes = chain_hashes(tokens, BLOCK, salt)
@@ -197,7 +209,7 @@ def test_a_message_nested_past_the_decoders_depth_is_skipped(tmp_path):
         start()
         await asyncio.sleep(0.3)
         h.publisher.send_raw([b"", (1).to_bytes(8, "big"), b"\x91" * 200_000 + b"\x00"])
-        h.publisher.seq = 1
+        h.publisher.seq = 2  # the nested message took seq 1
         h.store(DOC[:4])
         await eventually(lambda: h.matched(DOC) == 4)
         assert h.counter("kv_event_decode_errors") == 1
@@ -230,8 +242,7 @@ def test_a_follower_that_fails_starts_over_and_is_counted(tmp_path):
 
     async def test(h: Harness, start) -> None:
         h.index = Flaky()
-        h.follower = VllmEventFollower(h.index, h.translator, Endpoints(h.events, h.replay, 1.0),
-                                       h.metrics, h.context)
+        h.follower = h.follow(Endpoints(h.events, h.replay, 1.0))
         start()
         await asyncio.sleep(0.3)
         h.store(DOC[:4])
@@ -274,9 +285,7 @@ def test_a_replay_longer_than_the_servers_buffer_is_abandoned(tmp_path, replay_b
     async def test(h: Harness, start) -> None:
         for i in range(8):
             h.store([1, 2, 3, 10 + i])
-        h.follower = VllmEventFollower(h.index, h.translator,
-                                       Endpoints(h.events, h.replay, 1.0, replay_batches),
-                                       h.metrics, h.context)
+        h.follower = h.follow(Endpoints(h.events, h.replay, 1.0, replay_batches))
         start()
         await asyncio.sleep(0.5)
         h.store(DOC[:4])
@@ -297,3 +306,111 @@ def test_the_replay_bound_is_the_servers_buffer_and_its_bytes_follow():
         with pytest.raises(ValueError, match="kv_events_replay_batches"):
             parse_worker({"id": "v0", "model": "m", "kind": "vllm", "url": "http://h:1",
                           "kv_events_replay_batches": bad}, {"m": None}, "workers[0]")
+
+
+def garbage(h: Harness, seq: int, tokens: list[int]) -> None:
+    """A well-formed batch storing ``tokens`` for alice, sent raw under ``seq``: a
+    number the server never gave it."""
+    hashes = chain_hashes(tokens, BLOCK, "salt-alice")
+    event = h.publisher.stored(hashes, None, tokens, BLOCK, "salt-alice")
+    h.publisher.send_raw([b"", seq.to_bytes(8, "big"),
+                          msgspec.msgpack.encode([time.time(), [event], 0])])
+
+
+@pytest.mark.parametrize("seq", [1_000_000, 0])
+def test_a_seq_the_server_never_published_is_skipped_and_nothing_cleared(tmp_path, seq):
+    """Far ahead (no replay reaches it) or back (the replay still reaches the last
+    one: no restart): a malformed message, skipped, where it used to clear."""
+    async def test(h: Harness, start) -> None:
+        start()
+        await asyncio.sleep(0.3)
+        h.store(DOC[:8])
+        h.store([9, 9, 9, 9])
+        await eventually(lambda: h.matched([9, 9, 9, 9]) == 4)
+        garbage(h, seq, [7, 7, 7, 7])
+        h.store(DOC[8:], salt="salt-bob")
+        await eventually(lambda: h.matched(DOC[8:], "bob") == 8)
+        assert h.matched(DOC) == 8 and h.matched([7, 7, 7, 7]) == 0
+        assert h.malformed("message") == 1 and h.counter("kv_event_resyncs") == 0
+        assert (h.worker.index_mode, h.worker.index_reason) == ("exact", "")
+
+    run(tmp_path, test)
+
+
+def test_without_a_replay_endpoint_a_gap_clears_the_worker_which_rebuilds_from_live(tmp_path):
+    async def test(h: Harness, start) -> None:
+        h.follower = h.follow(Endpoints(h.events, None))
+        start()
+        await asyncio.sleep(0.3)
+        h.store(DOC[:8])
+        await eventually(lambda: h.matched(DOC) == 8)
+        h.store([1, 2, 3, 4], send=False)
+        h.store(DOC[8:], salt="salt-bob")
+        await eventually(lambda: h.matched(DOC[8:], "bob") == 8)
+        assert h.matched(DOC) == 0  # cleared: its store may have been removed since
+        assert (h.counter("kv_event_gaps"), h.counter("kv_event_resyncs")) == (1, 1)
+        assert h.worker.index_mode == "exact"
+
+    run(tmp_path, test)
+
+
+def test_a_dropped_connection_routes_the_worker_stale_until_it_is_back_and_replayed(tmp_path):
+    async def test(h: Harness, start) -> None:
+        assert h.worker.index_mode == "stale"
+        start()
+        await eventually(lambda: h.worker.index_mode == "exact")
+        h.store(DOC)
+        await eventually(lambda: h.matched(DOC) == 16)
+        h.publisher.close()
+        await eventually(lambda: h.worker.index_mode == "stale")
+        assert h.worker.index_reason.startswith("event connection dropped")
+        h.publisher = VllmPublisher(h.events, h.replay)
+        h.store(DOC[:8])
+        await eventually(lambda: h.worker.index_mode == "exact")
+        await eventually(lambda: h.matched(DOC) == 8)
+
+    run(tmp_path, test)
+
+
+PUBLISHING = """
+import sys, time
+from tests.support.vllm_publisher import VllmPublisher
+publisher = VllmPublisher(sys.argv[1], sys.argv[2])
+print("READY", flush=True)
+while True:
+    publisher.publish([])
+    time.sleep(0.2)
+"""
+
+
+def test_a_frozen_server_is_a_dropped_connection_within_the_read_timeout(tmp_path):
+    """vLLM's stream has no heartbeat; the connection's own pings find a server that
+    stopped answering (SIGSTOP), and the worker is stale until it goes on."""
+    h = Harness(tmp_path)
+    h.publisher.close()
+    server = subprocess.Popen([sys.executable, "-c", PUBLISHING, h.events, h.replay],
+                              cwd=Path(__file__).parents[5], stdout=subprocess.PIPE)
+
+    async def main() -> None:
+        follower = h.follow(Endpoints(h.events, h.replay, 1.0, read_timeout_s=1.0))
+        task = asyncio.create_task(follower.run())
+        try:
+            await eventually(lambda: h.worker.index_mode == "exact")
+            server.send_signal(signal.SIGSTOP)
+            await eventually(lambda: h.worker.index_mode == "stale", timeout_s=5.0)
+            assert h.worker.index_reason.startswith("event connection dropped")
+            server.send_signal(signal.SIGCONT)
+            await eventually(lambda: h.worker.index_mode == "exact")
+        finally:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+
+    try:
+        assert server.stdout is not None and server.stdout.readline() == b"READY\n"
+        asyncio.run(main())
+    finally:
+        server.send_signal(signal.SIGCONT)
+        server.kill()
+        server.wait()
+        h.context.destroy(linger=0)
