@@ -35,6 +35,7 @@ import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
 from openai import AsyncOpenAI
@@ -97,12 +98,22 @@ def workers(num_workers: int, kv_cache_bytes: str, *flags: str,
             worker.stop()
 
 
+class RunningRouter(NamedTuple):
+    """A router under test: its URL, the key a client sends it, its process id and,
+    for ours, the URL of its ``/metrics`` (None for a peer)."""
+
+    url: str
+    key: str
+    pid: int
+    metrics_url: str | None
+
+
 @contextlib.contextmanager
 def router(setup: str, urls: list[str], log_dir: Path,
-           poll_interval_s: float = 1.0) -> Iterator[tuple[str, str, int]]:
-    """The router's URL, the key a client sends it and its process id. ``setup`` is a peer setup's
-    name, or ours: ``ours <policy>`` optionally followed by ``name=value`` weights,
-    polling its workers' load every ``poll_interval_s`` (the peers poll none)."""
+           poll_interval_s: float = 1.0) -> Iterator[RunningRouter]:
+    """The router of ``setup`` in front of ``urls``: a peer setup's name, or ours:
+    ``ours <policy>`` optionally followed by ``name=value`` weights, polling its
+    workers' load every ``poll_interval_s`` (the peers poll none)."""
     if setup.startswith("ours "):
         _, policy, *items = setup.split()
         weights = {k: float(v) for k, v in (item.split("=") for item in items)}
@@ -115,14 +126,14 @@ def router(setup: str, urls: list[str], log_dir: Path,
                 if time.monotonic() > deadline:
                     raise RuntimeError("our router: workers not ready")
                 time.sleep(0.1)
-            yield router.url, TENANT_KEY, router.proc.pid
+            yield RunningRouter(router.url, TENANT_KEY, router.proc.pid, router.metrics_url)
         finally:
             router.stop()
         return
     peer = peers.start_peer(peers.PEER_SETUPS[setup], urls, WORKER_KEY, "demo",
                             log_dir / f"{setup.replace(' ', '_')}.log", READY_TIMEOUT_S)
     try:
-        yield peer.url, WORKER_KEY, peer.process.pid
+        yield RunningRouter(peer.url, WORKER_KEY, peer.process.pid, None)
     finally:
         peer.stop()
 
@@ -194,7 +205,7 @@ def run_setup(setup: str, requests: list[TraceRequest], args: argparse.Namespace
     with workers(args.workers, args.kv_cache_bytes) as started, \
             tempfile.TemporaryDirectory(prefix="e2e-") as tmp:
         urls = [w.url for w in started]
-        with router(setup, urls, Path(tmp)) as (url, key, _):
+        with router(setup, urls, Path(tmp)) as (url, key, _, _):
             for phase in args.phases:
                 before = [requests_served(w) for w in started]
                 start = time.perf_counter()

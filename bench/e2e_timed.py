@@ -29,7 +29,9 @@ of a worker over the run (cores, at this time scale), how late the client sent i
 requests (p99, profile seconds: a loaded machine's CPU queueing, which reads as GPU
 time in every TTFT), and the router's CPU: per
 request and in cores at the profile's real time (``router_cpu``: what it would need
-in front of real GPUs at this request rate).
+in front of real GPUs at this request rate); for ours, how exactly its index predicted
+what each worker served from its cache (``bench.exactness``: exact, over and under
+counts and the exact fraction, from the router's ``/metrics``).
 """
 
 from __future__ import annotations
@@ -56,6 +58,7 @@ from bench.e2e import (
     stream_completion,
     workers,
 )
+from bench.exactness import describe, exactness, prediction_counts
 from bench.workloads import TraceRequest, WorkloadConfig, generate
 from harness.procs import http_json, process_cpu_s
 from radix.cost_model import Profile, get_profile
@@ -140,13 +143,15 @@ def run_cell(setup: str, started: list, requests: list[TraceRequest], load: str,
     router knows what it learned or routed then), each phase measured on its own."""
     urls = [w.url for w in started]
     by_phase: dict[str, dict[str, object]] = {}
-    with router(setup, urls, log_dir, POLL_INTERVAL_S / args.time_scale) as (url, key, pid):
+    with router(setup, urls, log_dir, POLL_INTERVAL_S / args.time_scale) as running:
+        url, key, pid, metrics_url = running
         router_cpu_before = process_cpu_s(pid)
         time.sleep(IDLE_WINDOW_S)
         idle_cores = (process_cpu_s(pid) - router_cpu_before) / IDLE_WINDOW_S
         for phase in phases:
             before = [requests_served(w) for w in started]
             cpu_before = [w.cpu_s() for w in started]
+            checked_before = prediction_counts(metrics_url) if metrics_url else {}
             router_cpu_before = process_cpu_s(pid)
             start, late_s = time.perf_counter(), [0.0]
             if load == "closed":
@@ -164,6 +169,8 @@ def run_cell(setup: str, started: list, requests: list[TraceRequest], load: str,
                 "worker_cpu_cores": float(np.mean(cpu_s)) / wall_s,
                 "send_late_p99_s": float(np.percentile(late_s, 99)) / args.time_scale,
                 **router_cpu(router_cpu_s, idle_cores, len(outcomes), wall_s, args.time_scale)}
+            if metrics_url:
+                by_phase[phase].update(exactness(checked_before, prediction_counts(metrics_url)))
     return by_phase
 
 
@@ -216,7 +223,7 @@ def _row(key: str, r: dict) -> str:
     return (f"{key:<44}{r['num_errors']:>5}{r['cached_fraction']:>8.1%}{1e3 * r['ttft_p50_s']:>8.0f}"
             f"{1e3 * r['ttft_p99_s']:>8.0f}{r['goodput_rps']:>9.1f}{r['max_over_mean_load']:>9.2f}"
             f"{r['wall_s']:>7.0f}{r['worker_cpu_cores']:>7.3f}{r['router_cpu_cores_real_time']:>7.2f}"
-            f"{1e3 * r['send_late_p99_s']:>8.1f}")
+            f"{1e3 * r['send_late_p99_s']:>8.1f}  {describe(r)}")
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -248,7 +255,8 @@ def main(argv: list[str] | None = None) -> dict:
     results: dict[str, object] = {"profile": profile.name, "time_scale": args.time_scale,
                                   "slo_s": args.slo_s, "setups": setups, "runs": {}}
     print(f"{'workload/workers/load/router':<44}{'errs':>5}{'cached':>8}{'p50 ms':>8}{'p99 ms':>8}"
-          f"{'goodput':>9}{'max/mean':>9}{'wall s':>7}{'w cpu':>7}{'r cpu':>7}{'late ms':>8}")
+          f"{'goodput':>9}{'max/mean':>9}{'wall s':>7}{'w cpu':>7}{'r cpu':>7}{'late ms':>8}"
+          "  predicted exact/over/under")
     flags = ("--model", f"timed:{profile.name}", "--served-model-name", "demo", "--time-scale",
              str(args.time_scale), "--max-batched-tokens", str(args.max_batched_tokens))
     run = 0

@@ -119,7 +119,7 @@ def run_setup(setup: str, started: list[ManagedProcess], requests: list[TraceReq
         return [a * args.time_scale for a in at_load(part, args.load * rps)]
 
     with router(setup, [w.url for w in started], log_dir,
-                POLL_INTERVAL_S / args.time_scale) as (url, key, _):
+                POLL_INTERVAL_S / args.time_scale) as (url, key, _, _):
         asyncio.run(drive_open(url, key, warm, arrivals(warm), warm_models))
         loads_before = adapter_loads(started)
         served_before = [worker_counter(w, "request_prompt_tokens_count") for w in started]

@@ -1,10 +1,13 @@
-"""The timed end-to-end part of the report: its table, the load at which each router's
-TTFT p99 crosses the SLO, and its plots (``bench.e2e_timed`` results, ``runs`` keyed
-``workload/workers/load/router``)."""
+"""The timed end-to-end part of the report: its table (with, for our router, how
+exactly it predicted each run's cached tokens: ``bench.exactness``), the load at which
+each router's TTFT p99 crosses the SLO, and its plots (``bench.e2e_timed`` results,
+``runs`` keyed ``workload/workers/load/router``)."""
 
 from __future__ import annotations
 
 from pathlib import Path
+
+from bench.exactness import describe
 
 
 def save_figure(fig, out: Path, name: str) -> str:
@@ -29,8 +32,9 @@ def timed_table(results: dict) -> list[str]:
     lines = [f"profile `{results['profile']}`, waits x{results['time_scale']:g} (times below are "
              f"profile seconds), TTFT SLO {results['slo_s']:g} s", "",
              "| workload | workers | load | router | cached | TTFT p50 ms | TTFT p99 ms | "
-             "goodput req/s | max/mean | errors | CPU per worker | sent late p99 ms |",
-             "|---|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+             "goodput req/s | max/mean | errors | CPU per worker | sent late p99 ms | "
+             "predicted exact/over/under |",
+             "|---|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for (workload, workers), loads in _cells(results).items():
         for load, runs in loads.items():
             best = min(r["ttft_p99_s"] for r in runs.values())
@@ -40,7 +44,8 @@ def timed_table(results: dict) -> list[str]:
                              f"{1e3 * r['ttft_p50_s']:.0f} | {f'**{p99}**' if r['ttft_p99_s'] == best else p99} | "
                              f"{r['goodput_rps']:.1f} | {r['max_over_mean_load']:.2f} | {r['num_errors']} | "
                              f"{r.get('worker_cpu_cores', float('nan')):.3f} | "
-                             f"{1e3 * r.get('send_late_p99_s', float('nan')):.1f} |")
+                             f"{1e3 * r.get('send_late_p99_s', float('nan')):.1f} | "
+                             f"{describe(r)} |")
     return lines + ["", *slo_crossings(results)]
 
 

@@ -16,7 +16,9 @@ caches and a warm phase right after (``--phases``, as ``bench.e2e``). Figures pe
 setup and phase: vLLM's own prefix-cache hit fraction (its
 ``prefix_cache_hits/queries`` counters), TTFT p50/p99, requests per server; for ours,
 the router's predicted cached tokens against vLLM's ``cached_tokens`` per request (from
-the router's access log) and the index lag from vLLM's batch timestamp
+the router's access log), the router's own check of the same (``bench.exactness``:
+exact, over and under counts and the exact fraction, in whole blocks, from its
+``/metrics``) and the index lag from vLLM's batch timestamp
 (``router_kv_event_lag_seconds``, over the router's run so far).
 
 Run: ``python -m bench vllm [--requests N] [--clients C] [--docs D]``.
@@ -40,6 +42,7 @@ import numpy as np
 
 from bench import peers
 from bench.e2e import PHASES, results_key
+from bench.exactness import describe, exactness, prediction_counts
 from harness.procs import ManagedProcess, http_json, router_args, start_process
 from harness.sse import data_payloads
 from harness.vllm_servers import SERVED_MODEL, SMOLLM2_DIR, VllmServer, available
@@ -182,6 +185,7 @@ def run_setup(setup: str, servers: list[VllmServer], prompts: list[str],
             router_for(setup, servers, Path(tmp)) as (url, key, router):
         for phase in args.phases:
             num_logged = len(ACCESS.findall(router.log_text())) if router is not None else 0
+            checked_before = prediction_counts(router.metrics_url) if router is not None else {}
             before = [prefix_counters(s) for s in servers]
             start = time.perf_counter()
             outcomes = asyncio.run(drive(url, key, prompts, args.clients))
@@ -191,6 +195,9 @@ def run_setup(setup: str, servers: list[VllmServer], prompts: list[str],
                 setup == "ours exact" else (float("nan"), 0)
             access = ACCESS.findall(router.log_text())[num_logged:] if router is not None else []
             by_phase[phase] = summarize(outcomes, before, after, wall_s, lag, access)
+            if router is not None:
+                by_phase[phase].update(exactness(checked_before,
+                                                 prediction_counts(router.metrics_url)))
     return by_phase
 
 
@@ -248,7 +255,8 @@ def main(argv: list[str] | None = None) -> dict:
         for server in servers:
             server.wait_ready(600)
         print(f"{'router, phase':<34}{'errs':>5}{'vLLM hit':>9}{'p50 ms':>8}{'p99 ms':>8}"
-              f"{'pred=cached':>12}{'lag<20ms':>9}  requests per server")
+              f"{'pred=cached':>12}{'lag<20ms':>9}  requests per server  "
+              "checked exact/over/under")
         for setup in setups:
             for phase, r in run_setup(setup, servers, prompts, args).items():
                 name = results_key(setup, phase)
@@ -258,7 +266,8 @@ def main(argv: list[str] | None = None) -> dict:
                       f"{1e3 * r['ttft_p50_s']:>8.0f}{1e3 * r['ttft_p99_s']:>8.0f}"
                       f"{'-' if exact is None else f'{exact:.1%}':>12}"
                       f"{r['lag_within_20ms']:>9.1%}  "
-                      f"{'/'.join(map(str, r['requests_per_server']))}", flush=True)
+                      f"{'/'.join(map(str, r['requests_per_server']))}  {describe(r)}",
+                      flush=True)
                 if r["first_error"]:
                     print(f"  first error: {r['first_error']}")
     finally:
