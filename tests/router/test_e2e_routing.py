@@ -49,16 +49,18 @@ def cluster(tmp_path_factory: pytest.TempPathFactory
             ) -> Iterator[tuple[ManagedProcess, dict[str, ManagedProcess]]]:
     workers = {name: start_worker(kv_cache_bytes="16MiB", wait=False, api_key=WORKER_KEY)
                for name in ("w0", "w1")}
-    for worker in workers.values():
-        worker.wait_ready(120)
-    path = tmp_path_factory.mktemp("router") / "router.toml"
-    path.write_text(to_toml(keyed_demo_config({name: w.url for name, w in workers.items()})))
-    router = start_keyed_router(path)
-    try:
+    router = None
+    try:  # a router that fails to start must not leave the workers running
+        for worker in workers.values():
+            worker.wait_ready(120)
+        path = tmp_path_factory.mktemp("router") / "router.toml"
+        path.write_text(to_toml(keyed_demo_config({name: w.url for name, w in workers.items()})))
+        router = start_keyed_router(path)
         wait_until_ready(router)
         yield router, workers
     finally:
-        router.stop()
+        if router is not None:
+            router.stop()
         for worker in workers.values():
             worker.stop()
 
