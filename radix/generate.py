@@ -36,6 +36,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, NamedTuple, Protocol
 
+import orjson
+
 from radix.api_errors import bad_request
 from radix.keys import to_key
 from radix.openai.fields import Fields, token_id_list, token_ids_b64
@@ -73,9 +75,20 @@ class GenerateRequest:
 
     def to_wire(self) -> dict[str, Any]:
         """The JSON body: defaults and absent values left out."""
+        return {"token_ids_b64": base64.b64encode(self.prompt_key).decode(),
+                **self._wire_fields()}
+
+    def to_json(self) -> bytes:
+        """``orjson.dumps(self.to_wire())``, exactly, with the prompt's base64 written
+        into the bytes as it is encoded (never made a string and encoded again)."""
+        fields = orjson.dumps(self._wire_fields())
+        return b'{"token_ids_b64":"%b",%b' % (base64.b64encode(self.prompt_key), fields[1:])
+
+    def _wire_fields(self) -> dict[str, Any]:
+        """Every field of the body but the prompt."""
         body: dict[str, Any] = {
-            "token_ids_b64": base64.b64encode(self.prompt_key).decode(), "scope": self.scope,
-            "sampling": self.sampling.to_wire(self.sampling.max_tokens), "stream": self.stream}
+            "scope": self.scope, "sampling": self.sampling.to_wire(self.sampling.max_tokens),
+            "stream": self.stream}
         if self.render is not None:
             body["render"] = self.render.to_wire()
         optional = (("num_public_tokens", self.num_public_tokens or None),

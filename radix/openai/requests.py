@@ -42,6 +42,7 @@ from radix.openai.sampling import (
 COMPLETIONS = "completions"
 CHAT = "chat"
 CHAT_ROLES = ("system", "developer", "user", "assistant", "tool")
+_MESSAGE_FIELDS = frozenset(("role", "content"))
 MAX_MESSAGES = 4096
 MAX_NAME_CHARS = 256
 _UPSTREAM_PROMPT_PARAMS = ("token_ids_b64", "token_ids", "prompt")
@@ -210,19 +211,31 @@ def _prompt(value: object, vocab_size: int, max_token_ids: int) -> str | tuple[i
 
 
 def _messages(value: object) -> tuple[dict[str, str], ...]:
+    """The messages; a plain one (``role`` and a string or null ``content``, nothing
+    else) is taken in a few dictionary lookups, any other goes through ``_message``,
+    which accepts the same plain ones and words every refusal."""
     if not isinstance(value, list) or not value or len(value) > MAX_MESSAGES:
         raise bad_request(f"messages must be a list of 1 to {MAX_MESSAGES} messages", "messages")
     messages = []
     for i, item in enumerate(value):
-        message = Fields(item, f"messages[{i}]")
-        message.only(("role", "content"))
-        role = message.raw("role")
-        if role not in CHAT_ROLES:
-            param = message.param("role")
-            raise bad_request(f"{param} must be one of {', '.join(CHAT_ROLES)}", param)
-        content = _content(message.raw("content"), message.param("content"))
-        messages.append({"role": role, "content": content})
+        if type(item) is dict and item.keys() <= _MESSAGE_FIELDS:
+            role, content = item.get("role"), item.get("content")
+            if type(role) is str and role in CHAT_ROLES and (
+                    content is None or type(content) is str):
+                messages.append({"role": role, "content": content or ""})
+                continue
+        messages.append(_message(item, i))
     return tuple(messages)
+
+
+def _message(item: object, i: int) -> dict[str, str]:
+    message = Fields(item, f"messages[{i}]")
+    message.only(_MESSAGE_FIELDS)
+    role = message.raw("role")
+    if role not in CHAT_ROLES:
+        param = message.param("role")
+        raise bad_request(f"{param} must be one of {', '.join(CHAT_ROLES)}", param)
+    return {"role": role, "content": _content(message.raw("content"), message.param("content"))}
 
 
 def _content(value: object, param: str) -> str:

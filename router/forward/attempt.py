@@ -66,17 +66,15 @@ class Upstream:
         self._pool = pool
         self._config = config
 
-    async def post(self, worker: WorkerState, path: str, payload: dict[str, Any],
+    async def post(self, worker: WorkerState, path: str, body: bytes,
                    request: OpenAIRequest) -> UpstreamResponse:
-        """``POST worker.url + path``; the 200 response (the caller closes it), else
-        ``UpstreamUnavailable`` (retriable status, failure, first-byte timeout) or
-        ``ApiError`` (a client error the worker found, passed through)."""
-        data = orjson.dumps(payload)
+        """``POST worker.url + path`` of the JSON ``body`` with the worker's headers; the
+        200 response (the caller closes it), else ``UpstreamUnavailable`` (retriable
+        status, failure, first-byte timeout) or ``ApiError`` (a client error the worker
+        found, passed through)."""
         try:
             async with asyncio.timeout(self._config.first_byte_timeout_s):
-                response = await self._pool.post(
-                    worker.url, path, {**worker.headers, "Content-Type": "application/json"},
-                    data)
+                response = await self._pool.post(worker.url, path, worker.headers, body)
         except (UpstreamError, TimeoutError) as exc:
             raise unavailable(worker, exc) from exc
         if response.status != 200:
@@ -85,18 +83,6 @@ class Upstream:
             finally:
                 response.close()
         return response
-
-    async def lines(self, response: UpstreamResponse) -> AsyncIterator[bytes]:
-        """The response body line by line (``b"\\n"`` kept), the first within the
-        first-byte timeout and each later one within the idle timeout."""
-        timeout_s = self._config.first_byte_timeout_s
-        while True:
-            async with asyncio.timeout(timeout_s):
-                line = await response.readline()
-            if not line:
-                return
-            yield line
-            timeout_s = self._config.idle_timeout_s
 
     async def line_batches(self, response: UpstreamResponse) -> AsyncIterator[list[bytes]]:
         """The complete lines of a stream (without their ``\\n``), batched by network

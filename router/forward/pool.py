@@ -1,10 +1,13 @@
 """Keep-alive HTTP/1.1 connections to workers for the request path, parsed by httptools.
 
 ``UpstreamPool.post`` sends one request and returns its ``UpstreamResponse`` once the
-status line and headers are in; the caller reads the body (``read``, ``readany``,
-``readline``) and must ``close`` it: a response read to its end on a keep-alive
-connection gives the connection back to the pool, any other is closed (so a
-response abandoned halfway, a client gone, cancels the request on the worker).
+status line and headers are in; the caller reads the body (``read``, ``readany``)
+and must ``close`` it: a response read to its end on a keep-alive connection gives
+the connection back to the pool, any other is closed (so a response abandoned
+halfway, a client gone, cancels the request on the worker). What every request to a
+worker shares (request line, ``Host``, the worker's headers, ``Content-Type:
+application/json``) is encoded once per worker URL, path and headers object; a
+request adds its ``Content-Length`` and body.
 
 Guarantees: a connection is used by one request at a time; one that the worker
 closed while idle is detected when it fails before any byte of its answer, and the
@@ -25,12 +28,14 @@ from __future__ import annotations
 import asyncio
 import ssl
 import urllib.parse
+from collections.abc import Mapping
 from typing import cast
 
 import httptools
 
 MAX_BUFFERED_BYTES = 256 * 1024
 MAX_IDLE_PER_WORKER = 256
+MAX_CACHED_HEADS = 4096  # (worker URL, path) pairs; past it the cache starts over
 MAX_HEAD_BYTES = 64 * 1024
 MAX_FRAMING_BYTES = 64 * 1024
 PAYLOAD_BYTES_PER_FRAMING_BYTE = 8
@@ -86,6 +91,10 @@ class _Connection(asyncio.Protocol):
         except httptools.HttpParserError as exc:
             self._fail(UpstreamError(f"bad HTTP answer: {exc}"))
             return
+        if self._buffered > MAX_BUFFERED_BYTES and self.transport is not None:
+            self.transport.pause_reading()
+            self._paused = True
+        self._wake()  # once per read, however many chunks it held
         framing = self._fed - self._payload
         if self.head_done and not self.complete and framing > MAX_FRAMING_BYTES and (
                 framing > MAX_FRAMING_BYTES + self._payload // PAYLOAD_BYTES_PER_FRAMING_BYTE):
@@ -111,10 +120,6 @@ class _Connection(asyncio.Protocol):
         self._chunks.append(body)
         self._buffered += len(body)
         self._payload += len(body)
-        if self._buffered > MAX_BUFFERED_BYTES and self.transport is not None:
-            self.transport.pause_reading()
-            self._paused = True
-        self._wake()
 
     def on_message_complete(self) -> None:
         self.complete = True
@@ -173,41 +178,20 @@ class UpstreamResponse:
         self._key = key
         self._connection = connection
         self._timer = timer
-        self._pending = b""
         self.status = connection.status
 
     async def readany(self) -> bytes:
         """The next bytes of the body; ``b""`` at its end."""
         connection = self._connection
-        if self._pending:
-            data, self._pending = self._pending, b""
-            return data
         while not connection.has_data:
             if connection.complete:
                 return b""
             await connection.wait()
         return connection.take()
 
-    async def readline(self) -> bytes:
-        """The next line of the body, ``b"\\n"`` kept (the rest at its end)."""
-        while (end := self._pending.find(b"\n")) < 0:
-            data = await self._read_more()
-            if not data:
-                line, self._pending = self._pending, b""
-                return line
-        line, self._pending = self._pending[: end + 1], self._pending[end + 1:]
-        return line
-
-    async def _read_more(self) -> bytes:
-        pending, self._pending = self._pending, b""
-        data = await self.readany()
-        self._pending = pending + data
-        return data
-
     async def read(self) -> bytes:
         """The rest of the body."""
-        parts = [self._pending]
-        self._pending = b""
+        parts = []
         while data := await self.readany():
             parts.append(data)
         return b"".join(parts)
@@ -218,7 +202,7 @@ class UpstreamResponse:
         self._timer.cancel()
         connection = self._connection
         if connection.complete and connection.keep_alive and connection.error is None \
-                and not connection.has_data and not self._pending:
+                and not connection.has_data:
             self._pool.release(self._key, connection)
         elif connection.transport is not None:
             connection.transport.abort()
@@ -231,18 +215,18 @@ class UpstreamPool:
         self._connect_timeout_s = connect_timeout_s
         self._total_s = total_s
         self._idle: dict[tuple[str, int, bool], list[_Connection]] = {}
-        self._addresses: dict[str, tuple[str, int, bool, bytes, bytes]] = {}
+        # (worker URL, path) -> (the headers it was built from, connection key, head)
+        self._heads: dict[tuple[str, str],
+                          tuple[Mapping[str, str], tuple[str, int, bool], bytes]] = {}
 
-    async def post(self, url: str, path: str, headers: dict[str, str], body: bytes
+    async def post(self, url: str, path: str, headers: Mapping[str, str], body: bytes
                    ) -> UpstreamResponse:
         """``POST url + path`` (a path in ``url`` comes first, as for every other call to
-        the worker); see the module docstring."""
-        host, port, tls, host_header, base_path = self._address(url)
-        key = (host, port, tls)
-        head = [b"POST " + base_path + path.encode() + b" HTTP/1.1", b"Host: " + host_header,
-                b"Content-Length: %d" % len(body)]
-        head += [f"{n}: {v}".encode("latin-1") for n, v in headers.items()]
-        request = b"\r\n".join(head) + b"\r\n\r\n" + body
+        the worker) of the JSON ``body`` with ``headers``; see the module docstring.
+        The request's head is built once per worker URL, path and ``headers`` object
+        (pass the same mapping each time, and a new one when its values change)."""
+        key, head = self._head(url, path, headers)
+        request = b"%b%d\r\n\r\n%b" % (head, len(body), body)
         loop = asyncio.get_running_loop()
         while True:
             connection = self._take_idle(key)
@@ -306,13 +290,22 @@ class UpstreamPool:
                                        f"{type(exc).__name__}: {exc}") from exc
         return connection
 
-    def _address(self, url: str) -> tuple[str, int, bool, bytes, bytes]:
-        address = self._addresses.get(url)
-        if address is None:
-            parts = urllib.parse.urlsplit(url)
-            tls = parts.scheme == "https"
-            host = parts.hostname or ""
-            port = parts.port or (443 if tls else 80)
-            address = self._addresses[url] = (host, port, tls, parts.netloc.encode(),
-                                              parts.path.rstrip("/").encode())
-        return address
+    def _head(self, url: str, path: str, headers: Mapping[str, str]
+              ) -> tuple[tuple[str, int, bool], bytes]:
+        """The connection key of ``url`` and the head of a POST to ``path`` up to its
+        ``Content-Length`` value: the constant part of every request to the worker."""
+        cached = self._heads.get((url, path))
+        if cached is not None and cached[0] is headers:
+            return cached[1], cached[2]
+        if len(self._heads) >= MAX_CACHED_HEADS:
+            self._heads.clear()
+        parts = urllib.parse.urlsplit(url)
+        tls = parts.scheme == "https"
+        key = (parts.hostname or "", parts.port or (443 if tls else 80), tls)
+        lines = [f"POST {parts.path.rstrip('/')}{path} HTTP/1.1".encode(),
+                 f"Host: {parts.netloc}".encode(),
+                 *(f"{name}: {value}".encode("latin-1") for name, value in headers.items()),
+                 b"Content-Type: application/json", b"Content-Length: "]
+        head = b"\r\n".join(lines)
+        self._heads[(url, path)] = (headers, key, head)
+        return key, head

@@ -59,7 +59,8 @@ from router.forward.attempt import (
     unavailable,
     worker_failed,
 )
-from router.forward.masking import ModelRenamer, refusal
+from router.forward.masking import refusal
+from router.forward.passthrough import CompletionPassthrough
 from router.forward.pool import UpstreamError, UpstreamPool, UpstreamResponse
 from router.forward.relay import (
     CLIENT_CLOSED,
@@ -100,9 +101,12 @@ class Call:
 def generate_request(call: Call, render: RenderSpec) -> GenerateRequest:
     """The ``/generate`` request of ``call``, rendered as ``render`` says (always
     streamed: a whole answer's body comes at the end, so it resumes like a stream)."""
+    sampling = call.request.sampling
+    if sampling.max_tokens != call.max_tokens:
+        sampling = replace(sampling, max_tokens=call.max_tokens)
     return GenerateRequest(
-        call.prompt.key, call.scope, replace(call.request.sampling, max_tokens=call.max_tokens),
-        stream=True, render=render, num_public_tokens=call.prompt.num_public_tokens,
+        call.prompt.key, call.scope, sampling, stream=True, render=render,
+        num_public_tokens=call.prompt.num_public_tokens,
         max_cached_tokens=call.max_cached_tokens, request_id=call.request_id,
         adapter=call.adapter, kv_transfer_params=call.kv_transfer_params,
         priority=call.request.priority)
@@ -132,10 +136,10 @@ class Proxy:
 
     async def _release(self, worker: WorkerState, params: dict[str, Any]) -> None:
         body = orjson.dumps({"remote_request_id": params.get("remote_request_id")})
-        headers = {**worker.headers, "Content-Type": "application/json"}
         try:
             async with asyncio.timeout(RELEASE_TIMEOUT_S):
-                response = await self._pool.post(worker.url, RELEASE_PATH, headers, body)
+                response = await self._pool.post(worker.url, RELEASE_PATH, worker.headers,
+                                                  body)
                 try:
                     await response.read()
                 finally:
@@ -191,7 +195,7 @@ class Proxy:
             num_public_tokens=call.prompt.num_public_tokens,
             max_cached_tokens=call.max_cached_tokens, request_id=call.request_id,
             kv_transfer_params={"do_remote_decode": True}, priority=call.request.priority)
-        upstream = await self._upstream.post(worker, GENERATE_PATH, request.to_wire(),
+        upstream = await self._upstream.post(worker, GENERATE_PATH, request.to_json(),
                                              call.request)
         max_bytes = (PREFILL_ANSWER_BASE_BYTES
                      + PREFILL_ANSWER_BYTES_PER_TOKEN * len(call.prompt.token_ids))
@@ -210,7 +214,7 @@ class Proxy:
     async def _relay_generate(self, call: Call, relay: Relay, worker: WorkerState,
                               exchange: Exchange) -> None:
         request = relay.progress.resumed(generate_request(call, relay.render))
-        upstream = await self._upstream.post(worker, GENERATE_PATH, request.to_wire(),
+        upstream = await self._upstream.post(worker, GENERATE_PATH, request.to_json(),
                                              call.request)
         await self._relay_stream(worker, upstream, exchange,
                                  self._upstream.line_batches(upstream), relay.write_rendered)
@@ -246,9 +250,11 @@ class Proxy:
         raise AssertionError("a stream ends with [DONE] or raises")
 
     @staticmethod
-    def _openai_body(call: Call, worker: WorkerState) -> tuple[str, dict[str, Any]]:
-        return call.request.upstream_body(call.adapter or worker.served_model, call.max_tokens,
-                                          call.prompt.token_ids, call.cache_salt)
+    def _openai_body(call: Call, worker: WorkerState) -> tuple[str, bytes]:
+        path, body = call.request.upstream_body(call.adapter or worker.served_model,
+                                                call.max_tokens, call.prompt.token_ids,
+                                                call.cache_salt)
+        return path, orjson.dumps(body)
 
     async def _whole_openai_chat(self, client: Client, call: Call, worker: WorkerState,
                                  exchange: Exchange) -> None:
@@ -283,57 +289,43 @@ class Proxy:
                 note_usage(exchange, result.get("usage"))
                 client.respond_json(200, result)
                 return
-            lines = self._upstream.lines(upstream)
+            batches = self._upstream.line_batches(upstream)
             try:
-                first = await anext(lines)
-            except (StopAsyncIteration, *MALFORMED) as exc:
-                raise unavailable(worker, EOFError("empty stream") if isinstance(
-                    exc, StopAsyncIteration) else exc) from exc
+                first = await anext(batches)
+            except MALFORMED as exc:
+                raise unavailable(worker, exc) from exc
             await relay.send(b"", exchange)  # the stream's head
-            await self._pass_lines(client, call, relay, worker, first, lines, exchange)
+            await self._pass_lines(client, call, relay, worker, first, batches, exchange)
         finally:
             upstream.close()
 
     @staticmethod
     async def _pass_lines(client: Client, call: Call, relay: Relay, worker: WorkerState,
-                          line: bytes, lines: AsyncIterator[bytes],
+                          lines: list[bytes], batches: AsyncIterator[list[bytes]],
                           exchange: Exchange) -> None:
-        """Copy an OpenAI completions stream to the client up to its ``[DONE]``, each
-        chunk under the router's model name, noting usage (and leaving out a
-        usage-only chunk the client did not ask for). A
+        """Copy an OpenAI completions stream to the client up to its ``[DONE]``, one
+        write per network read (``router.forward.passthrough``: the router's model
+        name, usage noted, a usage-only chunk the client did not ask for left out). A
         backend's own error event, or an end without ``[DONE]``, is a failure: the
-        client's stream ends with our error event and ``[DONE]``."""
-        rename = ModelRenamer(call.model_name, call.adapter or worker.served_model)
+        client gets what came before it, then our error event and ``[DONE]``."""
+        stream = CompletionPassthrough(call.model_name, call.adapter or worker.served_model,
+                                       call.request.include_usage)
+        out: list[bytes] = []
         try:
             while True:
-                if line.startswith(b"data: {"):
-                    line = rename(line)
-                    if b'"choices"' in line and b'"usage"' not in line:
-                        exchange.num_completion_tokens += 1  # a chunk is about one token
-                    else:  # usage, or an error event: the rare lines
-                        chunk = orjson.loads(line[6:])
-                        if "error" in chunk or chunk.get("object") == "error":
-                            raise ValueError(f"error event {chunk}")
-                        note_usage(exchange, chunk.get("usage"))
-                        if not chunk.get("choices") and not call.request.include_usage:
-                            await anext(lines)  # the blank line ending the event
-                            line = await anext(lines)
-                            continue
-                elif line.rstrip() == b"data: [DONE]":
-                    await relay.send(DONE_FRAME, exchange)
+                done = stream.feed(lines, out, exchange)
+                await relay.send(b"".join(out), exchange)
+                if done or exchange.status == CLIENT_CLOSED:
                     return
-                await relay.send(line, exchange)
-                if exchange.status == CLIENT_CLOSED:
-                    return
-                line = await anext(lines)
-        except StopAsyncIteration:
-            exc: BaseException = UpstreamError("stream ended before [DONE]")
+                out = []
+                lines = await anext(batches)
         except MALFORMED as error:
-            exc = error
+            exc: BaseException = error
         log.warning("request %s: worker %s failed mid-stream: %s: %s", client.request_id,
                     worker.worker_id, type(exc).__name__, exc)
         exchange.status = 502
-        await relay.send(sse_frame(worker_failed().body()) + DONE_FRAME, exchange)
+        await relay.send(b"".join(out) + sse_frame(worker_failed().body()) + DONE_FRAME,
+                         exchange)
 
 
 async def read_bounded(upstream: UpstreamResponse, max_bytes: int) -> bytes:

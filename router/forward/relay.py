@@ -50,6 +50,7 @@ from router.forward.attempt import Batch, worker_failed
 
 CLIENT_CLOSED = 499  # the client went away (nginx's convention)
 _DONE_LINE = b"data: [DONE]"
+_DONE: dict[str, Any] = {}  # the end of a rendered stream (``_end_event``)
 
 
 @dataclass
@@ -171,46 +172,55 @@ class Relay:
     async def write_rendered(self, lines: list[bytes], exchange: Exchange) -> bool:
         """Relay the complete lines of one network read of a rendered stream, a step
         (its ``tokens`` line and its ``data`` line) only once the blank line ending its
-        event has arrived; True when the answer is over: ``[DONE]``, an error event (which ends a stream with a 502
-        error event; for a whole answer it raises ``ValueError``, a failed attempt),
-        or a client that went away."""
+        event has arrived; True when the answer is over: ``[DONE]``, an error event
+        (which ends a stream with a 502 error event; for a whole answer it raises
+        ``ValueError``, a failed attempt), or a client that went away. The ``data``
+        lines are copied, not parsed; the read's complete steps count as delivered
+        (``progress``, the exchange's tokens) together, as their bytes go out: a
+        malformed line anywhere in the read fails the attempt with neither."""
         out: list[bytes] = []
+        steps: list[dict[str, Any]] = []
+        usage: TokenUsage | None = None
+        end: dict[str, Any] | None = None
         for line in lines:
-            if not line.strip():
-                self._commit_event(out, exchange)
-            elif line.startswith(TOKENS_PREFIX):
-                self.on_first_token()
+            if line.startswith(TOKENS_PREFIX):
                 self._event_step = orjson.loads(line[len(TOKENS_PREFIX):])
             elif line.startswith(ANSWER_PREFIX):
                 if self._stream:
                     self._event_out.append(line.rstrip() + b"\n\n")
                 else:
                     self._whole_body = line[len(DATA_PREFIX):].rstrip()
+            elif not line.strip():  # the blank line that ends an event
+                if self._event_step is not None:
+                    steps.append(self._event_step)
+                out += self._event_out
+                self._event_step, self._event_out = None, []
             elif line.startswith(DATA_PREFIX):
-                line = line.rstrip()
-                if line == _DONE_LINE:
-                    if exchange.num_cached_tokens is None:
-                        raise ValueError("the stream ended before its usage")
-                    return await self._end_rendered(out, exchange)
-                event = orjson.loads(line[len(DATA_PREFIX):])
-                if not isinstance(event, dict) or "error" not in event:
-                    raise ValueError("a data line that is neither answer nor error")
-                return await self._worker_error(event, out, exchange)
+                end = _end_event(line, usage is not None or exchange.num_cached_tokens is not None)
+                break
             elif line.startswith(USAGE_PREFIX):
-                note_token_usage(exchange, parse_usage(line))
+                usage = parse_usage(line)
+        if steps or self._event_step is not None:
+            self.on_first_token()
+        self._deliver(steps, usage, exchange)
+        if end is not None:
+            return await (self._end_rendered(out, exchange) if end is _DONE
+                          else self._worker_error(end, out, exchange))
         if out:
             await self.send(b"".join(out), exchange)
         return exchange.status == CLIENT_CLOSED
 
-    def _commit_event(self, out: list[bytes], exchange: Exchange) -> None:
-        """A blank line ended an event: its step counts as delivered and its bytes go
-        out together, so progress never holds a step whose text the client lacks."""
-        step = self._event_step
-        if step is not None:
-            self.progress.note(step["index"], step["token_ids"], step["finish_reason"])
-            exchange.num_completion_tokens += len(step["token_ids"])
-        out += self._event_out
-        self._event_step, self._event_out = None, []
+    def _deliver(self, steps: list[dict[str, Any]], usage: TokenUsage | None,
+                 exchange: Exchange) -> None:
+        """Count ``steps`` (each event's ``tokens``) as delivered, then take the
+        worker's final ``usage`` if it came."""
+        note = self.progress.note
+        for step in steps:
+            token_ids = step["token_ids"]
+            note(step["index"], token_ids, step["finish_reason"])
+            exchange.num_completion_tokens += len(token_ids)
+        if usage is not None:
+            note_token_usage(exchange, usage)
 
     async def write(self, batch: Batch, exchange: Exchange) -> bool:
         """Relay one batch of an ``openai`` worker's chat stream events, shaped into
@@ -298,6 +308,21 @@ class Relay:
 
 def _nothing() -> None:
     """No attempt is listening for tokens."""
+
+
+def _end_event(line: bytes, has_usage: bool) -> dict[str, Any]:
+    """What a rendered stream's ``data`` line that is not an answer says: ``_DONE``
+    (after the usage line), or the worker's error event; ``ValueError`` for
+    anything else."""
+    line = line.rstrip()
+    if line == _DONE_LINE:
+        if not has_usage:
+            raise ValueError("the stream ended before its usage")
+        return _DONE
+    event = orjson.loads(line[len(DATA_PREFIX):])
+    if not isinstance(event, dict) or "error" not in event:
+        raise ValueError("a data line that is neither answer nor error")
+    return event
 
 
 def answered(exchange: Exchange) -> None:

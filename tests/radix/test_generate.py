@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+import orjson
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -53,6 +54,11 @@ def test_a_request_parses_back_to_itself(request: GenerateRequest):
     # the parsed sampling names its max_tokens by its path in the body, for errors
     assert parsed == replace(request, sampling=replace(request.sampling,
                                                        max_tokens_param="sampling.max_tokens"))
+
+
+@given(requests)
+def test_the_json_bytes_are_the_wire_dict_encoded(request: GenerateRequest):
+    assert request.to_json() == orjson.dumps(request.to_wire())
 
 
 def test_a_json_id_list_and_base64_give_the_same_request():

@@ -7,6 +7,8 @@ import json
 from dataclasses import replace
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from radix.api_errors import ApiError
 from radix.openai.json_body import decode_json_object
@@ -226,3 +228,60 @@ def test_cache_salts_are_keyed_per_tenant_and_never_the_tenant_id() -> None:
     assert salts.salt("alice") == CacheSalts(b"secret").salt("alice")
     assert len({salts.salt("alice"), salts.salt("bob"), other.salt("alice")}) == 3
     assert "alice" not in salts.salt("alice") and len(salts.salt("alice")) == 43
+
+
+ROLES = ("system", "developer", "user", "assistant", "tool")
+roles = st.sampled_from([*ROLES, "wizard", None]) | st.just(["user"])
+contents = (st.text("xy", max_size=3) | st.none() | st.integers() | st.lists(
+    st.fixed_dictionaries({"type": st.sampled_from(["text", "image_url"]),
+                           "text": st.text("ab", max_size=2) | st.none()},
+                          optional={"cache_control": st.just({})}) | st.just("part"),
+    max_size=2))
+chat_messages = st.lists(
+    st.fixed_dictionaries({"role": roles, "content": contents})
+    | st.fixed_dictionaries({"role": roles}, optional={"content": contents, "name": st.just("e")})
+    | st.just("hi"), min_size=1, max_size=4)
+
+
+def messages_model(messages: list) -> tuple[dict[str, str], ...] | str:
+    """The documented contract, checked one message at a time: the messages as parsed,
+    or the param of the first refusal."""
+    parsed = []
+    for i, message in enumerate(messages):
+        where = f"messages[{i}]"
+        if not isinstance(message, dict):
+            return where
+        unknown = [name for name in message if name not in ("role", "content")]
+        if unknown:
+            return f"{where}.{unknown[0]}"
+        if message.get("role") not in ROLES:
+            return f"{where}.role"
+        content = message.get("content")
+        if isinstance(content, list):
+            texts = []
+            for j, part in enumerate(content):
+                if not isinstance(part, dict):
+                    return f"{where}.content[{j}]"
+                unknown = [name for name in part if name not in ("type", "text")]
+                if unknown:
+                    return f"{where}.content[{j}].{unknown[0]}"
+                if part.get("type") != "text" or not isinstance(part.get("text"), str):
+                    return f"{where}.content[{j}]"
+                texts.append(part["text"])
+            content = "".join(texts)
+        elif content is None:
+            content = ""
+        elif not isinstance(content, str):
+            return f"{where}.content"
+        parsed.append({"role": message["role"], "content": content})
+    return tuple(parsed)
+
+
+@given(chat_messages)
+def test_chat_messages_parse_as_the_contract_says(messages: list) -> None:
+    expected = messages_model(messages)
+    if isinstance(expected, str):
+        error = refusal(lambda: parse(CHAT, messages=messages))
+        assert (error.status, error.param) == (400, expected), error.message
+    else:
+        assert parse(CHAT, messages=messages).messages == expected

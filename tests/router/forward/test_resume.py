@@ -52,7 +52,8 @@ def failing_upstream(how: str, steps: list[Step]) -> web.Application:
     """``/generate`` sends ``steps`` rendered, then fails ``how``: ``close`` (ends the
     body without ``[DONE]``), ``reset`` (drops the connection), ``stall`` (goes
     silent), ``hang`` (sends nothing at all, not even headers), ``half_event`` (sends a
-    next step's ``tokens`` line alone, then drops the connection)."""
+    next step's ``tokens`` line alone, then drops the connection), ``garbled`` (sends
+    a next step whole and a malformed line in one write, then drops the connection)."""
     async def generate(request: web.Request) -> web.StreamResponse:
         answer = rendered_answer(await request.json())
         if how == "hang":
@@ -67,7 +68,12 @@ def failing_upstream(how: str, steps: list[Step]) -> web.Application:
             tokens_line = answer.step(0, [101 + len(steps)], "never", None).split(b"\n")[0]
             await out.write(tokens_line + b"\n")
             await asyncio.sleep(0.1)
-        if how in ("reset", "half_event"):
+        if how == "garbled":
+            await asyncio.sleep(0.1)
+            await out.write(answer.step(0, [101 + len(steps)], "never", None)
+                            + b"data: {garbled\n\n")
+            await asyncio.sleep(0.1)
+        if how in ("reset", "half_event", "garbled"):
             assert request.transport is not None
             request.transport.abort()
         return out
@@ -139,6 +145,15 @@ async def test_a_stream_cut_mid_way_resumes_on_the_next_worker(how: str) -> None
 
 async def test_a_step_cut_between_its_tokens_and_data_lines_is_generated_again() -> None:
     status, text, seen, _ = await ask("half_event", STREAM)
+    chunks = sse_objects(text)
+    assert status == 200
+    assert "".join(c["choices"][0]["text"] for c in chunks if c["choices"]) == "efghi"
+    assert seen[0]["num_resumed_tokens"] == len(DELIVERED)
+    assert chunks[-1]["usage"]["completion_tokens"] == MAX_TOKENS
+
+
+async def test_a_step_read_together_with_a_malformed_line_is_generated_again() -> None:
+    status, text, seen, _ = await ask("garbled", STREAM)
     chunks = sse_objects(text)
     assert status == 200
     assert "".join(c["choices"][0]["text"] for c in chunks if c["choices"]) == "efghi"

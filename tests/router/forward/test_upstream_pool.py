@@ -63,10 +63,38 @@ async def test_bodies_by_length_and_by_chunks_and_connection_reuse() -> None:
         assert (response.status, await response.read()) == (200, b"echo one")
         response.close()
         response = await pool.post(url, "/b", {}, b"two")
-        assert [await response.readline() for _ in range(3)] == [b"line 1\n", b"line 2\n", b""]
+        assert await response.read() == b"line 1\nline 2\n"
+        assert await response.readany() == b""
         response.close()
         assert opened == [0]
         pool.close()
+
+
+async def test_every_request_carries_the_headers_it_was_given() -> None:
+    heads: list[bytes] = []
+
+    async def script(reader, writer, number):
+        while True:
+            head = await reader.readuntil(b"\r\n\r\n")
+            length = int(head.lower().split(b"content-length: ")[1].split(b"\r\n")[0])
+            heads.append(head + await reader.readexactly(length))
+            writer.write(answer(b"ok"))
+
+    async with upstream(script) as (url, _):
+        pool = UpstreamPool(1.0, 5.0)
+        first = {"Authorization": "Bearer one"}
+        for headers, body in ((first, b"1"), (first, b"22"), ({"X-Key": "two"}, b"333")):
+            response = await pool.post(url + "/base/", "/generate", headers, body)
+            assert await response.read() == b"ok"
+            response.close()
+        pool.close()
+    port = url.rsplit(":", 1)[1]
+    assert heads == [
+        b"POST /base/generate HTTP/1.1\r\nHost: 127.0.0.1:%b\r\n%b\r\nContent-Type: "
+        b"application/json\r\nContent-Length: %d\r\n\r\n%b" % (port.encode(), header,
+                                                                len(body), body)
+        for header, body in ((b"Authorization: Bearer one", b"1"),
+                             (b"Authorization: Bearer one", b"22"), (b"X-Key: two", b"333"))]
 
 
 async def test_a_connection_closed_while_idle_is_replaced_once() -> None:
