@@ -245,6 +245,14 @@ class KVCacheManager:
             cache.insert(key[:end], scope, table)
         self.pool.decref(restored)
 
+    def cached_prefix(self, key: bytes, scope: Scope) -> int:
+        """Tokens of ``key`` (a radix key) cached for ``scope`` in the base namespace
+        once the tiers' blocks that continue the device hit are restored, as an
+        admission restores them: what this worker holds of it without computing."""
+        cache = self.prefix_cache
+        return self._restore_from_tiers(cache, cache.match(key, scope), key,
+                                        scope).num_cached_tokens
+
     def pin(self, pin_id: SeqId, key: bytes, scope: Scope) -> list[BlockId]:
         """Hold the whole blocks of ``key`` (a radix key) cached for ``scope`` in the base
         namespace, as sequence ``pin_id`` (``free`` releases them): nothing evicts or

@@ -19,9 +19,10 @@ that never answers is counted, and the import stands). Every failure is a
 and a pull that fails or is cancelled holds nothing (its import pin goes through the
 ``PinLedger``). Once the consumer has the params it owns their release: a pull that
 times out, is cancelled (its client hung up) or breaks off after asking for blocks
-acknowledges the producer in the background, so the hold ends at once. A timed worker
-(``link_s_per_block``) also waits the time its profile's real blocks would take on
-the link.
+acknowledges the producer in the background, so the hold ends at once. What this
+worker holds of the prompt counts its host and disk tiers too: their blocks that
+continue its device prefix are restored first (``KVCacheManager.cached_prefix``),
+so it never pulls a block it can restore.
 """
 
 from __future__ import annotations
@@ -69,8 +70,7 @@ class Consumer:
 
     def __init__(self, engine: AsyncEngine, identity: TransferIdentity, key: bytes,
                  timeout_s: float, ack_timeout_s: float, ledger: PinLedger,
-                 metrics: TransferMetrics, link_s_per_block: float = 0.0) -> None:
-        self._link_s_per_block = link_s_per_block
+                 metrics: TransferMetrics) -> None:
         self._engine = engine
         self._identity = identity
         self._key = key
@@ -132,16 +132,13 @@ class Consumer:
                                             "prompt's blocks")
         step = ident.block_size
         num_cached = await self._engine.call(
-            lambda e: e.manager.prefix_cache.match(key[: len(wanted) * step * TOKEN_BYTES], scope)
-            .num_cached_tokens)
+            lambda e: e.manager.cached_prefix(key[: len(wanted) * step * TOKEN_BYTES], scope))
         num_local = min(num_cached // step, len(wanted))
         if num_local < min(num_public_tokens // step, len(wanted)):
             raise TransferError("public_prefix", "this worker lacks part of the prompt's "
                                                  "public prefix: received blocks are never "
                                                  "made public, so it computes the prompt")
         blocks = await self._fetch(remote, wanted, num_local) if num_local < len(wanted) else []
-        if self._link_s_per_block:  # a timed worker: the real blocks' time on the link
-            await asyncio.sleep(len(blocks) * self._link_s_per_block)
         pin_id, imported = await self._ledger.pin(lambda e, p: e.manager.import_blocks(
             p, key, scope, num_public_tokens, num_local * step, blocks))
         try:

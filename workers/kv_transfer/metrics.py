@@ -81,6 +81,11 @@ class TransferMetrics:
         self.ack_failures = Counter("kv_transfer_ack_failures", "Acknowledgements the "
                                     "producer did not answer in ack_timeout_s",
                                     registry=registry)
+        self.peer_holds = Counter("kv_transfer_peer_holds", "Holds a router asked for "
+                                  "without a prefill leg (POST /kv_transfer/hold), answered",
+                                  registry=registry)
+        self.peer_held_blocks = Counter("kv_transfer_peer_held_blocks", "Blocks those holds "
+                                        "named", registry=registry)
         self.max_held_blocks = Gauge("kv_transfer_max_held_blocks", "Most blocks this "
                                      "producer holds for consumers at once (its cap)",
                                      registry=registry)

@@ -18,7 +18,13 @@ it then), all of them together at most ``max_held_blocks`` and one tenant scope'
 most ``max_scope_held_blocks``; a hold past a cap is refused (``HoldRefused``) and
 pins nothing. Pins go through the ``PinLedger``, so a hold cancelled while the engine
 is busy releases its blocks. A released hold charges its blocks times seconds held to
-its scope (``TransferMetrics.charge``).
+its scope (``TransferMetrics.charge``). A hold is the same whether a prefill leg
+asked for it after running the prompt or a router asked a peer to hold what it
+already caches (``POST /kv_transfer/hold``: nothing runs).
+
+A timed worker (``link_s_per_block``) sends through a ``TimedLink``: each pull's
+blocks wait their time on the profile's link, one pull after another, as on the one
+NIC a real worker sends through, so concurrent pulls from one worker queue.
 """
 
 from __future__ import annotations
@@ -50,6 +56,24 @@ log = logging.getLogger(__name__)
 CONNECTION_TIMEOUT_S = 60.0
 REQUEST_TIMEOUT_S = 10.0
 MAX_CONNECTIONS = 64
+
+
+class TimedLink:
+    """A timed worker's outgoing transfer link: ``send`` waits ``s_per_block`` per
+    block after every block sent before it (0: no wait)."""
+
+    def __init__(self, s_per_block: float) -> None:
+        self.s_per_block = s_per_block
+        self._free_at = 0.0
+
+    async def send(self, num_blocks: int) -> None:
+        """Wait until ``num_blocks`` blocks queued behind the link's earlier sends
+        have crossed it."""
+        if not self.s_per_block:
+            return
+        now = time.monotonic()
+        self._free_at = max(now, self._free_at) + num_blocks * self.s_per_block
+        await asyncio.sleep(self._free_at - now)
 
 
 class HoldRefused(Exception):
@@ -84,8 +108,10 @@ class Producer:
     ``close`` releases every hold."""
 
     def __init__(self, engine: AsyncEngine, identity: TransferIdentity, key: bytes,
-                 limits: HoldLimits, ledger: PinLedger, metrics: TransferMetrics) -> None:
+                 limits: HoldLimits, ledger: PinLedger, metrics: TransferMetrics,
+                 link: TimedLink | None = None) -> None:
         self._engine = engine
+        self._link = link or TimedLink(0.0)
         self._identity = identity
         self._key = key
         self.limits = limits
@@ -254,6 +280,7 @@ class Producer:
         blocks = await self._engine.call(
             lambda e: [e.manager.tensors.read_block(b) for b in block_ids])
         await say({"ok": True, "num_blocks": len(blocks)})
+        await self._link.send(len(blocks))
         for i, (block_hash, data) in enumerate(zip(hashes, blocks, strict=True)):
             await say({"index": first + i, "hash": block_hash}, data)
         self.metrics.blocks_sent.inc(len(blocks))

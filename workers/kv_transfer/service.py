@@ -9,6 +9,7 @@ import asyncio
 import contextlib
 import logging
 from dataclasses import dataclass, field
+from typing import Any
 
 from radix.hashing import BlockHasher
 from workers.build import BuiltWorker
@@ -17,7 +18,7 @@ from workers.kv_transfer.consumer import Consumer
 from workers.kv_transfer.identity import TransferIdentity
 from workers.kv_transfer.metrics import TransferMetrics
 from workers.kv_transfer.pins import PinLedger
-from workers.kv_transfer.producer import HoldLimits, Producer
+from workers.kv_transfer.producer import HoldLimits, Producer, TimedLink
 
 log = logging.getLogger(__name__)
 HOUSEKEEPING_INTERVAL_S = 1.0
@@ -26,7 +27,8 @@ HOUSEKEEPING_INTERVAL_S = 1.0
 @dataclass
 class KVTransfer:
     """The roles this worker plays (None where it does not) and the config they came
-    from; ``fallback`` says whether a failed pull recomputes."""
+    from; ``fallback`` says whether a failed pull recomputes. ``costs`` is what it
+    reports a router of its KV costs (``radix.kv_sources.SourceCosts.to_dict``)."""
 
     config: KVTransferConfig
     identity: TransferIdentity
@@ -34,15 +36,17 @@ class KVTransfer:
     producer: Producer | None
     consumer: Consumer | None
     ledger: PinLedger
+    costs: dict[str, Any] = field(default_factory=dict)
     _housekeeper: asyncio.Task[None] | None = field(default=None, repr=False)
 
     @classmethod
     async def start(cls, config: KVTransferConfig, worker: BuiltWorker, hash_algorithm: str,
-                    api_key: str | None, bind_host: str, link_s_per_block: float = 0.0
-                    ) -> KVTransfer:
+                    api_key: str | None, bind_host: str, link_s_per_block: float = 0.0,
+                    costs: dict[str, Any] | None = None) -> KVTransfer:
         """Build the roles of ``config`` for ``worker`` (its engine thread running) and
         open the producer's transfer port; the transfer is signed with ``api_key``. A
-        timed worker's consumer waits ``link_s_per_block`` per pulled block."""
+        timed worker's producer sends each block ``link_s_per_block`` apart
+        (``TimedLink``)."""
         engine = worker.engine
         block_bytes = await engine.call(lambda e: len(e.manager.tensors.read_block(0)))
         ident = worker.identity
@@ -57,13 +61,14 @@ class KVTransfer:
         ledger = PinLedger(engine, identity, metrics)
         num_blocks = await engine.call(lambda e: e.manager.pool.num_total_blocks)
         producer = (Producer(engine, identity, key, hold_limits(config, num_blocks), ledger,
-                             metrics) if config.produces else None)
+                             metrics, TimedLink(link_s_per_block))
+                    if config.produces else None)
         consumer = (Consumer(engine, identity, key, config.pull_timeout_s,
-                             config.ack_timeout_s, ledger, metrics, link_s_per_block)
+                             config.ack_timeout_s, ledger, metrics)
                     if config.consumes else None)
         if producer is not None:
             await producer.start(bind_host, config.kv_port, config.kv_host or bind_host)
-        transfer = cls(config, identity, metrics, producer, consumer, ledger)
+        transfer = cls(config, identity, metrics, producer, consumer, ledger, costs or {})
         transfer._housekeeper = asyncio.create_task(transfer._housekeep())
         return transfer
 
@@ -89,6 +94,15 @@ class KVTransfer:
             await self.consumer.close()
         if self.producer is not None:
             await self.producer.close()
+
+    def info(self) -> dict[str, Any] | None:
+        """``/info``'s ``kv_transfer``: the producer's endpoint (``host`` and ``port``
+        null on a worker that only consumes), whether it pulls, and its costs."""
+        producer = self.producer
+        return {"engine_id": self.identity.engine_id,
+                "host": producer.host if producer is not None else None,
+                "port": producer.port if producer is not None else None,
+                "consumer": self.consumer is not None, "costs": self.costs}
 
     def load(self) -> dict[str, int]:
         """The held-blocks fields of ``/info``'s ``load``: blocks held for consumers

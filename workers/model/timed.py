@@ -25,6 +25,7 @@ from collections.abc import Callable, Sequence
 import torch
 
 from radix.cost_model import CostModel, Profile, get_profile
+from radix.kv_sources import SourceCosts
 from workers.kv.spec import KVCacheSpec
 from workers.lora.peft_files import AdapterSpec, BaseShapes
 from workers.model.step_input import StepInput
@@ -55,6 +56,15 @@ def timed_link_s_per_block(profile: Profile, block_size: int, time_scale: float)
     (its own blocks are a few bytes)."""
     return timed_kv_spec(profile, block_size).kv_bytes_per_block / profile.link_bytes_per_s \
         * time_scale
+
+
+def timed_source_costs(profile: Profile, block_size: int, max_batched_tokens: int,
+                       time_scale: float) -> SourceCosts:
+    """What a timed worker reports a router of its KV costs: its profile's step costs,
+    KV bytes per token, link and host-to-device rates, at ``time_scale``."""
+    return SourceCosts(timed_kv_spec(profile, block_size).kv_bytes_per_token,
+                       max_batched_tokens, profile.cost.b, profile.link_bytes_per_s,
+                       profile.h2d_bytes_per_s, profile.cost, time_scale)
 
 
 def timed_tensor_spec(block_size: int) -> KVCacheSpec:

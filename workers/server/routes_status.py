@@ -51,19 +51,16 @@ async def ready(request: web.Request) -> web.Response:
 
 
 def _transfer_endpoint(state: ServerState) -> dict[str, object] | None:
-    """Where this worker's producer serves its blocks (None: it is not a
-    ``kv_producer``): a router checks prefill legs' params against it."""
-    transfer = state.transfer
-    if transfer is None or transfer.producer is None:
-        return None
-    producer = transfer.producer
-    return {"engine_id": transfer.identity.engine_id, "host": producer.host,
-            "port": producer.port}
+    """Where this worker's producer serves its blocks (``host`` and ``port`` null: it
+    is not a ``kv_producer``; a router checks prefill legs' params against them),
+    whether it pulls (``consumer``) and its KV costs; None without a transfer role."""
+    return None if state.transfer is None else state.transfer.info()
 
 
 async def info(request: web.Request) -> web.Response:
     """Identity, KV plan, KV block counts, live load (routers poll this) and the
-    producer's transfer endpoint (``kv_transfer``; null when not a producer)."""
+    transfer roles (``kv_transfer``: the producer's endpoint, whether it consumes, its
+    KV costs; null without a role)."""
     state = request.app[STATE]
     stats = state.engine.stats
     engine_config = state.worker.engine_config

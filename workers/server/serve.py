@@ -25,15 +25,17 @@ import signal
 import socket
 import time
 from collections.abc import Callable
+from typing import Any
 
 from aiohttp import web
 
+from radix.cost_model import Profile
 from workers.build import BuiltWorker, build_worker
 from workers.config import WorkerConfig
 from workers.engine.async_engine import AsyncEngine
 from workers.engine.selftest import keep_ready, run_self_test
 from workers.kv_transfer.service import KVTransfer
-from workers.model.timed import timed_link_s_per_block, timed_profile
+from workers.model.timed import timed_link_s_per_block, timed_profile, timed_source_costs
 from workers.server.app import create_app
 from workers.server.state import ServerState
 
@@ -105,10 +107,24 @@ async def _start_transfer(config: WorkerConfig, worker: BuiltWorker,
         link_s = 0.0 if profile is None else timed_link_s_per_block(
             profile, config.kv.block_size, config.model.time_scale)
         return await KVTransfer.start(config.kv_transfer, worker, config.kv.hash_algorithm,
-                                      api_key, config.server.host, link_s)
+                                      api_key, config.server.host, link_s,
+                                      _transfer_costs(config, worker, profile))
     except BaseException:
         worker.engine.stop()
         raise
+
+
+def _transfer_costs(config: WorkerConfig, worker: BuiltWorker, profile: Profile | None
+                    ) -> dict[str, Any]:
+    """What this worker reports a router of its KV costs (``/info`` ``kv_transfer.costs``):
+    a timed profile's, or only its KV bytes per token and prefill chunk (a router
+    assumes the rest: docs/router-index.md, "Where the missing blocks come from")."""
+    max_batched_tokens = worker.engine_config.max_batched_tokens
+    if profile is not None:
+        return timed_source_costs(profile, config.kv.block_size, max_batched_tokens,
+                                  config.model.time_scale).to_dict(with_rates=True)
+    return {"kv_bytes_per_token": worker.identity.kv_plan.kv_bytes_per_token,
+            "max_batched_tokens": max_batched_tokens, "time_scale": 1.0}
 
 
 async def _become_ready(config: WorkerConfig, state: ServerState) -> list[asyncio.Task[None]]:

@@ -15,6 +15,13 @@ when the caps filled meanwhile, after it ran (holding nothing): the router then
 serves the request whole on its decode worker. ``POST /kv_transfer/release``
 (``{"remote_request_id"}``: the router's) releases a hold whose params the router
 abandoned (its decode attempt failed, or its client hung up).
+
+``POST /kv_transfer/hold`` (a ``radix.kv_transfer.PeerHold``: the router's, naming a
+peer of the worker it chose as the source of blocks that worker lacks) holds the
+whole blocks this worker already caches of the prompt, visible to the hold's scope
+(its own and public blocks only: never another tenant's), under the same caps,
+deadline and release rules as a prefill leg's hold, without running anything, and
+answers the same ``kv_transfer_params``.
 """
 
 from __future__ import annotations
@@ -29,7 +36,9 @@ from aiohttp import web
 
 from radix.keys import TOKEN_BYTES
 from radix.kv_transfer import (
+    HOLD_PATH,
     RELEASE_PATH,
+    PeerHold,
     RemotePrefill,
     wants_remote_decode,
     wants_remote_prefill,
@@ -131,9 +140,36 @@ async def release(request: web.Request) -> web.Response:
         {"released": await transfer.producer.release(transfer_id, "abandoned")})
 
 
+async def hold_for_peer(request: web.Request) -> web.Response:
+    """``POST /kv_transfer/hold`` (a ``PeerHold``): hold the whole blocks of the prompt
+    this worker caches for the hold's scope, at most ``max_blocks``, for another
+    worker's pull, running nothing; ``{"kv_transfer_params": ...}`` as a prefill leg
+    answers (naming no block when it caches none). 429 ``kv_hold_refused`` past a cap,
+    400 on a worker that produces nothing or a malformed hold."""
+    state = request.app[STATE]
+    transfer = state.transfer
+    if transfer is None or transfer.producer is None:
+        raise bad_request("this worker is not a kv_producer", "token_ids_b64")
+    block_size = transfer.identity.block_size
+    ask = PeerHold.parse(await read_fields(request), state.limits.bounds.vocab_size,
+                         block_size)
+    key = ask.held_key(block_size)
+    producer = transfer.producer
+    try:
+        producer.check_room(ask.scope, len(key) // TOKEN_BYTES // block_size)
+        remote = await producer.hold(key, ask.scope, min(ask.num_public_tokens,
+                                                         len(key) // TOKEN_BYTES))
+    except HoldRefused as exc:
+        raise hold_refused(exc) from exc
+    transfer.metrics.peer_holds.inc()
+    transfer.metrics.peer_held_blocks.inc(len(remote.block_ids))
+    return web.json_response({"kv_transfer_params": remote.to_params()})
+
+
 def add_routes(app: web.Application) -> None:
-    """Register ``POST /kv_transfer/release``."""
+    """Register ``POST /kv_transfer/release`` and ``POST /kv_transfer/hold``."""
     app.router.add_post(RELEASE_PATH, release)
+    app.router.add_post(HOLD_PATH, hold_for_peer)
 
 
 async def pull_remote_prefill(transfer: KVTransfer | None, leg: Leg
