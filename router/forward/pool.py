@@ -26,6 +26,7 @@ timeout); a response not over ``total_s`` after it was sent fails with
 from __future__ import annotations
 
 import asyncio
+import itertools
 import ssl
 import urllib.parse
 from collections.abc import Mapping
@@ -56,9 +57,13 @@ class _Connection(asyncio.Protocol):
 
     def __init__(self) -> None:
         self.transport: asyncio.Transport | None = None
+        # The body's chunks go straight into this list (llhttp calls on_body per
+        # chunk, with no Python frame); it is cleared in place, never replaced, and
+        # data_received counts what each read added.
+        self._chunks: list[bytes] = []
+        self.on_body = self._chunks.append
         self._parser = httptools.HttpResponseParser(self)
         self._waiter: asyncio.Future[None] | None = None
-        self._chunks: list[bytes] = []
         self._buffered = 0
         self._fed = 0  # bytes fed in the head, then since the head ended
         self._payload = 0  # body bytes of the response, in all
@@ -75,7 +80,8 @@ class _Connection(asyncio.Protocol):
         """Reset for the next response on this connection."""
         self.head_done = self.complete = self.got_bytes = False
         self.headers = {}
-        self._chunks, self._buffered, self._fed, self._payload = [], 0, 0, 0
+        self._chunks.clear()
+        self._buffered, self._fed, self._payload = 0, 0, 0
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = cast(asyncio.Transport, transport)
@@ -86,11 +92,16 @@ class _Connection(asyncio.Protocol):
         if not self.head_done and self._fed > MAX_HEAD_BYTES + _LAST_READ_BYTES:
             self._fail(UpstreamError(f"answer head over {MAX_HEAD_BYTES} bytes"))
             return
+        num_chunks = len(self._chunks)
         try:
             self._parser.feed_data(data)
         except httptools.HttpParserError as exc:
             self._fail(UpstreamError(f"bad HTTP answer: {exc}"))
             return
+        if len(self._chunks) > num_chunks:
+            added = sum(map(len, itertools.islice(self._chunks, num_chunks, None)))
+            self._buffered += added
+            self._payload += added
         if self._buffered > MAX_BUFFERED_BYTES and self.transport is not None:
             self.transport.pause_reading()
             self._paused = True
@@ -115,11 +126,6 @@ class _Connection(asyncio.Protocol):
         self.keep_alive = self._parser.should_keep_alive()
         self.head_done, self._fed = True, 0
         self._wake()
-
-    def on_body(self, body: bytes) -> None:
-        self._chunks.append(body)
-        self._buffered += len(body)
-        self._payload += len(body)
 
     def on_message_complete(self) -> None:
         self.complete = True
@@ -152,7 +158,8 @@ class _Connection(asyncio.Protocol):
     def take(self) -> bytes:
         """The body bytes received and not yet taken."""
         data = b"".join(self._chunks) if len(self._chunks) != 1 else self._chunks[0]
-        self._chunks, self._buffered = [], 0
+        self._chunks.clear()
+        self._buffered = 0
         if self._paused and self.transport is not None:
             self._paused = False
             self.transport.resume_reading()

@@ -93,6 +93,20 @@ class Progress:
             choice.token_ids.extend(token_ids)
         choice.finish_reason = finish_reason or choice.finish_reason
 
+    def note_steps(self, steps: list[dict[str, Any]]) -> int:
+        """Add the steps of a rendered stream (``tokens`` objects: ``index``,
+        ``token_ids``, ``finish_reason``); the number of token ids they carry."""
+        choices = self.choices
+        num_tokens = 0
+        for step in steps:
+            choice = choices[step["index"]]
+            token_ids = step["token_ids"]
+            choice.token_ids.extend(token_ids)
+            num_tokens += len(token_ids)
+            choice.finish_reason = step["finish_reason"] or choice.finish_reason
+        self.num_steps += len(steps)
+        return num_tokens
+
     @property
     def resumable(self) -> bool:
         """One unfinished choice, every token id known: a later attempt can continue it."""
@@ -111,7 +125,7 @@ class Progress:
     def resumed_prompt(self, prompt_key: bytes) -> tuple[bytes, int]:
         """The prompt key for the next attempt (``prompt_key`` plus the delivered token
         ids of a resumable request) and how many of its tokens are resumed output."""
-        if not self.resumable or not self.choices[0].token_ids:
+        if not self.choices[0].token_ids or not self.resumable:
             return prompt_key, 0
         delivered = self.choices[0].token_ids
         return prompt_key + to_key(delivered), len(delivered)
@@ -161,13 +175,12 @@ class Relay:
         """Whether a worker may take over now (``worker_resumes``: its kind can go on
         from delivered tokens). Before the first byte any may: progress that it cannot
         continue is dropped and the request starts over."""
-        resumable = worker_resumes and self.progress.resumable
         self._event_step, self._event_out = None, []
-        if not self.started:
-            if not resumable:
+        if not self.started:  # a progress without steps is as good as a new one
+            if self.progress.num_steps and not (worker_resumes and self.progress.resumable):
                 self.progress = Progress(len(self.progress.choices))
             return True
-        return resumable
+        return worker_resumes and self.progress.resumable
 
     async def write_rendered(self, lines: list[bytes], exchange: Exchange) -> bool:
         """Relay the complete lines of one network read of a rendered stream, a step
@@ -214,11 +227,8 @@ class Relay:
                  exchange: Exchange) -> None:
         """Count ``steps`` (each event's ``tokens``) as delivered, then take the
         worker's final ``usage`` if it came."""
-        note = self.progress.note
-        for step in steps:
-            token_ids = step["token_ids"]
-            note(step["index"], token_ids, step["finish_reason"])
-            exchange.num_completion_tokens += len(token_ids)
+        if steps:
+            exchange.num_completion_tokens += self.progress.note_steps(steps)
         if usage is not None:
             note_token_usage(exchange, usage)
 
