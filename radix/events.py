@@ -19,6 +19,16 @@ msgpack array of events, each event and block a msgpack array of its fields in
 declaration order, a block's tokens as their ``radix.keys`` bytes. An empty array is
 a heartbeat. ``EventBlock.key`` holds tokens that way in memory too, so neither side
 converts token ids on the way.
+
+Load frames (binary form only, and only to a consumer that asks with
+``LOAD_QUERY``; the worker says it will send them with the response header
+``LOAD_FRAMES_HEADER``): a frame whose body is a msgpack *map*, a ``LoadReport``,
+where an event frame's is an array. The worker sends one when its load changes (at
+most every few milliseconds, coalesced), right after the heartbeat that follows its
+backlog or snapshot, and in place of the idle heartbeat. A router that does not ask
+gets none; a worker that does not know the query sends none and no header. Fields a
+decoder does not know are ignored and missing ones take their defaults, so the map can
+grow without a new version.
 """
 
 from __future__ import annotations
@@ -40,11 +50,14 @@ MAX_TOKEN_ID = 2**32 - 1
 MSGPACK_CONTENT_TYPE = "application/x-msgpack"
 FRAME_HEADER = struct.Struct(">I")
 HEARTBEAT_FRAME = FRAME_HEADER.pack(1) + b"\x90"
+LOAD_QUERY = ("load", "1")
+LOAD_FRAMES_HEADER = "X-Load-Frames"
 
 _Text = Annotated[str, msgspec.Meta(min_length=1)]
 _Hex = Annotated[str, msgspec.Meta(min_length=1, pattern="^[0-9a-fA-F]+$")]
 _TokenId = Annotated[int, msgspec.Meta(ge=0, le=MAX_TOKEN_ID)]
 _Seq = Annotated[int, msgspec.Meta(ge=0)]
+_Count = Annotated[int, msgspec.Meta(ge=0)]
 
 
 class EventDecodeError(ValueError):
@@ -99,6 +112,29 @@ class KVEvent(_EventHead, frozen=True, array_like=True):
         return wire
 
 
+class LoadReport(msgspec.Struct, frozen=True, omit_defaults=True):
+    """A worker's load at one instant, the body of a load frame. ``seq`` counts the
+    worker's reports since it started (a heartbeat repeats the last one's);
+    ``kv_cache_usage_ratio`` is the share of KV blocks running sequences hold;
+    ``max_num_requests`` the most requests it admits at once (running plus queued) and
+    ``max_num_running`` of those the most it runs; ``num_held_blocks`` and
+    ``max_held_blocks`` a prefill worker's blocks held for consumers and its cap on them
+    (0: none). ``ready_seq`` moves whenever what the worker's ``/ready`` says beyond its
+    free blocks changed (readiness, draining, adapters and their residency): a router
+    probes ``/ready`` again then."""
+
+    seq: _Seq
+    num_requests_running: _Count = 0
+    num_requests_waiting: _Count = 0
+    num_waiting_tokens: _Count = 0
+    kv_cache_usage_ratio: Annotated[float, msgspec.Meta(ge=0.0, le=1.0)] = 0.0
+    max_num_requests: _Count | None = None
+    max_num_running: _Count | None = None
+    num_held_blocks: _Count = 0
+    max_held_blocks: _Count = 0
+    ready_seq: _Count = 0
+
+
 class _JsonBlock(msgspec.Struct, forbid_unknown_fields=False):
     hash: _Hex
     parent: _Hex | None = None
@@ -111,7 +147,7 @@ class _JsonEvent(_EventHead, forbid_unknown_fields=False):
 
 
 _JSON_DECODER = msgspec.json.Decoder(_JsonEvent)
-_FRAME_DECODER = msgspec.msgpack.Decoder(list[KVEvent])
+_FRAME_DECODER = msgspec.msgpack.Decoder(list[KVEvent] | LoadReport)
 _MSGPACK = msgspec.msgpack.Encoder()
 
 
@@ -164,11 +200,18 @@ def frame(encoded_events: Sequence[bytes]) -> bytes:
     return FRAME_HEADER.pack(len(body)) + body
 
 
-def decode_frame(body: bytes) -> list[KVEvent]:
-    """The events of one frame's body (after its length); raises EventDecodeError on
-    anything but a msgpack array of events of the schema's types. A stored block's key
-    holding no whole tokens is the consumer's to refuse (the index counts it as an
-    orphan), so decoding costs no Python call per block."""
+def load_frame(report: LoadReport) -> bytes:
+    """One load frame of the binary stream."""
+    body = _MSGPACK.encode(report)
+    return FRAME_HEADER.pack(len(body)) + body
+
+
+def decode_frame(body: bytes) -> list[KVEvent] | LoadReport:
+    """The events of one frame's body (after its length), or the load it reports;
+    raises EventDecodeError on anything but a msgpack array of events of the schema's
+    types or a map of a ``LoadReport``. A stored block's key holding no whole tokens is
+    the consumer's to refuse (the index counts it as an orphan), so decoding costs no
+    Python call per block."""
     try:
         return _FRAME_DECODER.decode(body)
     except msgspec.ValidationError as exc:

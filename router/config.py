@@ -342,11 +342,20 @@ class AuthConfig(Section, section="auth"):
 
 @dataclass(frozen=True)
 class RegistryConfig(Section, section="registry"):
-    """Worker polling: ``/ready`` and load (``/info`` or ``/metrics``) every
-    ``poll_interval_s``; a probe slower than ``probe_timeout_s`` fails."""
+    """Worker probes (``router.fleet.load_state``, docs/router.md "How load is known").
+    With ``pushed_load`` on, the router asks our workers for their load on their KV
+    event streams; a worker that sends it is probed (``/ready`` and ``/info``) every
+    ``probe_interval_s`` for identity and liveness only, and at once when its stream
+    (re)connects, ends, or says its ``/ready`` changed. Every other worker (vLLM,
+    SGLang, OpenAI-compatible, ours that send no load, or all with ``pushed_load``
+    off) is probed, load included (``/info`` or ``/metrics``), every
+    ``poll_interval_s``, and so is any worker not ready. A probe slower than
+    ``probe_timeout_s`` fails."""
 
     poll_interval_s: float = setting(1.0, above=0)
+    probe_interval_s: float = setting(10.0, above=0)
     probe_timeout_s: float = setting(2.0, above=0)
+    pushed_load: bool = setting(True)
 
 
 @dataclass(frozen=True)

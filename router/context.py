@@ -104,7 +104,7 @@ class Router:
                 index, worker, session, metrics.kv_events,
                 lambda namespace: worker.lora.event_namespace(namespace, base,
                                                               worker.worker_namespace),
-                config.kv_events).run()
+                config.kv_events, config.registry.pushed_load).run()
 
         registry = WorkerRegistry(config.registry, models, secret, session, index, follow)
         metrics.kv_events.follow_workers(registry.workers)

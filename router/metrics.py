@@ -30,6 +30,7 @@ from radix.token_cache import CacheStats
 from router.fleet.cache_prediction import OUTCOMES
 from router.fleet.discovery.status import DiscoveryStatus
 from router.fleet.events.metrics import KVEventMetrics
+from router.fleet.load_state import UNKNOWN
 from router.fleet.registry import WorkerState
 from router.routing.index import IndexStats
 from router.siblings.protocol import Siblings
@@ -82,6 +83,14 @@ class RouterMetrics:
                                   ["worker"], registry=r)
         self.worker_load = Gauge("router_worker_load", "Worker load as the router sees it",
                                  ["worker", "measure"], registry=r)
+        self.worker_load_age = Gauge("router_worker_load_age_seconds",
+                                     "Seconds since the worker's load last came in (a load "
+                                     "frame on its KV event stream, or a probe)",
+                                     ["worker"], registry=r)
+        self.worker_load_unknown = Gauge("router_worker_load_unknown",
+                                         "1 while the worker's pushed load is unknown (its "
+                                         "KV event stream silent, ended or reconnecting)",
+                                         ["worker"], registry=r)
         self.request_seconds = Histogram("router_request_seconds", "Whole request latency",
                                          buckets=_LATENCY_BUCKETS, registry=r)
         self.ttft_seconds = Histogram("router_ttft_seconds", "Time to the first byte sent",
@@ -183,9 +192,15 @@ class RouterMetrics:
         self.worker_load.clear()
         self.worker_ready.clear()
         self.worker_exact.clear()
+        self.worker_load_age.clear()
+        self.worker_load_unknown.clear()
         for worker in workers:
             self.worker_ready.labels(worker.worker_id).set(float(worker.ready))
             self.worker_exact.labels(worker.worker_id).set(float(worker.index_mode == "exact"))
+            self.worker_load_unknown.labels(worker.worker_id).set(
+                float(worker.load_state.source == UNKNOWN))
+            if (age_s := worker.load_state.age_s()) is not None:
+                self.worker_load_age.labels(worker.worker_id).set(age_s)
             for measure, value in _load_measures(worker).items():
                 self.worker_load.labels(worker.worker_id, measure).set(value)
         return generate_latest(self.registry)

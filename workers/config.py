@@ -40,6 +40,9 @@ class ServerConfig(Section, section="server"):
     self-test (for exercising launchers that wait on readiness). On SIGTERM the
     worker drains: ``/ready`` answers 503 and new requests 503 with Retry-After at
     once, requests in flight get up to ``drain_timeout_s`` to finish, then it exits.
+    ``kv_events_heartbeat_s``: an idle KV event stream's heartbeat;
+    ``load_push_interval_s``: the least time between two load frames on one (changes
+    within it are sent together).
     """
 
     host: str = setting("127.0.0.1", flag="--host", help="address to listen on")
@@ -52,6 +55,9 @@ class ServerConfig(Section, section="server"):
     default_max_tokens: int = setting(256, low=1)
     max_n: int = setting(16, low=1)
     kv_events_heartbeat_s: float = setting(5.0, above=0)
+    load_push_interval_s: float = setting(
+        0.005, above=0, flag="--load-push-interval-s",
+        help="at most one load frame per this many seconds on a KV event stream")
     self_test_delay_s: float = setting(0.0, low=0, flag="--self-test-delay-s",
                                        help="hold /ready at 503 this long before the self-test")
     drain_timeout_s: float = setting(30.0, low=0, flag="--drain-timeout-s",

@@ -2,7 +2,9 @@
 
 Workers come from the config, ``POST /admin/workers``, the shared registry and
 discovery (``router.fleet.discovery``), all through ``add``. One poll task per worker
-probes it every ``poll_interval_s`` (``router.fleet.probes``). A worker enters routing when
+probes it (``router.fleet.probes``): every ``poll_interval_s``, or, while it pushes its
+load on its KV event stream, every ``probe_interval_s`` and whenever its
+``LoadState.probe_wanted`` is set (``router.fleet.load_state``). A worker enters routing when
 a probe passes, and leaves it (and the index: ``RouterIndex.reset_worker``) when a
 probe fails or the proxy cannot reach it; it comes back at the next passing probe.
 While a ``radix`` worker is routable, its KV event follower task runs; it is stopped
@@ -18,6 +20,7 @@ in-flight counts change at decision time (``begin``).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import time
@@ -190,7 +193,19 @@ class WorkerRegistry:
                 await self._apply(worker, result, sent_at)
             except Exception:  # a bug here must not stop polling this worker
                 log.exception("polling worker %s failed", worker.worker_id)
+            await self._until_next_probe(worker)
+
+    async def _until_next_probe(self, worker: WorkerState) -> None:
+        """Wait ``probe_interval_s`` for a ready worker that pushes its load (or until it
+        wants a probe sooner), else ``poll_interval_s``."""
+        state = worker.load_state
+        if not (worker.ready and state.pushes):
             await asyncio.sleep(self._config.poll_interval_s)
+        else:
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(self._config.probe_interval_s):
+                    await state.probe_wanted.wait()
+        state.probe_wanted.clear()
 
     async def _apply(self, worker: WorkerState, result: ProbeResult, sent_at: float) -> None:
         if not result.ready:

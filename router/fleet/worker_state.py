@@ -14,6 +14,7 @@ from dataclasses import asdict, dataclass
 from radix.namespace import CacheNamespace
 from router.config import WorkerSpec
 from router.fleet.cache_prediction import EXACT, OVER
+from router.fleet.load_state import LoadState
 from router.fleet.probes import WorkerLoad
 from router.routing.adapters import WorkerLora
 from router.routing.views import WorkerView
@@ -82,10 +83,12 @@ class WorkerState:
     event stream, but not one followed and caught up now:
     ``router.fleet.events.health``), with ``index_reason`` and ``index_since`` (wall
     clock) of the last change; ``events_heard_at`` (monotonic) is when its stream last
-    delivered an event or heartbeat (None: never followed)."""
+    delivered an event or heartbeat (None: never followed). ``load_state``: its load and
+    how the router knows it, polled, pushed or unknown (``router.fleet.load_state``);
+    ``load`` is the last one reported."""
 
     __slots__ = ("config", "worker_id", "kind", "capabilities", "model", "url", "headers", "ready", "reason",
-                 "namespace", "epoch", "served_model", "load", "num_in_flight_requests",
+                 "namespace", "epoch", "served_model", "load_state", "num_in_flight_requests",
                  "num_in_flight_prompt_tokens", "stats", "index_mode", "index_reason",
                  "index_since", "events_heard_at",
                  "cache_block_size", "worker_namespace", "lora", "discovered", "draining", "role",
@@ -105,7 +108,7 @@ class WorkerState:
         self.namespace: str | None = None
         self.epoch: str | None = None
         self.served_model: str | None = None
-        self.load = WorkerLoad()
+        self.load_state = LoadState()
         self.num_in_flight_requests = 0
         self.num_in_flight_prompt_tokens = 0
         self.stats = WorkerStats()
@@ -122,6 +125,15 @@ class WorkerState:
         self.role = config.role
         self.transfer_endpoint: tuple[str, int] | None = None
         self.cache_namespace: CacheNamespace | None = None
+
+    @property
+    def load(self) -> WorkerLoad:
+        """The load the worker last reported (a probe's or a load frame's)."""
+        return self.load_state.load
+
+    @load.setter
+    def load(self, load: WorkerLoad) -> None:
+        self.load_state.polled(load)
 
     @property
     def has_event_stream(self) -> bool:
@@ -145,7 +157,9 @@ class WorkerState:
         for ``adapter`` (None: the base model), whose load time is
         ``default_adapter_load_ms`` until measured. ``request_limit`` (flow control's
         headroom bound) lowers the requests it is seen to admit."""
-        load = self.load
+        load = self.load_state.load
+        running, waiting, waiting_tokens, kv_usage = self.load_state.measures(
+            self.num_in_flight_requests)
         max_num_requests = load.max_num_requests
         if request_limit is not None:
             max_num_requests = (request_limit if max_num_requests is None
@@ -155,15 +169,15 @@ class WorkerState:
         else:
             load_ms = self.lora.load_ms(adapter, default_adapter_load_ms)
             swap_share = self.lora.swap_share(
-                adapter, max(load.num_requests_running, self.num_in_flight_requests))
+                adapter, max(running, self.num_in_flight_requests))
         return WorkerView(
             worker_id=self.worker_id,
             num_in_flight_requests=self.num_in_flight_requests,
             num_in_flight_prompt_tokens=self.num_in_flight_prompt_tokens,
-            num_requests_running=load.num_requests_running,
-            num_requests_waiting=load.num_requests_waiting,
-            num_waiting_tokens=load.num_waiting_tokens,
-            kv_cache_usage_ratio=load.kv_cache_usage_ratio,
+            num_requests_running=running,
+            num_requests_waiting=waiting,
+            num_waiting_tokens=waiting_tokens,
+            kv_cache_usage_ratio=kv_usage,
             max_num_requests=max_num_requests,
             num_matched_tokens=num_matched_tokens,
             num_matched_routed_tokens=num_matched_routed_tokens,
@@ -184,7 +198,10 @@ class WorkerState:
             "index_mode": self.index_mode, "index_reason": self.index_reason,
             "index_since": self.index_since,
             "cache_block_size": self.cache_block_size,
-            "load": asdict(self.load),
+            "load": asdict(self.load_state.load),
+            "load_source": self.load_state.source,
+            "load_seq": self.load_state.seq,
+            "load_age_s": self.load_state.age_s(),
             "num_in_flight_requests": self.num_in_flight_requests,
             "num_in_flight_prompt_tokens": self.num_in_flight_prompt_tokens,
             "stats": self.stats.to_dict(),
@@ -206,6 +223,7 @@ class InFlight:
         self._num_prompt_tokens = num_prompt_tokens
         worker.num_in_flight_requests += 1
         worker.num_in_flight_prompt_tokens += num_prompt_tokens
+        worker.load_state.sent(num_prompt_tokens)
 
     def prefilled(self) -> None:
         """The prompt tokens are no longer queued work (idempotent)."""

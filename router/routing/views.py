@@ -35,7 +35,9 @@ class WorkerView(NamedTuple):
     counts, updated the moment it decides: requests sent and not finished, and prompt
     tokens still to prefill: the uncached part (prompt - matched at decision) until the
     first token arrives (whole prompts held to the end overstate a hot worker's queue).
-    The polled fields are the worker's last reported load;
+    The worker's load fields (running, waiting, waiting tokens, KV usage) are as the
+    router knows them (``router.fleet.load_state``: polled; pushed, plus what this
+    router sent since the frame; or unknown, seen as a full batch);
     ``num_matched_tokens`` comes from ``RouterIndex.match``, and
     ``num_matched_routed_tokens`` is the part of it only a speculative entry vouches
     for (``RouterIndex.match_routed``: a prefix this router just sent there, still

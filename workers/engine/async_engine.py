@@ -12,7 +12,8 @@ Engine thread loop::
     while running:
         apply commands (block on the inbox when there is no work)
         outputs = engine.step()            # schedule -> run -> postprocess
-        publish stats; hand outputs to the loop; publish new KV events
+        publish stats (and tell the loop when the load changed: ``load_changed``);
+        hand outputs to the loop; publish new KV events
 
 A request that fails alone (``RequestOutput.error``) ends its stream with an
 ``EngineError``. A step that fails as a whole (the batched model call) is counted and
@@ -107,6 +108,8 @@ class AsyncEngine:
     ``max_in_flight`` bounds submitted, unfinished requests: ``submit`` beyond it
     raises ``QueueFullError``. After ``stop_admitting`` (drain) every ``submit``
     raises ``DrainingError`` while requests in flight run to their end.
+    ``load_changed`` is set on the loop after a step whose stats changed the load a
+    router routes by (``EngineStats.load_key``); whoever waits on it clears it.
     """
 
     def __init__(self, engine: Engine, kv_feed: KVEventFeed, max_in_flight: int) -> None:
@@ -123,6 +126,8 @@ class AsyncEngine:
         self.failed = False
         self.batch_failed = asyncio.Event()
         self.stats: EngineStats = engine.stats()
+        self.load_changed = asyncio.Event()
+        self._load_key = self.stats.load_key
 
     # ---- lifecycle (loop thread) ---------------------------------------------------
 
@@ -142,8 +147,10 @@ class AsyncEngine:
         self._thread = None
 
     def stop_admitting(self) -> None:
-        """Refuse every later ``submit`` (``DrainingError``); requests in flight go on."""
+        """Refuse every later ``submit`` (``DrainingError``); requests in flight go on.
+        Sets ``load_changed``: routers learn of the drain with the next load frame."""
         self.admitting = False
+        self.load_changed.set()
 
     async def wait_idle(self, timeout_s: float, poll_s: float = 0.05) -> bool:
         """Wait until no request is in flight, at most ``timeout_s``; True if none is."""
@@ -219,6 +226,9 @@ class AsyncEngine:
                 self._apply(block=not engine.has_work())
                 outputs = self._step() if engine.has_work() and not self._stopping else {}
                 self.stats = engine.stats()
+                if self.stats.load_key != self._load_key:
+                    self._load_key = self.stats.load_key
+                    self._post(self.load_changed.set)
                 if outputs:
                     self._post(self._deliver, outputs)
                 self.kv_feed.publish()

@@ -110,6 +110,13 @@ class EngineStats:
             **_kv_cache_fields(manager.stats()),
         )
 
+    @property
+    def load_key(self) -> tuple[int, int, int, int]:
+        """What a router routes by, to the whole percent of KV usage: the worker pushes
+        its load when this changes (``workers.server.load_push``)."""
+        return (self.num_requests_running, self.num_requests_waiting,
+                self.num_waiting_tokens, round(100 * self.kv_cache_usage_ratio))
+
     def load(self) -> dict[str, float]:
         """The ``load`` object of ``GET /info``."""
         return {

@@ -9,6 +9,11 @@ snapshot does: a ``cleared`` line and ``stored`` lines stamped with the head
 it has caught up; live events follow, with a heartbeat whenever none came for
 ``kv_events_heartbeat_s``. The stream ends if the consumer falls too far behind; it
 then reconnects and resyncs.
+
+With ``load=1`` (``radix.events.LOAD_QUERY``) a binary stream also carries the
+worker's load (``workers.server.load_push``): the answer has the header
+``X-Load-Frames: 1``, a load frame follows the first heartbeat, another each time the
+load changes, and the idle heartbeat is a load frame too.
 """
 
 from __future__ import annotations
@@ -17,8 +22,10 @@ import asyncio
 
 from aiohttp import web
 
-from workers.engine.kv_feed import BINARY, NDJSON
+from radix.events import LOAD_FRAMES_HEADER, LOAD_QUERY
+from workers.engine.kv_feed import BINARY, NDJSON, Subscription
 from workers.server.errors import bad_request
+from workers.server.load_push import LoadPush
 from workers.server.state import STATE
 
 
@@ -38,23 +45,40 @@ async def kv_events(request: web.Request) -> web.StreamResponse:
     epoch = request.query.get("epoch") or None
     feed = state.engine.kv_feed
     form = BINARY if BINARY.content_type in request.headers.get("Accept", "") else NDJSON
+    load = (state.load_push if form is BINARY and request.query.get(LOAD_QUERY[0]) == LOAD_QUERY[1]
+            else None)
     subscription = await state.engine.call(lambda _engine: feed.open(since, epoch, form))
-    response = web.StreamResponse(headers={"Content-Type": form.content_type,
-                                           "Cache-Control": "no-cache"})
-    heartbeat_s = state.config.kv_events_heartbeat_s
+    headers = {"Content-Type": form.content_type, "Cache-Control": "no-cache"}
+    if load is not None:
+        headers[LOAD_FRAMES_HEADER] = "1"
+        load.subscribe(subscription)
+    response = web.StreamResponse(headers=headers)
     try:
-        await response.prepare(request)
-        await response.write(subscription.backlog)
-        await response.write(form.heartbeat)
-        while not subscription.lost:
-            try:
-                async with asyncio.timeout(heartbeat_s):  # not wait_for: 3.11's can eat a cancel
-                    data = await subscription.queue.get()
-            except TimeoutError:
-                data = form.heartbeat
-            await response.write(data)
+        await _stream(request, response, subscription, state.config.kv_events_heartbeat_s, load)
     except ConnectionError:
-        return response
+        pass
     finally:
         feed.close(subscription)
+        if load is not None:
+            load.unsubscribe(subscription)
     return response
+
+
+async def _stream(request: web.Request, response: web.StreamResponse,
+                  subscription: Subscription, heartbeat_s: float, load: LoadPush | None) -> None:
+    """Write ``subscription``'s backlog, the heartbeat that marks it caught up, then
+    live batches, with a heartbeat (a load frame when ``load`` is given) whenever none
+    came for ``heartbeat_s``, until the subscription is lost."""
+    heartbeat = subscription.form.heartbeat
+    await response.prepare(request)
+    await response.write(subscription.backlog)
+    await response.write(heartbeat)
+    if load is not None:
+        await response.write(load.frame())
+    while not subscription.lost:
+        try:
+            async with asyncio.timeout(heartbeat_s):  # not wait_for: 3.11's can eat a cancel
+                data = await subscription.queue.get()
+        except TimeoutError:
+            data = heartbeat if load is None else load.frame()
+        await response.write(data)

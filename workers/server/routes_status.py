@@ -23,17 +23,10 @@ async def health(request: web.Request) -> web.Response:
     return web.json_response({"status": "ok"})
 
 
-def is_ready(state: ServerState) -> bool:
-    """The last self-test passed, no batched step failed since, the engine runs and
-    admits requests (not draining)."""
-    engine = state.engine
-    return state.ready.is_set() and not engine.failed and engine.admitting
-
-
 def _ready_body(state: ServerState) -> dict[str, object]:
     stats = state.engine.stats
     return {
-        "ready": is_ready(state),
+        "ready": state.is_ready(),
         **state.identity.to_dict(),
         "num_free_blocks": stats.kv_blocks_free,
         "draining": not state.engine.admitting,
@@ -42,12 +35,12 @@ def _ready_body(state: ServerState) -> dict[str, object]:
 
 
 async def ready(request: web.Request) -> web.Response:
-    """200 while ``is_ready``: once the start-up self-test passed, and again after a
+    """200 while ``ServerState.is_ready``: once the start-up self-test passed, and again after a
     failed batched step once it passes anew; 503 otherwise, for good once the engine
     thread has died or the worker started draining (SIGTERM). Same body either way,
     with ``draining`` true while draining."""
     state = request.app[STATE]
-    return web.json_response(_ready_body(state), status=200 if is_ready(state) else 503)
+    return web.json_response(_ready_body(state), status=200 if state.is_ready() else 503)
 
 
 def _transfer_endpoint(state: ServerState) -> dict[str, object] | None:
@@ -80,16 +73,8 @@ async def info(request: web.Request) -> web.Response:
             "max_num_seqs": engine_config.max_num_seqs,
             "max_waiting_requests": engine_config.max_waiting_requests,
         },
-        "load": {**stats.load(), **_held_load(state)},
+        "load": {**stats.load(), **state.held_blocks()},
     })
-
-
-def _held_load(state: ServerState) -> dict[str, int]:
-    """The load's held-block fields: blocks held for consumers and the cap on them
-    (zeros on a worker that does not produce)."""
-    if state.transfer is None:
-        return {"num_held_blocks": 0, "max_held_blocks": 0}
-    return state.transfer.load()
 
 
 async def metrics(request: web.Request) -> web.Response:

@@ -71,11 +71,11 @@ async def serve(config: WorkerConfig, secret: bytes, api_key: str | None,
     stop = asyncio.Event()
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, stop.set)
-    background: list[asyncio.Task[None]] = []
+    background = [asyncio.create_task(state.load_push.run())]
     try:
         await web.SockSite(runner, sock, shutdown_timeout=SHUTDOWN_TIMEOUT_S).start()
         log.info("worker %s listening on %s (model %s)", worker_id, url, worker.identity.model)
-        background = await _become_ready(config, state)
+        background += await _become_ready(config, state)
         announce(f"READY {url}")
         await stop.wait()
         await _drain(worker, server_config.drain_timeout_s)

@@ -21,6 +21,12 @@ Any other exception (a bug) is logged and counted
 snapshot. Reconnects back off exponentially up to ``max_backoff_s``, reset by a stream
 that delivered an event. Cancelling the task closes the connection and ends ``run``.
 
+Load: unless told not to (``registry.pushed_load`` off), the follower asks for load
+frames (``?load=1``); a worker that sends them says so (``X-Load-Frames: 1``) and
+each frame updates its ``LoadState`` (``router.fleet.load_state``). A stream opening
+tells the ``LoadState`` whether it pushes; one that ends, for whichever reason, makes
+a pushing worker's load unknown until the next frame.
+
 Trust (``router.fleet.events.health``): the worker is routed stale from the start
 and whenever a stream ends, for whichever reason it ended, and exact again at the
 first heartbeat of a stream: the worker sends one right after the backlog or snapshot
@@ -39,9 +45,12 @@ import msgspec
 
 from radix.events import (
     FRAME_HEADER,
+    LOAD_FRAMES_HEADER,
+    LOAD_QUERY,
     MSGPACK_CONTENT_TYPE,
     EventDecodeError,
     KVEvent,
+    LoadReport,
     decode_event,
     decode_frame,
 )
@@ -85,15 +94,18 @@ class KVEventFollower:
     ``namespace_of`` is given, each event is filed under ``namespace_of(its
     namespace)``: the router's own digest of that namespace (the worker's base or one
     of its LoRA adapters'), which differs from the worker's when their secrets do.
+    ``ask_load``: ask for load frames (the worker's ``load_state`` takes them).
     """
 
     def __init__(self, index: RouterIndex, worker: WorkerState,
                  session: aiohttp.ClientSession, metrics: KVEventMetrics,
                  namespace_of: Callable[[str], str] | None = None,
-                 config: KVEventsConfig | None = None) -> None:
+                 config: KVEventsConfig | None = None, ask_load: bool = False) -> None:
         self.index = index
         self.worker_id = WorkerId(worker.worker_id)
         self.health = StreamHealth(worker, index)
+        self.load = worker.load_state
+        self.ask_load = ask_load
         self.url = worker.url + "/kv/events"
         self.session = session
         self.headers: Mapping[str, str] = worker.headers
@@ -126,12 +138,14 @@ class KVEventFollower:
                 num_before = self._num_events
                 self._last_error = await self._follow_once()
                 self.health.stale(f"KV event stream: {self._last_error}")
+                self.load.lost()
                 if self._num_events > num_before:
                     backoff = self.config.initial_backoff_s
                 await asyncio.sleep(backoff)
                 backoff = min(2 * backoff, self.config.max_backoff_s)
         finally:
             self.health.stopped()
+            self.load.stopped()
 
     async def _follow_once(self) -> str:
         """Follow one stream until it ends; why it ended."""
@@ -165,6 +179,8 @@ class KVEventFollower:
         params = {}
         if self._resume and self._epoch is not None and self._last_seq is not None:
             params = {"since": str(self._last_seq), "epoch": self._epoch}
+        if self.ask_load:
+            params[LOAD_QUERY[0]] = LOAD_QUERY[1]
         timeout = aiohttp.ClientTimeout(total=None, sock_connect=self.config.connect_timeout_s,
                                         sock_read=self.config.read_timeout_s)
         headers = {**self.headers, "Accept": f"{MSGPACK_CONTENT_TYPE}, application/x-ndjson"}
@@ -175,11 +191,15 @@ class KVEventFollower:
             self._connected = True
             self._num_connects += 1
             self._resume = True
-            batches = (_frames(resp.content, self.config.max_message_bytes)
-                       if resp.content_type == MSGPACK_CONTENT_TYPE else
+            binary = resp.content_type == MSGPACK_CONTENT_TYPE
+            self.load.stream_opened(binary and resp.headers.get(LOAD_FRAMES_HEADER) == "1")
+            batches = (_frames(resp.content, self.config.max_message_bytes) if binary else
                        _json_lines(resp.content, self.config.max_message_bytes))
             async for events in batches:
                 self.health.heard()
+                if isinstance(events, LoadReport):
+                    self.load.pushed(events)
+                    continue
                 if not events:  # a heartbeat: everything sent before it is applied
                     self.health.rebuilt()
                 for event in events:
@@ -221,10 +241,11 @@ async def _json_lines(content: aiohttp.StreamReader, max_message_bytes: int
 
 
 async def _frames(content: aiohttp.StreamReader, max_frame_bytes: int
-                  ) -> AsyncIterator[list[KVEvent]]:
+                  ) -> AsyncIterator[list[KVEvent] | LoadReport]:
     """The binary stream's events, a frame at a time (``radix.events``: a 4-byte length,
-    then a msgpack array of events; an empty one is a heartbeat). A frame cut off by a
-    disconnect is dropped: the reconnect resumes before it."""
+    then a msgpack array of events, an empty one a heartbeat, or a map, a load
+    report). A frame cut off by a disconnect is dropped: the reconnect resumes before
+    it."""
     while True:
         try:
             head = await content.readexactly(FRAME_HEADER.size)

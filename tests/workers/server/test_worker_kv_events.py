@@ -1,10 +1,15 @@
-"""``GET /kv/events``: a live replay equals a fresh snapshot; resync rules on reconnect."""
+"""``GET /kv/events``: a live replay equals a fresh snapshot; resync rules on reconnect;
+load frames only to a stream that asks for them."""
 
 from __future__ import annotations
 
+import msgspec
 import pytest
 
 from harness.procs import start_worker
+from radix.events import KVEvent
+from tests.support.load_frames import FrameStream
+from tests.support.polling import wait_until
 from tests.workers.server.kv_replay import EventStream, Replay, tree_paths
 
 # Its module-scoped processes start once: the whole module runs on one xdist worker.
@@ -115,3 +120,27 @@ def test_reset_prefix_cache_announces_every_block_it_drops(worker, ready):
     live.close()
     assert any(e and e["type"] == "removed" for e in live.lines)
     assert fresh.paths() == set() and live.replay.paths() == set()
+
+
+def test_a_stream_that_asks_for_load_gets_a_frame_at_each_change_and_another_gets_none(worker):
+    """With ``load=1`` the binary stream carries a load frame after its first heartbeat
+    and one each time the load changes (a request admitted, a request done), ``seq``
+    growing; without it (what an older router asks) no header and no frame but arrays
+    of events, which the event-only decoder of an older router reads."""
+    pushed = FrameStream(worker.url, ask_load=True, headers=worker.auth)
+    older = FrameStream(worker.url, ask_load=False, headers=worker.auth)
+    try:
+        _, first = pushed.wait_for_load(lambda r: True)
+        generate(worker, [250 + i for i in range(40)], max_tokens=8)
+        pushed.wait_for_load(lambda r: r.seq > first.seq and r.num_requests_running == 0)
+        wait_until(lambda: len(older.frames) >= 3)  # snapshot, heartbeat, the request's events
+    finally:
+        pushed.close()
+        older.close()
+    assert pushed.load_frames_header == "1" and older.load_frames_header is None
+    assert first.num_requests_running == 0 and first.max_num_running is not None
+    reports = [r for _, r in pushed.loads()]
+    assert any(r.num_requests_running + r.num_requests_waiting >= 1 for r in reports)
+    assert [r.seq for r in reports] == sorted({r.seq for r in reports})
+    old_decoder = msgspec.msgpack.Decoder(list[KVEvent])
+    assert all(isinstance(old_decoder.decode(f.body), list) for f in older.frames)
