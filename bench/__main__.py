@@ -15,6 +15,7 @@ from pathlib import Path
 from bench import (
     canary_bench,
     chaos,
+    crossover,
     e2e,
     e2e_timed,
     e2e_worker_bench,
@@ -79,6 +80,7 @@ BENCHMARKS: dict[str, Callable[[list[str]], dict]] = {
     "lora": lora_bench.main,
     "canary": canary_bench.main,
     "pd": pd_bench.main,
+    "crossover": crossover.main,
     "fairness": fairness.main,
 }
 

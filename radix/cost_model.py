@@ -108,6 +108,14 @@ PROFILES: dict[str, Profile] = {
         kv_cache_bytes=54 * GIB, max_model_len=8192, rope_theta=500000.0,
         cost=CostModel(a=4.0e-3, b=3.2e-5, c=1.1e-9, d=7.0e-3, e=2.0e-5, f=5.0e-8),
         hidden_size=4096, intermediate_size=14336, num_attention_heads=32),
+    # Llama 3.1 8B: Llama 3 8B's shape and costs with a 128k context (long agent
+    # contexts: python -m bench agents).
+    "llama31-8b-h100": Profile(
+        name="llama31-8b-h100", model="meta-llama/Llama-3.1-8B-Instruct",
+        num_layers=32, num_kv_heads=8, head_dim=128, kv_dtype="bfloat16",
+        kv_cache_bytes=54 * GIB, max_model_len=131072, rope_theta=500000.0,
+        cost=CostModel(a=4.0e-3, b=3.2e-5, c=1.1e-9, d=7.0e-3, e=2.0e-5, f=5.0e-8),
+        hidden_size=4096, intermediate_size=14336, num_attention_heads=32),
     "llama3-70b-h100x4": Profile(
         name="llama3-70b-h100x4", model="meta-llama/Meta-Llama-3-70B-Instruct",
         num_layers=80, num_kv_heads=8, head_dim=128, kv_dtype="bfloat16",

@@ -634,6 +634,43 @@ class PDConfig(Section, section="pd"):
 
 
 @dataclass(frozen=True)
+class KVSourcesConfig(Section, section="kv_sources"):
+    """Where a request's missing blocks come from (docs/router-index.md, "Where the
+    missing blocks come from"), in a fleet of workers that both hold blocks for
+    others and pull them (``kv_both``): for the worker the policy chose, the blocks it
+    lacks come from its own host or disk tier (its admission restores them), from a
+    peer that holds them (pulled), or are recomputed, whichever one cost model
+    predicts is fastest. A pull is planned only for at least ``min_pull_tokens``
+    (the measured crossover below which a pull never beats a recompute) and only when
+    predicted faster: ``pull_overhead_s`` (the hold's round trip, a connection and the
+    acknowledgement) plus the peer's wait (its link's queue of pulls this router
+    planned, and two of its engine steps when it is busy) plus the blocks' bytes over
+    the slower link of the two. Workers that report no rates (real ones) are assumed
+    to prefill at ``prefill_s_per_token`` and move KV at ``link_bytes_per_s`` and
+    ``restore_bytes_per_s``; ``python -m bench crossover`` measures the crossover, the
+    overhead and the first two (docs/bench.md, "Pull or recompute"; the restore rate is
+    assumed).
+    ``max_peers``: the peers holding the longest chains considered; ``hold_timeout_s``:
+    the longest a peer's hold may take before the request is recomputed instead."""
+
+    enabled: bool = True
+    min_pull_tokens: int = setting(1024, low=1)
+    pull_overhead_s: float = setting(0.012, low=0)
+    prefill_s_per_token: float = setting(8.6e-4, above=0)
+    link_bytes_per_s: float = setting(3.4e7, above=0)
+    restore_bytes_per_s: float = setting(2.0e9, above=0)
+    max_peers: int = setting(2, low=1)
+    hold_timeout_s: float = setting(2.0, above=0)
+
+    def rate_defaults(self) -> dict[str, float]:
+        """The rates assumed for a worker that reports none
+        (``radix.kv_sources.DEFAULT_FIELDS``)."""
+        return {"prefill_s_per_token": self.prefill_s_per_token,
+                "link_bytes_per_s": self.link_bytes_per_s,
+                "restore_bytes_per_s": self.restore_bytes_per_s}
+
+
+@dataclass(frozen=True)
 class BandConfig(Section):
     """A priority band of flow control: its name (what tenants name), how long a
     request may wait in it before it is shed (429 with Retry-After), the share of
@@ -738,6 +775,7 @@ class RouterConfig(Section):
     discovery: DiscoveryConfig = DiscoveryConfig()
     pd: PDConfig = PDConfig()
     flow: FlowConfig = FlowConfig()
+    kv_sources: KVSourcesConfig = KVSourcesConfig()
 
     def check(self) -> None:
         """Every tenant's band is one of ``flow.bands``."""

@@ -34,6 +34,7 @@ from router.routing.index import NamespaceDigest, RouterIndex
 from router.routing.policy import Policy, make_policy
 from router.siblings.protocol import NoSiblings, Siblings
 from router.siblings.redis_siblings import RedisSiblings
+from router.sources.service import KVSources
 from router.state.redis_state.flow_shares import RedisFlowShares
 from router.state.redis_state.limits import RedisSharedState
 from router.state.redis_state.link import RedisLink
@@ -122,8 +123,10 @@ class Router:
             metrics.follow_discovery(discovery.status)
         proxy = Proxy(pool, config.proxy)
         limit = request_limit(config.flow) if config.flow.enabled else no_request_limit
+        sources = (KVSources(index, config.kv_sources, pool, metrics.registry)
+                   if config.kv_sources.enabled else None)
         decider = Decider(index, policy, registry, canary, siblings, proxy, config.pd,
-                          config.proxy.max_attempts, metrics, limit)
+                          config.proxy.max_attempts, metrics, limit, sources)
         return cls(config, models, auth, TenantLimiter(state), index, policy, session, registry,
                    proxy, pool, metrics, salts, siblings, vllm, canary, decider,
                    _flow_control(config.flow, decider, limit, metrics, flow_shares), discovery)

@@ -3,8 +3,11 @@
 ``Decider.candidates`` says who may serve it (its model's ready workers, its
 adapter's, its canary pool's); ``Decider.decide`` picks among them: it walks the index once per namespace in use (``match``), ranks the
 workers by the policy's cost (``choose``) and, in a fleet with prefill and decode
-roles, runs the prefill leg on the best prefill worker (``_prefill_leg``). It is one
-value, ``Decision``. What deciding changes in the router's own state (the
+roles, runs the prefill leg on the best prefill worker (``_prefill_leg``); in a fleet
+whose workers pull from each other (``router.sources``), the policy weighs what a
+pull would save each worker, and the chosen worker is sent with a peer's hold of the
+blocks it lacks when a pull beats restoring and recomputing them (``_peer_source``).
+It is one value, ``Decision``. What deciding changes in the router's own state (the
 in-flight count, the index's speculative entry, the siblings' routed stream, the
 adapter's residency) is one call, ``Decider.commit``, made for every attempt the
 moment it is sent, prefill legs included.
@@ -35,6 +38,7 @@ from router.routing.load_cost import is_held_up, is_saturated
 from router.routing.policy import Policy
 from router.routing.views import RouteRequest
 from router.siblings.protocol import Siblings
+from router.sources.service import KVSources
 
 log = logging.getLogger(__name__)
 
@@ -80,7 +84,8 @@ class Decision:
     """Where one request goes. ``ranked``: the workers to try, best first (never
     empty); ``matches``: what the index predicted each holds; ``kv_transfer_params``:
     the prefill leg's answer for ``ranked[0]`` (None: served aggregated), whose blocks
-    ``prefill`` holds until they are pulled or released."""
+    ``prefill`` holds until they are pulled or released (a prefill worker, or a peer
+    holding blocks ``ranked[0]`` lacks)."""
 
     ranked: list[WorkerState]
     matches: Matches
@@ -100,16 +105,19 @@ class Decision:
 class Decider:
     """Decides where requests go and records each decision. Holds only what deciding
     needs: the index, the policy, the registry, the canary pools, the siblings, the
-    proxy (for prefill legs), the PD settings and the router's counters."""
+    proxy (for prefill legs), the PD settings, the router's counters and the source
+    planner (None: no worker pulls from a peer)."""
 
     def __init__(self, index: RouterIndex, policy: Policy, registry: WorkerRegistry,
                  canary: Canary, siblings: Siblings, proxy: Proxy, pd: PDConfig,
                  max_attempts: int, metrics: RouterMetrics,
-                 request_limit: Callable[[WorkerState, int], int | None]) -> None:
+                 request_limit: Callable[[WorkerState, int], int | None],
+                 sources: KVSources | None = None) -> None:
         self._index, self._policy, self._registry = index, policy, registry
         self._canary, self._siblings, self._proxy = canary, siblings, proxy
         self._pd, self._max_attempts, self._metrics = pd, max_attempts, metrics
         self._request_limit = request_limit
+        self._sources = sources
 
     def candidates(self, model: str, call: Call) -> Candidates:
         """Who may serve ``call`` to base model ``model``: the ready workers serving
@@ -133,7 +141,11 @@ class Decider:
         matches = self.match(workers, call.prompt, call.scope, call.adapter)
         split = split_roles(workers)
         takers = workers if split is None else split[0]
-        ranked = self.choose(takers, matches, call, candidates.fallback)
+        weighed = matches
+        if split is None and self._sources is not None:  # a pull's saving counts
+            weighed = matches._replace(tokens=self._sources.credit(takers, matches.tokens,
+                                                                   call))
+        ranked = self.choose(takers, weighed, call, candidates.fallback)
         self._metrics.decision_seconds.observe(time.monotonic() - started)
         return Ranking(ranked, matches, split)
 
@@ -146,6 +158,9 @@ class Decider:
         params, prefill = None, None
         if split is not None:
             params, prefill = await self._prefill_leg(call, ranked[0], split[1], matches)
+        elif self._sources is not None:
+            params, prefill, matches = await self._peer_source(call, ranked[0],
+                                                               candidates.workers, matches)
         return Decision(ranked, matches, params, prefill)
 
     def match(self, workers: list[WorkerState], prompt: Prompt, scope: str,
@@ -266,6 +281,27 @@ class Decider:
             in_flight.end()
         counts["disaggregated"].inc()
         return params, prefill
+
+    async def _peer_source(self, call: Call, target: WorkerState,
+                           workers: list[WorkerState], matches: Matches
+                           ) -> tuple[dict[str, Any] | None, WorkerState | None, Matches]:
+        """A peer's hold of the blocks ``target`` lacks when ``router.sources`` plans a
+        pull (its params, the peer, and the matches with ``target`` credited what it
+        will find cached); params naming another endpoint than the peer reported
+        (``check_endpoint``) are released and ``target`` recomputes."""
+        assert self._sources is not None
+        sourced = await self._sources.source(call, target, workers)
+        if sourced.params is None or sourced.peer is None:
+            return None, None, matches
+        try:
+            check_endpoint(sourced.params, sourced.peer)
+        except UpstreamError as exc:
+            log.warning("request %s: %s: recomputing on %s", call.request_id, exc,
+                        target.worker_id)
+            self._proxy.release_hold(sourced.peer, sourced.params)
+            return None, None, matches
+        tokens = {**matches.tokens, target.worker_id: sourced.num_cached_tokens or 0}
+        return sourced.params, sourced.peer, matches._replace(tokens=tokens)
 
     def _prefill_candidates(self, call: Call, decode: WorkerState,
                             prefillers: list[WorkerState], matches: Matches

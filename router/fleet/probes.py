@@ -60,7 +60,9 @@ class ProbeResult:
     LoRA adapters it registered, ``max_loras`` its adapter slots (0: LoRA off),
     ``lora_load_ms`` its mean measured adapter load time (None before any load) and
     ``transfer_endpoint`` the (host, port) its KV producer serves blocks on (None when
-    it reports none: not a ``kv_producer``); ``cache_namespace`` the fields of the
+    it reports none: not a ``kv_producer``); ``transfer_info`` its whole ``/info``
+    ``kv_transfer`` object (whether it pulls, its KV costs: read by
+    ``router.sources``; None without one); ``cache_namespace`` the fields of the
     worker's base namespace (None for a kind whose namespace the router builds)."""
 
     ready: bool
@@ -76,6 +78,7 @@ class ProbeResult:
     lora_load_ms: float | None = None
     transfer_endpoint: tuple[str, int] | None = None
     cache_namespace: CacheNamespace | None = None
+    transfer_info: Mapping[str, Any] | None = None
 
 
 class ProbeError(Exception):
@@ -146,9 +149,14 @@ async def probe_radix(session: aiohttp.ClientSession, url: str, headers: Mapping
                            worker_namespace=_optional_str(ready.get("namespace_digest")),
                            adapters=adapters, max_loras=lora[0], lora_load_ms=lora[1],
                            transfer_endpoint=transfer_endpoint(info.get("kv_transfer")),
-                           cache_namespace=base)
+                           cache_namespace=base,
+                           transfer_info=_optional_dict(info.get("kv_transfer")))
     except ProbeError as exc:
         return ProbeResult(False, str(exc))
+
+
+def _optional_dict(value: Any) -> Mapping[str, Any] | None:
+    return value if isinstance(value, dict) else None
 
 
 def transfer_endpoint(reported: Any) -> tuple[str, int] | None:

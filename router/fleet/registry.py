@@ -222,6 +222,7 @@ class WorkerRegistry:
         worker.cache_block_size = result.cache_block_size
         worker.worker_namespace = result.worker_namespace
         worker.transfer_endpoint = result.transfer_endpoint
+        worker.transfer_info = result.transfer_info
         worker.lora.observe(result.adapters, result.max_loras, result.lora_load_ms, sent_at)
         self._rebuild_adapters()
         if not worker.ready:

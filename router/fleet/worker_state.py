@@ -9,7 +9,9 @@ effect at once.
 from __future__ import annotations
 
 import time
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass
+from typing import Any
 
 from radix.namespace import CacheNamespace
 from router.config import WorkerSpec
@@ -77,7 +79,9 @@ class WorkerState:
     ``draining``: it takes no new request and leaves once those in flight end;
     ``capabilities``: what its kind can do (``router.worker_kinds``);
     ``transfer_endpoint``: the (host, port) its KV producer reported under its key at
-    the last probe (None: none), the only place a prefill leg's params may name.
+    the last probe (None: none), the only place a prefill leg's params may name;
+    ``transfer_info`` the whole ``kv_transfer`` object of its ``/info`` (whether it
+    pulls, its KV costs; ``router.sources`` reads it).
     ``index_mode``: how its index entries are trusted, ``"exact"`` (from its KV
     events), ``"approximate"`` (from what was routed to it) or ``"stale"`` (it has an
     event stream, but not one followed and caught up now:
@@ -92,7 +96,7 @@ class WorkerState:
                  "num_in_flight_prompt_tokens", "stats", "index_mode", "index_reason",
                  "index_since", "events_heard_at",
                  "cache_block_size", "worker_namespace", "lora", "discovered", "draining", "role",
-                 "transfer_endpoint", "cache_namespace")
+                 "transfer_endpoint", "cache_namespace", "transfer_info")
 
     def __init__(self, config: WorkerSpec, url: str, headers: dict[str, str],
                  discovered: bool = False) -> None:
@@ -125,6 +129,7 @@ class WorkerState:
         self.role = config.role
         self.transfer_endpoint: tuple[str, int] | None = None
         self.cache_namespace: CacheNamespace | None = None
+        self.transfer_info: Mapping[str, Any] | None = None
 
     @property
     def load(self) -> WorkerLoad:

@@ -347,8 +347,33 @@ class BlockIndex:
         _end_walk(node, key, depth, step, scope, 0, alive, ends)
         return self._tokens(ends)
 
+    def match_tiers(self, namespace: NamespaceDigest, key: bytes, scope: str
+                    ) -> dict[WorkerId, tuple[int, int]]:
+        """Per worker, the tokens of ``key`` it holds visibly to ``scope`` as a chain of
+        blocks on its device, and as a chain in any tier (device, host or disk), not
+        weighted; workers with none are left out. O(blocks walked + workers)."""
+        tree = self._trees.get(namespace)
+        if tree is None:
+            return {}
+        if not tree.num_tiered:
+            return {w: (n, n) for w, n in self.match(namespace, key, scope).items()}
+        device, _, any_tier = self._tier_tokens(tree, key, scope)
+        return {w: (device.get(w, 0), n) for w, n in any_tier.items()}
+
     def _match_tiered(self, tree: _Tree, key: bytes, scope: str) -> dict[WorkerId, int]:
         """``match`` in a namespace with blocks off the device: a mask per level."""
+        tokens = self._tier_tokens(tree, key, scope)
+        credits: dict[WorkerId, int] = {}
+        for worker_id, num_any in tokens[2].items():
+            num_device = tokens[0].get(worker_id, 0)
+            num_host = max(tokens[1].get(worker_id, 0), num_device)
+            credits[worker_id] = int(num_device + self.host_weight * (num_host - num_device)
+                                     + self.disk_weight * (num_any - num_host))
+        return credits
+
+    def _tier_tokens(self, tree: _Tree, key: bytes, scope: str) -> list[dict[WorkerId, int]]:
+        """Tokens per worker of its chain on the device, on the device or host, and in
+        any tier: one walk with a mask per level."""
         node, depth, step = tree.root, 0, tree.block_bytes
         alive = [-1, -1, -1]
         ends: tuple[Ends, Ends, Ends] = ([], [], [])
@@ -366,14 +391,7 @@ class BlockIndex:
         node.used = True
         for level in range(3):
             _end_walk(node, key, depth, step, scope, level, alive[level], ends[level])
-        tokens = [self._tokens(level_ends) for level_ends in ends]
-        credits: dict[WorkerId, int] = {}
-        for worker_id, num_any in tokens[2].items():
-            num_device = tokens[0].get(worker_id, 0)
-            num_host = max(tokens[1].get(worker_id, 0), num_device)
-            credits[worker_id] = int(num_device + self.host_weight * (num_host - num_device)
-                                     + self.disk_weight * (num_any - num_host))
-        return credits
+        return [self._tokens(level_ends) for level_ends in ends]
 
     def _tokens(self, ends: Ends) -> dict[WorkerId, int]:
         """Tokens per worker from (workers, bytes matched) pairs that name each worker

@@ -161,6 +161,17 @@ class RouterIndex:
                     routed[worker_id] = num_tokens - num_stored
         return found, routed
 
+    def match_tiers(self, namespace: NamespaceDigest, key: bytes, scope: str
+                    ) -> dict[WorkerId, tuple[int, int]]:
+        """Per worker whose KV events are followed and trusted (not stale), the tokens
+        of ``key`` it has reported stored visibly to ``scope``: (on its device, in any
+        of its tiers), unweighted; nothing speculative or approximate. Workers with
+        none are left out."""
+        found = self._exact.match_tiers(namespace, key, scope)
+        for worker_id in self._stale:
+            found.pop(worker_id, None)
+        return found
+
     def fingerprint(self) -> str:
         """``BlockIndex.fingerprint`` of the exact part (what the KV events built)."""
         return self._exact.fingerprint()

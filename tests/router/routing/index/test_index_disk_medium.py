@@ -41,6 +41,21 @@ def test_device_host_and_disk_tokens_count_with_falling_weights():
     index.check_invariants()
 
 
+def test_match_tiers_gives_each_worker_its_device_chain_and_its_chain_in_any_tier():
+    index = RouterIndex(IndexConfig(host_hit_weight=0.5, disk_hit_weight=0.25))
+    index.apply_event("w1", event("stored", A0))
+    index.apply_event("w1", event("stored", A1, medium="host"))
+    index.apply_event("w1", event("stored", A2, medium="disk"))
+    index.apply_event("w2", event("stored", A0, A1))
+    index.apply_event("w3", event("stored", A0, A1, A2, medium="disk"))
+    assert index.match_tiers(NS, PROMPT, PUBLIC) == {"w1": (4, 12), "w2": (8, 8),
+                                                     "w3": (0, 12)}
+    index.note_routed(NS, "w4", PROMPT, PUBLIC)  # speculative: never a stored chain
+    index.set_stale("w2")
+    assert index.match_tiers(NS, PROMPT, PUBLIC) == {"w1": (4, 12), "w3": (0, 12)}
+    assert index.match_tiers("cd" * 32, PROMPT, PUBLIC) == {}
+
+
 def test_a_restarted_worker_with_only_a_disk_snapshot_ranks_below_a_host_hit():
     index = RouterIndex(IndexConfig(host_hit_weight=0.5, disk_hit_weight=0.25))
     index.apply_event("w1", replace(event("cleared"), blocks=()))  # the new epoch's snapshot

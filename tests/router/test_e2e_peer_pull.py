@@ -1,0 +1,131 @@
+"""The router naming a peer as the source of the blocks its chosen worker lacks, in
+front of real worker processes that both hold blocks for others and pull them
+(``kv_both``; docs/router-index.md, "Where the missing blocks come from"). The policy
+here is round robin, so the second request of a conversation lands on the worker that
+lacks its prefix: the router asks the other worker to hold the prefix, the chosen one
+pulls exactly those blocks and answers as a recompute would; another tenant sending
+the same text gets no pull (the first tenant's blocks are private); nothing stays held."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from harness.procs import ManagedProcess, start_router, start_worker
+from tests.support.metric_samples import router_metric
+from tests.support.metric_samples import worker_metric as metric
+from tests.support.polling import wait_until
+from tests.support.router_calls import admin, complete, wait_until_ready
+from tests.support.router_configs import (
+    ALICE,
+    BOB,
+    FAST_REGISTRY,
+    WORKER_KEY,
+    WORKER_KEY_ENV,
+    auth_section,
+    model_table,
+    to_toml,
+    worker_list,
+)
+
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("e2e_peer_pull")]
+DOCUMENT = "A long shared context that every sub-agent of the parent reads again. " * 4
+WORKER_TOML = ('[kv_transfer]\nkv_role = "kv_both"\nfallback = "recompute"\n'
+               "pull_timeout_s = 5.0\n")
+# A demo worker computes faster than these say; they make a pull of this document win.
+SOURCES = {"min_pull_tokens": 32, "pull_overhead_s": 0.001, "prefill_s_per_token": 1e-3,
+           "link_bytes_per_s": 1e9}
+
+
+@pytest.fixture(scope="module")
+def fleet(tmp_path_factory) -> Iterator[tuple[ManagedProcess, dict[str, ManagedProcess]]]:
+    """(router, workers w0 and w1: both roles, a failed pull recomputes)."""
+    directory = tmp_path_factory.mktemp("peer_pull")
+    (directory / "worker.toml").write_text(WORKER_TOML)
+    workers = {name: start_worker("--config", str(directory / "worker.toml"),
+                                  kv_cache_bytes="16MiB", api_key=WORKER_KEY, wait=False)
+               for name in ("w0", "w1")}
+    router = None
+    try:
+        for worker in workers.values():
+            worker.wait_ready(120)
+        path = directory / "router.toml"
+        path.write_text(to_toml({
+            "models": {"demo": model_table()}, "registry": FAST_REGISTRY,
+            "policy": {"name": "round_robin"}, "kv_sources": SOURCES,
+            "auth": auth_section({"alice": {}, "bob": {}}),
+            "workers": worker_list({n: w.url for n, w in workers.items()},
+                                   api_key_env=WORKER_KEY_ENV)}))
+        router = start_router(path, env={WORKER_KEY_ENV: WORKER_KEY})
+        wait_until_ready(router)
+        yield router, workers
+    finally:
+        if router is not None:
+            router.stop()
+        for worker in workers.values():
+            worker.stop()
+
+
+def indexed_blocks(router: ManagedProcess) -> dict[str, int]:
+    return {w: v["num_blocks"] for w, v in admin(router, "/admin/index")["workers"].items()}
+
+
+def received(workers: dict[str, ManagedProcess]) -> dict[str, float]:
+    return {n: metric(w, "kv_transfer_blocks_received_total") for n, w in workers.items()}
+
+
+def pulls(router: ManagedProcess) -> tuple[float, float]:
+    """Pulls the router planned, and of those the ones whose hold failed."""
+    return (router_metric(router, "router_kv_sources_total", {"source": "pull"}),
+            router_metric(router, "router_kv_sources_total", {"source": "pull_failed"}))
+
+
+def ask(router: ManagedProcess, prompt: str, key: str = ALICE) -> dict[str, Any]:
+    status, answer = complete(router, prompt, key=key, max_tokens=6, temperature=0)
+    assert status == 200, answer
+    return answer
+
+
+def test_the_worker_lacking_a_prefix_pulls_it_from_the_peer_and_answers_the_same(fleet):
+    router, workers = fleet
+    ask(router, DOCUMENT + "First question?")
+    holder = wait_until(lambda: next((w for w, n in indexed_blocks(router).items() if n > 5),
+                                     None), what="the first worker's blocks in the index")
+    other = next(name for name in workers if name != holder)
+    before, pulled_before = received(workers), pulls(router)
+    second = DOCUMENT + "Second question, from a sub-agent?"
+    answer = ask(router, second)  # round robin: the worker that lacks the document
+    num_blocks = received(workers)[other] - before[other]
+    assert num_blocks >= 16  # the document's whole blocks came from the holder
+    assert received(workers)[holder] == before[holder]
+    assert answer["usage"]["prompt_tokens_details"]["cached_tokens"] == num_blocks * 16
+    assert pulls(router) == (pulled_before[0] + 1, pulled_before[1])
+    _, expected = workers[holder].post_json("/v1/completions", {
+        "model": "demo", "prompt": second, "max_tokens": 6, "temperature": 0,
+        "ignore_eos": True})
+    assert answer["choices"][0]["text"] == expected["choices"][0]["text"]
+    assert router_metric(router, "router_kv_pulls_below_crossover_total") == 0
+    for worker in workers.values():
+        wait_until(lambda w=worker: w.get_json("/info")[1]["kv"]["num_used_blocks"] == 0,
+                   what="no block held")
+
+
+def served(router: ManagedProcess) -> dict[str, int]:
+    return {w: v["num_requests"] for w, v in admin(router, "/admin/index")["workers"].items()}
+
+
+def test_another_tenant_never_gets_a_pull_of_private_blocks(fleet):
+    router, workers = fleet
+    text = "Alice's private notes, which no other tenant may reuse. " * 4
+    counts = served(router)
+    ask(router, text + "One?")
+    alices = next(w for w, n in served(router).items() if n > counts[w])
+    wait_until(lambda: indexed_blocks(router)[alices] > 15, what="alice's blocks indexed")
+    before, pulled_before = received(workers), pulls(router)
+    counts = served(router)
+    answer = ask(router, text + "Two?", key=BOB)  # round robin: the other worker
+    assert [w for w, n in served(router).items() if n > counts[w]] != [alices]
+    assert answer["usage"]["prompt_tokens_details"]["cached_tokens"] == 0
+    assert received(workers) == before and pulls(router) == pulled_before
