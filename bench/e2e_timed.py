@@ -30,8 +30,8 @@ requests (p99, profile seconds: a loaded machine's CPU queueing, which reads as 
 time in every TTFT), and the router's CPU: per
 request and in cores at the profile's real time (``router_cpu``: what it would need
 in front of real GPUs at this request rate); for ours, how exactly its index predicted
-what each worker served from its cache (``bench.exactness``: exact, over and under
-counts and the exact fraction, from the router's ``/metrics``).
+what each worker served from its cache (``bench.exactness``: exact, over, under and
+in_flight counts and the exact fraction, from the router's ``/metrics``).
 """
 
 from __future__ import annotations
@@ -256,7 +256,7 @@ def main(argv: list[str] | None = None) -> dict:
                                   "slo_s": args.slo_s, "setups": setups, "runs": {}}
     print(f"{'workload/workers/load/router':<44}{'errs':>5}{'cached':>8}{'p50 ms':>8}{'p99 ms':>8}"
           f"{'goodput':>9}{'max/mean':>9}{'wall s':>7}{'w cpu':>7}{'r cpu':>7}{'late ms':>8}"
-          "  predicted exact/over/under")
+          "  predicted exact/over/under/in_flight")
     flags = ("--model", f"timed:{profile.name}", "--served-model-name", "demo", "--time-scale",
              str(args.time_scale), "--max-batched-tokens", str(args.max_batched_tokens))
     run = 0

@@ -33,7 +33,7 @@ def timed_table(results: dict) -> list[str]:
              f"profile seconds), TTFT SLO {results['slo_s']:g} s", "",
              "| workload | workers | load | router | cached | TTFT p50 ms | TTFT p99 ms | "
              "goodput req/s | max/mean | errors | CPU per worker | sent late p99 ms | "
-             "predicted exact/over/under |",
+             "predicted exact/over/under/in_flight |",
              "|---|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for (workload, workers), loads in _cells(results).items():
         for load, runs in loads.items():

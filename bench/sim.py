@@ -315,7 +315,7 @@ class Cluster:
             self.polled = [w.load() for w in self.workers]
             self.next_poll_s = self.now + self.config.poll_interval_s
         scope = self._scope(request)
-        matched, routed = self.index.match_routed(NAMESPACE, request.prompt, scope)
+        matched, routed, _ = self.index.match_routed(NAMESPACE, request.prompt, scope)
         get, get_routed = matched.get, routed.get
         views = [_view((w.worker_id, get(w.worker_id, 0), *in_flight, *polled, *NO_ADAPTER,
                         get_routed(w.worker_id, 0)))

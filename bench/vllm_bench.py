@@ -17,7 +17,7 @@ setup and phase: vLLM's own prefix-cache hit fraction (its
 ``prefix_cache_hits/queries`` counters), TTFT p50/p99, requests per server; for ours,
 the router's predicted cached tokens against vLLM's ``cached_tokens`` per request (from
 the router's access log), the router's own check of the same (``bench.exactness``:
-exact, over and under counts and the exact fraction, in whole blocks, from its
+exact, over, under and in_flight counts and the exact fraction, in whole blocks, from its
 ``/metrics``) and the index lag from vLLM's batch timestamp
 (``router_kv_event_lag_seconds``, over the router's run so far).
 
@@ -256,7 +256,7 @@ def main(argv: list[str] | None = None) -> dict:
             server.wait_ready(600)
         print(f"{'router, phase':<34}{'errs':>5}{'vLLM hit':>9}{'p50 ms':>8}{'p99 ms':>8}"
               f"{'pred=cached':>12}{'lag<20ms':>9}  requests per server  "
-              "checked exact/over/under")
+              "checked exact/over/under/in_flight")
         for setup in setups:
             for phase, r in run_setup(setup, servers, prompts, args).items():
                 name = results_key(setup, phase)

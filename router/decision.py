@@ -17,9 +17,11 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from functools import partial
 from operator import attrgetter
+from types import MappingProxyType
 from typing import Any, NamedTuple
 
 from radix.api_errors import ApiError
@@ -45,11 +47,18 @@ log = logging.getLogger(__name__)
 
 class Matches(NamedTuple):
     """What ``Decider.match`` found: tokens of the prompt each worker holds, and of
-    those the ones only routed there, not yet reported stored
-    (``RouterIndex.match_routed``)."""
+    those the ones only routed there, not yet reported stored (``routed``), and an
+    approximate worker's ones that only this router's requests still before their
+    first token vouch for (``unconfirmed``; ``RouterIndex.match_routed``)."""
 
     tokens: dict[str, int]
     routed: dict[str, int]
+    unconfirmed: Mapping[str, int] = MappingProxyType({})
+
+    def num_in_flight_tokens(self, worker_id: str) -> int:
+        """Tokens of ``worker_id``'s match that only requests in flight vouch for: what
+        the index holds as confirmed is its match less these."""
+        return self.routed.get(worker_id, 0) + self.unconfirmed.get(worker_id, 0)
 
 
 class Ranking(NamedTuple):
@@ -171,19 +180,24 @@ class Decider:
         blocks, and never the prompt's last token (it computes that one)."""
         matched: dict[str, int] = {}
         routed: dict[str, int] = {}
+        unconfirmed: dict[str, int] = {}
         by_namespace: dict[str, list[str]] = {}
         for w in workers:
             namespace = w.lora.namespace(adapter, w.namespace)
             if namespace is not None:
                 by_namespace.setdefault(namespace, []).append(w.worker_id)
         for namespace, worker_ids in by_namespace.items():
-            found, found_routed = self._index.match_routed(namespace, prompt.key, scope)
+            found, found_routed, found_unconfirmed = self._index.match_routed(
+                namespace, prompt.key, scope)
             matched.update((i, found[i]) for i in worker_ids if i in found)
             routed.update((i, found_routed[i]) for i in worker_ids if i in found_routed)
+            if found_unconfirmed:
+                unconfirmed.update((i, found_unconfirmed[i]) for i in worker_ids
+                                   if i in found_unconfirmed)
         for worker in workers:
             if worker.cache_block_size is not None and worker.worker_id in matched:
-                _round_to_blocks(matched, routed, worker, len(prompt.token_ids))
-        return Matches(matched, routed)
+                _round_to_blocks(matched, (routed, unconfirmed), worker, len(prompt.token_ids))
+        return Matches(matched, routed, unconfirmed)
 
     def choose(self, workers: list[WorkerState], matches: Matches, call: Call,
                fallback: list[WorkerState]) -> list[WorkerState]:
@@ -223,15 +237,20 @@ class Decider:
         """Record that ``key`` (under ``scope``, for ``adapter`` or the base model) is
         sent to ``worker`` with ``num_tokens`` to prefill: counted in flight until the
         returned ``InFlight`` ends, noted in the index as a speculative entry, shared
-        with the siblings, and (an adapter) made resident there."""
+        with the siblings, and (an adapter) made resident there. An approximate
+        worker's entry counts as in flight until the request's first token or end
+        (``RouterIndex.confirm_routed``, called by ``InFlight.prefilled``)."""
         in_flight = self._registry.begin(worker, num_tokens)
         if adapter is None:
-            self._index.note_routed(worker.namespace, worker.worker_id, key, scope)
+            namespace = worker.namespace
             self._siblings.routed(worker, key, scope)
         else:
             worker.lora.residency.route(adapter, time.monotonic())
-            self._index.note_routed(worker.lora.namespace(adapter, worker.namespace),
-                                    worker.worker_id, key, scope)
+            namespace = worker.lora.namespace(adapter, worker.namespace)
+        self._index.note_routed(namespace, worker.worker_id, key, scope, confirmed=False)
+        if self._index.is_approximate(worker.worker_id):
+            in_flight.on_prefilled = partial(self._index.confirm_routed, namespace,
+                                             worker.worker_id, key, scope)
         return in_flight
 
     async def _prefill_leg(self, call: Call, decode: WorkerState,
@@ -341,16 +360,18 @@ def split_roles(workers: list[WorkerState]) -> tuple[list[WorkerState], list[Wor
             [w for w in workers if w.role != "decode"])
 
 
-def _round_to_blocks(matched: dict[str, int], routed: dict[str, int], worker: WorkerState,
-                     num_prompt_tokens: int) -> None:
+def _round_to_blocks(matched: dict[str, int], in_flight: tuple[dict[str, int], ...],
+                     worker: WorkerState, num_prompt_tokens: int) -> None:
     """``worker``'s match cut to whole blocks of its ``cache_block_size``, never past
-    the prompt's last token; its routed part stays the match's end."""
+    the prompt's last token; its in-flight parts (routed, unconfirmed) stay the match's
+    end."""
     block_size = worker.cache_block_size
     assert block_size is not None
     worker_id = worker.worker_id
     reusable = (num_prompt_tokens - 1) // block_size * block_size
     num_tokens = matched[worker_id]
     matched[worker_id] = min(num_tokens // block_size * block_size, reusable)
-    if worker_id in routed:
-        num_stored = num_tokens - routed[worker_id]
-        routed[worker_id] = max(matched[worker_id] - num_stored, 0)
+    for part in in_flight:
+        if worker_id in part:
+            num_known = num_tokens - part[worker_id]
+            part[worker_id] = max(matched[worker_id] - num_known, 0)

@@ -229,6 +229,7 @@ def learn(router: Router, client: Client, worker: WorkerState, prompt: Prompt,
     router.metrics.count_tokens(worker.worker_id, num_prompt_tokens, num_matched)
     worker.stats.record(num_prompt_tokens, num_matched, exchange.num_cached_tokens)
     outcome = check_prediction(router, worker, num_prompt_tokens, num_matched,
+                               decision.matches.num_in_flight_tokens(worker.worker_id),
                                exchange.num_cached_tokens)
     if access_log.isEnabledFor(logging.INFO):
         access_log.info("request %s worker=%s status=%d prompt_tokens=%d predicted_cached=%d "
@@ -242,21 +243,25 @@ def learn(router: Router, client: Client, worker: WorkerState, prompt: Prompt,
 
 
 def check_prediction(router: Router, worker: WorkerState, num_prompt_tokens: int,
-                     num_matched_tokens: int, num_cached_tokens: int | None) -> str | None:
+                     num_matched_tokens: int, num_in_flight_tokens: int,
+                     num_cached_tokens: int | None) -> str | None:
     """The outcome of the index's prediction (``num_matched_tokens`` of the prompt on
-    ``worker``) against the ``num_cached_tokens`` the worker reported, both as it
-    reuses them (``router.fleet.cache_prediction``: whole blocks of its
-    ``cache_block_size``, else of its model's ``block_size``, which our workers' probe
-    checks); counted in its stats and in ``router_cache_predictions_total`` and
+    ``worker``, ``num_in_flight_tokens`` of them vouched for only by requests in
+    flight) against the ``num_cached_tokens`` the worker reported, all as it reuses
+    them (``router.fleet.cache_prediction``: whole blocks of its ``cache_block_size``,
+    else of its model's ``block_size``, which our workers' probe checks); counted in
+    its stats and in ``router_cache_predictions_total`` and
     ``router_cache_prediction_tokens_total``. None, counted nowhere, when the worker
     reported no cached tokens."""
     if num_cached_tokens is None:
         return None
     block_size = worker.cache_block_size or router.models.get(worker.model).block_size
     num_predicted = reusable_tokens(num_matched_tokens, num_prompt_tokens, block_size)
+    num_confirmed = reusable_tokens(num_matched_tokens - num_in_flight_tokens,
+                                    num_prompt_tokens, block_size)
     num_served = reusable_tokens(num_cached_tokens, num_prompt_tokens, block_size)
-    outcome = prediction_outcome(num_predicted, num_served)
+    outcome = prediction_outcome(num_predicted, num_confirmed, num_served)
     worker.stats.record_prediction(outcome)
     router.metrics.count_prediction(worker.worker_id, worker.namespace or "", outcome,
-                                    num_predicted, num_served)
+                                    num_predicted, num_predicted - num_confirmed, num_served)
     return outcome

@@ -108,12 +108,15 @@ class RouterMetrics:
         self.kv_events = KVEventMetrics(r)
         self.cache_prediction_tokens = Counter(
             "router_cache_prediction_tokens", "Prompt tokens of the checked requests the index "
-            "predicted cached on the chosen worker (predicted) and the worker served from its "
-            "cache (served), both in whole blocks", ["worker", "kind"], registry=r)
+            "predicted cached on the chosen worker (predicted), the part of it only requests "
+            "in flight vouched for (in_flight) and the worker served from its cache (served), "
+            "all in whole blocks", ["worker", "kind"], registry=r)
         self.cache_predictions = Counter(
             "router_cache_predictions", "Requests whose predicted cached tokens were checked "
-            "against the worker's cached_tokens, by outcome: exact, over (predicted more than "
-            "served), under", ["worker", "namespace", "outcome"], registry=r)
+            "against the worker's cached_tokens, by outcome: exact, over (served less than "
+            "the confirmed prediction: a silent miss), under (served more), in_flight (served "
+            "less than predicted, only by what requests in flight vouched for)",
+            ["worker", "namespace", "outcome"], registry=r)
         self._request_counters: dict[tuple[str, str, int], Counter] = {}
         self._token_counters: dict[str, tuple[Counter, Counter]] = {}
         self._prediction_counters: dict[str, _PredictionCounters] = {}
@@ -168,7 +171,8 @@ class RouterMetrics:
         counters[1].inc(num_matched_tokens)
 
     def count_prediction(self, worker_id: str, namespace: str, outcome: str,
-                         num_predicted_tokens: int, num_served_tokens: int) -> None:
+                         num_predicted_tokens: int, num_in_flight_tokens: int,
+                         num_served_tokens: int) -> None:
         """Count one checked prediction (``router.fleet.cache_prediction``) of
         ``worker_id`` in base namespace ``namespace``: its outcome in
         ``router_cache_predictions_total`` and its tokens in
@@ -182,9 +186,11 @@ class RouterMetrics:
                 {name: self.cache_predictions.labels(worker_id, namespace, name)
                  for name in OUTCOMES},
                 self.cache_prediction_tokens.labels(worker_id, "predicted"),
+                self.cache_prediction_tokens.labels(worker_id, "in_flight"),
                 self.cache_prediction_tokens.labels(worker_id, "served"))
         counters.outcomes[outcome].inc()
         counters.predicted.inc(num_predicted_tokens)
+        counters.in_flight.inc(num_in_flight_tokens)
         counters.served.inc(num_served_tokens)
 
     def render(self, workers: Iterable[WorkerState]) -> bytes:
@@ -212,6 +218,7 @@ class _PredictionCounters(NamedTuple):
     namespace: str
     outcomes: dict[str, Counter]
     predicted: Counter
+    in_flight: Counter
     served: Counter
 
 

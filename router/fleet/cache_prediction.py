@@ -11,15 +11,24 @@ worker's prediction is cut so already (``Decider.match``); ours is not, because 
 block index also credits the partial blocks a worker announced and a speculative
 entry is token-granular, while our worker reuses a partly matched block token by
 token (copy on write), which the index cannot see. Cutting both numbers the same way
-leaves only differences of whole blocks: ``EXACT`` (equal), ``OVER`` (predicted more
-than served: the silent miss, the request went for a cache that was not there),
-``UNDER`` (predicted less).
+leaves only differences of whole blocks.
+
+Part of a prediction may be vouched for only by requests still in flight: a prefix
+just routed to the worker that it has not confirmed (``Matches.routed``: no
+``stored`` event yet; ``Matches.unconfirmed``: an approximate worker's entry whose
+request has had no first token yet). Neither our worker nor vLLM waits for another
+request's prefill, so a request sent for such a prefix may compute it again. The
+outcome therefore weighs what was served against the *confirmed* part as well:
+``EXACT`` (predicted = served), ``UNDER`` (predicted less), ``OVER`` (served less
+than the confirmed part: the silent miss, the index held a cache that was not
+there) and ``IN_FLIGHT`` (served less than predicted, but at least the confirmed
+part: the shortfall is in-flight credit, the index was early, not wrong).
 """
 
 from __future__ import annotations
 
-EXACT, OVER, UNDER = "exact", "over", "under"
-OUTCOMES = (EXACT, OVER, UNDER)
+EXACT, OVER, UNDER, IN_FLIGHT = "exact", "over", "under", "in_flight"
+OUTCOMES = (EXACT, OVER, UNDER, IN_FLIGHT)
 
 
 def reusable_tokens(num_tokens: int, num_prompt_tokens: int, block_size: int) -> int:
@@ -29,9 +38,15 @@ def reusable_tokens(num_tokens: int, num_prompt_tokens: int, block_size: int) ->
     return max(min(num_tokens, num_prompt_tokens - 1), 0) // block_size * block_size
 
 
-def prediction_outcome(num_predicted_tokens: int, num_served_tokens: int) -> str:
-    """``EXACT``, ``OVER`` or ``UNDER`` for a prediction of ``num_predicted_tokens``
-    against the ``num_served_tokens`` the worker served (both ``reusable_tokens``)."""
+def prediction_outcome(num_predicted_tokens: int, num_confirmed_tokens: int,
+                       num_served_tokens: int) -> str:
+    """``EXACT``, ``UNDER``, ``OVER`` or ``IN_FLIGHT`` for a prediction of
+    ``num_predicted_tokens``, ``num_confirmed_tokens`` of them confirmed (at most the
+    prediction), against the ``num_served_tokens`` the worker served (all three
+    ``reusable_tokens``): ``OVER`` only when the worker served less than the
+    confirmed part."""
     if num_predicted_tokens == num_served_tokens:
         return EXACT
-    return OVER if num_predicted_tokens > num_served_tokens else UNDER
+    if num_predicted_tokens < num_served_tokens:
+        return UNDER
+    return OVER if num_served_tokens < num_confirmed_tokens else IN_FLIGHT

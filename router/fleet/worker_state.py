@@ -9,13 +9,13 @@ effect at once.
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass
 from typing import Any
 
 from radix.namespace import CacheNamespace
 from router.config import WorkerSpec
-from router.fleet.cache_prediction import EXACT, OVER
+from router.fleet.cache_prediction import EXACT, OVER, UNDER
 from router.fleet.load_state import LoadState
 from router.fleet.probes import WorkerLoad
 from router.routing.adapters import WorkerLora
@@ -28,7 +28,7 @@ class WorkerStats:
     """Totals over requests this router sent to a worker: prompt tokens, tokens the
     index predicted cached (matched) and tokens the worker reported cached; and, of the
     requests whose prediction was checked (``router.fleet.cache_prediction``), how many
-    came out exact, over and under."""
+    came out exact, over, under and in flight."""
 
     num_requests: int = 0
     num_prompt_tokens: int = 0
@@ -37,6 +37,7 @@ class WorkerStats:
     num_exact_predictions: int = 0
     num_over_predictions: int = 0
     num_under_predictions: int = 0
+    num_in_flight_predictions: int = 0
 
     def record(self, num_prompt_tokens: int, num_matched_tokens: int,
                num_cached_tokens: int | None) -> None:
@@ -47,18 +48,21 @@ class WorkerStats:
         self.num_cached_tokens += num_cached_tokens or 0
 
     def record_prediction(self, outcome: str) -> None:
-        """Count one checked prediction under its outcome (``EXACT``, ``OVER``, ``UNDER``)."""
+        """Count one checked prediction under its outcome (``EXACT``, ``OVER``,
+        ``UNDER``, ``IN_FLIGHT``)."""
         if outcome == EXACT:
             self.num_exact_predictions += 1
         elif outcome == OVER:
             self.num_over_predictions += 1
-        else:
+        elif outcome == UNDER:
             self.num_under_predictions += 1
+        else:
+            self.num_in_flight_predictions += 1
 
     def to_dict(self) -> dict[str, object]:
         """Totals plus hit rates (cached / prompt, matched / prompt) and
-        ``exact_fraction``, the checked predictions that were exact (None before the
-        first)."""
+        ``exact_fraction``: of the checked predictions not ``in_flight``, the share that
+        were exact (None before the first)."""
         total = max(self.num_prompt_tokens, 1)
         num_checked = (self.num_exact_predictions + self.num_over_predictions
                        + self.num_under_predictions)
@@ -219,13 +223,15 @@ class WorkerState:
 class InFlight:
     """One attempt counted in its worker's in-flight load: the request until ``end``
     (when it ends or moves to another worker), its prompt tokens until ``prefilled``
-    (its first token came: the worker's prefill is done) or ``end``."""
+    (its first token came: the worker's prefill is done) or ``end``.
+    ``on_prefilled`` (None: nothing) is called once, at the first of the two."""
 
-    __slots__ = ("_worker", "_num_prompt_tokens")
+    __slots__ = ("_worker", "_num_prompt_tokens", "on_prefilled")
 
     def __init__(self, worker: WorkerState, num_prompt_tokens: int) -> None:
         self._worker = worker
         self._num_prompt_tokens = num_prompt_tokens
+        self.on_prefilled: Callable[[], None] | None = None
         worker.num_in_flight_requests += 1
         worker.num_in_flight_prompt_tokens += num_prompt_tokens
         worker.load_state.sent(num_prompt_tokens)
@@ -234,6 +240,9 @@ class InFlight:
         """The prompt tokens are no longer queued work (idempotent)."""
         self._worker.num_in_flight_prompt_tokens -= self._num_prompt_tokens
         self._num_prompt_tokens = 0
+        if self.on_prefilled is not None:
+            on_prefilled, self.on_prefilled = self.on_prefilled, None
+            on_prefilled()
 
     def end(self) -> None:
         """The attempt is over."""

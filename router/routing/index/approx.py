@@ -25,6 +25,13 @@ and after a note the worker's oldest entries go until it fits. Eviction is per n
 and nodes are cut by every worker's keys, so it frees tokens in finer steps than the
 worker's own keys alone would.
 
+Confirmation: a note made as its request is sent (``confirmed`` False) leaves the
+entries it creates unconfirmed until ``confirm`` of the same key says the worker has
+computed it; a confirmed entry stays so until it goes, and its ancestors are
+confirmed too. ``match`` gives, for the workers asked, the depth their confirmed
+entries reach as well: what the router knows a worker computed, apart from what it
+only sent there.
+
 Expiry: each note queues (time, worker) on the deque of the worker's TTL. A call at
 ``now`` pops the items older than the TTL and, for each, that worker's entries stamped
 at or before ``now - ttl_s``; every entry's own stamp is queued, so none outlives its
@@ -34,7 +41,8 @@ TTL and no call scans workers that have nothing due.
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Iterator, Mapping
+from collections.abc import Collection, Iterator, Mapping
+from collections.abc import Set as AbstractSet
 from typing import NamedTuple, TypeVar
 
 from radix.keys import TOKEN_BYTES
@@ -54,13 +62,15 @@ class Limits(NamedTuple):
 
 class _Entry:
     """One worker on one node, a link of that worker's list (``_Lru``'s sentinel has
-    ``holders`` None)."""
+    ``holders`` None); ``confirmed`` once a note or ``confirm`` of a key through the
+    node said the worker computed it."""
 
-    __slots__ = ("holders", "stamp", "prev", "next")
+    __slots__ = ("holders", "stamp", "confirmed", "prev", "next")
 
-    def __init__(self, holders: _Holders | None, stamp: float) -> None:
+    def __init__(self, holders: _Holders | None, stamp: float, confirmed: bool) -> None:
         self.holders = holders
         self.stamp = stamp
+        self.confirmed = confirmed
         self.prev: _Entry = self
         self.next: _Entry = self
 
@@ -85,7 +95,7 @@ class _Lru:
     def __init__(self, limits: Limits) -> None:
         self.limits = limits
         self.num_tokens = 0
-        self.ring = _Entry(None, 0.0)
+        self.ring = _Entry(None, 0.0, False)
 
     def oldest(self) -> _Entry | None:
         entry = self.ring.next
@@ -113,7 +123,9 @@ class ApproxIndex:
 
     Guarantee: ``match`` gives each worker the longest common prefix of the key with
     any key noted to it within its TTL under the key's scope or PUBLIC, less what its
-    capacity evicted (its least recently routed nodes first).
+    capacity evicted (its least recently routed nodes first); ``match_confirmed`` also
+    the same over the keys noted ``confirmed`` or ``confirm``-ed since (under the same
+    TTL and eviction: confirming stamps nothing).
     """
 
     def __init__(self) -> None:
@@ -123,10 +135,12 @@ class ApproxIndex:
         self._expiry: dict[float, deque[tuple[float, WorkerId]]] = {}
 
     def note(self, worker_id: WorkerId, key: bytes, scope: Scope, now: float,
-             limits: Limits) -> None:
+             limits: Limits, confirmed: bool = True) -> None:
         """Stamp ``key``'s path (cut to the capacity) for ``worker_id`` at ``now``, then
         evict its oldest entries past its capacity. ``limits`` apply from a worker's
-        first note until ``reset_worker``. O(path + evicted)."""
+        first note until ``reset_worker``. ``confirmed`` False: the worker has yet to
+        compute ``key`` (its request is in flight; ``confirm`` it later): new entries
+        stay unconfirmed, confirmed ones stay confirmed. O(path + evicted)."""
         self._expire(now)
         lru = self._workers.get(worker_id)
         if lru is None:
@@ -147,11 +161,12 @@ class ApproxIndex:
                 holders.node = node
             entry = holders.get(worker_id)
             if entry is None:
-                entry = holders[worker_id] = _Entry(holders, now)
+                entry = holders[worker_id] = _Entry(holders, now, confirmed)
                 lru.num_tokens += node.num_tokens
                 num_entries[worker_id] = num_entries.get(worker_id, 0) + 1
             else:
                 lru.unlink(entry)
+                entry.confirmed = entry.confirmed or confirmed
             entry.stamp = now
             lru.link_after(lru.ring.prev, entry)
         self._expiry.setdefault(lru.limits.ttl_s, deque()).append((now, worker_id))
@@ -162,7 +177,7 @@ class ApproxIndex:
         head = _Holders(None)
         num_entries = self._num_entries[tail.node.scope]
         for worker_id, entry in tail.items():
-            head[worker_id] = _Entry(head, entry.stamp)
+            head[worker_id] = _Entry(head, entry.stamp, entry.confirmed)
             self._workers[worker_id].link_after(entry, head[worker_id])
             num_entries[worker_id] += 1
         return head, tail
@@ -199,18 +214,42 @@ class ApproxIndex:
                 while (entry := lru.oldest()) is not None and entry.stamp <= worker_cutoff:
                     self._drop(worker_id, lru, entry)
 
-    def match(self, key: bytes, scope: Scope, now: float) -> dict[WorkerId, int]:
-        """Matched tokens per worker (workers with none are left out), expired entries
-        dropped first. Costs one walk of the scope's tree and one of the PUBLIC tree,
-        plus set operations over the workers on the nodes walked."""
+    def match(self, key: bytes, scope: Scope, now: float,
+              confirming: Collection[WorkerId] = ()) -> tuple[Counts, Counts]:
+        """Matched tokens per worker, and for the workers of ``confirming`` the part of
+        it their confirmed entries cover (workers with none are left out of each),
+        expired entries dropped first. Costs one walk of the scope's tree and one of
+        the PUBLIC tree, plus set operations over the workers on the nodes walked; each
+        worker of ``confirming`` matched adds a look at its nodes from the deepest up
+        to its deepest confirmed one."""
         self._expire(now)
-        found: dict[WorkerId, int] = {}
+        found: Counts = {}
+        confirmed: Counts = {}
         for tree_scope in (scope, PUBLIC) if scope != PUBLIC else (PUBLIC,):
             tree = self._trees.get(tree_scope)
             if tree is not None:
                 result = tree.match(key, tree_scope, touch=False)
-                credit_deepest(result, len(self._num_entries[tree_scope]), found)
-        return found
+                deepest = deepest_holders(result, len(self._num_entries[tree_scope]))
+                raise_to(found, deepest)
+                if confirming:
+                    credit_confirmed(result, deepest.keys() & confirming, confirmed)
+        return found, confirmed
+
+    def confirm(self, worker_id: WorkerId, key: bytes, scope: Scope) -> None:
+        """Mark ``worker_id``'s entries on the nodes ``key`` (cut to its capacity) covers
+        whole under ``scope`` confirmed: the worker has computed ``key``. Stamps
+        nothing (an entry lives as long as its notes say); entries already gone stay
+        gone. O(path)."""
+        lru = self._workers.get(worker_id)
+        tree = self._trees.get(scope)
+        if lru is None or tree is None:
+            return
+        result = tree.match(key[: lru.limits.capacity_tokens * TOKEN_BYTES], scope, touch=False)
+        for node in result.nodes:
+            entry = node.payload.get(worker_id)
+            if entry is None or node.end > result.num_matched_tokens:
+                return
+            entry.confirmed = True
 
     def reset_worker(self, worker_id: WorkerId) -> None:
         """Forget every entry of ``worker_id`` and its limits; O(its entries)."""
@@ -225,7 +264,7 @@ class ApproxIndex:
 
     def check_invariants(self) -> None:
         """Raise AssertionError unless every node holds a worker, a worker on a node is
-        on its parent with a stamp at least as recent, each worker's list runs oldest
+        on its parent with a stamp at least as recent (confirmed if it is), each worker's list runs oldest
         first with every descendant before its ancestors, holds exactly its entries,
         their tokens (at most its capacity) and their stamps on its expiry queue.
         O(entries): for tests."""
@@ -243,6 +282,7 @@ class ApproxIndex:
                         parent_entry = node.parent.payload.get(worker_id)
                         assert parent_entry is not None, f"{worker_id} on {node}, not its parent"
                         assert parent_entry.stamp >= entry.stamp, node
+                        assert parent_entry.confirmed or not entry.confirmed, node
                     entries.setdefault(worker_id, set()).add(entry)
                     counts[worker_id] = counts.get(worker_id, 0) + 1
             assert counts == self._num_entries[scope], f"entry counts of {scope}"
@@ -263,18 +303,33 @@ class ApproxIndex:
         assert not entries, f"entries of unknown workers {set(entries)}"
 
 
-def credit_deepest(result: MatchResult[H], num_workers: int, found: Counts) -> None:
-    """Raise ``found[w]`` to the depth of the deepest node of ``result`` whose payload
-    holds ``w``, counted only up to the matched part of the last node. The walk goes
-    deepest first and stops once all ``num_workers`` workers of the tree were seen;
-    each node costs set operations over its payload's keys, not a Python loop."""
+def deepest_holders(result: MatchResult[H], num_workers: int) -> Counts:
+    """Per worker, the depth of the deepest node of ``result`` whose payload holds it,
+    counted only up to the matched part of the last node. The walk goes deepest first
+    and stops once all ``num_workers`` workers of the tree were seen; each node costs
+    set operations over its payload's keys, not a Python loop."""
     deepest: Counts = {}
     for node in reversed(result.nodes):
         depth = min(node.end, result.num_matched_tokens)
         deepest.update(dict.fromkeys(node.payload.keys() - deepest.keys(), depth))
         if len(deepest) == num_workers:
             break
-    raise_to(found, deepest)
+    return deepest
+
+
+def credit_confirmed(result: MatchResult[_Holders], workers: AbstractSet[WorkerId],
+                     confirmed: Counts) -> None:
+    """Raise ``confirmed[w]`` for each of ``workers`` to the depth of the deepest node
+    of ``result`` holding a confirmed entry of ``w`` (up to the matched part of the
+    last node), looking from the deepest node up until it finds one."""
+    for worker_id in workers:
+        for node in reversed(result.nodes):
+            entry = node.payload.get(worker_id)
+            if entry is not None and entry.confirmed:
+                depth = min(node.end, result.num_matched_tokens)
+                if confirmed.get(worker_id, 0) < depth:
+                    confirmed[worker_id] = depth
+                break
 
 
 def raise_to(found: Counts, other: Counts) -> None:

@@ -8,6 +8,13 @@ namespace, its trees shared by all workers): for workers marked approximate
 the worker's KV cache, for every other worker a speculative entry with a short TTL
 that the real ``stored`` event supersedes.
 
+What only requests in flight vouch for (``match_routed``): for a
+worker whose events are followed, its speculative entries beyond what it reported
+stored; for an approximate one, its entries this router noted as it sent a request
+(``note_routed(confirmed=False)``) and has not yet confirmed (``confirm_routed``, at
+the request's first token or end). The learn step counts a shortfall within that part
+as ``in_flight``, not as a silent miss (``router.fleet.cache_prediction``).
+
 Stale workers (``set_stale``: a worker whose event stream went silent, jumped or is
 being rebuilt) keep their exact entries, on which a resumed stream builds, but
 ``match`` leaves them out: such a worker is matched by what was routed to it since it
@@ -31,7 +38,7 @@ from radix.events import KVEvent
 from radix.keys import TOKEN_BYTES
 from radix.tree import Scope
 from router.config import IndexConfig
-from router.routing.index.approx import ApproxIndex, Limits
+from router.routing.index.approx import ApproxIndex, Counts, Limits
 from router.routing.index.blocks import BlockIndex
 from router.routing.index.ids import NamespaceDigest, WorkerId
 
@@ -115,13 +122,33 @@ class RouterIndex:
                 approx.reset_worker(worker_id)
 
     def note_routed(self, namespace: NamespaceDigest, worker_id: WorkerId, key: bytes,
-                    scope: str) -> None:
+                    scope: str, confirmed: bool = True) -> None:
         """Record that ``key`` was just routed to ``worker_id`` under ``scope``: an
-        approximate entry for approximate workers, a speculative one for the others."""
+        approximate entry for approximate workers, a speculative one for the others.
+        ``confirmed`` False: the request is on its way (this router's own decision),
+        and an approximate worker's new entries count as in flight until
+        ``confirm_routed``; True (a sibling router's decision, which this router
+        cannot see end) counts them as computed at once."""
         approx = self._approx.get(namespace)
         if approx is None:
             approx = self._approx[namespace] = ApproxIndex()
-        approx.note(worker_id, key, Scope(scope), self._clock(), self._limits(worker_id))
+        approx.note(worker_id, key, Scope(scope), self._clock(), self._limits(worker_id),
+                    confirmed)
+
+    def is_approximate(self, worker_id: WorkerId) -> bool:
+        """Whether ``worker_id`` is matched by what was routed to it (approximate or
+        stale), so ``confirm_routed`` has something to confirm."""
+        return worker_id in self._approximate_capacity
+
+    def confirm_routed(self, namespace: NamespaceDigest, worker_id: WorkerId, key: bytes,
+                       scope: str) -> None:
+        """An approximate worker has computed ``key``, noted ``confirmed=False`` under
+        ``scope`` (its request's first token came, or the request ended): its entries
+        on that path count as confirmed from now on (``match_routed``'s
+        ``unconfirmed`` no longer holds them). Nothing for other workers. O(path)."""
+        approx = self._approx.get(namespace)
+        if approx is not None and worker_id in self._approximate_capacity:
+            approx.confirm(worker_id, key, Scope(scope))
 
     def kept_key(self, worker_id: WorkerId, key: bytes) -> bytes:
         """The part of ``key`` that ``note_routed`` keeps for ``worker_id``: its first
@@ -141,25 +168,34 @@ class RouterIndex:
         return self.match_routed(namespace, key, scope)[0]
 
     def match_routed(self, namespace: NamespaceDigest, key: bytes, scope: str
-                     ) -> tuple[dict[WorkerId, int], dict[WorkerId, int]]:
-        """``match``, and for each worker whose KV events are followed, the tokens of
-        its match that only a speculative entry vouches for: a prefix just routed there
-        whose blocks it has not reported stored, which it is still computing (or was
-        never sent). Workers with none are left out of each."""
+                     ) -> tuple[Counts, Counts, Counts]:
+        """(``match``, routed, unconfirmed): of each worker's match, for a worker whose
+        KV events are followed, *routed* is the part only a speculative entry vouches
+        for (a prefix just routed there whose blocks it has not reported stored: it is
+        still computing it, or it was never sent); for an approximate (or stale) worker,
+        *unconfirmed* is the part only this router's requests not yet confirmed
+        (``confirm_routed``) vouch for. Workers with none are left out of each; the
+        match less both is what the index holds confirmed. A plain tuple, no more
+        than ``match`` costs while no worker is approximate."""
         found = self._exact.match(namespace, key, scope)
         for worker_id in self._stale:
             found.pop(worker_id, None)
-        routed: dict[WorkerId, int] = {}
+        routed: Counts = {}
+        unconfirmed: Counts = {}
         approx = self._approx.get(namespace)
         if approx is None:
-            return found, routed
-        for worker_id, num_tokens in approx.match(key, Scope(scope), self._clock()).items():
+            return found, routed, unconfirmed
+        approximate = self._approximate_capacity
+        by_routes, confirmed = approx.match(key, Scope(scope), self._clock(), approximate)
+        for worker_id, num_tokens in by_routes.items():
             num_stored = found.get(worker_id, 0)
             if num_tokens > num_stored:
                 found[worker_id] = num_tokens
-                if worker_id not in self._approximate_capacity:
+                if worker_id not in approximate:
                     routed[worker_id] = num_tokens - num_stored
-        return found, routed
+                elif (num_known := max(confirmed.get(worker_id, 0), num_stored)) < num_tokens:
+                    unconfirmed[worker_id] = num_tokens - num_known
+        return found, routed, unconfirmed
 
     def match_tiers(self, namespace: NamespaceDigest, key: bytes, scope: str
                     ) -> dict[WorkerId, tuple[int, int]]:

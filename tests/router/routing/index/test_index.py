@@ -218,11 +218,34 @@ def test_the_routed_part_of_a_match_is_what_only_a_speculative_entry_vouches_for
     for worker_id in ("w1", "w2", "oa"):
         index.note_routed(NS, worker_id, to_key([1, 2, 3, 4, 5, 6]), PUBLIC)
     key = to_key([1, 2, 3, 4, 5, 6, 7])
-    assert index.match_routed(NS, key, PUBLIC) == ({"w1": 6, "w2": 6, "oa": 6}, {"w1": 2, "w2": 6})
+    assert index.match_routed(NS, key, PUBLIC) == (
+        {"w1": 6, "w2": 6, "oa": 6}, {"w1": 2, "w2": 6}, {})  # oa's note was a sibling's
     index.apply_event("w2", stored(("b0", None, [1, 2, 3, 4]), ("b1", "b0", [5, 6])))
-    assert index.match_routed(NS, key, PUBLIC) == ({"w1": 6, "w2": 6, "oa": 6}, {"w1": 2})
+    assert index.match_routed(NS, key, PUBLIC) == ({"w1": 6, "w2": 6, "oa": 6}, {"w1": 2}, {})
     clock.now += 5
-    assert index.match_routed(NS, key, PUBLIC) == ({"w1": 4, "w2": 6, "oa": 6}, {})
+    assert index.match_routed(NS, key, PUBLIC) == ({"w1": 4, "w2": 6, "oa": 6}, {}, {})
+
+
+def test_an_approximate_workers_unconfirmed_part_is_what_only_requests_in_flight_vouch_for():
+    clock = Clock()
+    index = RouterIndex(clock=clock)
+    index.set_approximate("oa")
+    index.note_routed(NS, "oa", to_key([1, 2, 3, 4]), PUBLIC, confirmed=False)
+    assert index.match_routed(NS, to_key([1, 2, 3]), PUBLIC) == ({"oa": 3}, {}, {"oa": 3})
+    index.confirm_routed(NS, "oa", to_key([1, 2, 3, 4]), PUBLIC)  # its first token came
+    for worker_id in ("oa", "w1"):
+        index.note_routed(NS, worker_id, to_key([1, 2, 3, 4, 5, 6]), PUBLIC, confirmed=False)
+    key = to_key([1, 2, 3, 4, 5, 6, 7])
+    assert index.match_routed(NS, key, PUBLIC) == ({"oa": 6, "w1": 6}, {"w1": 6}, {"oa": 2})
+    index.confirm_routed(NS, "w1", to_key([1, 2, 3, 4, 5, 6]), PUBLIC)  # w1's events confirm
+    index.confirm_routed(NS, "oa", to_key([1, 2, 3, 4, 5, 6]), PUBLIC)
+    assert index.match_routed(NS, key, PUBLIC) == ({"oa": 6, "w1": 6}, {"w1": 6}, {})
+    index.note_routed(NS, "oa", to_key([1, 2, 3, 4, 5, 6, 7, 8]), PUBLIC, confirmed=False)
+    assert index.match_routed(NS, key, PUBLIC) == ({"oa": 7, "w1": 6}, {"w1": 6}, {"oa": 1})
+    index.set_stale("w1")  # a stale worker's routes since are approximate: in flight too
+    index.note_routed(NS, "w1", to_key([1, 2]), PUBLIC, confirmed=False)
+    assert index.match_routed(NS, key, PUBLIC) == ({"oa": 7, "w1": 2}, {}, {"oa": 1, "w1": 2})
+    index.check_invariants()
 
 
 def test_a_stale_worker_is_matched_by_what_was_routed_to_it_until_it_is_exact_again():
@@ -236,7 +259,7 @@ def test_a_stale_worker_is_matched_by_what_was_routed_to_it_until_it_is_exact_ag
     index.note_routed(NS, "w1", to_key([1, 2, 3, 4, 5, 6]), PUBLIC)
     clock.now += 30  # far past a speculative entry's TTL: it is kept as approximate
     assert index.match_routed(NS, to_key([1, 2, 3, 4, 5, 6, 7, 8]), PUBLIC) == (
-        {"w1": 6, "w2": 4}, {})
+        {"w1": 6, "w2": 4}, {}, {})
     index.apply_event("w1", removed("a1"))  # its events still apply while it is stale
     index.set_exact("w1")
     assert match(index, [1, 2, 3, 4, 5, 6, 7, 8]) == {"w1": 4, "w2": 4}

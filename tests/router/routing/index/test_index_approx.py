@@ -1,8 +1,11 @@
 """The approximate part of RouterIndex (one tree per scope shared by all workers):
 exact outcomes of splits, TTLs, capacity eviction and resets, then a property test
-against a brute-force model of what was routed to whom and when."""
+against a brute-force model of what was routed to whom and when, and which of it the
+worker confirmed it computed."""
 
 from __future__ import annotations
+
+from itertools import pairwise
 
 from hypothesis import settings
 from hypothesis import strategies as st
@@ -149,15 +152,45 @@ SCOPES = ["tenant-a", "tenant-b", PUBLIC]
 tokens = st.lists(st.integers(0, 2), min_size=0, max_size=12)
 
 
+def ttl(worker_id: str) -> float:
+    return CONFIG.approximate_ttl_s if worker_id == "oa" else CONFIG.speculative_ttl_s
+
+
 class RoutedModel:
-    """Brute force: per worker noted since its reset, every (time, key, scope) noted."""
+    """Brute force: per worker noted since its reset, every (time, key, scope,
+    confirmed) noted and every (time, key, scope) confirmed."""
 
     def __init__(self) -> None:
-        self.notes: dict[str, list[tuple[float, tuple[int, ...], str]]] = {}
+        self.notes: dict[str, list[tuple[float, tuple[int, ...], str, bool]]] = {}
+        self.confirms: dict[str, list[tuple[float, tuple[int, ...], str]]] = {}
 
     def live(self, worker_id: str, now: float) -> list[tuple[tuple[int, ...], str]]:
-        ttl_s = CONFIG.approximate_ttl_s if worker_id == "oa" else CONFIG.speculative_ttl_s
-        return [(key, scope) for t, key, scope in self.notes[worker_id] if t > now - ttl_s]
+        return [(key, scope) for t, key, scope, _ in self.notes[worker_id]
+                if t > now - ttl(worker_id)]
+
+    def is_confirmed(self, worker_id: str, prefix: tuple[int, ...], scope: str,
+                     now: float) -> bool:
+        """Whether the worker's live entry for ``prefix`` is confirmed: a confirmed note
+        or a confirm covering it since its entry was made (the first note after a gap
+        of a TTL, when the entry had expired)."""
+        def covers(key: tuple[int, ...], key_scope: str) -> bool:
+            return key_scope == scope and key[: len(prefix)] == prefix
+
+        times = [(t, confirmed) for t, key, s, confirmed in self.notes[worker_id]
+                 if covers(key, s)]
+        if not times or times[-1][0] <= now - ttl(worker_id):
+            return False
+        start = times[0][0]
+        for (before, _), (t, _) in pairwise(times):
+            start = t if t - before >= ttl(worker_id) else start
+        return (any(confirmed for t, confirmed in times if t >= start)
+                or any(t >= start and covers(key, s)
+                       for t, key, s in self.confirms.get(worker_id, [])))
+
+    def confirmed_match(self, worker_id: str, query: list[int], scope: str,
+                        now: float) -> int:
+        return max((i for i in range(1, len(query) + 1) for s in (scope, PUBLIC)
+                    if self.is_confirmed(worker_id, tuple(query[:i]), s, now)), default=0)
 
     def match(self, query: list[int], scope: str, now: float) -> dict[str, int]:
         found = {}
@@ -182,11 +215,22 @@ class ApproxMachine(RuleBasedStateMachine):
         self.model = RoutedModel()
         self.keys: list[list[int]] = []
 
-    @rule(worker_id=st.sampled_from(WORKERS), key=tokens, scope=st.sampled_from(SCOPES))
-    def note_routed(self, worker_id: str, key: list[int], scope: str) -> None:
-        self.index.note_routed(NS, worker_id, to_key(key), scope)
-        self.model.notes.setdefault(worker_id, []).append((self.clock.now, tuple(key), scope))
+    @rule(worker_id=st.sampled_from(WORKERS), key=tokens, scope=st.sampled_from(SCOPES),
+          confirmed=st.booleans())
+    def note_routed(self, worker_id: str, key: list[int], scope: str, confirmed: bool) -> None:
+        self.index.note_routed(NS, worker_id, to_key(key), scope, confirmed)
+        self.model.notes.setdefault(worker_id, []).append(
+            (self.clock.now, tuple(key), scope, confirmed))
         self.keys.append(key)
+
+    @rule(worker_id=st.sampled_from(WORKERS), pick=st.integers(0, 1_000))
+    def confirm_routed(self, worker_id: str, pick: int) -> None:
+        """Confirm one of the worker's live keys, as its request's first token does."""
+        live = self.model.live(worker_id, self.clock.now) if worker_id in self.model.notes else []
+        if live:
+            key, scope = live[pick % len(live)]
+            self.index.confirm_routed(NS, worker_id, to_key(list(key)), scope)
+            self.model.confirms.setdefault(worker_id, []).append((self.clock.now, key, scope))
 
     @rule(seconds=st.sampled_from([0.0, 0.5, 1.0, 1.5, 2.0, 3.0]))
     def advance(self, seconds: float) -> None:
@@ -196,14 +240,21 @@ class ApproxMachine(RuleBasedStateMachine):
     def reset_worker(self, worker_id: str) -> None:
         self.index.reset_worker(worker_id)
         self.model.notes.pop(worker_id, None)
+        self.model.confirms.pop(worker_id, None)
 
     @rule(query=tokens, scope=st.sampled_from([*SCOPES, "tenant-c"]))
     def random_query(self, query: list[int], scope: str) -> None:
         self.check_query(query, scope)
 
     def check_query(self, query: list[int], scope: str) -> None:
-        got = self.index.match(NS, to_key(query), scope)
-        assert got == self.model.match(query, scope, self.clock.now), (query, scope)
+        found, routed, got_unconfirmed = self.index.match_routed(NS, to_key(query), scope)
+        want = self.model.match(query, scope, self.clock.now)
+        assert found == want, (query, scope)
+        assert routed == {w: n for w, n in want.items() if w != "oa"}, (query, scope)
+        num_confirmed = (self.model.confirmed_match("oa", query, scope, self.clock.now)
+                         if "oa" in want else 0)
+        unconfirmed = {"oa": want["oa"] - num_confirmed} if num_confirmed < want.get("oa", 0) else {}
+        assert got_unconfirmed == unconfirmed, (query, scope)
 
     @invariant()
     def index_matches_the_model(self) -> None:
