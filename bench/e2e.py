@@ -33,7 +33,7 @@ import re
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import NamedTuple
 
@@ -70,11 +70,16 @@ def prompt_text(request: TraceRequest) -> str:
 
 
 def _our_router_config(worker_urls: list[str], policy: str, weights: dict[str, float],
-                       poll_interval_s: float) -> str:
-    lines = ["[models.demo]", 'tokenizer = "demo"', "[registry]",
-             f"poll_interval_s = {poll_interval_s}", "[policy]", f'name = "{policy}"',
+                       poll_interval_s: float,
+                       settings: Mapping[str, Mapping[str, float | bool]]) -> str:
+    sections = {**settings, "registry": {"poll_interval_s": poll_interval_s,
+                                         **settings.get("registry", {})}}
+    lines = ["[models.demo]", 'tokenizer = "demo"', "[policy]", f'name = "{policy}"',
              "[policy.weights]", *(f"{name} = {value}" for name, value in weights.items()),
              "[auth.tenants.bench]", f'key_digests = ["{hash_key(TENANT_KEY)}"]']
+    for section, values in sections.items():
+        lines += [f"[{section}]", *(f"{name} = {str(value).lower() if isinstance(value, bool) else value}"
+                                    for name, value in values.items())]
     for i, url in enumerate(worker_urls):
         lines += ["[[workers]]", f'id = "w{i}"', 'model = "demo"', f'url = "{url}"',
                   'api_key_env = "RADIX_WORKER_KEY_E2E"']
@@ -109,16 +114,19 @@ class RunningRouter(NamedTuple):
 
 
 @contextlib.contextmanager
-def router(setup: str, urls: list[str], log_dir: Path,
-           poll_interval_s: float = 1.0) -> Iterator[RunningRouter]:
+def router(setup: str, urls: list[str], log_dir: Path, poll_interval_s: float = 1.0,
+           settings: Mapping[str, Mapping[str, float | bool]] | None = None
+           ) -> Iterator[RunningRouter]:
     """The router of ``setup`` in front of ``urls``: a peer setup's name, or ours:
     ``ours <policy>`` optionally followed by ``name=value`` weights, polling its
-    workers' load every ``poll_interval_s`` (the peers poll none)."""
+    workers' load every ``poll_interval_s`` (the peers poll none), with the config
+    sections ``settings`` (ours only: ``{"registry": {"pushed_load": False}}``)."""
     if setup.startswith("ours "):
         _, policy, *items = setup.split()
         weights = {k: float(v) for k, v in (item.split("=") for item in items)}
         path = log_dir / "router.toml"
-        path.write_text(_our_router_config(urls, policy, weights, poll_interval_s))
+        path.write_text(_our_router_config(urls, policy, weights, poll_interval_s,
+                                           settings or {}))
         router = start_process(router_args(path), {"RADIX_WORKER_KEY_E2E": WORKER_KEY})
         try:
             deadline = time.monotonic() + READY_TIMEOUT_S

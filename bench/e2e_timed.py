@@ -4,7 +4,9 @@
 K timed workers (``--model timed:<profile>``: the real engine, KV cache, events and
 HTTP; the forward pass a wait from ``radix.cost_model``) are started once per size
 and every router setup runs in front of the same processes: ours (``cache_aware``,
-exact KV events), ours with ``round_robin``, and, when ``bench/.peers`` has them,
+exact KV events, load pushed on the event stream), ours with ``round_robin``, ours
+with its load polled (a setup ending in ``polled``: ``"ours cache_aware polled"``,
+``registry.pushed_load = false``), and, when ``bench/.peers`` has them,
 sglang-router (default and tuned thresholds) and vllm-router (cache_aware,
 consistent_hash). Every run prefixes its prompts with a run tag, so no run finds
 another's blocks in a cache (earlier runs' blocks stay until LRU evicts them).
@@ -13,8 +15,21 @@ Load: open loop, the trace's arrivals rescaled to ``load`` x the cluster's capac
 (``capacity_rps``), each request sent at its arrival whatever is in flight; and
 closed loop, ``--clients-per-worker`` x K clients taking requests in trace order.
 Waits run ``--time-scale`` times slower than the profile (so the engines' CPU time
-on this machine stays small beside them); every time reported here is divided back,
-and our router polls its workers' load every ``POLL_INTERVAL_S`` profile seconds.
+on this machine stays small beside them); every time reported here is divided back.
+
+Time scale and the router's periodic work, in **profile time**: every interval of our
+router and workers that does not come from a request is multiplied by the time scale
+too (``timed_settings``), so it happens as often per request as in front of real
+GPUs: the load poll (``POLL_INTERVAL_S``, 1 profile s), the identity probe of a
+worker that pushes its load (``PROBE_INTERVAL_S``, 10), the event stream's deadline
+(``READ_TIMEOUT_S``, 15), and on the workers the load push interval
+(``PUSH_INTERVAL_S``, 5 ms) and the idle heartbeat (``HEARTBEAT_S``, 5 s). So the
+router's CPU over a run is what it would spend in front of real GPUs over the run's
+profile time, and nothing is subtracted from it. With ``--idle-s`` the router is
+also watched idle in **real time** (``idle_cores``): our router with its default
+intervals in front of the same workers, no traffic, for that many seconds (the
+workers' heartbeats stay in profile time: a twentieth of their real rate, a few
+frames a second at 32 workers in real time).
 
 Phases (``--phases``): each setup sends its tagged trace twice through one router
 process, "cold" (no cache holds the tag) and "warm" (the same requests again, right
@@ -27,9 +42,9 @@ Per run: TTFT p50/p99 (client side, first streamed text), cached fraction (usage
 and max/mean, goodput: requests per second whose TTFT met ``--slo-s``, the mean CPU
 of a worker over the run (cores, at this time scale), how late the client sent its
 requests (p99, profile seconds: a loaded machine's CPU queueing, which reads as GPU
-time in every TTFT), and the router's CPU: per
-request and in cores at the profile's real time (``router_cpu``: what it would need
-in front of real GPUs at this request rate); for ours, how exactly its index predicted
+time in every TTFT), and the router's CPU, from ``/proc`` of its process, the whole
+of it: per request and in cores at the profile's real time (``router_cpu``: what it
+would need in front of real GPUs at this request rate); for ours, how exactly its index predicted
 what each worker served from its cache (``bench.exactness``: exact, over, under and
 in_flight counts and the exact fraction, from the router's ``/metrics``).
 """
@@ -71,12 +86,18 @@ CONFIG = WorkloadConfig(num_docs=60, doc_tokens=(400, 1600), docs_per_request=(1
                         output_tokens=(16, 48), num_turns=(2, 6), tool_result_tokens=(80, 400),
                         vocab_size=26)
 OUR_SETUPS = ("ours cache_aware", "ours round_robin")
-# Our router's load poll, in profile seconds (its default in real time).
+# Our router's and workers' periodic work, in profile seconds (their defaults in real
+# time), multiplied by the time scale in a run (module docstring).
 POLL_INTERVAL_S = 1.0
+PROBE_INTERVAL_S = 10.0
+READ_TIMEOUT_S = 15.0
+PUSH_INTERVAL_S = 0.005
+HEARTBEAT_S = 5.0
+POLLED = "polled"
+# Seconds an idle router is left to connect its streams and probe before it is watched.
+IDLE_SETTLE_S = 5.0
 DECODE_BATCH = 16
 TAG_TOKENS = 4
-# Seconds a router is watched idle before its run, to take its polls out of its CPU.
-IDLE_WINDOW_S = 1.0
 Outcome = tuple[int, int, float | None, int, str | None]
 
 
@@ -143,11 +164,9 @@ def run_cell(setup: str, started: list, requests: list[TraceRequest], load: str,
     router knows what it learned or routed then), each phase measured on its own."""
     urls = [w.url for w in started]
     by_phase: dict[str, dict[str, object]] = {}
-    with router(setup, urls, log_dir, POLL_INTERVAL_S / args.time_scale) as running:
+    base, settings = timed_settings(setup, args.time_scale)
+    with router(base, urls, log_dir, settings=settings) as running:
         url, key, pid, metrics_url = running
-        router_cpu_before = process_cpu_s(pid)
-        time.sleep(IDLE_WINDOW_S)
-        idle_cores = (process_cpu_s(pid) - router_cpu_before) / IDLE_WINDOW_S
         for phase in phases:
             before = [requests_served(w) for w in started]
             cpu_before = [w.cpu_s() for w in started]
@@ -168,23 +187,59 @@ def run_cell(setup: str, started: list, requests: list[TraceRequest], load: str,
                 **summarize(outcomes, per_worker, wall_s, args.time_scale, args.slo_s),
                 "worker_cpu_cores": float(np.mean(cpu_s)) / wall_s,
                 "send_late_p99_s": float(np.percentile(late_s, 99)) / args.time_scale,
-                **router_cpu(router_cpu_s, idle_cores, len(outcomes), wall_s, args.time_scale)}
+                **router_cpu(router_cpu_s, len(outcomes), wall_s, args.time_scale)}
             if metrics_url:
                 by_phase[phase].update(exactness(checked_before, prediction_counts(metrics_url)))
     return by_phase
 
 
-def router_cpu(cpu_s: float, idle_cores: float, num_requests: int, wall_s: float,
-               time_scale: float) -> dict[str, float]:
-    """The router's CPU over a run of ``num_requests`` in ``wall_s``, net of what it
-    burns idle (``idle_cores``: its load polls, which a timed run makes ``time_scale``
-    times as frequent as in real time): CPU per request, and the cores it would need
-    in real time, where the same requests arrive ``time_scale`` times faster and the
-    polls at their real interval."""
-    per_request_s = max(0.0, cpu_s - idle_cores * wall_s) / max(num_requests, 1)
-    real_rps = num_requests * time_scale / wall_s
-    return {"router_cpu_ms_per_request": 1e3 * per_request_s, "router_idle_cores": idle_cores,
-            "router_cpu_cores_real_time": per_request_s * real_rps + idle_cores / time_scale}
+def router_cpu(cpu_s: float, num_requests: int, wall_s: float, time_scale: float
+               ) -> dict[str, float]:
+    """The router's whole CPU over a run of ``num_requests`` in ``wall_s``, its polls,
+    probes and pushes included (in profile time, as often per request as in real
+    time): CPU per request, and the cores it would need in real time, where the run
+    takes ``wall_s / time_scale``."""
+    return {"router_cpu_ms_per_request": 1e3 * cpu_s / max(num_requests, 1),
+            "router_cpu_cores_real_time": cpu_s * time_scale / wall_s}
+
+
+def timed_settings(setup: str, time_scale: float, real_time: bool = False
+                   ) -> tuple[str, dict[str, dict[str, float | bool]]]:
+    """``setup`` without a trailing ``polled``, and our router's settings for it: load
+    pushed (or polled for a ``polled`` setup), the poll and probe intervals in profile
+    time (``real_time``: at their defaults), the event stream's deadline in profile
+    time either way (the workers' heartbeat is)."""
+    words = setup.split()
+    pushed = words[-1] != POLLED
+    scale = 1.0 if real_time else time_scale
+    return " ".join(words if pushed else words[:-1]), {
+        "registry": {"poll_interval_s": POLL_INTERVAL_S * scale,
+                     "probe_interval_s": PROBE_INTERVAL_S * scale, "pushed_load": pushed},
+        "kv_events": {"read_timeout_s": READ_TIMEOUT_S * time_scale}}
+
+
+def idle_cores(setup: str, started: list, log_dir: Path, time_scale: float,
+               idle_s: float) -> float:
+    """Cores our router of ``setup`` burns in front of ``started`` with no traffic, in
+    real time (its intervals at their defaults), watched for ``idle_s`` after
+    ``IDLE_SETTLE_S``."""
+    base, settings = timed_settings(setup, time_scale, real_time=True)
+    with router(base, [w.url for w in started], log_dir, settings=settings) as running:
+        time.sleep(IDLE_SETTLE_S)
+        before = process_cpu_s(running.pid)
+        time.sleep(idle_s)
+        return (process_cpu_s(running.pid) - before) / idle_s
+
+
+def worker_flags(profile: Profile, args: argparse.Namespace, tmp: Path) -> tuple[str, ...]:
+    """The timed workers' flags: the profile at the time scale, and their load push
+    interval and heartbeat in profile time (a config file in ``tmp``)."""
+    config = tmp / "worker.toml"
+    config.write_text(f"[server]\nkv_events_heartbeat_s = {HEARTBEAT_S * args.time_scale}\n")
+    return ("--model", f"timed:{profile.name}", "--served-model-name", "demo", "--time-scale",
+            str(args.time_scale), "--max-batched-tokens", str(args.max_batched_tokens),
+            "--load-push-interval-s", str(PUSH_INTERVAL_S * args.time_scale),
+            "--config", str(config))
 
 
 def tagged(requests: list[TraceRequest], run: int) -> list[TraceRequest]:
@@ -223,12 +278,10 @@ def _row(key: str, r: dict) -> str:
     return (f"{key:<44}{r['num_errors']:>5}{r['cached_fraction']:>8.1%}{1e3 * r['ttft_p50_s']:>8.0f}"
             f"{1e3 * r['ttft_p99_s']:>8.0f}{r['goodput_rps']:>9.1f}{r['max_over_mean_load']:>9.2f}"
             f"{r['wall_s']:>7.0f}{r['worker_cpu_cores']:>7.3f}{r['router_cpu_cores_real_time']:>7.2f}"
-            f"{1e3 * r['send_late_p99_s']:>8.1f}  {describe(r)}")
+            f"{r['router_cpu_ms_per_request']:>7.2f}{1e3 * r['send_late_p99_s']:>8.1f}  {describe(r)}")
 
 
-def main(argv: list[str] | None = None) -> dict:
-    """Every router setup at every load on every workload and size; prints a table and
-    returns the numbers by ``workload/workers/load/router``."""
+def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--backend", default="timed", choices=["timed"])
     parser.add_argument("--profile", default="llama3-8b-h100")
@@ -239,7 +292,8 @@ def main(argv: list[str] | None = None) -> dict:
                              "arrivals; prompts cut to fit the profile's context)")
     parser.add_argument("--loads", nargs="+", default=["0.5", "0.8", "0.95", "closed"])
     parser.add_argument("--routers", nargs="+", default=[*OUR_SETUPS, *peers.PEER_SETUPS],
-                        help='setups: the peers\' names, or "ours POLICY [WEIGHT=VALUE ...]"')
+                        help='setups: the peers\' names, or "ours POLICY [WEIGHT=VALUE ...] '
+                             '[polled]"')
     parser.add_argument("--requests", type=int, default=300, help="per run")
     parser.add_argument("--clients-per-worker", type=int, default=4, help="closed loop")
     parser.add_argument("--time-scale", type=float, default=20.0)
@@ -249,21 +303,29 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--phases", nargs="+", choices=PHASES, default=list(PHASES),
                         help="cold: the trace on caches that never saw it; warm: the same "
                              "trace again, right after, in the same router process")
-    args = parser.parse_args(argv)
+    parser.add_argument("--idle-s", type=float, default=0.0,
+                        help="also watch each of our setups idle this long, in real time")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> dict:
+    """Every router setup at every load on every workload and size; prints a table and
+    returns the numbers by ``workload/workers/load/router`` (and ``idle/WORKERS/SETUP``)."""
+    args = _parser().parse_args(argv)
     profile = get_profile(args.profile)
     setups = _setups(args)
     results: dict[str, object] = {"profile": profile.name, "time_scale": args.time_scale,
                                   "slo_s": args.slo_s, "setups": setups, "runs": {}}
     print(f"{'workload/workers/load/router':<44}{'errs':>5}{'cached':>8}{'p50 ms':>8}{'p99 ms':>8}"
-          f"{'goodput':>9}{'max/mean':>9}{'wall s':>7}{'w cpu':>7}{'r cpu':>7}{'late ms':>8}"
+          f"{'goodput':>9}{'max/mean':>9}{'wall s':>7}{'w cpu':>7}{'r cpu':>7}{'r ms':>7}{'late ms':>8}"
           "  predicted exact/over/under/in_flight")
-    flags = ("--model", f"timed:{profile.name}", "--served-model-name", "demo", "--time-scale",
-             str(args.time_scale), "--max-batched-tokens", str(args.max_batched_tokens))
     run = 0
     for num_workers in args.workers:
-        with workers(num_workers, "1GiB", *flags, ready_timeout_s=60 + 10 * num_workers) as started, \
-                tempfile.TemporaryDirectory(prefix="e2e-timed-") as tmp:
+        with tempfile.TemporaryDirectory(prefix="e2e-timed-") as tmp, \
+                workers(num_workers, "1GiB", *worker_flags(profile, args, Path(tmp)),
+                        ready_timeout_s=60 + 10 * num_workers) as started:
             warm_up(started)
+            _watch_idle(started, setups, args, Path(tmp), results)
             for workload in (["trace"] if args.trace else args.workloads):
                 trace = _workload(workload, args, profile)
                 rps = capacity_rps(trace, profile) * num_workers
@@ -278,6 +340,19 @@ def main(argv: list[str] | None = None) -> dict:
                             results["runs"][key] = r  # type: ignore[index]
                             print(_row(key, r), flush=True)
     return results
+
+
+def _watch_idle(started: list, setups: Sequence[str], args: argparse.Namespace, tmp: Path,
+                results: dict[str, object]) -> None:
+    """With ``--idle-s``, each of our setups idle in front of ``started`` (``idle_cores``),
+    printed and recorded as ``idle/WORKERS/SETUP``."""
+    if args.idle_s <= 0:
+        return
+    for setup in (s for s in setups if s.startswith("ours ")):
+        cores = idle_cores(setup, started, tmp, args.time_scale, args.idle_s)
+        results[f"idle/{len(started)}/{setup}"] = cores
+        print(f"idle/{len(started)}/{setup}: {cores:.4f} cores in real time over "
+              f"{args.idle_s:g} s", flush=True)
 
 
 if __name__ == "__main__":

@@ -5,7 +5,14 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from bench.e2e_timed import DECODE_BATCH, at_load, capacity_rps, router_cpu, tagged
+from bench.e2e_timed import (
+    DECODE_BATCH,
+    at_load,
+    capacity_rps,
+    router_cpu,
+    tagged,
+    timed_settings,
+)
 from bench.report_timed import readme_tables, slo_crossings
 from bench.workloads import TraceRequest
 from radix.cost_model import CostModel, Profile
@@ -42,13 +49,26 @@ def test_each_run_tags_its_prompts_differently():
     assert one.prompt[: 4 * TOKEN_BYTES] != two.prompt[: 4 * TOKEN_BYTES]
 
 
-def test_router_cpu_leaves_out_the_polls_a_time_scale_multiplies():
-    # 2 CPU s over a 10 s run of 100 requests at time scale 20, 0.1 cores idle (polls):
-    # 1 s is the requests' (10 ms each); in real time they arrive at 100 / 0.5 s = 200/s
-    # (2 cores) and the polls cost 0.1 / 20 cores.
-    cpu = router_cpu(2.0, 0.1, 100, 10.0, 20.0)
-    assert cpu["router_cpu_ms_per_request"] == pytest.approx(10.0)
-    assert cpu["router_cpu_cores_real_time"] == pytest.approx(2.0 + 0.005)
+def test_router_cpu_counts_all_of_it_over_the_runs_profile_time():
+    # 2 CPU s over a 10 s run of 100 requests at time scale 20: 20 ms a request, polls
+    # and pushes included (they run in profile time); in real time the run takes 0.5 s,
+    # so 4 cores.
+    cpu = router_cpu(2.0, 100, 10.0, 20.0)
+    assert cpu["router_cpu_ms_per_request"] == pytest.approx(20.0)
+    assert cpu["router_cpu_cores_real_time"] == pytest.approx(4.0)
+
+
+def test_timed_settings_run_the_routers_intervals_in_profile_time():
+    base, pushed = timed_settings("ours cache_aware owner_wait_share=1", 20.0)
+    assert base == "ours cache_aware owner_wait_share=1"
+    assert pushed == {"registry": {"poll_interval_s": 20.0, "probe_interval_s": 200.0,
+                                   "pushed_load": True},
+                      "kv_events": {"read_timeout_s": 300.0}}
+    base, polled = timed_settings("ours cache_aware polled", 20.0, real_time=True)
+    assert base == "ours cache_aware"
+    assert polled["registry"] == {"poll_interval_s": 1.0, "probe_interval_s": 10.0,
+                                  "pushed_load": False}
+    assert polled["kv_events"] == {"read_timeout_s": 300.0}  # above the workers' heartbeat
 
 
 def _run(p50_ms: float, p99_ms: float, cached: float, cores: float = 0.0) -> dict:
