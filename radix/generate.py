@@ -8,7 +8,7 @@ routers send, a third of the cost of decoding and checking a JSON list), and::
 
     {"request_id"?, "scope"?, "num_public_tokens"?, "num_resumed_tokens"?,
      "max_cached_tokens"?, "sampling"?, "stream"?, "render"?, "adapter"?,
-     "kv_transfer_params"?, "priority"?}
+     "kv_transfer_params"?, "priority"?, "session_id"?, "retention_s"?}
 
 ``scope`` defaults to ``direct`` (``radix.tree.DIRECT``, as on a worker's own OpenAI
 routes); ``num_public_tokens`` (default 0) is a multiple of the block size, at most
@@ -23,7 +23,10 @@ the stream carry the client's OpenAI answer itself (``radix.openai.rendered``).
 of a disaggregated prefill/decode pair. ``priority`` (an integer in
 ``radix.openai.requests``' [``MIN_PRIORITY``, ``MAX_PRIORITY``], default 0 and then
 left out of the body) orders the worker's scheduling as vLLM's priority policy does:
-lower is admitted first and preempted last.
+lower is admitted first and preempted last. ``session_id`` (at most
+``MAX_ID_CHARS``) with ``retention_s`` (seconds, positive) asks the worker to keep the
+prompt's cached blocks for that session ahead of LRU that long after the request
+(docs/kv-cache.md, "Sessions that return"); either alone changes nothing.
 
 Without ``render`` the answer is plain: streamed, one ``step_event`` per choice per
 step, then a ``usage_event``, then ``[DONE]``; whole, ``whole_answer``.
@@ -51,7 +54,8 @@ PATH = "/generate"
 MAX_ID_CHARS = 256
 WIRE_FIELDS = ("request_id", "token_ids", "token_ids_b64", "scope", "num_public_tokens",
                "num_resumed_tokens", "max_cached_tokens", "sampling", "stream", "render",
-               "adapter", "kv_transfer_params", "priority")
+               "adapter", "kv_transfer_params", "priority", "session_id", "retention_s")
+MAX_RETENTION_S = 86400.0
 
 
 @dataclass(frozen=True)
@@ -72,6 +76,8 @@ class GenerateRequest:
     adapter: str | None = None
     kv_transfer_params: dict[str, Any] | None = None
     priority: int = 0
+    session_id: str | None = None
+    retention_s: float | None = None
 
     def to_wire(self) -> dict[str, Any]:
         """The JSON body: defaults and absent values left out."""
@@ -96,7 +102,8 @@ class GenerateRequest:
                     ("max_cached_tokens", self.max_cached_tokens),
                     ("request_id", self.request_id), ("adapter", self.adapter),
                     ("kv_transfer_params", self.kv_transfer_params),
-                    ("priority", self.priority or None))
+                    ("priority", self.priority or None), ("session_id", self.session_id),
+                    ("retention_s", self.retention_s))
         body.update((name, value) for name, value in optional if value is not None)
         return body
 
@@ -130,7 +137,9 @@ class GenerateRequest:
             prompt_key, fields.string("scope", DIRECT, MAX_ID_CHARS) or DIRECT, sampling,
             stream, render, num_public, num_resumed, fields.integer("max_cached_tokens", None, lo=0),
             fields.string("request_id", None, MAX_ID_CHARS),
-            fields.string("adapter", None, MAX_ID_CHARS), transfer, parse_priority(fields))
+            fields.string("adapter", None, MAX_ID_CHARS), transfer, parse_priority(fields),
+            fields.string("session_id", None, MAX_ID_CHARS),
+            fields.number("retention_s", 0.0, MAX_RETENTION_S, lo_open=True))
         return request, token_ids
 
 

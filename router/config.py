@@ -671,6 +671,23 @@ class KVSourcesConfig(Section, section="kv_sources"):
 
 
 @dataclass(frozen=True)
+class SessionsConfig(Section, section="sessions"):
+    """Sessions that return (docs/router-index.md, "Sessions that return"): a request
+    naming a session (``x-session-id``) goes to the worker that served the session's
+    last request while that worker's active requests are below
+    ``ceil(load_cap_factor * (all active + 1) / workers)``, for the request's retention
+    hint (``x-session-retention-s``, at most ``max_retention_s``, passed on to the
+    worker, which keeps the prompt's blocks that long) or ``ttl_s`` without one; at
+    most ``max_entries`` sessions are remembered."""
+
+    enabled: bool = True
+    ttl_s: float = setting(300.0, above=0)
+    max_retention_s: float = setting(600.0, above=0)
+    max_entries: int = setting(65536, low=1)
+    load_cap_factor: float = setting(1.5, above=0)
+
+
+@dataclass(frozen=True)
 class BandConfig(Section):
     """A priority band of flow control: its name (what tenants name), how long a
     request may wait in it before it is shed (429 with Retry-After), the share of
@@ -776,6 +793,7 @@ class RouterConfig(Section):
     pd: PDConfig = PDConfig()
     flow: FlowConfig = FlowConfig()
     kv_sources: KVSourcesConfig = KVSourcesConfig()
+    sessions: SessionsConfig = SessionsConfig()
 
     def check(self) -> None:
         """Every tenant's band is one of ``flow.bands``."""

@@ -32,6 +32,7 @@ from router.metrics import RouterMetrics
 from router.models import Models
 from router.routing.index import NamespaceDigest, RouterIndex
 from router.routing.policy import Policy, make_policy
+from router.routing.sessions import SessionTable
 from router.siblings.protocol import NoSiblings, Siblings
 from router.siblings.redis_siblings import RedisSiblings
 from router.sources.service import KVSources
@@ -125,8 +126,9 @@ class Router:
         limit = request_limit(config.flow) if config.flow.enabled else no_request_limit
         sources = (KVSources(index, config.kv_sources, pool, metrics.registry)
                    if config.kv_sources.enabled else None)
+        sessions = SessionTable(config.sessions) if config.sessions.enabled else None
         decider = Decider(index, policy, registry, canary, siblings, proxy, config.pd,
-                          config.proxy.max_attempts, metrics, limit, sources)
+                          config.proxy.max_attempts, metrics, limit, sources, sessions)
         return cls(config, models, auth, TenantLimiter(state), index, policy, session, registry,
                    proxy, pool, metrics, salts, siblings, vllm, canary, decider,
                    _flow_control(config.flow, decider, limit, metrics, flow_shares), discovery)

@@ -38,6 +38,7 @@ from router.models import Prompt
 from router.routing.index import RouterIndex
 from router.routing.load_cost import is_held_up, is_saturated
 from router.routing.policy import Policy
+from router.routing.sessions import SessionTable, prefer_session
 from router.routing.views import RouteRequest
 from router.siblings.protocol import Siblings
 from router.sources.service import KVSources
@@ -114,19 +115,22 @@ class Decision:
 class Decider:
     """Decides where requests go and records each decision. Holds only what deciding
     needs: the index, the policy, the registry, the canary pools, the siblings, the
-    proxy (for prefill legs), the PD settings, the router's counters and the source
-    planner (None: no worker pulls from a peer)."""
+    proxy (for prefill legs), the PD settings, the router's counters, the source
+    planner (None: no worker pulls from a peer) and the sessions' workers (None:
+    sessions are not sticky)."""
 
     def __init__(self, index: RouterIndex, policy: Policy, registry: WorkerRegistry,
                  canary: Canary, siblings: Siblings, proxy: Proxy, pd: PDConfig,
                  max_attempts: int, metrics: RouterMetrics,
                  request_limit: Callable[[WorkerState, int], int | None],
-                 sources: KVSources | None = None) -> None:
+                 sources: KVSources | None = None,
+                 sessions: SessionTable | None = None) -> None:
         self._index, self._policy, self._registry = index, policy, registry
         self._canary, self._siblings, self._proxy = canary, siblings, proxy
         self._pd, self._max_attempts, self._metrics = pd, max_attempts, metrics
         self._request_limit = request_limit
         self._sources = sources
+        self._sessions = sessions
 
     def candidates(self, model: str, call: Call) -> Candidates:
         """Who may serve ``call`` to base model ``model``: the ready workers serving
@@ -154,7 +158,8 @@ class Decider:
         if split is None and self._sources is not None:  # a pull's saving counts
             weighed = matches._replace(tokens=self._sources.credit(takers, matches.tokens,
                                                                    call))
-        ranked = self.choose(takers, weighed, call, candidates.fallback)
+        ranked = self._sticky(self.choose(takers, weighed, call, candidates.fallback), takers,
+                              call)
         self._metrics.decision_seconds.observe(time.monotonic() - started)
         return Ranking(ranked, matches, split)
 
@@ -231,6 +236,25 @@ class Decider:
             spare = min(fallback, key=attrgetter("num_in_flight_requests"))
             return [by_id[i] for i in ranked_ids[: self._max_attempts - 1]] + [spare]
         return [by_id[i] for i in ranked_ids[: self._max_attempts]]
+
+    def note_session(self, call: Call, worker: WorkerState) -> None:
+        """Record that ``worker`` served ``call``'s session (if it names one), for the
+        hinted retention or the configured time."""
+        if self._sessions is not None and call.session_id is not None:
+            self._sessions.note(call.scope, call.session_id, worker.worker_id,
+                                call.retention_s)
+
+    def _sticky(self, ranked: list[WorkerState], workers: list[WorkerState], call: Call
+                ) -> list[WorkerState]:
+        """``ranked`` with the worker that served ``call``'s session last first, while
+        it is below the bounded-load cap among ``workers``
+        (``router.routing.sessions.prefer_session``)."""
+        if self._sessions is None or call.session_id is None:
+            return ranked
+        worker_id = self._sessions.worker(call.scope, call.session_id)
+        sticky = next((w for w in ranked if w.worker_id == worker_id), None)
+        return prefer_session(ranked, sticky, _num_active, sum(map(_num_active, workers)),
+                              len(workers), self._sessions.config.load_cap_factor)
 
     def commit(self, worker: WorkerState, key: bytes, scope: str, adapter: str | None,
                num_tokens: int) -> InFlight:
@@ -349,6 +373,14 @@ def check_endpoint(params: dict[str, Any], worker: WorkerState) -> dict[str, Any
                             f"{named[0]!r}:{named[1]!r}, it reported "
                             f"{worker.transfer_endpoint!r}")
     return params
+
+
+def _num_active(worker: WorkerState) -> int:
+    """The requests a worker runs or queues: polled, or this router's in flight when
+    more."""
+    load = worker.load
+    return max(load.num_requests_running + load.num_requests_waiting,
+               worker.num_in_flight_requests)
 
 
 def split_roles(workers: list[WorkerState]) -> tuple[list[WorkerState], list[WorkerState]] | None:

@@ -8,7 +8,8 @@ need (413 past it, before it is buffered or decoded), and refuses what can be
 refused without the token count before tokenizing (the text size, the output cap, a
 full tokens-per-minute window); *decode* parses the body (``decode``); *tokenize*
 gives the router's own token ids (``tokenize``), after which the prompt's tokens are
-reserved; *queue* finds who may serve it (``Decider.candidates``) and, with flow
+reserved (its agent session, ``x-session-id``, read with it:
+``router.routing.sessions``); *queue* finds who may serve it (``Decider.candidates``) and, with flow
 control on, waits in the router until one of them has headroom and fairness lets the
 request go (``router.flow``); *decide* is ``router.decision``'s (which worker, and the
 prefill leg in a prefill/decode fleet); *forward* tries the decided workers
@@ -44,6 +45,7 @@ from router.front.auth import Tenant
 from router.front.limits import Admission
 from router.front.requests import check_text_size, parse_request
 from router.models import ModelTokenizer, Prompt
+from router.routing.sessions import read_session
 
 NO_WORKER = "none"
 MAX_FAIRNESS_KEY_CHARS = 128
@@ -80,6 +82,7 @@ async def serve_openai(router: Router, client: Client, endpoint: str) -> None:
                 turn.release()
             worker = await forward(router, client, call, decision, exchange)
             worker_id = worker.worker_id
+            router.decider.note_session(call, worker)
             learn(router, client, worker, call.prompt, decision, exchange, started)
         finally:
             await router.limiter.release(admission, exchange.num_completion_tokens)
@@ -119,9 +122,12 @@ async def admit(router: Router, client: Client, endpoint: str, tenant: Tenant,
     router.limiter.check_prompt(tenant, len(prompt.token_ids))
     admission = await router.limiter.reserve(admission, len(prompt.token_ids),
                                              (max_tokens or 0) * parsed.sampling.n)
+    sessions = router.config.sessions
+    session = read_session(client.header, sessions.max_retention_s) if sessions.enabled else None
     call = Call(parsed, adapter or model.name, prompt, tenant.tenant_id, max_tokens,
                 router.cache_salts.salt(tenant.tenant_id), tenant.limits.max_cached_tokens,
-                client.request_id, adapter)
+                client.request_id, adapter, session_id=session and session.session_id,
+                retention_s=session and session.retention_s)
     return model.name, call, admission
 
 

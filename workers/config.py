@@ -346,6 +346,19 @@ class KVTransferConfig(Section, section="kv_transfer"):
         return self.kv_role in ("kv_consumer", "kv_both")
 
 
+@dataclass(frozen=True)
+class RetentionConfig(Section, section="retention"):
+    """Sessions that return (docs/kv-cache.md, "Sessions that return"): a request with
+    a session id and a retention hint has its prompt's cached blocks kept ahead of LRU
+    for the hinted seconds, at most ``max_retention_s``; all sessions together keep at
+    most ``max_retained_pool_fraction`` of the KV blocks, one tenant scope's at most
+    ``max_scope_retained_pool_fraction`` (and never past its cache quota)."""
+
+    max_retention_s: float = setting(600.0, above=0)
+    max_retained_pool_fraction: float = setting(0.25, above=0, high=1)
+    max_scope_retained_pool_fraction: float = setting(0.1, above=0, high=1)
+
+
 def parse_kv_transfer_config(text: str) -> dict[str, Any]:
     """vLLM's ``--kv-transfer-config`` JSON (``kv_role``, ``kv_port``, ``kv_ip``; a
     ``kv_connector`` other than ``RadixConnector`` is refused) as ``[kv_transfer]``
@@ -377,6 +390,7 @@ class WorkerConfig(Section):
     engine: EngineConfig = field(default_factory=EngineConfig)
     lora: LoraSettings = field(default_factory=LoraSettings)
     kv_transfer: KVTransferConfig = field(default_factory=KVTransferConfig)
+    retention: RetentionConfig = field(default_factory=RetentionConfig)
 
     def with_overrides(self, overrides: Mapping[str, Mapping[str, Any]]) -> WorkerConfig:
         """A copy with ``{section: {field: value}}`` replaced (validated like TOML values)."""

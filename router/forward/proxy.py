@@ -84,7 +84,8 @@ PREFILL_ANSWER_BYTES_PER_TOKEN = 96
 class Call:
     """What to run, independent of which worker runs it: ``model_name`` is the name the
     client asked for (the adapter's, for a LoRA request), ``adapter`` the LoRA adapter
-    (None for the base model)."""
+    (None for the base model); ``session_id`` and ``retention_s`` the agent session it
+    belongs to and how long its context should be kept (``router.routing.sessions``)."""
 
     request: OpenAIRequest
     model_name: str
@@ -96,6 +97,8 @@ class Call:
     request_id: str | None = None
     adapter: str | None = None
     kv_transfer_params: dict[str, Any] | None = None
+    session_id: str | None = None
+    retention_s: float | None = None
 
 
 def generate_request(call: Call, render: RenderSpec) -> GenerateRequest:
@@ -109,7 +112,8 @@ def generate_request(call: Call, render: RenderSpec) -> GenerateRequest:
         num_public_tokens=call.prompt.num_public_tokens,
         max_cached_tokens=call.max_cached_tokens, request_id=call.request_id,
         adapter=call.adapter, kv_transfer_params=call.kv_transfer_params,
-        priority=call.request.priority)
+        priority=call.request.priority, session_id=call.session_id,
+        retention_s=call.retention_s)
 
 
 class Proxy:

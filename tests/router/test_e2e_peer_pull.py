@@ -4,7 +4,10 @@ front of real worker processes that both hold blocks for others and pull them
 here is round robin, so the second request of a conversation lands on the worker that
 lacks its prefix: the router asks the other worker to hold the prefix, the chosen one
 pulls exactly those blocks and answers as a recompute would; another tenant sending
-the same text gets no pull (the first tenant's blocks are private); nothing stays held."""
+the same text gets no pull (the first tenant's blocks are private); nothing stays held.
+A request naming an agent session goes back to the worker that served the session,
+which keeps its blocks for the hinted seconds (docs/router-index.md, "Sessions that
+return")."""
 
 from __future__ import annotations
 
@@ -13,11 +16,11 @@ from typing import Any
 
 import pytest
 
-from harness.procs import ManagedProcess, start_router, start_worker
+from harness.procs import ManagedProcess, http_json, start_router, start_worker
 from tests.support.metric_samples import router_metric
 from tests.support.metric_samples import worker_metric as metric
 from tests.support.polling import wait_until
-from tests.support.router_calls import admin, complete, wait_until_ready
+from tests.support.router_calls import admin, base_url, complete, wait_until_ready
 from tests.support.router_configs import (
     ALICE,
     BOB,
@@ -129,3 +132,26 @@ def test_another_tenant_never_gets_a_pull_of_private_blocks(fleet):
     assert [w for w, n in served(router).items() if n > counts[w]] != [alices]
     assert answer["usage"]["prompt_tokens_details"]["cached_tokens"] == 0
     assert received(workers) == before and pulls(router) == pulled_before
+
+
+def test_a_session_returns_to_its_worker_which_keeps_its_blocks_for_the_hint(fleet):
+    router, workers = fleet
+    text = "An agent's working context, back after each tool call. " * 4
+    headers = {"Authorization": f"Bearer {ALICE}", "x-session-id": "agent-7",
+               "x-session-retention-s": "6"}
+    counts = served(router)
+    for turn in range(3):  # round robin alone would alternate between the two workers
+        status, answer = http_json("POST", f"{base_url(router)}/v1/completions", {
+            "model": "demo", "prompt": text + f"Turn {turn}?", "max_tokens": 2}, headers)
+        assert status == 200, answer
+    grown = {w: n - counts[w] for w, n in served(router).items()}
+    assert sorted(grown.values()) == [0, 3], grown
+    home = next(w for w, n in grown.items() if n == 3)
+    num_blocks = answer["usage"]["prompt_tokens"] // 16  # the last turn's whole blocks
+    assert metric(workers[home], "kv_retained_blocks") == num_blocks
+    wait_until(lambda: metric(workers[home], "kv_retained_blocks") == 0, 20,
+               "the hint's 6 s to pass")
+    status, answer = http_json("POST", f"{base_url(router)}/v1/completions", {
+        "model": "demo", "prompt": text, "max_tokens": 2},
+        {**headers, "x-session-retention-s": "never"})
+    assert status == 400 and answer["error"]["param"] == "x-session-retention-s"

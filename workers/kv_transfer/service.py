@@ -1,7 +1,9 @@
-"""``KVTransfer``: a worker's roles in prefill/decode disaggregation, built from
-``[kv_transfer]``: the producer (with its transfer port), the consumer, or both, and
-their housekeeping: every ``HOUSEKEEPING_INTERVAL_S`` the producer's expired holds are
-released and the engine's orphan pins freed (``PinLedger.sweep``)."""
+"""``KVTransfer``: a worker's roles in prefill/decode disaggregation and peer pulls,
+built from ``[kv_transfer]``: the producer (with its transfer port), the consumer,
+both or neither, the retained sessions (``[retention]``, every worker), and their
+housekeeping: every ``HOUSEKEEPING_INTERVAL_S`` the producer's expired holds and the
+expired retentions are released and the engine's orphan pins freed
+(``PinLedger.sweep``)."""
 
 from __future__ import annotations
 
@@ -13,12 +15,13 @@ from typing import Any
 
 from radix.hashing import BlockHasher
 from workers.build import BuiltWorker
-from workers.config import KVTransferConfig
+from workers.config import KVTransferConfig, RetentionConfig
 from workers.kv_transfer.consumer import Consumer
 from workers.kv_transfer.identity import TransferIdentity
 from workers.kv_transfer.metrics import TransferMetrics
 from workers.kv_transfer.pins import PinLedger
 from workers.kv_transfer.producer import HoldLimits, Producer, TimedLink
+from workers.kv_transfer.retention import Retainer, RetentionLimits
 
 log = logging.getLogger(__name__)
 HOUSEKEEPING_INTERVAL_S = 1.0
@@ -27,8 +30,9 @@ HOUSEKEEPING_INTERVAL_S = 1.0
 @dataclass
 class KVTransfer:
     """The roles this worker plays (None where it does not) and the config they came
-    from; ``fallback`` says whether a failed pull recomputes. ``costs`` is what it
-    reports a router of its KV costs (``radix.kv_sources.SourceCosts.to_dict``)."""
+    from; ``fallback`` says whether a failed pull recomputes. ``retainer`` keeps
+    returning sessions' blocks; ``costs`` is what it reports a router of its KV costs
+    (``radix.kv_sources.SourceCosts.to_dict``)."""
 
     config: KVTransferConfig
     identity: TransferIdentity
@@ -36,13 +40,15 @@ class KVTransfer:
     producer: Producer | None
     consumer: Consumer | None
     ledger: PinLedger
+    retainer: Retainer
     costs: dict[str, Any] = field(default_factory=dict)
     _housekeeper: asyncio.Task[None] | None = field(default=None, repr=False)
 
     @classmethod
     async def start(cls, config: KVTransferConfig, worker: BuiltWorker, hash_algorithm: str,
                     api_key: str | None, bind_host: str, link_s_per_block: float = 0.0,
-                    costs: dict[str, Any] | None = None) -> KVTransfer:
+                    costs: dict[str, Any] | None = None,
+                    retention: RetentionConfig | None = None) -> KVTransfer:
         """Build the roles of ``config`` for ``worker`` (its engine thread running) and
         open the producer's transfer port; the transfer is signed with ``api_key``. A
         timed worker's producer sends each block ``link_s_per_block`` apart
@@ -68,7 +74,10 @@ class KVTransfer:
                     if config.consumes else None)
         if producer is not None:
             await producer.start(bind_host, config.kv_port, config.kv_host or bind_host)
-        transfer = cls(config, identity, metrics, producer, consumer, ledger, costs or {})
+        retainer = Retainer(ledger, retention_limits(retention or RetentionConfig(), num_blocks),
+                            identity.block_size, worker.registry)
+        transfer = cls(config, identity, metrics, producer, consumer, ledger, retainer,
+                       costs or {})
         transfer._housekeeper = asyncio.create_task(transfer._housekeep())
         return transfer
 
@@ -78,6 +87,7 @@ class KVTransfer:
             try:
                 if self.producer is not None:
                     await self.producer.expire()
+                await self.retainer.expire()
                 if num_freed := await self.ledger.sweep():
                     log.warning("freed %d KV transfer pins that no hold or import owned",
                                 num_freed)
@@ -90,6 +100,7 @@ class KVTransfer:
             self._housekeeper.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._housekeeper
+        await self.retainer.close()
         if self.consumer is not None:
             await self.consumer.close()
         if self.producer is not None:
@@ -120,3 +131,12 @@ def hold_limits(config: KVTransferConfig, num_total_blocks: int) -> HoldLimits:
         config.timeout_s,
         max(1, int(config.max_held_pool_fraction * num_total_blocks)),
         max(1, int(config.max_scope_held_pool_fraction * num_total_blocks)))
+
+
+def retention_limits(config: RetentionConfig, num_total_blocks: int) -> RetentionLimits:
+    """A worker's ``RetentionLimits`` from ``config`` for a pool of ``num_total_blocks``
+    (each cap at least one block)."""
+    return RetentionLimits(
+        config.max_retention_s,
+        max(1, int(config.max_retained_pool_fraction * num_total_blocks)),
+        max(1, int(config.max_scope_retained_pool_fraction * num_total_blocks)))

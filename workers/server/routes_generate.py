@@ -3,7 +3,9 @@
 The request and the plain answer are ``radix.generate``'s (one definition for the
 router and the worker); a request that names a LoRA adapter this worker has not
 registered is a 404 ``model_not_found``. With ``render`` the stream carries the
-client's OpenAI answer itself, rendered here (what routers ask for).
+client's OpenAI answer itself, rendered here (what routers ask for). A request with a
+session id and a retention hint has its prompt's cached blocks kept for its session
+once it has run (``workers.kv_transfer.retention``).
 """
 
 from __future__ import annotations
@@ -43,8 +45,20 @@ async def generate(request: web.Request) -> web.StreamResponse:
     leg = Leg(call.kv_transfer_params, call.prompt_key, call.scope, call.num_public_tokens,
               call.adapter, call.stream)
     async with leg_of(state.transfer, leg) as producer:
-        return await _run(request, state, call, token_ids, request_id,
-                          fields.has("token_ids_b64"), producer and (producer, leg))
+        response = await _run(request, state, call, token_ids, request_id,
+                              fields.has("token_ids_b64"), producer and (producer, leg))
+    await _retain(state, call)
+    return response
+
+
+async def _retain(state: ServerState, call: GenerateRequest) -> None:
+    """Keep the prompt's cached blocks for ``call``'s session when it asked for it (a
+    session id and a retention hint; base model only)."""
+    if (call.session_id is None or call.retention_s is None or call.adapter is not None
+            or state.transfer is None):
+        return
+    await state.transfer.retainer.retain(call.prompt_key, call.scope, call.session_id,
+                                         call.retention_s, call.max_cached_tokens)
 
 
 async def _run(request: web.Request, state: ServerState, call: GenerateRequest,

@@ -97,18 +97,17 @@ def _listen(host: str, port: int) -> socket.socket:
 
 
 async def _start_transfer(config: WorkerConfig, worker: BuiltWorker,
-                          api_key: str | None) -> KVTransfer | None:
-    """The KV transfer service of a prefill or decode worker (None for neither); stops
-    the engine thread if it fails to start."""
-    if config.kv_transfer.kv_role == "none":
-        return None
+                          api_key: str | None) -> KVTransfer:
+    """The KV transfer service (its roles, none with ``kv_role`` none, and the retained
+    sessions); stops the engine thread if it fails to start."""
     try:
         profile = timed_profile(config.model.name)
         link_s = 0.0 if profile is None else timed_link_s_per_block(
             profile, config.kv.block_size, config.model.time_scale)
         return await KVTransfer.start(config.kv_transfer, worker, config.kv.hash_algorithm,
                                       api_key, config.server.host, link_s,
-                                      _transfer_costs(config, worker, profile))
+                                      _transfer_costs(config, worker, profile),
+                                      config.retention)
     except BaseException:
         worker.engine.stop()
         raise

@@ -62,7 +62,7 @@ def test_ready_is_503_until_the_self_test_passed_and_keys_are_checked(worker_fac
         (["--port", "70000"], None, "server.port: must be at most 65535"),
         ([], "[kv]\nbogus = 1\n", "kv.bogus: unknown key"),
         ([], "[engine]\nmax_num_seqs = 'many'\n", "engine.max_num_seqs: must be an integer"),
-        ([], "[nope]\n", "nope: unknown key (known: engine, kv, kv_transfer, lora, model, server)"),
+        ([], "[nope]\n", "nope: unknown key (known: engine, kv, kv_transfer, lora, model, retention, server)"),
     ],
 )
 def test_cli_rejects_bad_config_naming_the_field(tmp_path, flags, toml, message):
