@@ -72,7 +72,11 @@ class Sampler:
     of the main thread's stack when the tick's handler runs: Python runs signal
     handlers on the main thread between bytecodes, so a tick that fell inside a C
     call (a tokenizer's encode, a socket write) is charged to the frame that made
-    it, with no bias towards code that releases the GIL."""
+    it, with no bias towards code that releases the GIL. A tick that fell in C code
+    no Python frame called (the event loop's own work between two callbacks) is
+    handled at the next bytecode, so it is charged to whatever Python code runs next,
+    often a coroutine resuming after its ``await``: the HTTP stages (forward, relay,
+    ``http+loop``) share the loop's work among them, and are best read together."""
 
     def __init__(self, out: Path) -> None:
         self._out = out
