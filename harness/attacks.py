@@ -190,7 +190,7 @@ def rss_bytes(pid: int, field: str = "VmRSS") -> int:
 class HealthWatch:
     """``GET /health`` on its own connection every ``interval_s`` in a thread, from
     ``start`` to ``stop``: the latency of each (a failed or refused call counts as
-    ``timeout_s``)."""
+    ``timeout_s``) and how many failed (no 200 within ``timeout_s``)."""
 
     def __init__(self, url: str, interval_s: float = 0.05, timeout_s: float = 10.0) -> None:
         self._url = url
@@ -199,6 +199,7 @@ class HealthWatch:
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
         self.latencies_s: list[float] = []
+        self.num_failed = 0
 
     def _run(self) -> None:
         while not self._stop.is_set():
@@ -209,6 +210,7 @@ class HealthWatch:
                     ok = status_code(_answer(sock)) == 200
             except OSError:
                 ok = False
+            self.num_failed += not ok
             self.latencies_s.append(time.monotonic() - started if ok else self._timeout_s)
             self._stop.wait(self._interval_s)
 
@@ -229,8 +231,8 @@ class HealthWatch:
     def summary(self) -> str:
         """Count, median and worst, for an assertion message or a report."""
         worst = max(self.latencies_s, default=float("inf"))
-        return (f"{len(self.latencies_s)} calls, median {self.median_s() * 1000:.0f} ms, "
-                f"worst {worst * 1000:.0f} ms")
+        return (f"{len(self.latencies_s)} calls ({self.num_failed} failed), median "
+                f"{self.median_s() * 1000:.0f} ms, worst {worst * 1000:.0f} ms")
 
 
 # ---- the KV transfer port (docs/pd.md, "The transfer") ------------------------------

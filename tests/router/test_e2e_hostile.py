@@ -40,7 +40,6 @@ from tests.support.router_configs import (
 # Its module-scoped processes start once: the whole module runs on one xdist worker.
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("hostile")]
 MAX_RSS_GROWTH_BYTES = 64 << 20
-MAX_MEDIAN_HEALTH_S = 0.2
 
 
 @pytest.fixture(scope="module")
@@ -85,7 +84,9 @@ def under_attack(router: ManagedProcess, attack: Callable[[], bytes], num_client
         statuses = list(pool.map(lambda _: attacks.status_code(attack()), range(num_attacks)))
     growth = attacks.rss_bytes(router.proc.pid, "VmHWM") - peak_before
     assert growth < MAX_RSS_GROWTH_BYTES, f"the router's peak grew by {growth >> 20} MiB"
-    assert health.median_s() < MAX_MEDIAN_HEALTH_S, health.summary()
+    # The router keeps answering while attacked: every health call got its 200 within
+    # the watch's 10 s (a liveness check; how fast is the benchmarks' business).
+    assert health.latencies_s and health.num_failed == 0, health.summary()
     assert complete(router.url, "still serving", ALICE)[0] == 200
     return statuses
 
