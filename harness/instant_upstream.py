@@ -50,8 +50,9 @@ ANY_TOKEN_ID = SamplingBounds(vocab_size=2**32)
 _HEARTBEAT_S = 5.0
 
 
-def _identity(tokenizer_digest: str, worker_id: str, epoch: str) -> dict[str, object]:
-    namespace = CacheNamespace(model_id="instant-upstream", weights_digest="none",
+def _identity(tokenizer_digest: str, worker_id: str, epoch: str, weights_digest: str
+              ) -> dict[str, object]:
+    namespace = CacheNamespace(model_id="instant-upstream", weights_digest=weights_digest,
                                tokenizer_digest=tokenizer_digest, block_size=BLOCK_SIZE)
     return {"ready": True, "worker_id": worker_id, "epoch": epoch, "model": "demo",
             "namespace": namespace.to_dict(), "tokenizer_digest": tokenizer_digest,
@@ -59,14 +60,14 @@ def _identity(tokenizer_digest: str, worker_id: str, epoch: str) -> dict[str, ob
             "num_total_blocks": 1, "max_model_len": 1 << 20}
 
 
-def status_routes(worker_id: str = "instant", tokenizer_digest: str | None = None
-                  ) -> list[web.RouteDef]:
+def status_routes(worker_id: str = "instant", tokenizer_digest: str | None = None,
+                  weights_digest: str = "none") -> list[web.RouteDef]:
     """``/health``, ``/ready``, ``/info`` and ``/kv/events`` of a ready, idle worker whose
     identity matches a router model using the tokenizer of ``tokenizer_digest`` (the
-    demo tokenizer's by default) with ``block_size = 16`` (the events stream is an
-    empty snapshot, then heartbeats)."""
+    demo tokenizer's by default) with ``block_size = 16``, its namespace naming
+    ``weights_digest`` (the events stream is an empty snapshot, then heartbeats)."""
     digest = tokenizer_digest or PromptTokenizer.demo().digest
-    identity = _identity(digest, worker_id, uuid.uuid4().hex)
+    identity = _identity(digest, worker_id, uuid.uuid4().hex, weights_digest)
     zero_load = {"num_requests_running": 0, "num_requests_waiting": 0,
                  "num_waiting_tokens": 0, "kv_cache_usage_ratio": 0.0}
 
@@ -192,13 +193,14 @@ async def render(request: web.Request) -> web.Response:
 
 
 def create_app(worker_id: str = "instant", tokenizer: PromptTokenizer | None = None,
-               delay_s: float = 0.0, meter: ReuseMeter | None = None) -> web.Application:
+               delay_s: float = 0.0, meter: ReuseMeter | None = None,
+               weights_digest: str = "none") -> web.Application:
     """The whole stand-in for ``tokenizer`` (the demo tokenizer by default): status
-    routes, ``/generate``, ``/v1/models``, the OpenAI routes (see ``openai_handler``),
+    routes (``weights_digest`` in its namespace), ``/generate``, ``/v1/models``, the OpenAI routes (see ``openai_handler``),
     the peer routers' probes, and the reuse routes when ``meter`` is given."""
     app = web.Application(client_max_size=64 * 2**20)
     app[TOKENIZER] = tokenizer or PromptTokenizer.demo()
-    app.add_routes([*status_routes(worker_id, app[TOKENIZER].digest),
+    app.add_routes([*status_routes(worker_id, app[TOKENIZER].digest, weights_digest),
                     web.post("/generate", generate), web.get("/v1/models", models),
                     web.post("/v1/completions", openai_handler(COMPLETIONS, delay_s, meter)),
                     web.post("/v1/chat/completions", openai_handler(CHAT, delay_s, meter)),

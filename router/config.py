@@ -17,6 +17,7 @@ from pathlib import Path
 from types import MappingProxyType
 
 from radix.config_schema import DIGEST, ENV_NAME, NAME, FieldError, Pattern, Section, setting
+from radix.kv_dtypes import KV_DTYPE_NAMES
 from radix.tree import RESERVED_SCOPES
 from router.worker_kinds import WORKER_KINDS, EventSource
 
@@ -28,6 +29,12 @@ VLLM_REPLAY_BATCHES = 10_000  # vLLM's KVEventsConfig.buffer_steps default
 REDIS_KEY_PREFIX = Pattern(re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,63}$"),
                            "a key prefix (letters, digits, '.', '_', ':', '-')")
 _REDIS_SCHEMES = ("redis", "rediss", "unix")
+SHA256 = Pattern(re.compile(r"^[0-9a-f]{64}$"), "a sha256 (64 lowercase hex characters, as "
+                 "a worker's /ready reports it)")
+NO_SCALES = "none"
+SHA256_OR_NONE = Pattern(re.compile(r"^([0-9a-f]{64}|none)$"), "a sha256 (64 lowercase hex "
+                         "characters), or \"none\" (no scales file)")
+RELEASE = Pattern(re.compile(r"^[0-9]+(\.[0-9]+)*$"), "a release version (0.2, 1.4.0)")
 MAX_BODY_BYTES = 32 * 2**20  # any request body, before a key's own bound
 MAX_POOLS = 8
 MAX_POOL_WEIGHT = 1e6  # weights are relative: a million to one is any share a pool needs
@@ -148,6 +155,22 @@ class CanaryConfig(Section):
 
 
 @dataclass(frozen=True)
+class ExpectConfig(Section):
+    """What every worker of a model must report (``[models.M.expect]``), checked at each
+    probe (``router.fleet.expectations``): its weights digest and KV dtype (a name
+    ``radix.kv_dtypes`` knows), the digest of its FP8 scales file (``NO_SCALES``: none,
+    as for unit scales and caches not in FP8) and at least this engine version. A
+    field left out is not checked; a worker that does not match, or cannot report a
+    field (``vllm``, ``openai`` and ``sglang`` workers report none), is not ready, with
+    the reason in ``GET /admin/workers``."""
+
+    weights_digest: str | None = setting(None, pattern=SHA256)
+    kv_dtype: str | None = setting(None, choices=KV_DTYPE_NAMES)
+    kv_scales_digest: str | None = setting(None, pattern=SHA256_OR_NONE)
+    min_engine_version: str | None = setting(None, pattern=RELEASE)
+
+
+@dataclass(frozen=True)
 class ModelSpec(Section):
     """A served model: its tokenizer (``"demo"``, a packaged model name, a GGUF file or
     a local Hugging Face directory: ``radix.model_source``), KV block size, public
@@ -166,6 +189,7 @@ class ModelSpec(Section):
     pools: Mapping[str, PoolConfig] = setting(default_factory=lambda: MappingProxyType({}))
     canary: CanaryConfig = CanaryConfig()
     max_model_len: int = setting(131_072, low=1)
+    expect: ExpectConfig = ExpectConfig()
 
     def check(self) -> None:
         """With pools: the baseline is one of them (``router.config_toml`` checks their

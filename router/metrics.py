@@ -30,6 +30,7 @@ from radix.token_cache import CacheStats
 from router.fleet.cache_prediction import OUTCOMES
 from router.fleet.discovery.status import DiscoveryStatus
 from router.fleet.events.metrics import KVEventMetrics
+from router.fleet.expectations import EXPECT_FIELDS
 from router.fleet.load_state import UNKNOWN
 from router.fleet.registry import WorkerState
 from router.routing.index import IndexStats
@@ -81,6 +82,10 @@ class RouterMetrics:
                                   "approximately (no events, or its tokenization differs) "
                                   "or stale (its event stream silent or being rebuilt)",
                                   ["worker"], registry=r)
+        self.worker_expectations = Gauge(
+            "router_worker_expectation_mismatch", "1 while the worker's last probe found "
+            "this field of its model's expect table unmet (it is not routed), else 0",
+            ["worker", "field"], registry=r)
         self.worker_load = Gauge("router_worker_load", "Worker load as the router sees it",
                                  ["worker", "measure"], registry=r)
         self.worker_load_age = Gauge("router_worker_load_age_seconds",
@@ -198,11 +203,15 @@ class RouterMetrics:
         self.worker_load.clear()
         self.worker_ready.clear()
         self.worker_exact.clear()
+        self.worker_expectations.clear()
         self.worker_load_age.clear()
         self.worker_load_unknown.clear()
         for worker in workers:
             self.worker_ready.labels(worker.worker_id).set(float(worker.ready))
             self.worker_exact.labels(worker.worker_id).set(float(worker.index_mode == "exact"))
+            unmet = {m.field for m in worker.expectation_mismatches}
+            for name in EXPECT_FIELDS:
+                self.worker_expectations.labels(worker.worker_id, name).set(float(name in unmet))
             self.worker_load_unknown.labels(worker.worker_id).set(
                 float(worker.load_state.source == UNKNOWN))
             if (age_s := worker.load_state.age_s()) is not None:

@@ -80,11 +80,13 @@ class PublicPrefixes:
 
 
 class ModelTokenizer:
-    """One served model: its tokenizer, block size and public prefixes."""
+    """One served model: its tokenizer, block size, public prefixes and what its workers
+    must report (``expect``)."""
 
     def __init__(self, config: ModelSpec, tokenizer: PromptTokenizer) -> None:
         self.name = config.name
         self.block_size = config.block_size
+        self.expect = config.expect
         self.max_model_len = config.max_model_len
         self.tokenizer = tokenizer
         self.token_cache = token_cache(tokenizer, config.token_cache_chars)

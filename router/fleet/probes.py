@@ -26,6 +26,7 @@ from typing import Any
 import aiohttp
 
 from radix.namespace import CacheNamespace
+from router.fleet.expectations import Mismatch, Reported, describe, mismatches
 from router.models import ModelTokenizer
 from router.routing.adapters import WorkerAdapter
 from router.routing.index import NamespaceDigest
@@ -63,7 +64,9 @@ class ProbeResult:
     it reports none: not a ``kv_producer``); ``transfer_info`` its whole ``/info``
     ``kv_transfer`` object (whether it pulls, its KV costs: read by
     ``router.sources``; None without one); ``cache_namespace`` the fields of the
-    worker's base namespace (None for a kind whose namespace the router builds)."""
+    worker's base namespace (None for a kind whose namespace the router builds);
+    ``mismatches`` the model's expectations it does not meet
+    (``router.fleet.expectations``: then it is not ready)."""
 
     ready: bool
     reason: str
@@ -79,6 +82,13 @@ class ProbeResult:
     transfer_endpoint: tuple[str, int] | None = None
     cache_namespace: CacheNamespace | None = None
     transfer_info: Mapping[str, Any] | None = None
+    mismatches: tuple[Mismatch, ...] = ()
+
+
+def _unexpected(model: ModelTokenizer, reported: Reported) -> ProbeResult | None:
+    """The not-ready result of a worker that does not meet ``model``'s expectations."""
+    found = mismatches(model.expect, reported)
+    return ProbeResult(False, describe(model.name, found), mismatches=found) if found else None
 
 
 class ProbeError(Exception):
@@ -140,6 +150,8 @@ async def probe_radix(session: aiohttp.ClientSession, url: str, headers: Mapping
             lora = (int(ready.get("max_loras") or 0), _optional_float(ready.get("lora_load_ms")))
         except (KeyError, TypeError, ValueError) as exc:
             return ProbeResult(False, f"/ready has no valid namespace or adapters: {exc}")
+        if refused := _unexpected(model, Reported.of(base, ready.get("engine_version"))):
+            return refused
         status, info = await _get_json(session, f"{url}/info", headers, timeout_s)
         if status != 200 or not isinstance(info, dict):
             return ProbeResult(False, f"/info answered HTTP {status}")
@@ -242,6 +254,8 @@ async def probe_openai(session: aiohttp.ClientSession, url: str, headers: Mappin
         served, adapter_names = await _served_model(session, url, headers, timeout_s, model.name)
         if served is None:
             return ProbeResult(False, "neither /v1/models nor /health answers")
+        if refused := _unexpected(model, Reported()):
+            return refused
         status, text = await _get(session, f"{url}/metrics", headers, timeout_s)
         if status != 200:
             text = ""

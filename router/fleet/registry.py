@@ -5,7 +5,8 @@ discovery (``router.fleet.discovery``), all through ``add``. One poll task per w
 probes it (``router.fleet.probes``): every ``poll_interval_s``, or, while it pushes its
 load on its KV event stream, every ``probe_interval_s`` and whenever its
 ``LoadState.probe_wanted`` is set (``router.fleet.load_state``). A worker enters routing when
-a probe passes, and leaves it (and the index: ``RouterIndex.reset_worker``) when a
+a probe passes (the model's expectations met: ``router.fleet.expectations``), and
+leaves it (and the index: ``RouterIndex.reset_worker``) when a
 probe fails or the proxy cannot reach it; it comes back at the next passing probe.
 While a ``radix`` worker is routable, its KV event follower task runs; it is stopped
 before the worker's index entries are dropped, so no stale event lands afterwards.
@@ -208,6 +209,10 @@ class WorkerRegistry:
         state.probe_wanted.clear()
 
     async def _apply(self, worker: WorkerState, result: ProbeResult, sent_at: float) -> None:
+        if result.mismatches != worker.expectation_mismatches:
+            if result.mismatches:
+                log.warning("worker %s not routed: %s", worker.worker_id, result.reason)
+            worker.expectation_mismatches = result.mismatches
         if not result.ready:
             if worker.ready:
                 log.warning("worker %s not ready: %s", worker.worker_id, result.reason)

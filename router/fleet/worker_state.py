@@ -16,6 +16,7 @@ from typing import Any
 from radix.namespace import CacheNamespace
 from router.config import WorkerSpec
 from router.fleet.cache_prediction import EXACT, OVER, UNDER
+from router.fleet.expectations import Mismatch
 from router.fleet.load_state import LoadState
 from router.fleet.probes import WorkerLoad
 from router.routing.adapters import WorkerLora
@@ -93,14 +94,16 @@ class WorkerState:
     clock) of the last change; ``events_heard_at`` (monotonic) is when its stream last
     delivered an event or heartbeat (None: never followed). ``load_state``: its load and
     how the router knows it, polled, pushed or unknown (``router.fleet.load_state``);
-    ``load`` is the last one reported."""
+    ``load`` is the last one reported. ``expectation_mismatches``: the model's
+    expectations its last probe found unmet (``router.fleet.expectations``)."""
 
     __slots__ = ("config", "worker_id", "kind", "capabilities", "model", "url", "headers", "ready", "reason",
                  "namespace", "epoch", "served_model", "load_state", "num_in_flight_requests",
                  "num_in_flight_prompt_tokens", "stats", "index_mode", "index_reason",
                  "index_since", "events_heard_at",
                  "cache_block_size", "worker_namespace", "lora", "discovered", "draining", "role",
-                 "transfer_endpoint", "cache_namespace", "transfer_info")
+                 "transfer_endpoint", "cache_namespace", "transfer_info",
+                 "expectation_mismatches")
 
     def __init__(self, config: WorkerSpec, url: str, headers: dict[str, str],
                  discovered: bool = False) -> None:
@@ -134,6 +137,7 @@ class WorkerState:
         self.transfer_endpoint: tuple[str, int] | None = None
         self.cache_namespace: CacheNamespace | None = None
         self.transfer_info: Mapping[str, Any] | None = None
+        self.expectation_mismatches: tuple[Mismatch, ...] = ()
 
     @property
     def load(self) -> WorkerLoad:
@@ -217,6 +221,7 @@ class WorkerState:
             "adapters": sorted(self.lora.adapters),
             "resident_adapters": self.lora.residency.resident(),
             "lora_load_ms": self.lora.measured_load_ms,
+            "expectation_mismatches": [m.to_dict() for m in self.expectation_mismatches],
         }
 
 

@@ -4,29 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-ELEMENT_BYTES = {
-    "float32": 4, "float16": 2, "bfloat16": 2, "float8_e4m3fn": 1, "float8_e5m2": 1,
-}
-FP8_DTYPES = ("float8_e4m3fn", "float8_e5m2")
-DTYPE_ALIASES = {
-    "fp32": "float32",
-    "float": "float32",
-    "fp16": "float16",
-    "half": "float16",
-    "bf16": "bfloat16",
-    "fp8": "float8_e4m3fn",
-    "fp8_e4m3": "float8_e4m3fn",
-    "fp8_e5m2": "float8_e5m2",
-}
-
-
-def canonical_dtype(name: str) -> str:
-    """The torch name of a KV dtype (``bf16`` -> ``bfloat16``); ValueError if unknown."""
-    name = DTYPE_ALIASES.get(name, name)
-    if name not in ELEMENT_BYTES:
-        known = sorted(set(ELEMENT_BYTES) | set(DTYPE_ALIASES))
-        raise ValueError(f"KVCacheSpec.dtype must be one of {known}, got {name!r}")
-    return name
+from radix.kv_dtypes import ELEMENT_BYTES, FP8_DTYPES, canonical_dtype
 
 
 @dataclass(frozen=True)

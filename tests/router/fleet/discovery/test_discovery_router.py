@@ -31,11 +31,13 @@ COMPLETION = {"model": "demo", "prompt": "hello there", "max_tokens": 2}
 
 @contextlib.asynccontextmanager
 async def upstream(host: str = "127.0.0.1", port: int = 0, delay_s: float = 0.0,
-                   seen: list[tuple[str, str | None]] | None = None) -> AsyncIterator[int]:
+                   seen: list[tuple[str, str | None]] | None = None,
+                   weights_digest: str = "none") -> AsyncIterator[int]:
     """An instant radix upstream on ``host:port`` (0: a free port), its ``/generate``
     answering after ``delay_s``, recording each request's (path, Authorization header)
-    in ``seen`` when given; yields the port."""
-    app = instant_upstream.create_app()
+    in ``seen`` when given, reporting ``weights_digest`` (without ``delay_s``); yields
+    the port."""
+    app = instant_upstream.create_app(weights_digest=weights_digest)
     if delay_s:
         slow = web.Application()
 
@@ -63,10 +65,12 @@ async def upstream(host: str = "127.0.0.1", port: int = 0, delay_s: float = 0.0,
         await runner.cleanup()
 
 
-def discovery_config(server: KubeApiServer, tmp_path, **discovery: Any):
-    """A router on model demo discovering pods app=worker on their port named http."""
+def discovery_config(server: KubeApiServer, tmp_path, model: dict[str, Any] | None = None,
+                     **discovery: Any):
+    """A router on model demo (with ``model``'s extra fields) discovering pods app=worker
+    on their port named http."""
     return parse_config({
-        "models": {"demo": model_table()},
+        "models": {"demo": model_table(**(model or {}))},
         "registry": {"poll_interval_s": 0.1, "probe_timeout_s": 1.0},
         "auth": auth_section({"alice": {}}),
         "discovery": {"kind": "kubernetes", "selector": LABELS, "port_name": "http",
@@ -307,3 +311,22 @@ async def test_routers_sharing_redis_discover_each_for_itself_and_converge(tmp_p
             await asyncio.sleep(0.5)  # several shared-registry syncs: nothing changes
             assert set(routed(one)) == set(routed(two)) == {"fixed", "w0", "w2"}
             await shared.aclose()
+
+
+async def test_a_discovered_pod_with_other_weights_is_probed_but_never_routed(tmp_path):
+    weights, other = "a" * 64, "b" * 64
+    async with api_server() as server, upstream(weights_digest=weights) as p0, \
+            upstream(weights_digest=other) as p1:
+        server.add_pod("w0", "127.0.0.1", p0, LABELS)
+        server.add_pod("stranger", "127.0.0.1", p1, LABELS)
+        config = discovery_config(server, tmp_path, {"expect": {"weights_digest": weights}})
+        async with running_router(config) as (url, router):
+            await eventually(lambda: set(routed(router)) == {"w0"})
+            stranger = await eventually(lambda: router.registry.get("stranger"))
+            await eventually(lambda: stranger.expectation_mismatches)
+            assert stranger.discovered and not stranger.ready
+            assert stranger.reason == ("does not meet models.demo.expect: weights_digest: "
+                                       f"expected {weights!r}, reported {other!r}")
+            for _ in range(4):
+                assert await complete(url) == 200
+            assert set(routed(router)) == {"w0"} and stranger.stats.num_requests == 0
