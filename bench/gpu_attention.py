@@ -128,10 +128,14 @@ class _Problem:
             start += n
         shape = (num_blocks, bs, args.kv_heads, args.head_dim)
         kv_dtype = KV_DTYPES[args.kv_dtype]
-        self.kv_scale = 1.0 if kv_dtype is None else FP8_SCALE
+        channels = torch.full(shape[2:], FP8_SCALE, device=args.device)
+        # Per-channel scales and K offsets (zero here), as a calibrated FP8 cache has them.
+        self.store_scales = (None, None, None) if kv_dtype is None else (
+            channels, torch.zeros_like(channels), channels)
+        self.read_scales = self.store_scales[::2]
         self.key_cache, self.value_cache = (
             reference.quantize(torch.randn(shape, device=args.device, dtype=dtype),
-                               self.kv_scale, kv_dtype or dtype)
+                               kv_dtype or dtype, self.store_scales[0], self.store_scales[1])
             for _ in range(2)
         )
         self.metadata = AttentionMetadata.build(
@@ -151,14 +155,13 @@ class _Problem:
             m.seq_lens,
             m.block_tables,
             self.scale,
-            self.kv_scale,
-            self.kv_scale,
+            *self.read_scales,
         )
 
     def prefill_args(self) -> tuple:
         m = self.metadata
         return (self.query, self.key_cache, self.value_cache, m.query_start_loc, m.seq_lens,
-                m.block_tables, m.max_query_len, self.scale, self.kv_scale, self.kv_scale)
+                m.block_tables, m.max_query_len, self.scale, *self.read_scales)
 
 
 def _check_correctness(
@@ -170,7 +173,7 @@ def _check_correctness(
     store_keys = torch.randn(64, args.kv_heads, args.head_dim, device=args.device, dtype=dtype)
     slots = torch.randperm(prefill.key_cache.shape[0] * args.block_size, device=args.device)[:64]
     expected = [c.clone() for c in (prefill.key_cache, prefill.value_cache)]
-    scales = (prefill.kv_scale, prefill.kv_scale)
+    scales = prefill.store_scales
     reference.write_kv(*expected, store_keys, -store_keys, slots, *scales)
     kernels.store_kv(prefill.key_cache, prefill.value_cache, store_keys, -store_keys, slots,
                      *scales)
@@ -243,7 +246,7 @@ def _time_store(kernels: Any, args: argparse.Namespace, dtype: torch.dtype) -> d
     keys = torch.randn(tokens, args.kv_heads, args.head_dim, device=args.device, dtype=dtype)
     slots = problem.metadata.slot_mapping
     caches = (problem.key_cache, problem.value_cache)
-    scales = (problem.kv_scale, problem.kv_scale)
+    scales = problem.store_scales
     triton_ms = median_ms(lambda: kernels.store_kv(*caches, keys, keys, slots, *scales),
                            args.iters)
     torch_ms = median_ms(lambda: reference.write_kv(*caches, keys, keys, slots, *scales),
@@ -258,10 +261,11 @@ def _contiguous_kv(problem: _Problem, batch: int, length: int) -> tuple[torch.Te
     dequantized from an FP8 cache (not timed)."""
     table = problem.metadata.block_tables.long()
     shape = (batch, -1, *problem.key_cache.shape[2:])
-    dtype, scale = problem.query.dtype, problem.kv_scale
+    dtype, scale = problem.query.dtype, problem.read_scales[0]
 
     def gather(cache: torch.Tensor) -> torch.Tensor:
-        rows = cache.view(torch.uint8)[table].view(cache.dtype).to(dtype) * scale
+        rows = cache.view(torch.uint8)[table].view(cache.dtype).to(dtype)
+        rows = rows if scale is None else (rows * scale).to(dtype)
         return rows.reshape(shape)[:, :length].transpose(1, 2).contiguous()
 
     return gather(problem.key_cache), gather(problem.value_cache)

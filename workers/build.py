@@ -26,13 +26,14 @@ from radix.model_source import DEMO_MODEL, resolve_model_path
 from radix.namespace import CacheNamespace
 from radix.tokenizer import PromptTokenizer
 from radix.version import project_version
-from workers.config import EngineConfig, WorkerConfig
+from workers.config import EngineConfig, KVSettings, WorkerConfig
 from workers.engine.async_engine import AsyncEngine
 from workers.engine.engine import Engine
 from workers.engine.kv_feed import KVEventFeed
 from workers.engine.kv_sizing import KVBudget, kv_budget
 from workers.engine.metrics import EngineMetrics, register_stats
 from workers.kv.build import build_kv_cache_manager
+from workers.kv.fp8_device import fp8_device_problem
 from workers.kv.manager import KVCacheManager
 from workers.kv.plan import KVCachePlan, describe, plan_kv_cache
 from workers.kv.scales import KVScales, load_scales
@@ -207,8 +208,10 @@ def _checkpoint_backend(config: WorkerConfig, device: torch.device) -> _Backend:
 
 def _timed_backend(profile: Profile, config: WorkerConfig) -> _Backend:
     """The profile's shape and KV budget (``kv.cache_bytes`` is the profile's memory
-    left for KV, not the flag), the demo tokenizer, outputs over its letters."""
+    left for KV, not the flag; ``kv.timed_cache_bytes`` when set), the demo tokenizer,
+    outputs over its letters."""
     tokenizer = PromptTokenizer.demo()
+    budget = KVBudget(config.kv.timed_cache_bytes or profile.kv_cache_bytes, "timed profile")
     letters = tokenizer.encode("abcdefghijklmnopqrstuvwxyz", add_special_tokens=False)
     vocab_size = demo_config()["vocab_size"]
     rope = {"rope_theta": profile.rope_theta, "rope_scaling": None,
@@ -216,7 +219,7 @@ def _timed_backend(profile: Profile, config: WorkerConfig) -> _Backend:
     spec = timed_kv_spec(profile, config.kv.block_size)
     return _Backend(
         tokenizer, profile_digest(profile), rope, vocab_size, profile.max_model_len, spec,
-        timed_tensor_spec(config.kv.block_size), KVBudget(profile.kv_cache_bytes, "timed profile"),
+        timed_tensor_spec(config.kv.block_size), budget,
         lambda tensors, scales, loader, max_model_len: TimedRunner(profile.cost, vocab_size, letters,
                                                     time_scale=config.model.time_scale),
         f"timed profile {profile.name} ({profile.model})", timed_lora_shapes(profile),
@@ -236,7 +239,8 @@ def build_worker(config: WorkerConfig, worker_id: str, secret: bytes) -> BuiltWo
     served_names = config.model.served_names
     spec = backend.spec
     plan = plan_kv_cache(spec, backend.kv_budget.num_bytes, sizing_rule=backend.kv_budget.rule)
-    scales = kv_scales(spec, config.kv.scales_file, backend.weights_digest)
+    check_fp8_device(spec, device)
+    scales = kv_scales(spec, config.kv, backend.weights_digest)
     numerics = EngineNumerics.on(device, config.model.numerics_version)
     namespace = cache_namespace(served_names[0], backend.weights_digest, backend.tokenizer,
                                 backend.rope, spec, scales, numerics)
@@ -363,15 +367,30 @@ def kv_spec(model_config: ModelConfig, block_size: int, cache_dtype: str = "auto
     )
 
 
-def kv_scales(spec: KVCacheSpec, scales_file: str | None, weights_digest: str) -> KVScales:
-    """The cache's per-layer scales: from ``scales_file`` for FP8, else unit (an FP8
-    cache without a file warns: values beyond the format's range saturate)."""
-    if scales_file is not None:
-        return load_scales(scales_file, spec.dtype, spec.num_layers, weights_digest)
+def kv_scales(spec: KVCacheSpec, kv: KVSettings, weights_digest: str) -> KVScales:
+    """The cache's scales: from ``kv.scales_file`` for FP8, else unit. An FP8 cache
+    without a file is a ValueError unless ``kv.allow_unit_scales`` (then a warning:
+    values beyond the format's range saturate)."""
+    if kv.scales_file is not None:
+        return load_scales(kv.scales_file, spec.dtype, spec.num_layers, spec.num_kv_heads,
+                           spec.head_dim, weights_digest)
+    if spec.is_fp8 and not kv.allow_unit_scales:
+        raise ValueError(f"KV cache dtype {spec.dtype} needs a scales file (--kv-scales, from "
+                         "python -m workers.model.calibrate); --allow-unit-kv-scales starts "
+                         "it with every scale 1.0")
     if spec.is_fp8:
-        log.warning("KV cache dtype %s without a scales file: unit scales (run "
-                    "python -m workers.model.calibrate)", spec.dtype)
+        log.warning("KV cache dtype %s without a scales file: unit scales, allowed by "
+                    "--allow-unit-kv-scales", spec.dtype)
     return KVScales.unit(spec.num_layers)
+
+
+def check_fp8_device(spec: KVCacheSpec, device: torch.device) -> None:
+    """ValueError when ``device`` is a GPU that cannot hold ``spec``'s FP8 cache
+    (``workers.kv.fp8_device``); nothing for other caches and devices."""
+    if spec.is_fp8 and device.type == "cuda":
+        problem = fp8_device_problem(spec.dtype, torch.cuda.get_device_capability(device))
+        if problem is not None:
+            raise ValueError(problem)
 
 
 def decode_graphs(config: WorkerConfig, device: torch.device) -> CudaGraphCapture | None:

@@ -128,14 +128,18 @@ class KVSettings(Section, section="kv"):
     CUDA, ``gpu_memory_utilization`` with vLLM's meaning (that fraction of the GPU's
     total memory, less the weights and the peak activation of one profile forward of
     ``engine.max_batched_tokens`` tokens; ``workers.engine.kv_sizing``). A timed
-    model (``timed:<profile>``) plans its profile's memory instead.
+    model (``timed:<profile>``) plans its profile's memory instead, or
+    ``timed_cache_bytes`` when set (a GPU that leaves less for KV: a smaller cache
+    whose LRU turns over sooner, for benchmarks).
     ``watermark``: the fraction of the blocks admission keeps obtainable for running
     sequences to grow into (``workers.kv.manager``, decode headroom).
 
     ``prefix_cache`` False selects the null prefix cache (nothing is ever shared).
     ``cache_dtype`` ``auto`` stores K/V in the model's dtype; ``fp8_e4m3`` and
-    ``fp8_e5m2`` store them in one byte with per-layer scales from ``scales_file``
-    (a ``workers.model.calibrate`` record; unset: unit scales, with a warning).
+    ``fp8_e5m2`` store them in one byte with the scales of ``scales_file`` (a
+    ``workers.model.calibrate`` record); an FP8 cache without one starts only with
+    ``allow_unit_scales`` (every scale 1.0, with a warning), and only on a GPU of
+    compute capability 8.9 or newer (``workers.kv.fp8_device``).
     ``host_cache_bytes`` > 0 adds the host-memory tier of that size (whole blocks;
     needs the prefix cache): evicted blocks move there, sealed, instead of vanishing;
     ``host_ttl_s`` (None: none) drops host entries that long after they arrived.
@@ -148,6 +152,7 @@ class KVSettings(Section, section="kv"):
         None, low=1, flag="--kv-cache-bytes", parse=parse_bytes,
         help="the KV budget, e.g. 64MiB or 2GiB (unset: 256MiB on the CPU; on CUDA, "
              "--gpu-memory-utilization)")
+    timed_cache_bytes: int | None = setting(None, low=1, parse=parse_bytes)
     gpu_memory_utilization: float = setting(
         0.9, above=0, high=1, flag="--gpu-memory-utilization", metavar="F",
         help="CUDA without --kv-cache-bytes: KV gets F x total GPU memory - weights - peak "
@@ -160,8 +165,11 @@ class KVSettings(Section, section="kv"):
     cache_dtype: str = setting("auto", choices=KV_CACHE_DTYPES, flag="--kv-cache-dtype",
                                help="KV cache dtype (auto: the model's dtype)")
     scales_file: str | None = setting(None, flag="--kv-scales", metavar="FILE",
-                                      help="per-layer FP8 K/V scales from python -m "
-                                           "workers.model.calibrate (unset: 1.0)")
+                                      help="FP8 K/V scales from python -m "
+                                           "workers.model.calibrate (docs/kv-cache.md)")
+    allow_unit_scales: bool = setting(False, flag="--allow-unit-kv-scales",
+                                      help="start an FP8 KV cache without --kv-scales, every "
+                                           "scale 1.0 (values beyond the format saturate)")
     host_cache_bytes: int = setting(0, low=0, flag="--host-cache-bytes", parse=parse_bytes,
                                     help="host-memory KV tier, e.g. 4GiB (whole blocks; 0: off, "
                                          "evicted blocks are dropped); docs/kv-cache.md")

@@ -67,7 +67,7 @@ class Session:
         cold_device: bool = False,
     ) -> None:
         spec = kv_spec(loaded.config, config.kv.block_size, config.kv.cache_dtype)
-        scales = kv_scales(spec, config.kv.scales_file, loaded.weights_digest)
+        scales = kv_scales(spec, config.kv, loaded.weights_digest)
         device = loaded.model.lm_head.weight.device
         self.namespace = cache_namespace(
             config.model.served_names[0], loaded.weights_digest, loaded.tokenizer,

@@ -33,7 +33,8 @@ from tests.support.router_configs import (
 
 # Its module-scoped processes start once: the whole module runs on one xdist worker.
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("e2e_canary")]
-POOLS = {"baseline": ("w0", ()), "fp8": ("w1", ("--kv-cache-dtype", "fp8_e5m2")),
+POOLS = {"baseline": ("w0", ()),
+         "fp8": ("w1", ("--kv-cache-dtype", "fp8_e5m2", "--allow-unit-kv-scales")),
          "same": ("w2", ())}
 WEIGHTS = {"baseline": 40, "fp8": 30, "same": 30}
 # Long enough for the client stream to reach every pool before the first probe.

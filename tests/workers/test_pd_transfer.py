@@ -69,7 +69,8 @@ def fleet() -> Iterator[dict[str, ManagedProcess]]:
                            KEY),
         "consumer": (("--kv-transfer-config", CONSUMER), KEY),
         "wrong_key": (("--kv-transfer-config", CONSUMER), "another-key"),
-        "fp8": (("--kv-transfer-config", CONSUMER, "--kv-cache-dtype", "fp8_e4m3"), KEY),
+        "fp8": (("--kv-transfer-config", CONSUMER, "--kv-cache-dtype", "fp8_e4m3",
+                 "--allow-unit-kv-scales"), KEY),
         "recompute": (("--kv-transfer-config", CONSUMER, "--kv-transfer-fallback",
                        "recompute"), KEY),
     }

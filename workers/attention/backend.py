@@ -17,12 +17,14 @@ from workers.attention.metadata import AttentionMetadata
 
 class LayerKVCache(NamedTuple):
     """One layer's paged K and V caches ``[num_blocks, block_size, kv_heads, head_dim]``
-    and the scales their values are stored with (1.0 unless the cache is FP8)."""
+    and, for an FP8 cache, the scales and K offsets their values are stored with
+    (``[kv_heads, head_dim]`` float32 on the cache's device; None: scale 1, offset 0)."""
 
     key: torch.Tensor
     value: torch.Tensor
-    k_scale: float = 1.0
-    v_scale: float = 1.0
+    k_scale: torch.Tensor | None = None
+    k_offset: torch.Tensor | None = None
+    v_scale: torch.Tensor | None = None
 
 
 def backend_name(device: torch.device) -> str:
@@ -34,7 +36,7 @@ def write_kv(
     cache: LayerKVCache, key: torch.Tensor, value: torch.Tensor, slot_mapping: torch.Tensor
 ) -> None:
     """Store the new tokens' ``key``/``value`` [T, kv_heads, head_dim] into their slots
-    (quantized with the layer's scales when the cache is FP8)."""
+    (quantized with the layer's scales and K offsets when the cache is FP8)."""
     if cache.key.is_cuda:
         from workers.attention import triton_kernels
 
@@ -55,10 +57,11 @@ def paged_attention(
     impl = reference
     if query.is_cuda:
         from workers.attention import triton_kernels as impl
+    scales = (cache.k_scale, cache.v_scale)
     if metadata.max_query_len == 1:
         return impl.paged_decode(
             query, cache.key, cache.value, metadata.seq_lens, metadata.block_tables, scale,
-            cache.k_scale, cache.v_scale,
+            *scales,
         )
     return impl.paged_prefill(
         query,
@@ -69,6 +72,5 @@ def paged_attention(
         metadata.block_tables,
         metadata.max_query_len,
         scale,
-        cache.k_scale,
-        cache.v_scale,
+        *scales,
     )

@@ -7,11 +7,15 @@ The K/V of the new tokens must already be in the cache (``write_kv``) before
 attention runs, so the "causal part" of a prefill is read from the cache like the
 prefix. These functions are the oracle for the Triton kernels and the CPU path.
 
-FP8 caches: ``write_kv`` stores ``x / scale`` saturated to the format's range, and
-attention reads the stored values exactly (every FP8 value is a bf16, fp16 and fp32
-value) with the layer's K scale folded into the softmax scale and its V scale into
-the output: ``softmax(q (k s_k)^T c) (v s_v) = softmax(q k^T (c s_k)) v s_v``. For
-other caches the scales are 1.0 and nothing is rescaled.
+FP8 caches: ``write_kv`` stores ``(k - o_k) / s_k`` and ``v / s_v`` saturated to the
+format's range, with a scale per KV head and channel and a K offset per channel
+(``[num_kv_heads, head_dim]`` float32 tensors, ``workers.kv.scales``; None: scale 1,
+offset 0), and attention reads the stored values exactly (every FP8 value is a bf16,
+fp16 and fp32 value). Neither adds a pass over the keys: with ``k = k_hat * s_k +
+o_k``, ``q . k = (q * s_k) . k_hat + q . o_k`` and the last term is the same for every
+key of one query, which softmax ignores, so the query is multiplied by ``s_k`` once
+and ``o_k`` is never read back; ``sum p (v_hat * s_v) = (sum p v_hat) * s_v`` is
+applied to the output once. Caches in the model's dtype take no scales.
 """
 
 from __future__ import annotations
@@ -28,29 +32,37 @@ def write_kv(
     key: torch.Tensor,
     value: torch.Tensor,
     slot_mapping: torch.Tensor,
-    k_scale: float = 1.0,
-    v_scale: float = 1.0,
+    k_scale: torch.Tensor | None = None,
+    k_offset: torch.Tensor | None = None,
+    v_scale: torch.Tensor | None = None,
 ) -> None:
     """Store ``key``/``value`` [T, num_kv_heads, head_dim] into cache slots ``slot_mapping``
-    [T], quantized with ``k_scale``/``v_scale`` when the cache is FP8. A negative slot
-    (a padding row of a decode graph bucket) stores nothing."""
+    [T], quantized with their scales (and the K offsets) when the cache is FP8. A
+    negative slot (a padding row of a decode graph bucket) stores nothing."""
     num_kv_heads, head_dim = key_cache.shape[2:]
     if bool((slot_mapping < 0).any()):
         keep = slot_mapping >= 0
         key, value, slot_mapping = key[keep], value[keep], slot_mapping[keep]
-    key_cache.view(-1, num_kv_heads, head_dim)[slot_mapping] = quantize(key, k_scale, key_cache.dtype)
+    key_cache.view(-1, num_kv_heads, head_dim)[slot_mapping] = quantize(
+        key, key_cache.dtype, k_scale, k_offset)
     value_cache.view(-1, num_kv_heads, head_dim)[slot_mapping] = quantize(
-        value, v_scale, value_cache.dtype
-    )
+        value, value_cache.dtype, v_scale)
 
 
-def quantize(x: torch.Tensor, scale: float, dtype: torch.dtype) -> torch.Tensor:
-    """``x`` as stored in a ``dtype`` cache: ``x / scale`` saturated for FP8 (computed in
-    float32), else ``x`` cast."""
+def quantize(x: torch.Tensor, dtype: torch.dtype, scale: torch.Tensor | None = None,
+             offset: torch.Tensor | None = None) -> torch.Tensor:
+    """``x`` [T, num_kv_heads, head_dim] as stored in a ``dtype`` cache: ``(x - offset) /
+    scale`` saturated for FP8 (computed in float32; ``scale`` and ``offset``
+    [num_kv_heads, head_dim], None: 1 and 0), else ``x`` cast."""
     if dtype not in FP8_DTYPES:
         return x.to(dtype)
     top = torch.finfo(dtype).max
-    return (x.to(torch.float32) / scale).clamp_(-top, top).to(dtype)
+    x = x.to(torch.float32)
+    if offset is not None:
+        x = x - offset
+    if scale is not None:
+        x = x / scale
+    return x.clamp_(-top, top).to(dtype)
 
 
 def paged_decode(
@@ -60,8 +72,8 @@ def paged_decode(
     seq_lens: torch.Tensor,
     block_tables: torch.Tensor,
     scale: float,
-    k_scale: float = 1.0,
-    v_scale: float = 1.0,
+    k_scale: torch.Tensor | None = None,
+    v_scale: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """One query per sequence ([B, H, D]) attending to all ``seq_lens[b]`` cached tokens."""
     query_start_loc = torch.arange(query.shape[0] + 1, dtype=torch.int32, device=query.device)
@@ -80,21 +92,34 @@ def paged_prefill(
     block_tables: torch.Tensor,
     max_query_len: int,
     scale: float,
-    k_scale: float = 1.0,
-    v_scale: float = 1.0,
+    k_scale: torch.Tensor | None = None,
+    v_scale: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """New tokens of each sequence attend to its cached prefix and causally to each other.
 
     Query ``j`` of sequence ``b`` sits at position ``seq_lens[b] - query_len[b] + j``
     and sees keys at positions ``<=`` its own. Returns ``[T, H, D]`` in query's dtype.
     In a mixed batch the one-token rows (decodes) run apart from the prefill rows, so
-    they are not padded to the longest prefill chunk.
+    they are not padded to the longest prefill chunk. ``k_scale`` and ``v_scale``
+    ([num_kv_heads, head_dim]; None: 1) undo an FP8 cache's quantization (module
+    docstring).
     """
+    group = query.shape[1] // key_cache.shape[2]
+    if k_scale is not None:
+        query = (query.to(torch.float32) * _per_query_head(k_scale, group)).to(query.dtype)
     out = _paged_prefill(
         query, key_cache, value_cache, query_start_loc, seq_lens, block_tables, max_query_len,
-        scale * k_scale,
+        scale,
     )
-    return out if v_scale == 1.0 else out * v_scale
+    if v_scale is None:
+        return out
+    return (out.to(torch.float32) * _per_query_head(v_scale, group)).to(out.dtype)
+
+
+def _per_query_head(per_kv_head: torch.Tensor, group: int) -> torch.Tensor:
+    """A [num_kv_heads, head_dim] tensor repeated for each query head of a KV head's
+    group ([num_heads, head_dim], as SDPA's grouped-query attention pairs them)."""
+    return per_kv_head.repeat_interleave(group, dim=0)
 
 
 def _paged_prefill(

@@ -14,9 +14,11 @@ programs (flash-decoding) and a second kernel merges the partial results, so a s
 batch still fills the GPU.
 
 FP8 caches (float8_e4m3fn, float8_e5m2) follow the reference: the store kernel
-divides by the layer's scale and saturates before the cast; the attention kernels
-convert each loaded tile to the query's dtype (exact) and apply the K scale through
-the softmax scale and the V scale to the output, so no extra pass over the cache runs.
+subtracts each K channel's offset, divides by each channel's scale and saturates
+before the cast; the attention kernels multiply the query tile by its KV head's K
+scales once, convert each loaded K/V tile to the query's dtype (exact), and apply the
+V scales to the output once, so no extra pass over the cache runs (the K offsets
+shift every score of a query alike, which softmax ignores).
 
 Runs on CUDA, and on CPU tensors under ``TRITON_INTERPRET=1`` (tests).
 """
@@ -34,10 +36,11 @@ _FP8_DTYPES = (torch.float8_e4m3fn, torch.float8_e5m2)
 
 @triton.jit
 def _store_kv_kernel(
-    key_ptr, value_ptr, key_cache_ptr, value_cache_ptr, slot_ptr, k_scale, v_scale,
+    key_ptr, value_ptr, key_cache_ptr, value_cache_ptr, slot_ptr,
+    k_scale_ptr, k_offset_ptr, v_scale_ptr,
     stride_kt, stride_kh, stride_vt, stride_vh,
     NUM_KV_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr,
-    HEADS_P: tl.constexpr, DIM_P: tl.constexpr, FP8_MAX: tl.constexpr,
+    HEADS_P: tl.constexpr, DIM_P: tl.constexpr, FP8_MAX: tl.constexpr, HAS_SCALES: tl.constexpr,
 ):
     token = tl.program_id(0).to(tl.int64)
     slot = tl.load(slot_ptr + token).to(tl.int64)
@@ -50,8 +53,15 @@ def _store_kv_kernel(
     key = tl.load(key_ptr + token * stride_kt + heads * stride_kh + dims, mask=mask)
     value = tl.load(value_ptr + token * stride_vt + heads * stride_vh + dims, mask=mask)
     if FP8_MAX > 0:
-        key = tl.minimum(tl.maximum(key.to(tl.float32) / k_scale, -FP8_MAX), FP8_MAX)
-        value = tl.minimum(tl.maximum(value.to(tl.float32) / v_scale, -FP8_MAX), FP8_MAX)
+        key = key.to(tl.float32)
+        value = value.to(tl.float32)
+        if HAS_SCALES:
+            channel = heads * HEAD_DIM + dims
+            key = (key - tl.load(k_offset_ptr + channel, mask=mask, other=0.0)) / tl.load(
+                k_scale_ptr + channel, mask=mask, other=1.0)
+            value = value / tl.load(v_scale_ptr + channel, mask=mask, other=1.0)
+        key = tl.minimum(tl.maximum(key, -FP8_MAX), FP8_MAX)
+        value = tl.minimum(tl.maximum(value, -FP8_MAX), FP8_MAX)
     tl.store(key_cache_ptr + cache_offsets, key.to(key_cache_ptr.dtype.element_ty), mask=mask)
     tl.store(value_cache_ptr + cache_offsets, value.to(value_cache_ptr.dtype.element_ty), mask=mask)
 
@@ -97,14 +107,28 @@ def _attend_tile(
 
 
 @triton.jit
+def _scaled_query(q, k_scale_ptr, kv_head, dims, HEAD_DIM: tl.constexpr):
+    """Query rows of one KV head times its K scales (per channel), in the query's dtype."""
+    k_scale = tl.load(k_scale_ptr + kv_head * HEAD_DIM + dims, mask=dims < HEAD_DIM, other=1.0)
+    return (q.to(tl.float32) * k_scale[None, :]).to(q.dtype)
+
+
+@triton.jit
+def _scaled_out(out, v_scale_ptr, kv_head, dims, HEAD_DIM: tl.constexpr):
+    """Output rows of one KV head times its V scales (per channel)."""
+    v_scale = tl.load(v_scale_ptr + kv_head * HEAD_DIM + dims, mask=dims < HEAD_DIM, other=1.0)
+    return out * v_scale[None, :]
+
+
+@triton.jit
 def _paged_prefill_kernel(
     query_ptr, key_cache_ptr, value_cache_ptr, out_ptr,
-    query_start_ptr, seq_lens_ptr, block_tables_ptr, qk_scale, v_scale,
+    query_start_ptr, seq_lens_ptr, block_tables_ptr, qk_scale, k_scale_ptr, v_scale_ptr,
     stride_qt, stride_qh, stride_ot, stride_oh, stride_bt,
     stride_cb, stride_cs, stride_ch,
     GROUP: tl.constexpr, GROUP_P: tl.constexpr, HEAD_DIM: tl.constexpr, DIM_P: tl.constexpr,
     BLOCK_SIZE: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_N: tl.constexpr,
-    PRECISION: tl.constexpr,
+    PRECISION: tl.constexpr, HAS_SCALES: tl.constexpr,
 ):
     seq = tl.program_id(0)
     tile = tl.program_id(1)
@@ -123,6 +147,8 @@ def _paged_prefill_kernel(
     io_mask = row_ok[:, None] & (dims[None, :] < HEAD_DIM)
     q_offsets = (query_start + token)[:, None].to(tl.int64) * stride_qt + head[:, None] * stride_qh
     q = tl.load(query_ptr + q_offsets + dims[None, :], mask=io_mask, other=0.0)
+    if HAS_SCALES:
+        q = _scaled_query(q, k_scale_ptr, kv_head, dims, HEAD_DIM)
     query_pos = context_len + token
     m_i = tl.full([BLOCK_Q * GROUP_P], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_Q * GROUP_P], tl.float32)
@@ -136,7 +162,9 @@ def _paged_prefill_kernel(
             kv_head, query_pos, seq_len, qk_scale, stride_cb, stride_cs, stride_ch,
             HEAD_DIM, BLOCK_SIZE, DIM_P, BLOCK_N, PRECISION,
         )
-    out = acc * v_scale / tl.where(l_i == 0.0, 1.0, l_i)[:, None]
+    out = acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]
+    if HAS_SCALES:
+        out = _scaled_out(out, v_scale_ptr, kv_head, dims, HEAD_DIM)
     o_offsets = (query_start + token)[:, None].to(tl.int64) * stride_ot + head[:, None] * stride_oh
     tl.store(out_ptr + o_offsets + dims[None, :], out.to(out_ptr.dtype.element_ty), mask=io_mask)
 
@@ -144,12 +172,13 @@ def _paged_prefill_kernel(
 @triton.jit
 def _paged_decode_kernel(
     query_ptr, key_cache_ptr, value_cache_ptr, out_ptr, part_acc_ptr, part_ml_ptr,
-    seq_lens_ptr, block_tables_ptr, qk_scale, v_scale,
+    seq_lens_ptr, block_tables_ptr, qk_scale, k_scale_ptr, v_scale_ptr,
     stride_qt, stride_qh, stride_ot, stride_oh, stride_bt,
     stride_cb, stride_cs, stride_ch,
     NUM_HEADS: tl.constexpr, NUM_SPLITS: tl.constexpr,
     GROUP: tl.constexpr, GROUP_P: tl.constexpr, HEAD_DIM: tl.constexpr, DIM_P: tl.constexpr,
     BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr, PRECISION: tl.constexpr,
+    HAS_SCALES: tl.constexpr,
 ):
     seq = tl.program_id(0)
     kv_head = tl.program_id(1)
@@ -163,6 +192,8 @@ def _paged_decode_kernel(
     io_mask = row_ok[:, None] & (dims[None, :] < HEAD_DIM)
     q_offsets = seq.to(tl.int64) * stride_qt + head[:, None] * stride_qh + dims[None, :]
     q = tl.load(query_ptr + q_offsets, mask=io_mask, other=0.0)
+    if HAS_SCALES:
+        q = _scaled_query(q, k_scale_ptr, kv_head, dims, HEAD_DIM)
     query_pos = tl.zeros([GROUP_P], tl.int32) + seq_len - 1
     m_i = tl.full([GROUP_P], float("-inf"), tl.float32)
     l_i = tl.zeros([GROUP_P], tl.float32)
@@ -176,7 +207,8 @@ def _paged_decode_kernel(
             kv_head, query_pos, seq_len, qk_scale, stride_cb, stride_cs, stride_ch,
             HEAD_DIM, BLOCK_SIZE, DIM_P, BLOCK_N, PRECISION,
         )
-    acc = acc * v_scale
+    if HAS_SCALES:
+        acc = _scaled_out(acc, v_scale_ptr, kv_head, dims, HEAD_DIM)
     if NUM_SPLITS == 1:
         out = acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]
         o_offsets = seq.to(tl.int64) * stride_ot + head[:, None] * stride_oh + dims[None, :]
@@ -219,12 +251,14 @@ def store_kv(
     key: torch.Tensor,
     value: torch.Tensor,
     slot_mapping: torch.Tensor,
-    k_scale: float = 1.0,
-    v_scale: float = 1.0,
+    k_scale: torch.Tensor | None = None,
+    k_offset: torch.Tensor | None = None,
+    v_scale: torch.Tensor | None = None,
 ) -> None:
     """Store ``key``/``value`` [T, kv_heads, head_dim] into cache slots ``slot_mapping`` [T]
-    int64, divided by ``k_scale``/``v_scale`` and saturated when the cache is FP8. A
-    negative slot (a padding row) stores nothing."""
+    int64, K less its offsets, both divided by their scales (all three float32
+    [kv_heads, head_dim], or all None) and saturated when the cache is FP8. A negative
+    slot (a padding row) stores nothing."""
     _check_cache(key_cache, value_cache)
     num_kv_heads, head_dim = key_cache.shape[2:]
     for name, tensor in (("key", key), ("value", value)):
@@ -241,14 +275,14 @@ def store_kv(
     _check(value.shape[0] == key.shape[0], "key and value must have the same number of tokens")
     if key.shape[0] == 0:
         return
-    _check_scales(key_cache, k_scale, v_scale)
+    params = _check_scales(key_cache, k_scale, k_offset, v_scale)
     fp8_max = torch.finfo(key_cache.dtype).max if key_cache.dtype in _FP8_DTYPES else 0.0
     _store_kv_kernel[(key.shape[0],)](
-        key, value, key_cache, value_cache, slot_mapping, k_scale, v_scale,
+        key, value, key_cache, value_cache, slot_mapping, *params,
         key.stride(0), key.stride(1), value.stride(0), value.stride(1),
         NUM_KV_HEADS=num_kv_heads, HEAD_DIM=head_dim,
         HEADS_P=triton.next_power_of_2(num_kv_heads), DIM_P=triton.next_power_of_2(head_dim),
-        FP8_MAX=fp8_max,
+        FP8_MAX=fp8_max, HAS_SCALES=k_scale is not None,
     )
 
 
@@ -261,8 +295,8 @@ def paged_prefill(
     block_tables: torch.Tensor,
     max_query_len: int,
     scale: float,
-    k_scale: float = 1.0,
-    v_scale: float = 1.0,
+    k_scale: torch.Tensor | None = None,
+    v_scale: torch.Tensor | None = None,
     rows_per_tile: int = 64,
     block_n: int = 64,
 ) -> torch.Tensor:
@@ -273,7 +307,7 @@ def paged_prefill(
     ``block_n`` at a time.
     """
     group = _check_attention(query, key_cache, value_cache, seq_lens, block_tables, block_n)
-    _check_scales(key_cache, k_scale, v_scale)
+    params = _check_scales(key_cache, k_scale, v_scale)
     _check(query_start_loc.dtype == torch.int32 and query_start_loc.shape == (seq_lens.shape[0] + 1,),
            "query_start_loc must be int32 [B + 1]")
     out = torch.empty_like(query)
@@ -285,11 +319,11 @@ def paged_prefill(
     grid = (seq_lens.shape[0], triton.cdiv(max_query_len, block_q), num_kv_heads)
     _paged_prefill_kernel[grid](
         query, key_cache, value_cache, out, query_start_loc, seq_lens, block_tables,
-        scale * k_scale * _LOG2E, v_scale, query.stride(0), query.stride(1), out.stride(0), out.stride(1),
+        scale * _LOG2E, *params, query.stride(0), query.stride(1), out.stride(0), out.stride(1),
         block_tables.stride(0), *key_cache.stride()[:3],
         GROUP=group, GROUP_P=group_p, HEAD_DIM=head_dim,
         DIM_P=max(16, triton.next_power_of_2(head_dim)), BLOCK_SIZE=block_size, BLOCK_Q=block_q,
-        BLOCK_N=block_n, PRECISION=_precision(query.dtype),
+        BLOCK_N=block_n, PRECISION=_precision(query.dtype), HAS_SCALES=k_scale is not None,
     )
     return out
 
@@ -301,8 +335,8 @@ def paged_decode(
     seq_lens: torch.Tensor,
     block_tables: torch.Tensor,
     scale: float,
-    k_scale: float = 1.0,
-    v_scale: float = 1.0,
+    k_scale: torch.Tensor | None = None,
+    v_scale: torch.Tensor | None = None,
     num_splits: int | None = None,
     block_n: int = 64,
 ) -> torch.Tensor:
@@ -313,7 +347,7 @@ def paged_decode(
     range, judged from the block-table width so no device sync is needed).
     """
     group = _check_attention(query, key_cache, value_cache, seq_lens, block_tables, block_n)
-    _check_scales(key_cache, k_scale, v_scale)
+    params = _check_scales(key_cache, k_scale, v_scale)
     _check(query.shape[0] == seq_lens.shape[0], "decode needs exactly one query per sequence")
     num_seqs, num_heads = query.shape[:2]
     block_size, num_kv_heads, head_dim = key_cache.shape[1:]
@@ -329,11 +363,12 @@ def paged_decode(
     part_ml = query.new_empty((num_seqs * num_heads * num_splits, 2), dtype=torch.float32)
     _paged_decode_kernel[(num_seqs, num_kv_heads, num_splits)](
         query, key_cache, value_cache, out, part_acc, part_ml, seq_lens, block_tables,
-        scale * k_scale * _LOG2E, v_scale, query.stride(0), query.stride(1), out.stride(0), out.stride(1),
+        scale * _LOG2E, *params, query.stride(0), query.stride(1), out.stride(0), out.stride(1),
         block_tables.stride(0), *key_cache.stride()[:3],
         NUM_HEADS=num_heads, NUM_SPLITS=num_splits, GROUP=group,
         GROUP_P=max(16, triton.next_power_of_2(group)), HEAD_DIM=head_dim, DIM_P=dim_p,
         BLOCK_SIZE=block_size, BLOCK_N=block_n, PRECISION=_precision(query.dtype),
+        HAS_SCALES=k_scale is not None,
     )
     if num_splits > 1:
         _decode_reduce_kernel[(num_seqs, num_heads)](
@@ -382,10 +417,21 @@ def _check_cache(key_cache: torch.Tensor, value_cache: torch.Tensor) -> None:
            f"cache dtype must be one of {_DTYPES + _FP8_DTYPES}")
 
 
-def _check_scales(key_cache: torch.Tensor, k_scale: float, v_scale: float) -> None:
-    _check(k_scale > 0 and v_scale > 0, "k_scale and v_scale must be positive")
-    _check(key_cache.dtype in _FP8_DTYPES or k_scale == v_scale == 1.0,
-           "k_scale and v_scale other than 1.0 need an FP8 cache")
+def _check_scales(key_cache: torch.Tensor, *params: torch.Tensor | None) -> tuple[torch.Tensor, ...]:
+    """The scale and offset tensors to launch with: each float32, contiguous, [kv_heads,
+    head_dim] on the cache's device, given all or none, and only for an FP8 cache (none:
+    the cache itself stands in for each pointer, never read)."""
+    if all(p is None for p in params):
+        return (key_cache,) * len(params)
+    _check(all(p is not None for p in params), "give every scale and offset, or none")
+    _check(key_cache.dtype in _FP8_DTYPES, "scales and offsets need an FP8 cache")
+    shape = tuple(key_cache.shape[2:])
+    for p in params:
+        assert p is not None
+        _check(p.dtype == torch.float32 and tuple(p.shape) == shape and p.is_contiguous()
+               and p.device == key_cache.device,
+               f"scales and offsets must be contiguous float32 {list(shape)} on the cache's device")
+    return params  # type: ignore[return-value]
 
 
 def _precision(dtype: torch.dtype) -> str:

@@ -1,16 +1,28 @@
-"""Per-layer K and V scales of an FP8 KV cache, and the calibration file they come from.
+"""FP8 KV scales per channel, K offsets, and the calibration record they come from.
 
-An FP8 cache stores ``x / scale`` (saturated to the format's range) and attention
-reads ``stored * scale``. A calibration file (written by ``workers.model.calibrate``)
-records, per layer, the largest absolute K and V value seen over a prompt set, the
-model's weights digest, the prompt set's digest and a sha256 of its own canonical
-content; the scale of a layer is that maximum over the format's largest finite
-value, so the calibrated range maps onto the whole FP8 range. One file serves both
-FP8 formats. Without a file every scale is 1.0 (``KVScales.unit``), and the worker
-warns: values beyond the format's range then saturate.
+An FP8 cache stores ``(k - k_offset) / k_scale`` and ``v / v_scale`` (saturated to the
+format's range), with a scale per layer, KV head and channel (head dim) for K and for
+V and an offset per K channel, and attention reads ``k_hat * k_scale + k_offset`` and
+``v_hat * v_scale``. None of it costs attention a pass over the keys
+(``workers.attention.reference``): a K offset shifts every score of one query by the
+same ``q . k_offset``, which softmax ignores, so it is never read back; a K scale
+multiplies the query once, a V scale the output once. Why channels and K offsets (the
+per-layer scales before them lost 7 of the quality gate's 9 buckets), and why no V
+offset: docs/kv-cache.md.
 
-The file's sha256 (``KVScales.digest``) enters the namespace's ``kv_format``: two
-pools quantized with different scales never share a cached block.
+A calibration record (``workers.model.calibrate``) holds, per layer and channel, the
+mean of K over a prompt set (the offset), the largest distance of K from it
+(``k_amax``) and the largest ``|V|`` (``v_amax``), the weights digest, the tool's name,
+version and parameters (``headroom`` among them), the prompt set's sha256 and a sha256
+of its own canonical content. A channel's scale is ``headroom * amax`` over the
+format's largest finite value, so one record serves both FP8 formats and values a
+little beyond the calibrated range do not saturate. Without a record every layer is
+unit (``KVScales.unit``: offset 0, scale 1), which a worker allows only with
+``--allow-unit-kv-scales``.
+
+The record's sha256 (``KVScales.digest``) enters the namespace's ``kv_scales_digest``:
+two pools quantized differently never share a cached block, and a record of this
+format never has the digest of one of the per-layer format before it.
 """
 
 from __future__ import annotations
@@ -20,45 +32,75 @@ import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, NamedTuple
 
 import torch
 
-FORMAT = "radix-router-kv-scales/1"
+FORMAT = "radix-router-kv-scales/2"
+PER_LAYER_FORMAT = "radix-router-kv-scales/1"
 UNIT_SOURCE = "unit"
+STATS = ("k_offset", "k_amax", "v_amax")
 _MIN_AMAX = 1e-6
 
 
-@dataclass(frozen=True)
-class KVScales:
-    """``k_scales[layer]`` and ``v_scales[layer]`` for one cache dtype; ``source`` is the
-    file they came from (or ``unit``), ``digest`` its recorded sha256 ("" for unit)."""
+class LayerScales(NamedTuple):
+    """One layer's FP8 scales and K offsets, each ``[num_kv_heads, head_dim]`` float32:
+    the cache stores ``(k - k_offset) / k_scale`` and ``v / v_scale``."""
 
-    k_scales: tuple[float, ...]
-    v_scales: tuple[float, ...]
+    k_scale: torch.Tensor
+    k_offset: torch.Tensor
+    v_scale: torch.Tensor
+
+    def to(self, device: torch.device) -> LayerScales:
+        """The same scales on ``device``."""
+        return LayerScales(*(t.to(device) for t in self))
+
+
+@dataclass(frozen=True, eq=False)
+class KVScales:
+    """Per layer, its ``LayerScales`` (None: unit, the cache stores K and V as they
+    are); ``source`` is the record they came from (or ``unit``), ``digest`` its sha256
+    ("" for unit). Two are equal when their source and digest are."""
+
+    layers: tuple[LayerScales | None, ...]
     source: str = UNIT_SOURCE
     digest: str = ""
 
     def __post_init__(self) -> None:
-        if len(self.k_scales) != len(self.v_scales) or not self.k_scales:
-            raise ValueError("KVScales needs one K and one V scale per layer")
-        if not all(s > 0 for s in (*self.k_scales, *self.v_scales)):
-            raise ValueError("KVScales must all be positive")
+        if not self.layers:
+            raise ValueError("KVScales needs at least one layer")
+        for layer in self.layers:
+            if layer is not None and not (bool((layer.k_scale > 0).all())
+                                          and bool((layer.v_scale > 0).all())):
+                raise ValueError("KVScales' scales must all be positive")
 
     @classmethod
     def unit(cls, num_layers: int) -> KVScales:
-        """Every scale 1.0: the cache stores K and V as they are (non-FP8 caches too)."""
-        return cls((1.0,) * num_layers, (1.0,) * num_layers)
+        """Every layer unit: the cache stores K and V as they are (non-FP8 caches too)."""
+        return cls((None,) * num_layers)
 
     @property
     def num_layers(self) -> int:
         """Layers covered."""
-        return len(self.k_scales)
+        return len(self.layers)
+
+    @property
+    def is_unit(self) -> bool:
+        """Whether every layer stores K and V as they are."""
+        return all(layer is None for layer in self.layers)
+
+    def __eq__(self, other: object) -> bool:
+        return (isinstance(other, KVScales) and self.num_layers == other.num_layers
+                and (self.source, self.digest) == (other.source, other.digest))
+
+    def __hash__(self) -> int:
+        return hash((self.num_layers, self.source, self.digest))
 
     def describe(self) -> str:
-        """One line for logs and ``/info``: the source and, for a file, its digest."""
+        """One line for logs and ``/info``: the source and, for a record, its digest."""
         if self.source == UNIT_SOURCE:
             return "unit scales (no calibration file)"
-        return f"{self.source} (sha256 {self.digest[:16]})"
+        return f"{self.source} (per-channel, sha256 {self.digest[:16]})"
 
 
 def fp8_max(dtype: str) -> float:
@@ -73,30 +115,31 @@ def content_digest(record: Mapping[str, object]) -> str:
 
 
 def calibration_record(
-    model_digest: str, prompts_digest: str, k_amax: Sequence[float], v_amax: Sequence[float]
+    model_digest: str, tool: Mapping[str, object], prompts: Mapping[str, object],
+    layers: Sequence[Mapping[str, torch.Tensor]],
 ) -> dict[str, object]:
-    """The JSON object a calibration run writes, its ``sha256`` included."""
+    """The JSON object a calibration run writes, its ``sha256`` included. ``tool``:
+    the tool's name, version and parameters (``headroom`` among them); ``prompts``:
+    the prompt set's file name, sha256 and counts; ``layers``: per layer the
+    ``STATS`` tensors ``[num_kv_heads, head_dim]``, written to 6 significant digits."""
     record: dict[str, object] = {
         "format": FORMAT,
+        "tool": dict(tool),
         "model_digest": model_digest,
-        "prompts_digest": prompts_digest,
-        "k_amax": [float(x) for x in k_amax],
-        "v_amax": [float(x) for x in v_amax],
+        "prompts": dict(prompts),
+        "layers": [{name: _rounded(layer[name]) for name in STATS} for layer in layers],
     }
     record["sha256"] = content_digest(record)
     return record
 
 
-def load_scales(path: str | Path, dtype: str, num_layers: int, model_digest: str) -> KVScales:
+def load_scales(path: str | Path, dtype: str, num_layers: int, num_kv_heads: int,
+                head_dim: int, model_digest: str) -> KVScales:
     """Scales for ``dtype`` from a calibration file. ValueError when the file is not a
-    calibration record, its sha256 does not match its content, it was recorded for
-    other weights, or its layer count differs."""
-    try:
-        record = json.loads(Path(path).read_text(encoding="utf-8"))
-    except (OSError, ValueError) as exc:
-        raise ValueError(f"kv scales file {path}: {exc}") from exc
-    if not isinstance(record, dict) or record.get("format") != FORMAT:
-        raise ValueError(f"kv scales file {path}: not a {FORMAT} record")
+    record of this format (a per-layer record of the format before says to
+    recalibrate), its sha256 does not match its content, it was recorded for other
+    weights, or its shape is not this model's."""
+    record = _read(path)
     if record.get("sha256") != content_digest(record):
         raise ValueError(f"kv scales file {path}: sha256 does not match its content")
     if record.get("model_digest") != model_digest:
@@ -104,15 +147,62 @@ def load_scales(path: str | Path, dtype: str, num_layers: int, model_digest: str
             f"kv scales file {path} was calibrated for weights {record.get('model_digest')!r},"
             f" this model is {model_digest!r}"
         )
-    k_amax, v_amax = record.get("k_amax"), record.get("v_amax")
-    if not (isinstance(k_amax, list) and isinstance(v_amax, list)) or not (
-        len(k_amax) == len(v_amax) == num_layers
-    ):
-        raise ValueError(f"kv scales file {path}: needs {num_layers} K and V maxima")
+    headroom = _headroom(record, path)
+    layers = record.get("layers")
+    if not isinstance(layers, list) or len(layers) != num_layers:
+        raise ValueError(f"kv scales file {path}: needs {num_layers} layers")
     top = fp8_max(dtype)
-    return KVScales(
-        tuple(max(float(a), _MIN_AMAX) / top for a in k_amax),
-        tuple(max(float(a), _MIN_AMAX) / top for a in v_amax),
-        str(path),
-        str(record["sha256"]),
-    )
+    parsed = []
+    for index, layer in enumerate(layers):
+        stats = _layer_stats(layer, (num_kv_heads, head_dim), f"kv scales file {path} layer {index}")
+        parsed.append(LayerScales(
+            stats["k_amax"].clamp(min=_MIN_AMAX) * (headroom / top), stats["k_offset"],
+            stats["v_amax"].clamp(min=_MIN_AMAX) * (headroom / top)))
+    return KVScales(tuple(parsed), str(path), str(record["sha256"]))
+
+
+def _read(path: str | Path) -> dict[str, Any]:
+    try:
+        record = json.loads(Path(path).read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise ValueError(f"kv scales file {path}: {exc}") from exc
+    found = record.get("format") if isinstance(record, dict) else None
+    if found == PER_LAYER_FORMAT:
+        raise ValueError(f"kv scales file {path} holds per-layer scales ({found}), which "
+                         "this engine no longer reads: recalibrate with python -m "
+                         "workers.model.calibrate")
+    if found != FORMAT:
+        raise ValueError(f"kv scales file {path}: not a {FORMAT} record")
+    return record
+
+
+def _headroom(record: Mapping[str, Any], path: str | Path) -> float:
+    tool = record.get("tool")
+    parameters = tool.get("parameters") if isinstance(tool, dict) else None
+    headroom = parameters.get("headroom") if isinstance(parameters, dict) else None
+    if not isinstance(headroom, (int, float)) or isinstance(headroom, bool) or headroom < 1:
+        raise ValueError(f"kv scales file {path}: tool.parameters.headroom must be a number "
+                         ">= 1")
+    return float(headroom)
+
+
+def _layer_stats(layer: object, shape: tuple[int, int], where: str) -> dict[str, torch.Tensor]:
+    """A record layer's ``STATS`` as float32 tensors of ``shape``; ValueError otherwise."""
+    if not isinstance(layer, dict):
+        raise ValueError(f"{where}: not an object")
+    stats = {}
+    for name in STATS:
+        try:
+            tensor = torch.tensor(layer[name], dtype=torch.float32)
+        except (KeyError, TypeError, ValueError) as exc:
+            raise ValueError(f"{where}: no valid {name}") from exc
+        if tuple(tensor.shape) != shape or not bool(torch.isfinite(tensor).all()):
+            raise ValueError(f"{where}: {name} must be {shape[0]} x {shape[1]} finite numbers")
+        stats[name] = tensor
+    if bool((stats["k_amax"] < 0).any() or (stats["v_amax"] < 0).any()):
+        raise ValueError(f"{where}: k_amax and v_amax must not be negative")
+    return stats
+
+
+def _rounded(tensor: torch.Tensor) -> list[list[float]]:
+    return [[float(f"{x:.6g}") for x in row] for row in tensor.tolist()]

@@ -65,16 +65,14 @@ class ModelRunner:
         scales = scales or KVScales.unit(config.num_hidden_layers)
         if scales.num_layers != config.num_hidden_layers:
             raise ValueError(f"{scales.num_layers} KV scales for {config.num_hidden_layers} layers")
-        if key_caches[0].dtype == weight.dtype and {*scales.k_scales, *scales.v_scales} != {1.0}:
-            raise ValueError("KV scales other than 1.0 need an FP8 cache")
+        if key_caches[0].dtype == weight.dtype and not scales.is_unit:
+            raise ValueError("KV scales other than unit need an FP8 cache")
         self.model = model
         self.lora = lora
         self.scales = scales
         self.caches = [
-            LayerKVCache(key, value, k_scale, v_scale)
-            for key, value, k_scale, v_scale in zip(
-                key_caches, value_caches, scales.k_scales, scales.v_scales, strict=True
-            )
+            LayerKVCache(key, value, *(() if layer is None else layer.to(weight.device)))
+            for key, value, layer in zip(key_caches, value_caches, scales.layers, strict=True)
         ]
         self.block_size = block_size
         self.num_blocks = key_caches[0].shape[0]

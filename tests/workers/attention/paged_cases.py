@@ -96,3 +96,16 @@ def dense_attention(case: PagedCase) -> torch.Tensor:
             outputs.append(torch.stack(rows))
         start += length
     return torch.stack(outputs)
+
+
+def channel_scales(num_kv_heads: int, head_dim: int, seed: int = 0, device: str = "cpu"
+                   ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Random FP8 ``(k_scale, k_offset, v_scale)``, each float32 [num_kv_heads, head_dim]:
+    scales spread over a factor of 10 (some channels small, some large), K offsets of
+    about the size of the values (as a K channel's mean can be)."""
+    generator = torch.Generator().manual_seed(seed)
+    shape = (num_kv_heads, head_dim)
+    k_scale = torch.empty(shape).uniform_(0.003, 0.03, generator=generator)
+    k_offset = torch.randn(shape, generator=generator) * 1.5
+    v_scale = torch.empty(shape).uniform_(0.002, 0.02, generator=generator)
+    return k_scale.to(device), k_offset.to(device), v_scale.to(device)

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from tests.support.gpu import ON_GPU
-from tests.workers.attention.paged_cases import make_case
+from tests.workers.attention.paged_cases import channel_scales, make_case
 from workers.attention import reference
 
 pytestmark = ON_GPU
@@ -87,19 +87,23 @@ def test_demo_model_generates_the_same_tokens_on_gpu_and_cpu(tmp_path):
 
 @pytest.mark.parametrize("fp8", [torch.float8_e4m3fn, torch.float8_e5m2])
 def test_fp8_store_and_attention_match_reference(fp8):
-    key = torch.randn(100, 8, 128, device="cuda", dtype=torch.bfloat16) * 30
+    k_scale, k_offset, v_scale = channel_scales(8, 128, device="cuda")
+    key = (torch.randn(100, 8, 128, device="cuda") * 60 * k_scale + k_offset).bfloat16()
+    value = (torch.randn(100, 8, 128, device="cuda") * 60 * v_scale).bfloat16()
     slots = torch.randperm(64 * 16, device="cuda")[:100]
     ref = [torch.zeros(64, 16, 8, 128, device="cuda", dtype=fp8) for _ in range(2)]
     ours = [c.clone() for c in ref]
-    reference.write_kv(*ref, key, key * 0.1, slots, 0.05, 0.01)
-    kernels().store_kv(*ours, key, key * 0.1, slots, 0.05, 0.01)
+    reference.write_kv(*ref, key, value, slots, k_scale, k_offset, v_scale)
+    kernels().store_kv(*ours, key, value, slots, k_scale, k_offset, v_scale)
     for a, b in zip(ref, ours, strict=True):
         assert torch.equal(a.float(), b.float())
     case = make_case([70, 1, 300], [500, 47, 1000], 16, 32, 8, 128, dtype=torch.bfloat16,
                      device="cuda")
-    caches = [reference.quantize(c, 0.02, fp8) for c in (case.key_cache, case.value_cache)]
+    caches = [reference.quantize(case.key_cache.float() * 60 * k_scale + k_offset, fp8, k_scale,
+                                 k_offset),
+              reference.quantize(case.value_cache.float() * 60 * v_scale, fp8, v_scale)]
     m = case.metadata
     args = (case.query, *caches, m.query_start_loc, m.seq_lens, m.block_tables,
-            m.max_query_len, case.scale, 0.02, 0.02)
+            m.max_query_len, case.scale, k_scale, v_scale)
     error = (kernels().paged_prefill(*args).float() - reference.paged_prefill(*args).float()).abs()
     assert error.max().item() < TOLERANCE[torch.bfloat16]

@@ -38,6 +38,7 @@ CASE_NAMES = [
         for fmt in ("e4m3", "e5m2")
         for kind in ("prefill", "store-kv", "decode-splits1", "decode-splits3")
     ),
+    "fp8-rejects-bad-scales",
 ]
 
 results, test_every_case_ran, test_triton_matches_reference = error_suite(

@@ -13,7 +13,7 @@ import os
 import torch
 
 from tests.support.triton_interpreter import Cases
-from tests.workers.attention.paged_cases import make_case
+from tests.workers.attention.paged_cases import channel_scales, make_case
 from workers.attention import reference, triton_kernels
 
 assert os.environ.get("TRITON_INTERPRET") == "1", "run with TRITON_INTERPRET=1"
@@ -136,48 +136,83 @@ def rejects() -> float:
 FP8 = {"e4m3": (torch.float8_e4m3fn, 3), "e5m2": (torch.float8_e5m2, 2)}
 
 
-def fp8_caches(c, dtype: torch.dtype, k_scale: float, v_scale: float):
-    """The case's caches as an FP8 cache stores them (quantized by the reference)."""
-    return reference.quantize(c.key_cache, k_scale, dtype), reference.quantize(
-        c.value_cache, v_scale, dtype
-    )
+def fp8_caches(c, dtype: torch.dtype, seed: int):
+    """The case's caches as an FP8 cache stores them (quantized by the reference with
+    random per-channel scales and K offsets), and those scales."""
+    k_scale, k_offset, v_scale = channel_scales(*c.key_cache.shape[2:], seed=seed)
+    key_cache = reference.quantize(c.key_cache * 40 * k_scale + k_offset, dtype, k_scale, k_offset)
+    value_cache = reference.quantize(c.value_cache * 40 * v_scale, dtype, v_scale)
+    return key_cache, value_cache, k_scale, k_offset, v_scale
 
 
 def fp8_prefill_error(fmt: str) -> float:
     c = make_case([5, 1, 40, 17], [30, 47, 0, 16], 16, 4, 2, seed=4)
-    key_cache, value_cache = fp8_caches(c, FP8[fmt][0], 0.02, 0.01)
+    key_cache, value_cache, k_scale, _, v_scale = fp8_caches(c, FP8[fmt][0], seed=7)
     m = c.metadata
     args = (c.query, key_cache, value_cache, m.query_start_loc, m.seq_lens, m.block_tables,
-            m.max_query_len, c.scale, 0.02, 0.01)
+            m.max_query_len, c.scale, k_scale, v_scale)
     return (triton_kernels.paged_prefill(*args) - reference.paged_prefill(*args)).abs().max().item()
 
 
 def fp8_decode_error(fmt: str, num_splits: int) -> float:
     c = make_case([1, 1, 1, 1], [0, 36, 99, 63], 16, 8, 2, seed=5)
-    key_cache, value_cache = fp8_caches(c, FP8[fmt][0], 0.05, 0.005)
+    key_cache, value_cache, k_scale, _, v_scale = fp8_caches(c, FP8[fmt][0], seed=8)
     m = c.metadata
-    args = (c.query, key_cache, value_cache, m.seq_lens, m.block_tables, c.scale, 0.05, 0.005)
+    args = (c.query, key_cache, value_cache, m.seq_lens, m.block_tables, c.scale, k_scale, v_scale)
     got = triton_kernels.paged_decode(*args, num_splits=num_splits)
     return (got - reference.paged_decode(*args)).abs().max().item()
 
 
 def fp8_store_error(fmt: str) -> float:
-    """The kernel's stored values == the reference's. Inputs are FP8 values times the
-    scale (plus some far beyond the range, which saturate), so no rounding is needed:
-    the interpreter's own float32 -> float8 conversion drops the carry of a mantissa
-    that rounds up (500 -> 256 in e5m2), which the GPU's conversion does not; random
-    inputs are compared on a GPU (test_triton_gpu.py)."""
+    """The kernel's stored values == the reference's. Inputs are FP8 values times a
+    power-of-two scale plus a K offset of a few eighths (so every step is exact in
+    float32), plus some far beyond the range, which saturate: no rounding is needed,
+    since the interpreter's own float32 -> float8 conversion drops the carry of a
+    mantissa that rounds up (500 -> 256 in e5m2), which the GPU's conversion does not;
+    random inputs are compared on a GPU (test_triton_gpu.py)."""
     dtype = FP8[fmt][0]
     generator = torch.Generator().manual_seed(6)
     exact = torch.randn(2, 9, 2, 32, generator=generator).mul(4).to(dtype).float()
     exact[1, 0, 0, :4] = torch.tensor([1e9, -1e9, 6e4, -6e4])
-    key, value = exact[0] * 0.5, exact[1] * 2.0
+    k_scale, v_scale = (2.0 ** torch.randint(-2, 3, (2, 32), generator=generator).float()
+                        for _ in range(2))
+    k_offset = torch.randint(-8, 9, (2, 32), generator=generator).float() / 8
+    key, value = exact[0] * k_scale + k_offset, exact[1] * v_scale
     slots = torch.randperm(6 * 16, generator=generator)[:9]
     ref = [torch.zeros(6, 16, 2, 32, dtype=dtype) for _ in range(2)]
     ours = [torch.zeros(6, 16, 2, 32, dtype=dtype) for _ in range(2)]
-    reference.write_kv(*ref, key, value, slots, 0.5, 2.0)
-    triton_kernels.store_kv(*ours, key, value, slots, 0.5, 2.0)
+    reference.write_kv(*ref, key, value, slots, k_scale, k_offset, v_scale)
+    triton_kernels.store_kv(*ours, key, value, slots, k_scale, k_offset, v_scale)
     return max((a.float() - b.float()).abs().max().item() for a, b in zip(ref, ours, strict=True))
+
+
+@case("fp8-rejects-bad-scales")
+def rejects_bad_scales() -> float:
+    """Scales on a cache not in FP8, some scales without the others, or scales of
+    another shape are refused before any launch."""
+    c = make_case([1], [20], 16, seed=9)
+    m = c.metadata
+    k_scale, k_offset, v_scale = channel_scales(2, 32)
+    fp8 = [cache.to(torch.float8_e4m3fn) for cache in (c.key_cache, c.value_cache)]
+    calls = [
+        lambda: triton_kernels.paged_decode(c.query, c.key_cache, c.value_cache, m.seq_lens,
+                                            m.block_tables, c.scale, k_scale, v_scale),
+        lambda: triton_kernels.paged_decode(c.query, *fp8, m.seq_lens, m.block_tables,
+                                            c.scale, k_scale, None),
+        lambda: triton_kernels.paged_decode(c.query, *fp8, m.seq_lens, m.block_tables,
+                                            c.scale, k_scale[:, :16], v_scale[:, :16]),
+        lambda: triton_kernels.store_kv(*fp8, c.key_cache[0], c.value_cache[0],
+                                        torch.arange(16), k_scale, None, v_scale),
+    ]
+    for call in calls:
+        try:
+            call()
+        except ValueError as exc:
+            if "triton paged attention" not in str(exc):
+                return float("inf")
+            continue
+        return float("inf")
+    return 0.0
 
 
 for fmt in FP8:
