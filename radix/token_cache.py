@@ -14,36 +14,44 @@ as it starts a fresh string. So ``encode(a + b) == encode(a) + encode(b)`` whene
 holds whitespace or strips it. ``eligible`` checks those conditions on the
 tokenizer's JSON; any other tokenizer gets ``NullTokenCache`` (plain encodes).
 
-``PrefixTokenCache`` encodes a text as chunks cut at safe cuts about every
-``chunk_chars`` characters (one ``encode_batch_fast`` call), so it knows the token
-count at each cut, and keeps (text, cut table, ids) in a ``RadixTree`` over the
-text's characters (4 bytes each, UTF-32). A new text walks the tree once; from the
-longest cached text sharing its first ``m`` characters it reuses the ids up to the
-last cut before ``m`` and encodes only the rest. Entries are scoped like the prefix
-index (a tenant sees its own and ``PUBLIC`` ones: tokenizing speed must not tell a
-tenant what another one sent) and guarded by a lock (the router tokenizes long prompts on worker threads; the
-encoding itself runs outside the lock).
+``PrefixTokenCache`` cuts a text into chunks at the first safe cut after every
+``chunk_chars`` characters (a chunk's bounds depend only on the text before them, so
+two texts sharing a prefix share its chunks) and keeps each chunk's ids as a link of a
+hash chain (``radix.chain_cache``: the digest of chunk ``k`` covers chunks ``0..k``).
+A new text hashes its chunks (C speed), looks the chain up one dict lookup per chunk,
+compares each found chunk's text with its own, and encodes only from the first chunk
+not held: Python work per chunk, not per character. Within that chunk it also reuses
+the ids of the newest chunk cached after the same prefix up to the last safe cut both
+share (a repeated document followed by a new question, a conversation's last turn
+followed by the next), counting token bytes with ``radix.token_spans``; the new
+chunks are encoded in one ``encode_batch`` call. Entries are scoped like the prefix index (a tenant
+sees its own and ``PUBLIC`` ones: tokenizing speed must not tell a tenant what
+another one sent). Chats are rendered through ``radix.chat_render`` (only a
+conversation's new messages, where the template allows it), whose links share this
+cache's chain store and budget.
 
 The budget (``max_chars``) bounds what is stored, not what was new: one unit is a
-tree key character, a cached token id or a cut table slot (4 bytes each), and each
-entry adds a fixed overhead for its objects. Every entry holds its text's whole id
-list, so a long shared prefix with many short suffixes costs each entry its full
-length. Least recently used leaves are evicted until the total is within budget.
+character of a cached chunk or rendered message, a cached token id or a message
+character (4 bytes each), and each link adds a fixed overhead for its objects. A
+text's chunks are shared by every text that starts with them. Least recently used
+links are evicted, deepest first, until the total is within budget.
 """
 
 from __future__ import annotations
 
-import bisect
 import json
 import threading
 from array import array
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, NamedTuple, Protocol
 
+from radix.chain_cache import ChainCache, chain_digests
+from radix.chat_render import ChatRenderCache
 from radix.gguf_tokenizer import SPLIT_REGEXES
+from radix.token_spans import TokenSpans
 from radix.tokenizer import PromptTokenizer
-from radix.tree import PUBLIC, RadixTree, Scope
+from radix.tree import Scope
 
 _SAFE_SPLITS = frozenset(SPLIT_REGEXES.values())
 
@@ -63,30 +71,26 @@ class TextEncoder(Protocol):
 
 @dataclass(frozen=True)
 class CacheStats:
-    """Characters of text asked for, and of those how many were reused from the cache."""
+    """Characters of text asked for, and of those how many were reused from the cache;
+    chat messages asked for, and of those how many were reused already rendered."""
 
     num_chars: int
     num_reused_chars: int
+    num_messages: int = 0
+    num_reused_messages: int = 0
 
 
-# Units (4 bytes each) charged per entry for its objects: the tree node, a split head,
-# the entry and its arrays' headers.
-_ENTRY_OVERHEAD_UNITS = 256
+# Units (4 bytes each) charged per cached chunk for its objects: the link, its key,
+# the chunk and its text's and array's headers.
+_CHUNK_OVERHEAD_UNITS = 128
+_SEED = 0
 
 
-@dataclass(frozen=True, slots=True)
-class _Entry:
-    """A cached text's ids and, per safe cut it was encoded at, the tokens before it."""
+class _Chunk(NamedTuple):
+    """Text between two safe cuts (or a cut and the end) and its ids, ``encode(text)``."""
 
-    cut_chars: array
-    cut_tokens: array
+    text: str
     token_ids: array
-
-    @property
-    def num_units(self) -> int:
-        """What this entry counts against the budget (module docstring)."""
-        return len(self.token_ids) + len(self.cut_chars) + len(self.cut_tokens) + (
-            _ENTRY_OVERHEAD_UNITS)
 
 
 def eligible(tokenizer_json: str) -> bool:
@@ -146,15 +150,15 @@ class PrefixTokenCache:
     """Exact token ids of text, reusing cached prefixes (see the module docstring)."""
 
     def __init__(self, tokenizer: PromptTokenizer, max_chars: int = 4_000_000,
-                 chunk_chars: int = 128) -> None:
+                 chunk_chars: int = 256) -> None:
         self._tokenizer = tokenizer
-        self._max_chars = max_chars
         self._chunk_chars = chunk_chars
-        self._tree: RadixTree[_Entry | None] = RadixTree(lambda entry, _: (None, entry))
+        self._links: ChainCache[Any] = ChainCache(max_chars)
+        self._spans = TokenSpans.of(tokenizer.tokenizer_json)
+        self._chats = ChatRenderCache(tokenizer, self._links)
         self._lock = threading.Lock()
         self._num_chars = 0
         self._num_reused_chars = 0
-        self._num_units = 0
         raw = tokenizer.encode("x", add_special_tokens=False)
         full = tokenizer.encode("x", add_special_tokens=True)
         start = next((i for i in range(len(full)) if full[i : i + len(raw)] == raw), None)
@@ -165,16 +169,7 @@ class PrefixTokenCache:
         ``PUBLIC``) cached."""
         if not text or (add_special_tokens and self._affixes is None):
             return self._tokenizer.encode(text, add_special_tokens)
-        key = text.encode("utf-32-le")
-        with self._lock:
-            reused_chars, entry, index = self._lookup(key, scope)
-        if entry is not None and index is None:
-            ids = list(entry.token_ids)
-        else:
-            ids = self._encode_with(text, key, scope, entry, index)
-        with self._lock:
-            self._num_chars += len(text)
-            self._num_reused_chars += reused_chars
+        ids = self._cached_ids(text, scope)
         if not add_special_tokens:
             return ids
         head, tail = self._affixes  # type: ignore[misc]
@@ -182,7 +177,11 @@ class PrefixTokenCache:
 
     def encode_chat(self, messages: Sequence[Mapping[str, Any]], scope: Scope,
                     add_generation_prompt: bool = True) -> list[int]:
-        """``tokenizer.encode_chat`` with the rendered text encoded through the cache."""
+        """``tokenizer.encode_chat``: rendered through the chat render cache where the
+        template allows it (``radix.chat_render``), the text encoded through this cache."""
+        text = self._chats.render(messages, scope, add_generation_prompt)
+        if text is not None:
+            return self.encode(text, scope, add_special_tokens=False)
         return self._tokenizer.encode_chat(
             messages, add_generation_prompt,
             encode_text=lambda text: self.encode(text, scope, add_special_tokens=False),
@@ -195,85 +194,92 @@ class PrefixTokenCache:
     def stats(self) -> CacheStats:
         """Totals since start."""
         with self._lock:
-            return CacheStats(self._num_chars, self._num_reused_chars)
+            return CacheStats(self._num_chars, self._num_reused_chars, *self._chats.stats())
 
     def num_stored_units(self) -> int:
         """Units held now (module docstring); never above ``max_chars`` between calls."""
-        with self._lock:
-            return self._num_units
+        return self._links.num_units()
 
     def check_invariants(self) -> None:
-        """The tree is consistent, the entry units add up, and the total is in budget."""
-        with self._lock:
-            self._tree.check_invariants()
-            assert _held_units(list(self._tree.iter_nodes())) == self._num_units
-            assert self._num_units <= self._max_chars
+        """The chain links are consistent and within budget (``ChainCache``)."""
+        self._links.check_invariants()
 
-    def _lookup(self, key: bytes, scope: Scope) -> tuple[int, _Entry | None, int | None]:
-        """(characters reused, the entry to reuse, the index of its last usable cut);
-        index None with an entry: the whole text is cached."""
-        match = self._tree.match(key, scope)
-        node = match.last_node
-        if node is None:
-            return 0, None, None
-        if node.end == match.num_matched_tokens == len(key) // 4 and node.payload is not None:
-            return len(key) // 4, node.payload, None
-        entry = _entry_below(node, scope)
-        if entry is None:
-            return 0, None, None
-        index = bisect.bisect_left(entry.cut_chars, match.num_matched_tokens) - 1
-        if index < 0:
-            return 0, None, None
-        return entry.cut_chars[index], entry, index
-
-    def _encode_with(self, text: str, key: bytes, scope: Scope, entry: _Entry | None,
-                     index: int | None) -> list[int]:
-        start, cut_chars, cut_tokens, ids = 0, array("i"), array("i"), []
-        if entry is not None and index is not None:
-            start = entry.cut_chars[index]
-            cut_chars = entry.cut_chars[: index + 1]
-            cut_tokens = entry.cut_tokens[: index + 1]
-            ids = list(entry.token_ids[: entry.cut_tokens[index]])
-        cuts = [start, *(start + c for c in safe_cuts(text[start:], self._chunk_chars))]
-        pieces = [text[a:b] for a, b in zip(cuts, [*cuts[1:], len(text)], strict=True)]
-        for position, piece_ids in zip(cuts, self._tokenizer.encode_batch(pieces), strict=True):
-            if position:
-                cut_chars.append(position)
-                cut_tokens.append(len(ids))
-            ids += piece_ids
-        with self._lock:
-            self._store(key, scope, _Entry(cut_chars, cut_tokens, array("i", ids)))
-        return ids
-
-    def _store(self, key: bytes, scope: Scope, entry: _Entry) -> None:
-        """Keep ``entry`` for ``key``, then evict LRU leaves until within budget (the
-        new entry too, if it alone is over). Caller holds the lock."""
-        inserted = self._tree.insert(key, scope)
-        node = inserted.nodes[-1]
-        replaced = node.payload.num_units if node.payload is not None else 0
-        node.payload = entry
-        self._num_units += sum(n.num_tokens for n in inserted.new_nodes) + entry.num_units - (
-            replaced)
-        while self._num_units > self._max_chars:
-            evicted = self._tree.evict(1)
-            if not evicted:
+    def _cached_ids(self, text: str, scope: Scope) -> list[int]:
+        """Ids of ``text``: the chunks ``scope`` sees cached, the rest encoded and kept."""
+        bounds = [0, *safe_cuts(text, self._chunk_chars), len(text)]
+        pieces = [text[a:b] for a, b in zip(bounds, bounds[1:], strict=False)]
+        digests = chain_digests([p.encode("utf-8", "surrogatepass") for p in pieces], _SEED)
+        ids = array("I")
+        keys = []
+        for (key, chunk), piece in zip(self._links.longest(scope, digests), pieces,
+                                       strict=False):
+            if not isinstance(chunk, _Chunk) or chunk.text != piece:
                 break
-            self._num_units -= _held_units(evicted)
+            ids += chunk.token_ids
+            keys.append(key)
+        num_found = len(keys)
+        num_reused = bounds[num_found]
+        new = []
+        if num_found < len(pieces):
+            head_ids, num_head_chars = self._reuse_within(keys, pieces[num_found])
+            runs = self._encode_runs(text, bounds[num_found:], num_head_chars)
+            runs[0] = head_ids + runs[0]
+            for digest, piece, run in zip(digests[num_found:], pieces[num_found:], runs,
+                                          strict=True):
+                ids += run
+                new.append((digest, _Chunk(piece, run),
+                            len(piece) + len(run) + _CHUNK_OVERHEAD_UNITS))
+            num_reused += num_head_chars
+        self._links.extend(scope, keys, new)
+        with self._lock:
+            self._num_chars += len(text)
+            self._num_reused_chars += num_reused
+        return ids.tolist()
+
+    def _reuse_within(self, keys: Sequence[Any], piece: str) -> tuple[array, int]:
+        """(ids, characters) of ``piece``'s longest prefix ending at a safe cut that the
+        newest chunk cached after ``keys`` shares; nothing without spans or a chunk."""
+        sibling = self._links.last_child(keys[-1]) if keys and self._spans else None
+        if not isinstance(sibling, _Chunk):
+            return array("I"), 0
+        cut = _last_safe_cut(piece, _common_prefix_chars(piece, sibling.text))
+        num_tokens = self._spans.tokens_before(  # type: ignore[union-attr]
+            sibling.token_ids, _num_bytes(sibling.text), _num_bytes(piece[:cut]))
+        if num_tokens is None:
+            return array("I"), 0
+        return sibling.token_ids[:num_tokens], cut
+
+    def _encode_runs(self, text: str, bounds: Sequence[int], skip: int) -> list[array]:
+        """The ids of each chunk between ``bounds``, the first without its leading
+        ``skip`` characters, in one ``encode_batch`` call (Hugging Face's BPE encodes
+        a text in chunks faster than whole)."""
+        starts = [bounds[0] + skip, *bounds[1:-1]]
+        texts = [text[a:b] for a, b in zip(starts, bounds[1:], strict=True)]
+        return [array("I", run) for run in self._tokenizer.encode_batch(texts)]
 
 
-def _held_units(nodes: Sequence[Any]) -> int:
-    """Units ``nodes`` hold: their key characters and their entries."""
-    return sum(n.num_tokens + (n.payload.num_units if n.payload else 0) for n in nodes)
+def _num_bytes(text: str) -> int:
+    return len(text) if text.isascii() else len(text.encode("utf-8", "surrogatepass"))
 
 
-def _entry_below(node: Any, scope: Scope) -> _Entry | None:
-    """An entry at or below ``node`` visible to ``scope`` (each shares ``node``'s path)."""
-    while node.payload is None and node.children:
-        visible = [c for (s, _), c in node.children.items() if s in (scope, PUBLIC)]
-        if not visible:
-            return None
-        node = visible[0]
-    return node.payload
+def _common_prefix_chars(a: str, b: str) -> int:
+    """How many leading characters ``a`` and ``b`` share (a binary search of C compares)."""
+    low, high = 0, min(len(a), len(b))
+    while low < high:
+        middle = (low + high + 1) // 2
+        if a.startswith(b[low:middle], low):
+            low = middle
+        else:
+            high = middle - 1
+    return low
+
+
+def _last_safe_cut(text: str, end: int) -> int:
+    """The last safe cut ``c`` of ``text`` with ``0 < c < end``, else 0."""
+    cut = text.rfind(" ", 1, end)
+    while cut > 0 and text[cut - 1].isspace():
+        cut = text.rfind(" ", 1, cut)
+    return max(cut, 0)
 
 
 class _ScopedEncoder:

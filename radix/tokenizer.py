@@ -79,7 +79,7 @@ class PromptTokenizer:
         )
         self.vocab_size: int = self._tokenizer.get_vocab_size(with_added_tokens=True)
         try:
-            self._template = _compile_template(chat_template) if chat_template is not None else None
+            self._template = compile_chat_template(chat_template) if chat_template is not None else None
         except jinja2.TemplateSyntaxError as exc:
             raise ValueError(f"chat template: invalid jinja: {exc}") from exc
         specials = {
@@ -194,14 +194,26 @@ class PromptTokenizer:
         if self._template is None:
             raise ValueError("tokenizer has no chat template")
         try:
-            return self._template.render(
-                messages=[dict(message) for message in messages],
-                add_generation_prompt=add_generation_prompt,
-                bos_token=self.bos_token or "",
-                eos_token=self.eos_token or "",
-            )
+            return self._template.render(self.chat_variables(messages, add_generation_prompt))
         except jinja2.TemplateError as exc:
             raise ValueError(f"chat template failed: {exc}") from exc
+
+    def chat_variables(
+        self, messages: Sequence[Mapping[str, Any]], add_generation_prompt: bool
+    ) -> dict[str, Any]:
+        """What the chat template is rendered with: the messages (as dicts), the
+        generation-prompt switch, and the BOS and EOS token strings."""
+        return {
+            "messages": [dict(message) for message in messages],
+            "add_generation_prompt": add_generation_prompt,
+            "bos_token": self.bos_token or "",
+            "eos_token": self.eos_token or "",
+        }
+
+    def chat_needs_masking(self, messages: Sequence[Mapping[str, Any]]) -> bool:
+        """True when some message content holds a special-token string, so
+        ``encode_chat`` keeps it as text instead of encoding the render directly."""
+        return self._content_encoder.needs_masking(messages)
 
     def encode_chat(
         self,
@@ -219,7 +231,7 @@ class PromptTokenizer:
         def render(rendered: Sequence[Mapping[str, Any]]) -> str:
             return self.apply_chat_template(rendered, add_generation_prompt)
 
-        if self._content_encoder.needs_masking(messages):
+        if self.chat_needs_masking(messages):
             return self._content_encoder.encode(messages, render)
         if encode_text is None:
             return self.encode(render(messages), add_special_tokens=False)
@@ -424,7 +436,9 @@ class _GenerationTag(jinja2.ext.Extension):
         return jinja2.nodes.Scope(body).set_lineno(lineno)
 
 
-def _compile_template(template: str) -> jinja2.Template:
+def compile_chat_template(template: str) -> jinja2.Template:
+    """``template`` compiled the way ``PromptTokenizer`` renders chat templates (module
+    docstring); jinja2.TemplateSyntaxError if it does not parse."""
     env = ImmutableSandboxedEnvironment(
         trim_blocks=True, lstrip_blocks=True, extensions=[_GenerationTag, jinja2.ext.loopcontrols]
     )
