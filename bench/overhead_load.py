@@ -61,6 +61,17 @@ def prompts(n: int, workload: str) -> list[str] | list[list[dict[str, str]]]:
     return turns
 
 
+def chat_turn10(n: int) -> tuple[list[list[dict[str, str]]], list[list[dict[str, str]]]]:
+    """Turn 10 alone: (turns 1-9, unmeasured; turn 10) of ``n / 10`` conversations
+    other than those of ``prompts(n, "chat")`` (their system prompts differ, so a
+    router that served the ``chat`` workload first has seen none of them)."""
+    num_chats = max(n // CHAT_TURNS, 1)
+    turns = prompts(2 * num_chats * CHAT_TURNS, "chat")
+    fresh = [turns[t * 2 * num_chats + c] for t in range(CHAT_TURNS)
+             for c in range(num_chats, 2 * num_chats)]
+    return fresh[: -num_chats], fresh[-num_chats:]
+
+
 async def _one(session: aiohttp.ClientSession, url: str, body: dict[str, Any],
                headers: dict[str, str], stream: bool) -> tuple[float, float]:
     """Latency to the end of the response, and the longest gap between stream lines."""

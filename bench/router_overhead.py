@@ -25,7 +25,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
-import sys
 import tempfile
 import time
 from collections.abc import Callable
@@ -34,16 +33,19 @@ from typing import Any
 
 from bench import peers
 from bench.overhead_load import PROMPT_BYTES, drive, prompts
+from bench.router_stages import (
+    KEY,
+    NUM_UPSTREAMS,
+    router_config,
+    stage_breakdown,
+    stage_table,
+    start_upstreams,
+)
 from bench.router_stages import NUM_CLIENTS as NUM_CLIENTS_STAGES
-from bench.router_stages import stage_breakdown, stage_table
-from harness.procs import ManagedProcess, process_cpu_s, start_process, start_router
+from harness.procs import ManagedProcess, process_cpu_s, start_router
 from radix.model_source import DEMO_MODEL, load_tokenizer
 from radix.openai.prompt import encode_messages
-from router.front.auth import hash_key
 
-KEY = "bench-key"
-UPSTREAM_ARGS = [sys.executable, "-m", "harness.instant_upstream"]
-NUM_UPSTREAMS = 4
 MAX_TOKENS = 16
 # name, concurrent clients, streaming, prompt sent as token ids (no router tokenization),
 # prompts: unique, "repeat" (a repeated document + question) or "chat" (10-turn
@@ -60,23 +62,14 @@ SCENARIOS = (
 PEER_SETUPS = ("sglang cache_aware default", "vllm cache_aware")
 
 
-def _config(urls: list[str], tokenizer: str) -> str:
-    lines = ["[models.demo]", f'tokenizer = "{tokenizer}"', "[auth.tenants.bench]",
-             f'key_digests = ["{hash_key(KEY)}"]', "[registry]", "poll_interval_s = 1.0"]
-    for i, url in enumerate(urls):
-        lines += ["[[workers]]", f'id = "u{i}"', 'model = "demo"', f'url = "{url}"']
-    return "\n".join(lines) + "\n"
-
-
 async def _bench(num_requests: int, processes: int, with_peers: bool, tokenizer: str
                  ) -> tuple[dict[str, Any], dict[str, dict[str, float]]]:
-    upstreams = [await asyncio.to_thread(start_process, [*UPSTREAM_ARGS, "--tokenizer", tokenizer])
-                 for _ in range(NUM_UPSTREAMS)]
+    upstreams = await start_upstreams(tokenizer)
     results: dict[str, Any] = {}
     try:
         with tempfile.TemporaryDirectory() as tmp:
             config = Path(tmp) / "router.toml"
-            config.write_text(_config([u.url for u in upstreams], tokenizer))
+            config.write_text(router_config([u.url for u in upstreams], tokenizer))
             flags = ["--processes", str(processes)] if processes > 1 else []
             router = await asyncio.to_thread(start_router, config, *flags)
             try:
