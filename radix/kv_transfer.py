@@ -35,6 +35,7 @@ RELEASE_PATH = "/kv_transfer/release"
 # nothing: POST a PeerHold (the router's; docs/pd.md, "Peer pulls").
 HOLD_PATH = "/kv_transfer/hold"
 MAX_SCOPE_CHARS = 256
+MAX_HOLD_WAIT_S = 60.0
 _HEX = re.compile(r"^[0-9a-f]{1,128}$")
 _ID = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
 
@@ -105,18 +106,21 @@ class PeerHold:
     """A router's ask that a worker hold, for another worker's pull, the whole blocks
     it caches of a prompt (``prompt_key``, ``radix.keys`` bytes) visible to ``scope``,
     at most its first ``max_blocks``; ``num_public_tokens`` is the prompt's public
-    prefix as the pulling request carries it (a multiple of the block size)."""
+    prefix as the pulling request carries it (a multiple of the block size). With
+    ``wait_s``, a worker caching fewer of those blocks (it is pulling them itself)
+    waits up to that long for them before it holds what it has."""
 
     prompt_key: bytes
     scope: str
     num_public_tokens: int
     max_blocks: int
+    wait_s: float = 0.0
 
     def to_json(self) -> bytes:
         """The request body."""
         return orjson.dumps({"token_ids_b64": base64.b64encode(self.prompt_key).decode(),
                              "scope": self.scope, "num_public_tokens": self.num_public_tokens,
-                             "max_blocks": self.max_blocks})
+                             "max_blocks": self.max_blocks, "wait_s": self.wait_s})
 
     def held_key(self, block_size: int) -> bytes:
         """The part of the prompt to hold: its first ``max_blocks`` whole blocks."""
@@ -140,4 +144,5 @@ class PeerHold:
         max_blocks = fields.integer("max_blocks", None, lo=1, hi=MAX_BLOCKS)
         if max_blocks is None:
             raise bad_request("max_blocks is required", "max_blocks")
-        return cls(prompt_key, scope, num_public, max_blocks)
+        return cls(prompt_key, scope, num_public, max_blocks,
+                   fields.number("wait_s", 0.0, MAX_HOLD_WAIT_S) or 0.0)

@@ -14,8 +14,13 @@ A peer's wait is what this router knows of it: the link time of the pulls it pla
 from it that have not crossed yet (``PeerLinks``: one link per peer, pulls in turn)
 and, while it is busy, two of its engine steps (its hold's pin and its block reads
 each wait for the step running on its engine thread; it computes nothing for a pull).
-A hold that fails, times out or names no block leaves the request to recompute on the
-chosen worker, counted as ``pull_failed``.
+A worker a pull was planned into is a source from then on (``PendingPulls``): for the
+same prompt's prefix it is offered as a peer whose blocks arrive when that pull is
+predicted to end, and its hold waits for them (``PeerHold.wait_s``). So a prefix many
+workers pull at once (a fork's sub-agents) spreads from every worker that has it, each
+link carrying a share, instead of queueing on its first holder's link. A hold that
+fails, times out or names no block leaves the request to recompute on the chosen
+worker, counted as ``pull_failed``.
 """
 
 from __future__ import annotations
@@ -23,13 +28,14 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 import orjson
 from prometheus_client import CollectorRegistry
 
+from radix.keys import TOKEN_BYTES
 from radix.kv_sources import SourceCosts
 from radix.kv_transfer import HOLD_PATH, PeerHold
 from router.config import KVSourcesConfig
@@ -45,26 +51,12 @@ from router.routing.index import NamespaceDigest, RouterIndex
 from router.routing.load_cost import is_held_up
 from router.sources.metrics import PULL_FAILED, SourceMetrics
 from router.sources.plan import Holding, Peer, PullRules, SourcePlan, check_plan, plan_sources
+from router.sources.planned import PeerLinks, Pending, PendingPulls
 
 log = logging.getLogger(__name__)
-
-
-class PeerLinks:
-    """When each peer's outgoing link is free of the pulls this router planned from
-    it (monotonic seconds): a new pull waits for those before its own bytes cross."""
-
-    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
-        self._clock = clock
-        self._free_at: dict[str, float] = {}
-
-    def wait_s(self, worker_id: str) -> float:
-        """Seconds until ``worker_id``'s link is free of the pulls planned so far."""
-        return max(0.0, self._free_at.get(worker_id, 0.0) - self._clock())
-
-    def reserve(self, worker_id: str, seconds: float) -> None:
-        """Queue a pull of ``seconds`` on ``worker_id``'s link."""
-        now = self._clock()
-        self._free_at[worker_id] = max(now, self._free_at.get(worker_id, now)) + seconds
+PENDING_GRACE_S = 5.0
+# A hold on a worker still receiving the blocks waits this much longer than predicted.
+HOLD_WAIT_SLACK = 1.5
 
 
 @dataclass(frozen=True)
@@ -86,6 +78,7 @@ class KVSources:
         self._index, self._config, self._pool = index, config, pool
         self.metrics = SourceMetrics(registry)
         self.links = links or PeerLinks()
+        self.pending = PendingPulls(PENDING_GRACE_S)
         self.rules = PullRules(config.min_pull_tokens, config.pull_overhead_s)
         self._costs: dict[str, tuple[Mapping[str, Any], SourceCosts | None]] = {}
 
@@ -125,16 +118,32 @@ class KVSources:
             return Sourced()
         peer = next(w for w in workers if w.worker_id == plan.peer)
         own = plan.num_local_tokens + plan.num_restored_tokens
+        end = own + plan.num_pulled_tokens
         self.links.reserve(peer.worker_id, max(costs.transfer_s(plan.num_pulled_tokens),
                                                self._peer_costs(peer).transfer_s(
                                                    plan.num_pulled_tokens)))
         block_size = self._block_size(target)
-        params = await self._hold(call, peer, (own + plan.num_pulled_tokens) // block_size)
+        params = await self._hold(call, peer, end // block_size, self._arrives_in_s(peer, call))
         if params is None:
             self.metrics.plans[PULL_FAILED].inc()
             return Sourced()
+        assert plan.pull_s is not None
+        self.pending.add(Pending(target.worker_id, target.namespace or "", call.scope,
+                                 call.prompt.key[: end * TOKEN_BYTES],
+                                 time.monotonic() + plan.pull_s))
         held = len(params["remote_block_ids"]) * block_size
         return Sourced(params, peer, max(own, held))
+
+    def _arrives_in_s(self, peer: WorkerState, call: Call) -> float:
+        """How long a hold on ``peer`` may wait for blocks a planned pull is still
+        bringing it (0: none is), within ``hold_timeout_s``."""
+        ready = [p.ready_at for p in self.pending.holders(peer.namespace or "", call.scope,
+                                                           call.prompt.key)
+                 if p.worker_id == peer.worker_id]
+        if not ready:
+            return 0.0
+        wait_s = HOLD_WAIT_SLACK * max(0.0, max(ready) - time.monotonic()) + 0.1
+        return min(wait_s, 0.8 * self._config.hold_timeout_s)
 
     def _plan(self, target: WorkerState, workers: list[WorkerState], call: Call,
               costs: SourceCosts, holdings: dict[str, dict[str, Holding]]) -> SourcePlan:
@@ -147,20 +156,35 @@ class KVSources:
                                             call.scope)
             holdings[namespace] = {w: Holding(*chains) for w, chains in found.items()}
         held = holdings[namespace]
-        peers = sorted((w for w in workers if w is not target and w.namespace == namespace
-                        and w.worker_id in held and self._serves(w)),
-                       key=lambda w: -held[w.worker_id].any_tier)[: self._config.max_peers]
-        return plan_sources(held.get(target.worker_id, Holding(0, 0)),
-                            [self._peer(w, held[w.worker_id].any_tier) for w in peers],
+        others = {w.worker_id: w for w in workers
+                  if w is not target and w.namespace == namespace and self._serves(w)}
+        stored = sorted((i for i in others if i in held),
+                        key=lambda i: -held[i].any_tier)[: self._config.max_peers]
+        peers = [self._peer(others[i], held[i].any_tier) for i in stored]
+        now = time.monotonic()
+        coming = sorted((p for p in self.pending.holders(namespace, call.scope, call.prompt.key)
+                         if p.worker_id in others and p.worker_id not in stored),
+                        key=lambda p: (-len(p.key), p.ready_at))
+        seen: set[str] = set()
+        for pending in coming:
+            if pending.worker_id not in seen and len(seen) < self._config.max_peers:
+                seen.add(pending.worker_id)
+                peers.append(self._peer(others[pending.worker_id], len(pending.key) // TOKEN_BYTES,
+                                        max(0.0, pending.ready_at - now)))
+        return plan_sources(held.get(target.worker_id, Holding(0, 0)), peers,
                             len(call.prompt.token_ids), call.prompt.num_public_tokens,
                             self._block_size(target), costs, self.rules)
 
-    def _peer(self, worker: WorkerState, num_tokens: int) -> Peer:
+    def _peer(self, worker: WorkerState, num_tokens: int, arrives_in_s: float = 0.0) -> Peer:
+        """``worker`` as a source of ``num_tokens`` (all there in ``arrives_in_s``): its
+        wait is that, its link's queue, and two of its engine steps as its load says
+        (the hold's pin and the block reads each wait for one)."""
         costs = self._peer_costs(worker)
         load = worker.load
-        busy = (load.num_requests_running + load.num_requests_waiting
-                + worker.num_in_flight_requests) > 0
-        wait_s = self.links.wait_s(worker.worker_id) + (2 * costs.busy_step_s() if busy else 0.0)
+        num_running = max(load.num_requests_running, worker.num_in_flight_requests)
+        num_waiting = max(load.num_waiting_tokens, worker.num_in_flight_prompt_tokens)
+        wait_s = (arrives_in_s + self.links.wait_s(worker.worker_id)
+                  + 2 * costs.step_s(num_running, num_waiting, num_tokens))
         return Peer(worker.worker_id, num_tokens, wait_s, costs)
 
     def _serves(self, worker: WorkerState) -> bool:
@@ -215,12 +239,14 @@ class KVSources:
         tokens["pulled"].inc(plan.num_pulled_tokens)
         tokens["recomputed"].inc(plan.num_recomputed_tokens)
 
-    async def _hold(self, call: Call, peer: WorkerState, max_blocks: int
+    async def _hold(self, call: Call, peer: WorkerState, max_blocks: int, wait_s: float
                     ) -> dict[str, Any] | None:
         """The params of ``peer``'s hold of the prompt's first ``max_blocks`` blocks for
-        ``call``'s scope; None (logged) when it fails, times out or holds nothing."""
+        ``call``'s scope (waiting up to ``wait_s`` for blocks on their way to it); None
+        (logged) when it fails, times out or holds nothing."""
         prompt = call.prompt
-        body = PeerHold(prompt.key, call.scope, prompt.num_public_tokens, max_blocks).to_json()
+        body = PeerHold(prompt.key, call.scope, prompt.num_public_tokens, max_blocks,
+                        wait_s).to_json()
         max_bytes = PREFILL_ANSWER_BASE_BYTES + PREFILL_ANSWER_BYTES_PER_TOKEN * len(
             prompt.token_ids)
         try:

@@ -148,7 +148,9 @@ def test_a_session_returns_to_its_worker_which_keeps_its_blocks_for_the_hint(fle
     assert sorted(grown.values()) == [0, 3], grown
     home = next(w for w, n in grown.items() if n == 3)
     num_blocks = answer["usage"]["prompt_tokens"] // 16  # the last turn's whole blocks
-    assert metric(workers[home], "kv_retained_blocks") == num_blocks
+    wait_until(lambda: metric(workers[home], "kv_retained_blocks") == num_blocks, 5,
+               lambda: f"{num_blocks} blocks kept once the stream ended, not "
+                       f"{metric(workers[home], 'kv_retained_blocks')} ({served(router)})")
     wait_until(lambda: metric(workers[home], "kv_retained_blocks") == 0, 20,
                "the hint's 6 s to pass")
     status, answer = http_json("POST", f"{base_url(router)}/v1/completions", {

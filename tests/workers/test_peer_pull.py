@@ -132,6 +132,47 @@ def test_a_hold_names_at_most_max_blocks_and_bad_asks_are_refused(fleet):
     assert status == 400 and answer["error"]["param"] == "token_ids_b64"
 
 
+def test_holds_of_one_prefix_count_its_blocks_once_and_a_hold_waits_for_blocks_on_their_way(
+        fleet):
+    source = fleet["source"]
+    token_ids = prompt(6)
+    assert generate(source, token_ids, 1)[0] == 200
+    params = [hold(source, token_ids)[1]["kv_transfer_params"] for _ in range(3)]
+    assert all(len(p["remote_block_ids"]) == 5 for p in params)
+    assert source.get_json("/info")[1]["load"]["num_held_blocks"] == 5  # pinned once
+    for p in params:
+        source.post_json("/kv_transfer/release", {"remote_request_id": p["remote_request_id"]})
+    assert holds(source, 0)
+    coming = prompt(7)
+    answers: list = []
+    waiter = threading.Thread(target=lambda: answers.append(hold(source, coming, wait_s=10.0)))
+    waiter.start()
+    time.sleep(0.5)  # the hold waits: the blocks are not there yet
+    assert generate(source, coming, 1)[0] == 200
+    waiter.join(15)
+    status, answer = answers[0]
+    assert status == 200 and len(answer["kv_transfer_params"]["remote_block_ids"]) == 5
+    source.post_json("/kv_transfer/release", {
+        "remote_request_id": answer["kv_transfer_params"]["remote_request_id"]})
+    assert holds(source, 0)
+
+
+def test_two_pulls_of_one_prefix_into_a_worker_import_it_once(fleet):
+    source, target = fleet["source"], fleet["target"]
+    token_ids = prompt(8)
+    assert generate(source, token_ids, 1)[0] == 200
+    params = [hold(source, token_ids)[1]["kv_transfer_params"] for _ in range(2)]
+    received = metric(target, "kv_transfer_blocks_received_total")
+    pulls = [_pull_in_background(target, token_ids, p) for p in params]
+    for thread, _ in pulls:
+        thread.join(30)
+    for _, answers in pulls:
+        status, answer = answers[0]
+        assert status == 200 and answer["usage"]["cached_tokens"] == 5 * B
+    assert metric(target, "kv_transfer_blocks_received_total") - received == 5
+    assert holds(source, 0) and holds(target, 0)
+
+
 def test_private_blocks_are_never_held_for_another_scope(fleet):
     source, target = fleet["source"], fleet["target"]
     token_ids = prompt(3)

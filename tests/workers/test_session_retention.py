@@ -7,7 +7,6 @@ are referenced only until the deadline."""
 
 from __future__ import annotations
 
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -63,11 +62,22 @@ def retained(worker: ManagedProcess) -> float:
     return metric(worker, "kv_retained_blocks")
 
 
+def keeps(worker: ManagedProcess, num_blocks: int) -> bool:
+    """Wait until ``worker`` keeps ``num_blocks`` blocks for sessions (a retention
+    begins as its request ends, just after the answer is sent)."""
+    return wait_until(lambda: retained(worker) == num_blocks, 10,
+                      lambda: f"{num_blocks} blocks kept (now {retained(worker)})")
+
+
+def outcome(worker: ManagedProcess, name: str) -> float:
+    return metric(worker, "kv_retentions_total", {"outcome": name})
+
+
 def test_a_hint_keeps_a_sessions_blocks_through_a_wave_and_lets_them_go_after(worker):
     session, plain = prompt(1, 10), prompt(2, 10)
     generate(worker, session, session_id="agent-1", retention_s=4.0)
     generate(worker, plain)
-    assert retained(worker) == 10
+    assert keeps(worker, 10)
     eviction_wave(worker, 100)
     assert cached(worker, plain) == 0  # the wave took the unhinted prompt
     assert cached(worker, session) == 10 * B  # and kept the session's
@@ -79,18 +89,17 @@ def test_a_hint_keeps_a_sessions_blocks_through_a_wave_and_lets_them_go_after(wo
 
 def test_a_scope_keeps_no_more_than_its_bound(worker):
     generate(worker, prompt(3, 12), session_id="a", retention_s=30.0)
+    assert keeps(worker, 12)
     generate(worker, prompt(4, 12), session_id="b", retention_s=60.0)  # displaces a
-    assert retained(worker) == 12
-    assert metric(worker, "kv_retentions_total", {"outcome": "displaced"}) == 1
-    refused = metric(worker, "kv_retentions_total", {"outcome": "refused"})
+    wait_until(lambda: outcome(worker, "displaced") == 1, 10, "a displaced")
+    assert keeps(worker, 12)
+    refused = outcome(worker, "refused")
     generate(worker, prompt(5, 25), session_id="c", retention_s=60.0)  # alone past 19
-    assert metric(worker, "kv_retentions_total", {"outcome": "refused"}) == refused + 1
-    generate(worker, prompt(6, 4), session_id="b", retention_s=0.5)  # replaces b's
-    assert retained(worker) == 4
-    assert metric(worker, "kv_retentions_total", {"outcome": "replaced"}) >= 1
-    generate(worker, prompt(7, 4), scope="t2", session_id="b", retention_s=0.5)
-    assert retained(worker) == 8  # the same session id in another scope is another session
-    time.sleep(0.6)
+    wait_until(lambda: outcome(worker, "refused") == refused + 1, 10, "c refused")
+    generate(worker, prompt(6, 4), session_id="b", retention_s=2.0)  # replaces b's
+    assert keeps(worker, 4) and outcome(worker, "replaced") >= 1
+    generate(worker, prompt(7, 4), scope="t2", session_id="b", retention_s=2.0)
+    assert keeps(worker, 8)  # the same session id in another scope is another session
     wait_until(lambda: retained(worker) == 0, 10, "both deadlines")
     wait_until(lambda: worker.get_json("/info")[1]["kv"]["num_used_blocks"] == 0, 10,
                "no block referenced")

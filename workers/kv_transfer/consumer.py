@@ -22,7 +22,10 @@ times out, is cancelled (its client hung up) or breaks off after asking for bloc
 acknowledges the producer in the background, so the hold ends at once. What this
 worker holds of the prompt counts its host and disk tiers too: their blocks that
 continue its device prefix are restored first (``KVCacheManager.cached_prefix``),
-so it never pulls a block it can restore.
+so it never pulls a block it can restore. Pulls of the same blocks into this worker
+run one at a time (``_one_at_a_time``: a fork's sub-agents sent here together): the
+later one starts once the earlier has imported, finds those blocks cached and fetches
+only what is still missing, instead of importing every copy (which may not fit).
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ import asyncio
 import contextlib
 import logging
 import time
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
 from radix.keys import TOKEN_BYTES
@@ -79,6 +83,7 @@ class Consumer:
         self._ledger = ledger
         self._metrics = metrics
         self._acks: set[asyncio.Task[None]] = set()
+        self._pulling: dict[tuple[str, str], asyncio.Event] = {}
 
     async def pull(self, remote: RemotePrefill, key: bytes, scope: str,
                    num_public_tokens: int) -> Pulled:
@@ -89,7 +94,7 @@ class Consumer:
         let go (in the background)."""
         started = time.monotonic()
         try:
-            async with asyncio.timeout(self._timeout_s):
+            async with asyncio.timeout(self._timeout_s), self._one_at_a_time(remote, scope):
                 pulled = await self._pull(remote, key, scope, num_public_tokens)
         except TimeoutError:
             self._metrics.failures.labels("timeout").inc()
@@ -105,6 +110,23 @@ class Consumer:
             raise
         self._metrics.pull_seconds.observe(time.monotonic() - started)
         return pulled
+
+    @contextlib.asynccontextmanager
+    async def _one_at_a_time(self, remote: RemotePrefill, scope: str) -> AsyncIterator[None]:
+        """Wait while another pull of the same last block (so the same chain) for
+        ``scope`` runs, then run this one (others wait for it)."""
+        if not remote.block_hashes:
+            yield
+            return
+        key = (scope, remote.block_hashes[-1])
+        while (running := self._pulling.get(key)) is not None:
+            await running.wait()
+        done = self._pulling[key] = asyncio.Event()
+        try:
+            yield
+        finally:
+            del self._pulling[key]
+            done.set()
 
     async def release(self, pulled: Pulled) -> None:
         """Let the imported blocks go (they stay cached, evictable); cancelling the wait

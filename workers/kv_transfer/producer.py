@@ -15,8 +15,9 @@ ends that connection only, counted in ``kv_transfer_port_refusals_total{reason}`
 
 Holds are bounded: each lives at most ``HoldLimits.timeout_s`` (``expire`` releases
 it then), all of them together at most ``max_held_blocks`` and one tenant scope's at
-most ``max_scope_held_blocks``; a hold past a cap is refused (``HoldRefused``) and
-pins nothing. Pins go through the ``PinLedger``, so a hold cancelled while the engine
+most ``max_scope_held_blocks``, counted in distinct blocks (a block several holds pin,
+a shared prefix many peers pull at once, is pinned once); a hold past a cap is refused
+(``HoldRefused``) and pins nothing. Pins go through the ``PinLedger``, so a hold cancelled while the engine
 is busy releases its blocks. A released hold charges its blocks times seconds held to
 its scope (``TransferMetrics.charge``). A hold is the same whether a prefill leg
 asked for it after running the prompt or a router asked a peer to hold what it
@@ -34,6 +35,8 @@ import contextlib
 import logging
 import time
 import uuid
+from collections import Counter
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from radix.kv_transfer import RemotePrefill
@@ -117,6 +120,7 @@ class Producer:
         self.limits = limits
         self._ledger = ledger
         self._held: dict[str, _Held] = {}
+        self._pins: dict[str | None, Counter[int]] = {None: Counter()}  # scope: block: holds
         self._server: asyncio.Server | None = None
         self._num_connections = 0
         self.host = ""
@@ -131,17 +135,20 @@ class Producer:
                 max((now - h.since for h in self._held.values()), default=0.0))
 
     def num_held_blocks(self, scope: str | None = None) -> int:
-        """Blocks held for consumers now (only ``scope``'s, when given)."""
-        return sum(len(h.block_ids) for h in self._held.values()
-                   if scope is None or h.scope == scope)
+        """Distinct blocks held for consumers now (only ``scope``'s, when given)."""
+        return len(self._pins.get(scope, ()))
 
-    def check_room(self, scope: str, num_blocks: int) -> None:
+    def check_room(self, scope: str, num_blocks: int, block_ids: Sequence[int] = ()) -> None:
         """``HoldRefused`` (counted by cap) unless holding ``num_blocks`` more for
-        ``scope`` stays within both caps; changes nothing else."""
+        ``scope`` (with ``block_ids``: those blocks, the ones held already not counted
+        again) stays within both caps; changes nothing else."""
         limits = self.limits
-        for cap, num_held, most in (
-                ("producer", self.num_held_blocks(), limits.max_held_blocks),
-                ("scope", self.num_held_blocks(scope), limits.max_scope_held_blocks)):
+        for cap, pins, most in (("producer", self._pins[None], limits.max_held_blocks),
+                                ("scope", self._pins.get(scope, Counter()),
+                                 limits.max_scope_held_blocks)):
+            num_held = len(pins)
+            if block_ids:
+                num_blocks = sum(b not in pins for b in set(block_ids))
             if num_held + num_blocks > most:
                 self.metrics.refused.labels(cap).inc()
                 raise HoldRefused(cap, f"holding {num_blocks} more blocks would pass the "
@@ -169,7 +176,7 @@ class Producer:
         cancelled, it holds nothing either."""
         pin_id, block_ids = await self._ledger.pin(lambda e, p: e.manager.pin(p, key, scope))
         try:
-            self.check_room(scope, len(block_ids))
+            self.check_room(scope, len(block_ids), block_ids)
         except HoldRefused:
             self._ledger.free_later(pin_id)
             raise
@@ -179,6 +186,8 @@ class Producer:
             now = time.monotonic()
             self._held[transfer_id] = _Held(pin_id, scope, block_ids, hashes, now,
                                             now + self.limits.timeout_s)
+            for pins in (self._pins[None], self._pins.setdefault(scope, Counter())):
+                pins.update(block_ids)
         else:
             self._ledger.free_later(pin_id)
         ident = self._identity
@@ -193,6 +202,14 @@ class Producer:
         held = self._held.pop(transfer_id, None)
         if held is None:
             return False
+        for key in (None, held.scope):
+            pins = self._pins[key]
+            pins.subtract(held.block_ids)
+            for block_id in held.block_ids:
+                if pins[block_id] <= 0:
+                    del pins[block_id]
+            if key is not None and not pins:
+                del self._pins[key]
         self.metrics.charge(held.scope, len(held.block_ids) * (time.monotonic() - held.since))
         if reason is not None:
             self.metrics.released.labels(reason).inc()

@@ -17,6 +17,7 @@ recently used, so the next eviction takes them first.
 
 from __future__ import annotations
 
+import asyncio
 import math
 import time
 from collections.abc import Callable
@@ -58,6 +59,7 @@ class Retainer:
         self._block_size = block_size
         self._clock = clock
         self._held: dict[tuple[str, str], _Retained] = {}
+        self._pending: set[asyncio.Task[int]] = set()
         outcomes = Counter("kv_retentions", "Session retentions by how they began or ended: "
                            "kept, replaced (by the session's next request), expired, "
                            "displaced (by a newer one of its scope), refused (past a bound)",
@@ -96,6 +98,15 @@ class Retainer:
         self._outcomes["kept"].inc()
         return num_blocks
 
+    def retain_later(self, key: bytes, scope: str, session_id: str, seconds: float,
+                     max_cached_tokens: int | None) -> None:
+        """``retain`` in a task of its own: safe while the caller is being cancelled (a
+        client that hung up as its answer ended still has its session kept)."""
+        task = asyncio.get_running_loop().create_task(
+            self.retain(key, scope, session_id, seconds, max_cached_tokens))
+        self._pending.add(task)
+        task.add_done_callback(self._pending.discard)
+
     async def release(self, scope: str, session_id: str, outcome: str) -> bool:
         """Let session ``session_id``'s retention go (counted as ``outcome``); False
         when it kept none."""
@@ -115,7 +126,10 @@ class Retainer:
         return len(due)
 
     async def close(self) -> None:
-        """Let every retention go."""
+        """Cancel the retentions on their way and let every retention go."""
+        for task in list(self._pending):
+            task.cancel()
+        await asyncio.gather(*self._pending, return_exceptions=True)
         for scope, session_id in list(self._held):
             await self.release(scope, session_id, "expired")
 

@@ -44,20 +44,22 @@ async def generate(request: web.Request) -> web.StreamResponse:
     request_id = call.request_id or uuid.uuid4().hex
     leg = Leg(call.kv_transfer_params, call.prompt_key, call.scope, call.num_public_tokens,
               call.adapter, call.stream)
-    async with leg_of(state.transfer, leg) as producer:
-        response = await _run(request, state, call, token_ids, request_id,
+    try:
+        async with leg_of(state.transfer, leg) as producer:
+            return await _run(request, state, call, token_ids, request_id,
                               fields.has("token_ids_b64"), producer and (producer, leg))
-    await _retain(state, call)
-    return response
+    finally:
+        _retain(state, call)
 
 
-async def _retain(state: ServerState, call: GenerateRequest) -> None:
+def _retain(state: ServerState, call: GenerateRequest) -> None:
     """Keep the prompt's cached blocks for ``call``'s session when it asked for it (a
-    session id and a retention hint; base model only)."""
+    session id and a retention hint; base model only), however the request ended (its
+    client may close the stream the moment the answer is complete)."""
     if (call.session_id is None or call.retention_s is None or call.adapter is not None
             or state.transfer is None):
         return
-    await state.transfer.retainer.retain(call.prompt_key, call.scope, call.session_id,
+    state.transfer.retainer.retain_later(call.prompt_key, call.scope, call.session_id,
                                          call.retention_s, call.max_cached_tokens)
 
 

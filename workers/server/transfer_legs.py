@@ -21,13 +21,16 @@ peer of the worker it chose as the source of blocks that worker lacks) holds the
 whole blocks this worker already caches of the prompt, visible to the hold's scope
 (its own and public blocks only: never another tenant's), under the same caps,
 deadline and release rules as a prefill leg's hold, without running anything, and
-answers the same ``kv_transfer_params``.
+answers the same ``kv_transfer_params``; with ``wait_s`` it first waits, that long at
+most, for the blocks a pull into this worker is still bringing.
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
+import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
@@ -43,6 +46,7 @@ from radix.kv_transfer import (
     wants_remote_decode,
     wants_remote_prefill,
 )
+from workers.engine.async_engine import AsyncEngine
 from workers.kv_transfer.consumer import Consumer, Pulled
 from workers.kv_transfer.producer import HoldRefused, Producer
 from workers.kv_transfer.service import KVTransfer
@@ -51,6 +55,7 @@ from workers.server.errors import ApiError, bad_request
 from workers.server.state import STATE, read_fields
 
 log = logging.getLogger(__name__)
+HOLD_WAIT_POLL_S = 0.01
 
 
 @dataclass(frozen=True)
@@ -155,8 +160,9 @@ async def hold_for_peer(request: web.Request) -> web.Response:
                          block_size)
     key = ask.held_key(block_size)
     producer = transfer.producer
+    if ask.wait_s:
+        await _cached_within(state.engine, key, ask.scope, ask.wait_s)
     try:
-        producer.check_room(ask.scope, len(key) // TOKEN_BYTES // block_size)
         remote = await producer.hold(key, ask.scope, min(ask.num_public_tokens,
                                                          len(key) // TOKEN_BYTES))
     except HoldRefused as exc:
@@ -164,6 +170,16 @@ async def hold_for_peer(request: web.Request) -> web.Response:
     transfer.metrics.peer_holds.inc()
     transfer.metrics.peer_held_blocks.inc(len(remote.block_ids))
     return web.json_response({"kv_transfer_params": remote.to_params()})
+
+
+async def _cached_within(engine: AsyncEngine, key: bytes, scope: str, wait_s: float) -> None:
+    """Return once every token of ``key`` is cached for ``scope`` (a pull of them into
+    this worker finished), or after ``wait_s``."""
+    deadline = time.monotonic() + wait_s
+    num_tokens = len(key) // TOKEN_BYTES
+    while time.monotonic() < deadline and await engine.call(
+            lambda e: e.manager.prefix_cache.match(key, scope).num_cached_tokens) < num_tokens:
+        await asyncio.sleep(HOLD_WAIT_POLL_S)
 
 
 def add_routes(app: web.Application) -> None:

@@ -23,7 +23,7 @@ from router.sources.plan import (
     check_plan,
     plan_sources,
 )
-from router.sources.service import PeerLinks
+from router.sources.planned import PeerLinks, Pending, PendingPulls
 
 B = 16
 PROFILE = get_profile("llama3-8b-h100")
@@ -121,6 +121,10 @@ def test_timed_costs_follow_the_profile_in_chunks_and_scale():
     assert scaled.recompute_s(0, 3000) == pytest.approx(20 * expected)
     assert scaled.transfer_s(1000) == pytest.approx(20 * 1000 * 131072 / 50e9)
     assert CPU.recompute_s(100, 300) == pytest.approx(200 * 1e-4)
+    assert costs.step_s(0, 0, 20000) == 0.0  # an idle worker's thread answers at once
+    assert costs.step_s(0, 5000, 4000) == pytest.approx(PROFILE.cost.prefill_chunk_s(2048, 4000))
+    assert costs.step_s(10, 0, 20000) == pytest.approx(PROFILE.cost.decode_step_s(10, 200000))
+    assert CPU.step_s(3, 100, 999) == pytest.approx(103 * 1e-4)
 
 
 def test_a_report_parses_with_the_routers_defaults_for_what_it_leaves_out():
@@ -150,3 +154,16 @@ def test_peer_links_queue_planned_pulls_one_after_another():
     now[0] += 1.0
     links.reserve("a", 0.2)  # an idle link starts now, not where it last ended
     assert links.wait_s("a") == pytest.approx(0.2)
+
+
+def test_pending_pulls_offer_a_prefix_on_its_way_until_their_grace_ends():
+    now = [10.0]
+    pending = PendingPulls(5.0, lambda: now[0])
+    parent = b"p" * 64
+    pending.add(Pending("w2", "ns", "alice", parent, 11.0))
+    assert [p.worker_id for p in pending.holders("ns", "alice", parent + b"task")] == ["w2"]
+    assert pending.holders("ns", "bob", parent + b"task") == []  # another scope
+    assert pending.holders("other", "alice", parent) == []
+    assert pending.holders("ns", "alice", b"q" * 64) == []  # not a prefix of it
+    now[0] = 16.5  # past ready_at + grace
+    assert pending.holders("ns", "alice", parent) == []
