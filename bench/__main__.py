@@ -13,6 +13,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from bench import (
+    agents,
     canary_bench,
     chaos,
     crossover,
@@ -81,6 +82,7 @@ BENCHMARKS: dict[str, Callable[[list[str]], dict]] = {
     "canary": canary_bench.main,
     "pd": pd_bench.main,
     "crossover": crossover.main,
+    "agents": agents.main,
     "fairness": fairness.main,
 }
 

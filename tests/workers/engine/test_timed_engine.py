@@ -7,6 +7,8 @@ import pytest
 
 from radix.cost_model import PROFILES, CostModel, get_profile
 from tests.workers.engine.engine_support import make_engine, prompt, request, run
+from workers.build import build_worker
+from workers.config import KVSettings, ModelSettings, WorkerConfig
 from workers.kv.plan import plan_kv_cache
 from workers.model.step_input import StepInput
 from workers.model.timed import (
@@ -144,3 +146,15 @@ def test_a_pulled_block_waits_its_real_bytes_over_the_profile_link():
     block_bytes = 16 * 32 * 8 * 128 * 2 * 2
     assert timed_link_s_per_block(profile, 16, 1.0) == pytest.approx(block_bytes / 50e9)
     assert timed_link_s_per_block(profile, 16, 20.0) == pytest.approx(20 * block_bytes / 50e9)
+
+
+def test_a_timed_worker_plans_kv_timed_cache_bytes_when_set():
+    def plan(**kv: object):
+        config = WorkerConfig(model=ModelSettings(name="timed:llama3-8b-h100"),
+                              kv=KVSettings(**kv))  # type: ignore[arg-type]
+        return build_worker(config, "w", b"secret").identity.kv_plan
+
+    profile = get_profile("llama3-8b-h100")
+    assert plan().kv_cache_bytes == profile.kv_cache_bytes
+    small = plan(timed_cache_bytes=2**30)  # 8,192 tokens of 128 KiB
+    assert small.kv_cache_bytes == 2**30 and small.num_tokens <= 8192
