@@ -19,7 +19,7 @@ Pure: no I/O, no clock; the caller waits.
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 GIB = 2**30
 # Host-to-device copy rate of a LoRA load: PCIe 5.0 x16 moves 64 GB/s per direction
@@ -108,14 +108,6 @@ PROFILES: dict[str, Profile] = {
         kv_cache_bytes=54 * GIB, max_model_len=8192, rope_theta=500000.0,
         cost=CostModel(a=4.0e-3, b=3.2e-5, c=1.1e-9, d=7.0e-3, e=2.0e-5, f=5.0e-8),
         hidden_size=4096, intermediate_size=14336, num_attention_heads=32),
-    # Llama 3.1 8B: Llama 3 8B's shape and costs with a 128k context (long agent
-    # contexts: python -m bench agents).
-    "llama31-8b-h100": Profile(
-        name="llama31-8b-h100", model="meta-llama/Llama-3.1-8B-Instruct",
-        num_layers=32, num_kv_heads=8, head_dim=128, kv_dtype="bfloat16",
-        kv_cache_bytes=54 * GIB, max_model_len=131072, rope_theta=500000.0,
-        cost=CostModel(a=4.0e-3, b=3.2e-5, c=1.1e-9, d=7.0e-3, e=2.0e-5, f=5.0e-8),
-        hidden_size=4096, intermediate_size=14336, num_attention_heads=32),
     "llama3-70b-h100x4": Profile(
         name="llama3-70b-h100x4", model="meta-llama/Meta-Llama-3-70B-Instruct",
         num_layers=80, num_kv_heads=8, head_dim=128, kv_dtype="bfloat16",
@@ -123,6 +115,13 @@ PROFILES: dict[str, Profile] = {
         cost=CostModel(a=1.0e-2, b=9.0e-5, c=1.7e-9, d=1.8e-2, e=5.0e-5, f=3.1e-8),
         hidden_size=8192, intermediate_size=28672, num_attention_heads=64),
 }
+
+
+# Llama 3.1 8B: Llama 3 8B's shape and costs with a 128k context (long agent contexts:
+# python -m bench agents).
+PROFILES["llama31-8b-h100"] = replace(
+    PROFILES["llama3-8b-h100"], name="llama31-8b-h100", model="meta-llama/Llama-3.1-8B-Instruct",
+    max_model_len=131072)
 
 
 def get_profile(name: str) -> Profile:

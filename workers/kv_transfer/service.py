@@ -125,18 +125,21 @@ class KVTransfer:
 
 
 def hold_limits(config: KVTransferConfig, num_total_blocks: int) -> HoldLimits:
-    """A producer's ``HoldLimits`` from ``config`` for a pool of ``num_total_blocks``
-    (each cap at least one block)."""
-    return HoldLimits(
-        config.timeout_s,
-        max(1, int(config.max_held_pool_fraction * num_total_blocks)),
-        max(1, int(config.max_scope_held_pool_fraction * num_total_blocks)))
+    """A producer's ``HoldLimits`` from ``config`` for a pool of ``num_total_blocks``."""
+    return HoldLimits(config.timeout_s, *pool_caps(
+        config.max_held_pool_fraction, config.max_scope_held_pool_fraction, num_total_blocks))
 
 
 def retention_limits(config: RetentionConfig, num_total_blocks: int) -> RetentionLimits:
-    """A worker's ``RetentionLimits`` from ``config`` for a pool of ``num_total_blocks``
-    (each cap at least one block)."""
-    return RetentionLimits(
-        config.max_retention_s,
-        max(1, int(config.max_retained_pool_fraction * num_total_blocks)),
-        max(1, int(config.max_scope_retained_pool_fraction * num_total_blocks)))
+    """A worker's ``RetentionLimits`` from ``config`` for a pool of ``num_total_blocks``."""
+    return RetentionLimits(config.max_retention_s, *pool_caps(
+        config.max_retained_pool_fraction, config.max_scope_retained_pool_fraction,
+        num_total_blocks))
+
+
+def pool_caps(fraction: float, scope_fraction: float, num_total_blocks: int
+              ) -> tuple[int, int]:
+    """The most blocks of a pool of ``num_total_blocks`` all pins of a kind, and one
+    tenant scope's, may take under those fractions (each at least one block)."""
+    return (max(1, int(fraction * num_total_blocks)),
+            max(1, int(scope_fraction * num_total_blocks)))
