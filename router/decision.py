@@ -25,6 +25,7 @@ from types import MappingProxyType
 from typing import Any, NamedTuple
 
 from radix.api_errors import ApiError
+from radix.keys import TOKEN_BYTES
 from router.canary.controller import Canary
 from router.canary.guards import GuardWindow
 from router.config import PDConfig
@@ -264,7 +265,7 @@ class Decider:
         with the siblings, and (an adapter) made resident there. An approximate
         worker's entry counts as in flight until the request's first token or end
         (``RouterIndex.confirm_routed``, called by ``InFlight.prefilled``)."""
-        in_flight = self._registry.begin(worker, num_tokens)
+        in_flight = self._registry.begin(worker, num_tokens, len(key) // TOKEN_BYTES)
         if adapter is None:
             namespace = worker.namespace
             self._siblings.routed(worker, key, scope)

@@ -7,7 +7,9 @@ workers, our workers that send no load frames, and all of them with
 *Pushed*: our worker sends a load frame on its KV event stream whenever its load
 changes (``radix.events.LoadReport``). The router's view is the latest frame plus
 what it sent the worker since that frame arrived, which the frame cannot include:
-each such request counts as waiting there, its prompt tokens as waiting tokens.
+each such request counts as waiting there, its prompt tokens as waiting tokens
+(``WorkerState.view`` then takes this router's in-flight prompts out of the waiting
+tokens: they are counted in flight).
 
 *Unknown*: a worker whose stream negotiated load frames but is now silent past
 ``kv_events.read_timeout_s``, ended, or reconnecting, until the next frame. Unknown
@@ -104,8 +106,8 @@ class LoadState:
         self.pushes, self.source = False, POLLED
 
     def sent(self, num_prompt_tokens: int) -> None:
-        """This router just sent the worker a request with ``num_prompt_tokens`` to
-        prefill."""
+        """This router just sent the worker a request whose prompt has
+        ``num_prompt_tokens``."""
         self.num_requests_since += 1
         self.num_tokens_since += num_prompt_tokens
 

@@ -167,10 +167,10 @@ class WorkerRegistry:
         self._adapters = found
 
     @staticmethod
-    def begin(worker: WorkerState, num_prompt_tokens: int) -> InFlight:
-        """Count a request routed to ``worker`` with ``num_prompt_tokens`` to prefill
-        (call at decision time)."""
-        return InFlight(worker, num_prompt_tokens)
+    def begin(worker: WorkerState, num_prompt_tokens: int, num_sent_tokens: int) -> InFlight:
+        """Count a request routed to ``worker`` with ``num_prompt_tokens`` to prefill of
+        its ``num_sent_tokens`` (call at decision time)."""
+        return InFlight(worker, num_prompt_tokens, num_sent_tokens)
 
     async def mark_failed(self, worker: WorkerState, reason: str) -> None:
         """The proxy could not reach ``worker``: take it out of routing and the index

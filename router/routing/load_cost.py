@@ -25,7 +25,8 @@ class PolicyWeights:
 
     - ``prefill_cost_per_token``: cost of one uncached prompt token of this request.
     - ``queued_token_cost``: cost per prompt token queued ahead of it on the worker
-      (polled ``num_waiting_tokens`` + this router's in-flight prompt tokens).
+      (the worker's ``num_waiting_tokens`` not sent by this router + this router's
+      in-flight prompt tokens).
     - ``running_request_cost``: cost per request running on the worker (its decode
       steps share the batch with this request's prefill and decode).
     - ``kv_usage_cost``: cost of a full KV cache (scaled by ``kv_cache_usage_ratio``):
@@ -151,8 +152,8 @@ def load_cost(view: WorkerView, weights: PolicyWeights) -> float:
 
 
 def load_costs(views: Sequence[WorkerView], weights: PolicyWeights) -> list[float]:
-    """``load_cost`` of each of ``views``, in order: queued prompt tokens (polled plus
-    in flight, less the prefill of the request's own prefix: ``num_shared_prefill_tokens``),
+    """``load_cost`` of each of ``views``, in order: queued prompt tokens (reported,
+    less this router's, plus in flight, less the prefill of the request's own prefix: ``num_shared_prefill_tokens``),
     active requests (``num_active_requests``) and KV usage, weighted. One pass with the
     weights read once: the policies call it for every worker per request."""
     queued, running, kv = weights.queued_token_cost, weights.running_request_cost, weights.kv_usage_cost

@@ -37,7 +37,9 @@ class WorkerView(NamedTuple):
     first token arrives (whole prompts held to the end overstate a hot worker's queue).
     The worker's load fields (running, waiting, waiting tokens, KV usage) are as the
     router knows them (``router.fleet.load_state``: polled; pushed, plus what this
-    router sent since the frame; or unknown, seen as a full batch);
+    router sent since the frame; or unknown, seen as a full batch), waiting tokens
+    less the whole prompts of this router's requests there before their first token
+    (those are counted in flight; never below 0);
     ``num_matched_tokens`` comes from ``RouterIndex.match``, and
     ``num_matched_routed_tokens`` is the part of it only a speculative entry vouches
     for (``RouterIndex.match_routed``: a prefix this router just sent there, still

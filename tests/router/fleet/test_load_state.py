@@ -116,10 +116,11 @@ def test_a_pushed_view_adds_what_was_sent_since_the_frame_and_the_next_frame_rep
     w = worker()
     w.load_state.stream_opened(pushes=True)
     w.load_state.pushed(report(1, running=2, waiting=1, tokens=300))
-    InFlight(w, 500)
-    InFlight(w, 100)
+    InFlight(w, 500, 500)
+    InFlight(w, 100, 100)
     view = w.view(0, 0, None, 0.0)
-    assert (view.num_requests_running, view.num_requests_waiting, view.num_waiting_tokens) == (2, 3, 900)
+    assert (view.num_requests_running, view.num_requests_waiting, view.num_waiting_tokens,
+            view.num_in_flight_prompt_tokens) == (2, 3, 300, 600)
     w.load_state.pushed(report(2, running=4, waiting=0, tokens=0))
     view = w.view(0, 0, None, 0.0)
     assert (view.num_requests_running, view.num_requests_waiting, view.num_waiting_tokens) == (4, 0, 0)
@@ -127,6 +128,25 @@ def test_a_pushed_view_adds_what_was_sent_since_the_frame_and_the_next_frame_rep
     assert w.view(0, 0, None, 0.0).num_requests_running == 4
     w.load = WorkerLoad(num_requests_running=30)  # a probe's load, while the worker pushes
     assert w.view(0, 0, None, 0.0).num_requests_running == 4
+
+
+def test_the_routers_own_requests_in_a_frame_are_not_queued_twice() -> None:
+    """A worker prefilling a 3,000-token document this router sent, with a second
+    request for it waiting whole: its frame counts both prompts (the engine matches a
+    prefix only at admission); the router counts their uncached parts in flight, and
+    the view's waiting tokens are only what other routers queued there."""
+    w = worker()
+    w.load_state.stream_opened(pushes=True)
+    first, second = InFlight(w, 3000, 3000), InFlight(w, 10, 3010)
+    w.load_state.pushed(report(1, running=1, waiting=1, tokens=3000 + 3010))
+    view = w.view(3000, 3000, None, 0.0)
+    assert (view.num_waiting_tokens, view.num_in_flight_prompt_tokens) == (0, 3010)
+    assert load_cost(view, PolicyWeights(running_request_cost=0)) == 10
+    w.load_state.pushed(report(2, running=1, waiting=2, tokens=3000 + 3010 + 700))
+    assert w.view(0, 0, None, 0.0).num_waiting_tokens == 700  # another router's
+    first.end()
+    second.end()
+    assert w.view(0, 0, None, 0.0).num_waiting_tokens == 3000 + 3010 + 700
 
 
 def test_an_unknown_worker_is_never_idle_and_loses_to_a_busy_one_it_would_have_beaten() -> None:

@@ -42,7 +42,7 @@ async def test_a_flooding_tenant_does_not_hold_back_another() -> None:
     router = flow_router()
     try:
         worker = flow_worker(router)
-        busy = InFlight(worker, 0)
+        busy = InFlight(worker, 0, 0)
         granted: list[str] = []
         flood = [asyncio.create_task(queued_turn(router, worker, f"alice {i}", ALICE, granted))
                  for i in range(6)]
@@ -63,7 +63,7 @@ async def test_a_request_past_its_bands_ttl_is_shed_with_retry_after() -> None:
     router = flow_router(ttl_s=0.2)
     try:
         worker = flow_worker(router)
-        busy = InFlight(worker, 0)
+        busy = InFlight(worker, 0, 0)
         with pytest.raises(ApiError) as refused:
             await router.flow.turn(Candidates([worker], [], None), flow_call(router, "late"),
                                    ALICE, None)
@@ -83,7 +83,7 @@ async def test_a_client_that_leaves_while_queued_is_dropped_and_holds_nothing() 
     router = flow_router()
     try:
         worker = flow_worker(router)
-        busy = InFlight(worker, 0)
+        busy = InFlight(worker, 0, 0)
         waiting = asyncio.create_task(router.flow.turn(
             Candidates([worker], [], None), flow_call(router, "gone"), ALICE, None))
         await eventually(lambda: sample(generate_latest(router.metrics.registry).decode(),
@@ -108,7 +108,7 @@ async def test_within_the_window_the_request_whose_prefix_the_worker_holds_goes_
         cached = "a long shared document that the worker already holds " * 3
         held = flow_call(router, cached, BOB)
         router.index.note_routed("ns", worker.worker_id, held.prompt.key, "bob")
-        busy = InFlight(worker, 0)
+        busy = InFlight(worker, 0, 0)
         granted: list[str] = []
         cold = asyncio.create_task(queued_turn(router, worker, "something cold " * 9, ALICE,
                                            granted))
@@ -130,7 +130,7 @@ async def test_locality_never_lets_a_lower_bands_request_pass_a_higher_ones() ->
         cached = "a long shared document that the worker already holds " * 3
         router.index.note_routed("ns", worker.worker_id, flow_call(router, cached, BOB).prompt.key,
                                  "bob")
-        busy = InFlight(worker, 0)
+        busy = InFlight(worker, 0, 0)
         granted: list[str] = []
         urgent = Tenant("alice", TenantLimits(), band="interactive")
         warm = asyncio.create_task(queued_turn(router, worker, cached, BOB, granted))
@@ -192,7 +192,7 @@ async def test_a_band_waits_while_its_worker_has_prefill_pending_past_its_bound(
         urgent = Tenant("bob", TenantLimits(), band="interactive")
         (await asyncio.wait_for(router.flow.turn(
             candidates, flow_call(router, "urgent", urgent), urgent, None), 1)).release()
-        in_flight = InFlight(worker, 0)  # the first request's own count takes over
+        in_flight = InFlight(worker, 0, 0)  # the first request's own count takes over
         first.release()
         router.flow.wake()
         (await asyncio.wait_for(second, 1)).release()

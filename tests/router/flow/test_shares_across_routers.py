@@ -74,7 +74,7 @@ async def test_a_flow_another_router_serves_goes_last_here(redis_server) -> None
             (await here.flow.turn(Candidates([worker], [], None), flow_call(here, "first"),
                                   BOB, None)).release()
             await eventually(lambda: shares[0].served_elsewhere.get("alice", 0) > 0)
-            busy = InFlight(worker, 0)
+            busy = InFlight(worker, 0, 0)
             granted: list[str] = []
             waiting = []
             for i in range(3):
