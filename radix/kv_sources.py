@@ -69,8 +69,8 @@ class SourceCosts:
         """Seconds of one engine step of a worker with ``num_running`` sequences of about
         ``num_context_tokens`` each and ``num_waiting_tokens`` prompt tokens queued (a
         prefill chunk of them, at most ``max_batched_tokens``, and a decode step of the
-        rest): how long a command for its engine thread (a hold's pin, a pull's block
-        reads) waits behind the step running there. 0 for an idle worker."""
+        rest): how long a command for its engine thread (a hold's pin) waits behind
+        the step running there. 0 for an idle worker."""
         chunk = min(num_waiting_tokens, self.max_batched_tokens)
         if self.prefill is None:
             return (chunk + num_running) * self.prefill_s_per_token

@@ -8,8 +8,9 @@ answers ``pull`` for the blocks of a held transfer only, after checking the fram
 MAC under the worker key, before the header is parsed), the namespace, block size and
 dtype, and that the hashes asked for are exactly those held at those positions (a
 stale, expired or forged block list is refused before any byte of KV is sent); every
-frame of the answer is signed under the pull's nonce. Blocks are read on the engine
-thread. The port serves one request per connection, at most ``MAX_CONNECTIONS`` at
+frame of the answer is signed under the pull's nonce. Blocks are read on a thread of
+their own, not the engine thread: a held block is pinned, so nothing writes it while
+it is held, and a pull from a busy worker waits for no engine step. The port serves one request per connection, at most ``MAX_CONNECTIONS`` at
 once, each request read within ``REQUEST_TIMEOUT_S``; whatever one connection does
 ends that connection only, counted in ``kv_transfer_port_refusals_total{reason}``.
 
@@ -40,8 +41,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from radix.kv_transfer import RemotePrefill
-from workers.engine.async_engine import AsyncEngine
 from workers.kv.ids import SeqId
+from workers.kv.tensors import KVCacheTensors
 from workers.kv_transfer.identity import TransferIdentity
 from workers.kv_transfer.metrics import TransferMetrics
 from workers.kv_transfer.pins import PinLedger
@@ -110,10 +111,10 @@ class Producer:
     """The producer side (see the module docstring). ``start`` opens the transfer port;
     ``close`` releases every hold."""
 
-    def __init__(self, engine: AsyncEngine, identity: TransferIdentity, key: bytes,
+    def __init__(self, tensors: KVCacheTensors, identity: TransferIdentity, key: bytes,
                  limits: HoldLimits, ledger: PinLedger, metrics: TransferMetrics,
                  link: TimedLink | None = None) -> None:
-        self._engine = engine
+        self._tensors = tensors
         self._link = link or TimedLink(0.0)
         self._identity = identity
         self._key = key
@@ -294,8 +295,7 @@ class Producer:
             return
         first, hashes = header["first_block"], header["block_hashes"]
         block_ids = held.block_ids[first: first + len(hashes)]
-        blocks = await self._engine.call(
-            lambda e: [e.manager.tensors.read_block(b) for b in block_ids])
+        blocks = await asyncio.to_thread(lambda: [self._tensors.read_block(b) for b in block_ids])
         await say({"ok": True, "num_blocks": len(blocks)})
         await self._link.send(len(blocks))
         for i, (block_hash, data) in enumerate(zip(hashes, blocks, strict=True)):

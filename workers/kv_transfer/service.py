@@ -66,8 +66,9 @@ class KVTransfer:
                                   if producer is not None else (0, 0.0))
         ledger = PinLedger(engine, identity, metrics)
         num_blocks = await engine.call(lambda e: e.manager.pool.num_total_blocks)
-        producer = (Producer(engine, identity, key, hold_limits(config, num_blocks), ledger,
-                             metrics, TimedLink(link_s_per_block))
+        tensors = await engine.call(lambda e: e.manager.tensors)
+        producer = (Producer(tensors, identity, key, hold_limits(config, num_blocks),
+                             ledger, metrics, TimedLink(link_s_per_block))
                     if config.produces else None)
         consumer = (Consumer(engine, identity, key, config.pull_timeout_s,
                              config.ack_timeout_s, ledger, metrics)
