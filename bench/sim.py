@@ -88,6 +88,12 @@ class Job:
     num_cached_tokens: int = 0
     first_token_s: float = 0.0
 
+    @property
+    def num_counted_context_tokens(self) -> float:
+        """The context the counted (last) tokens of the prompt attend over, summed."""
+        n = self.num_counted_tokens
+        return n * (self.request.num_prompt_tokens - 0.5 * n)
+
 
 # A policy for the simulator: its router-side index mode and a fresh policy object.
 @dataclass(frozen=True)
@@ -260,7 +266,9 @@ class Cluster:
         if not self.exact:
             for w in self.workers:
                 self.index.set_approximate(w.worker_id, approximate_capacity_tokens)
-        self.in_flight = [[0, 0] for _ in self.workers]
+        # per worker: requests, uncached prompt tokens before their first token, the
+        # context those attend over, and their whole prompts (WorkerState's counts)
+        self.in_flight = [[0, 0, 0.0, 0] for _ in self.workers]
         self.polled = [w.load() for w in self.workers]
         self.next_poll_s = 0.0
         self.results = Results()
@@ -317,22 +325,30 @@ class Cluster:
         scope = self._scope(request)
         matched, routed, _ = self.index.match_routed(NAMESPACE, request.prompt, scope)
         get, get_routed = matched.get, routed.get
-        views = [_view((w.worker_id, get(w.worker_id, 0), *in_flight, *polled, *NO_ADAPTER,
-                        get_routed(w.worker_id, 0)))
-                 for w, in_flight, polled in zip(self.workers, self.in_flight, self.polled, strict=True)]
+        views = [_view((w.worker_id, get(w.worker_id, 0), requests, tokens, context, running,
+                        waiting, waiting_tokens - sent if waiting_tokens > sent else 0, usage,
+                        bound, *NO_ADAPTER, get_routed(w.worker_id, 0)))
+                 for w, (requests, tokens, context, sent), (running, waiting, waiting_tokens, usage, bound)
+                 in zip(self.workers, self.in_flight, self.polled, strict=True)]
         decision = self.policy.choose(RouteRequest(NAMESPACE, request.prompt, request.num_prompt_tokens,
                                                    scope), views)
         self.index.note_routed(NAMESPACE, decision.chosen, request.prompt, scope)
         job = Job(request, int(decision.chosen[1:]),
                   request.num_prompt_tokens - decision.num_matched_tokens)
-        self.in_flight[job.worker][0] += 1
-        self.in_flight[job.worker][1] += job.num_counted_tokens
+        counts = self.in_flight[job.worker]
+        counts[0] += 1
+        counts[1] += job.num_counted_tokens
+        counts[2] += job.num_counted_context_tokens
+        counts[3] += request.num_prompt_tokens
         self.workers[job.worker].admit(job)
 
     def first_token(self, job: Job) -> None:
         """The job's prefill ended: its uncached tokens leave the in-flight count."""
         job.first_token_s = self.now
-        self.in_flight[job.worker][1] -= job.num_counted_tokens
+        counts = self.in_flight[job.worker]
+        counts[1] -= job.num_counted_tokens
+        counts[2] -= job.num_counted_context_tokens
+        counts[3] -= job.request.num_prompt_tokens
 
     def finish(self, job: Job) -> None:
         """The job ended: it leaves the in-flight count and is recorded."""

@@ -88,7 +88,8 @@ class WorkerState:
     ``transfer_info`` the whole ``kv_transfer`` object of its ``/info`` (whether it
     pulls, its KV costs; ``router.sources`` reads it). ``num_in_flight_*``: this
     router's requests there (``InFlight``): requests not ended, and of those before
-    their first token the uncached prompt tokens and the whole prompts' tokens.
+    their first token the uncached prompt tokens, the whole prompts' tokens, and the
+    context those uncached tokens attend over (``WorkerView``).
     ``index_mode``: how its index entries are trusted, ``"exact"`` (from its KV
     events), ``"approximate"`` (from what was routed to it) or ``"stale"`` (it has an
     event stream, but not one followed and caught up now:
@@ -101,7 +102,8 @@ class WorkerState:
 
     __slots__ = ("config", "worker_id", "kind", "capabilities", "model", "url", "headers", "ready", "reason",
                  "namespace", "epoch", "served_model", "load_state", "num_in_flight_requests",
-                 "num_in_flight_prompt_tokens", "num_in_flight_sent_tokens", "stats",
+                 "num_in_flight_prompt_tokens", "num_in_flight_sent_tokens",
+                 "num_in_flight_context_tokens", "stats",
                  "index_mode", "index_reason",
                  "index_since", "events_heard_at",
                  "cache_block_size", "worker_namespace", "lora", "discovered", "draining", "role",
@@ -126,6 +128,7 @@ class WorkerState:
         self.num_in_flight_requests = 0
         self.num_in_flight_prompt_tokens = 0
         self.num_in_flight_sent_tokens = 0
+        self.num_in_flight_context_tokens = 0.0
         self.stats = WorkerStats()
         self.index_mode = "stale" if self.has_event_stream else "approximate"
         self.index_reason = ("events not followed yet" if self.has_event_stream
@@ -192,6 +195,7 @@ class WorkerState:
             worker_id=self.worker_id,
             num_in_flight_requests=self.num_in_flight_requests,
             num_in_flight_prompt_tokens=self.num_in_flight_prompt_tokens,
+            num_in_flight_context_tokens=self.num_in_flight_context_tokens,
             num_requests_running=running,
             num_requests_waiting=waiting,
             num_waiting_tokens=waiting_tokens if waiting_tokens > 0 else 0,
@@ -234,29 +238,35 @@ class InFlight:
     """One attempt counted in its worker's in-flight load: the request until ``end``
     (when it ends or moves to another worker), its prompt tokens until ``prefilled``
     (its first token came: the worker's prefill is done) or ``end``: the
-    ``num_prompt_tokens`` to prefill (uncached at decision) in
-    ``num_in_flight_prompt_tokens``, the ``num_sent_tokens`` of the whole prompt in
+    ``num_prompt_tokens`` to prefill (uncached at decision: the prompt's last ones) in
+    ``num_in_flight_prompt_tokens`` and their context in
+    ``num_in_flight_context_tokens``, the ``num_sent_tokens`` of the whole prompt in
     ``num_in_flight_sent_tokens``. ``on_prefilled`` (None: nothing) is called once, at
     the first of the two."""
 
-    __slots__ = ("_worker", "_num_prompt_tokens", "_num_sent_tokens", "on_prefilled")
+    __slots__ = ("_worker", "_num_prompt_tokens", "_num_sent_tokens", "_num_context_tokens",
+                 "on_prefilled")
 
     def __init__(self, worker: WorkerState, num_prompt_tokens: int,
                  num_sent_tokens: int) -> None:
         self._worker = worker
         self._num_prompt_tokens = num_prompt_tokens
         self._num_sent_tokens = num_sent_tokens
+        self._num_context_tokens = num_prompt_tokens * (num_sent_tokens - 0.5 * num_prompt_tokens)
         self.on_prefilled: Callable[[], None] | None = None
         worker.num_in_flight_requests += 1
         worker.num_in_flight_prompt_tokens += num_prompt_tokens
         worker.num_in_flight_sent_tokens += num_sent_tokens
+        worker.num_in_flight_context_tokens += self._num_context_tokens
         worker.load_state.sent(num_sent_tokens)
 
     def prefilled(self) -> None:
         """The prompt tokens are no longer queued work (idempotent)."""
         self._worker.num_in_flight_prompt_tokens -= self._num_prompt_tokens
         self._worker.num_in_flight_sent_tokens -= self._num_sent_tokens
+        self._worker.num_in_flight_context_tokens -= self._num_context_tokens
         self._num_prompt_tokens = self._num_sent_tokens = 0
+        self._num_context_tokens = 0.0
         if self.on_prefilled is not None:
             on_prefilled, self.on_prefilled = self.on_prefilled, None
             on_prefilled()

@@ -1,9 +1,12 @@
 """How loaded a worker is, and how to spread requests by hash without overloading one.
 
 Costs are in prefill-token equivalents: 1.0 is the time a worker takes to prefill one
-token. A request's cost on a worker (``router.routing.policy``) is the prefill of its uncached
-tokens plus ``load_cost``: the prompt tokens queued ahead of it, the running requests
-it will share steps with, and the pressure on the worker's KV cache.
+token with no context before it. A token at position ``p`` attends over ``p`` tokens
+and costs ``1 + prefill_context_cost * p`` (``prefill_units``). A request's cost on a
+worker (``router.routing.policy``) is the prefill of its uncached tokens plus
+``load_cost``: the prompt tokens queued ahead of it (this router's weighted by their
+positions too), the running requests it will share steps with, and the pressure on
+the worker's KV cache.
 """
 
 from __future__ import annotations
@@ -24,6 +27,12 @@ class PolicyWeights:
     """Weights and parameters of the routing policies (``[policy.weights]`` in TOML).
 
     - ``prefill_cost_per_token``: cost of one uncached prompt token of this request.
+    - ``prefill_context_cost``: what one token of context adds to a prompt token's
+      prefill, as a share of a token without context: a token at position ``p`` costs
+      ``1 + prefill_context_cost * p`` (attention reads every token before it). The
+      default, 3.4e-5, is the timed llama3-8b-h100 profile's ``c / b``, which is also
+      an 8B model's attention FLOPs per context token against its weights' FLOPs per
+      token: a token 30k deep costs twice a shallow one. 0: every token alike.
     - ``queued_token_cost``: cost per prompt token queued ahead of it on the worker
       (the worker's ``num_waiting_tokens`` not sent by this router + this router's
       in-flight prompt tokens).
@@ -59,6 +68,7 @@ class PolicyWeights:
     """
 
     prefill_cost_per_token: float = 1.0
+    prefill_context_cost: float = 3.4e-5
     queued_token_cost: float = 1.0
     running_request_cost: float = 48.0
     kv_usage_cost: float = 256.0
@@ -97,6 +107,14 @@ class PolicyWeights:
         if isinstance(prefix, float) and prefix.is_integer():
             values["hash_prefix_tokens"] = int(prefix)
         return cls(**values)  # type: ignore[arg-type]
+
+
+def prefill_units(start: int, end: int, context_cost: float) -> float:
+    """Prefill-token equivalents of the prompt's tokens ``[start, end)`` (module
+    docstring): each costs ``1 + context_cost * position``; 0 when ``end <= start``."""
+    if end <= start:
+        return 0.0
+    return (end - start) * (1.0 + context_cost * 0.5 * (start + end))
 
 
 def num_active_requests(view: WorkerView) -> int:
@@ -153,18 +171,30 @@ def load_cost(view: WorkerView, weights: PolicyWeights) -> float:
 
 def load_costs(views: Sequence[WorkerView], weights: PolicyWeights) -> list[float]:
     """``load_cost`` of each of ``views``, in order: queued prompt tokens (reported,
-    less this router's, plus in flight, less the prefill of the request's own prefix: ``num_shared_prefill_tokens``),
-    active requests (``num_active_requests``) and KV usage, weighted. One pass with the
-    weights read once: the policies call it for every worker per request."""
+    less this router's, plus this router's in flight weighted by their positions, less
+    the prefill of the request's own prefix: ``num_shared_prefill_tokens`` at the end
+    of its match), active requests (``num_active_requests``) and KV usage, weighted.
+    One pass with the weights read once: the policies call it for every worker per
+    request."""
     queued, running, kv = weights.queued_token_cost, weights.running_request_cost, weights.kv_usage_cost
+    context = weights.prefill_context_cost
     return [
         queued * (v.num_waiting_tokens + v.num_in_flight_prompt_tokens
-                  - num_shared_prefill_tokens(v))
+                  + context * v.num_in_flight_context_tokens - _shared_units(v, context))
         + running * (v.num_requests_running if v.num_requests_running > v.num_in_flight_requests
                      else v.num_in_flight_requests)
         + kv * v.kv_cache_usage_ratio
         for v in views
     ]
+
+
+def _shared_units(view: WorkerView, context_cost: float) -> float:
+    """``num_shared_prefill_tokens`` in prefill units: the last of the match's tokens."""
+    shared = num_shared_prefill_tokens(view)
+    if not shared:
+        return 0.0
+    matched = view.num_matched_tokens
+    return prefill_units(matched - shared, matched, context_cost)
 
 
 Named = TypeVar("Named", bound=HasWorkerId)

@@ -4,10 +4,10 @@ Every policy is ``choose(request, workers) -> RouteDecision``; the proxy sends t
 request to ``ranked[0]`` and retries down the list. ``cache_aware`` (the default)
 weighs each worker's cached prefix against its load in one continuous cost::
 
-    cost(w) = prefill_cost_per_token * (prompt tokens - matched(w)) + load_cost(w)
-              + adapter_cost(w)
+    cost(w) = prefill_cost_per_token * prefill_units(matched(w), prompt tokens)
+              + load_cost(w) + adapter_cost(w)
 
-(``router.routing.load_cost``). ``adapter_cost`` is 0 for the base model and where the
+(``router.routing.load_cost``: a token's prefill grows with the context before it). ``adapter_cost`` is 0 for the base model and where the
 request's LoRA adapter is resident; elsewhere ``adapter_load_cost_per_ms`` times the
 load's milliseconds, plus ``adapter_swap_cost`` times ``adapter_swap_share`` where the
 load evicts another adapter (``router.routing.adapters``). The lowest cost wins; ties go to the least loaded, then to
@@ -47,6 +47,7 @@ from router.routing.load_cost import (
     load_costs,
     num_active_requests,
     num_queued_prefill_tokens,
+    prefill_units,
     rendezvous_order,
 )
 from router.routing.views import RouteRequest, WorkerView
@@ -115,11 +116,11 @@ class Policy(ABC):
     def _scores(self, request: RouteRequest, views: Sequence[WorkerView]) -> list[WorkerScore]:
         """Each view's score, in order: cost = prefill of its uncached tokens + load."""
         prefill, num_prompt_tokens = self.weights.prefill_cost_per_token, request.num_prompt_tokens
+        context = self.weights.prefill_context_cost
         per_ms, swap = self.weights.adapter_load_cost_per_ms, self.weights.adapter_swap_cost
         return [
             _score((view.worker_id, view.num_matched_tokens, load,
-                    prefill * (num_prompt_tokens - view.num_matched_tokens
-                               if num_prompt_tokens > view.num_matched_tokens else 0)
+                    prefill * prefill_units(view.num_matched_tokens, num_prompt_tokens, context)
                     + load + per_ms * view.adapter_load_ms + swap * view.adapter_swap_share))
             for view, load in zip(views, load_costs(views, self.weights), strict=True)
         ]

@@ -34,7 +34,10 @@ class WorkerView(NamedTuple):
     """A routable worker at decision time. ``num_in_flight_*`` are this router's own
     counts, updated the moment it decides: requests sent and not finished, and prompt
     tokens still to prefill: the uncached part (prompt - matched at decision) until the
-    first token arrives (whole prompts held to the end overstate a hot worker's queue).
+    first token arrives (whole prompts held to the end overstate a hot worker's queue),
+    and ``num_in_flight_context_tokens``, the sum over those tokens of the context each
+    attends over (``n * (start + end) / 2`` for a request's uncached ``[start, end)``:
+    ``router.routing.load_cost.prefill_units``).
     The worker's load fields (running, waiting, waiting tokens, KV usage) are as the
     router knows them (``router.fleet.load_state``: polled; pushed, plus what this
     router sent since the frame; or unknown, seen as a full batch), waiting tokens
@@ -56,6 +59,7 @@ class WorkerView(NamedTuple):
     num_matched_tokens: int = 0
     num_in_flight_requests: int = 0
     num_in_flight_prompt_tokens: int = 0
+    num_in_flight_context_tokens: float = 0.0
     num_requests_running: int = 0
     num_requests_waiting: int = 0
     num_waiting_tokens: int = 0

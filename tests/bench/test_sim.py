@@ -66,14 +66,19 @@ def test_every_policy_runs_a_small_workload_to_completion():
 
 
 class RecordingPolicy(RoundRobinPolicy):
-    """Round robin that keeps the views it was given."""
+    """Round robin that keeps the views it was given and, once given its ``cluster``,
+    the load the workers reported at each choice."""
 
     def __init__(self) -> None:
         super().__init__()
         self.seen: list[list[WorkerView]] = []
+        self.reported: list[list[tuple]] = []
+        self.cluster: Cluster | None = None
 
     def choose(self, request, workers):
         self.seen.append(list(workers))
+        if self.cluster is not None:
+            self.reported.append(list(self.cluster.polled))
         return super().choose(request, workers)
 
 
@@ -84,10 +89,12 @@ def test_the_policy_sees_the_polled_load_in_its_fields():
     requests = [TraceRequest(0.01 * i, "t", "s", tokens(1000 * i, 100), tokens(9000 + i, 4)) for i in range(4)]
     cluster.run(iter(requests))
     # At 0.03 s: the first request prefills (until 0.1 s), two wait with 100 tokens each;
-    # nothing is cached yet.
+    # nothing is cached yet. All three are this router's, counted in flight (300 tokens
+    # before their first), so none of the 200 waiting tokens is another router's.
     view = policy.seen[3][0]
     assert (view.num_requests_running, view.num_requests_waiting, view.num_waiting_tokens,
-            view.kv_cache_usage_ratio, view.num_in_flight_requests) == (1, 2, 200, 0.0, 3)
+            view.kv_cache_usage_ratio, view.num_in_flight_requests,
+            view.num_in_flight_prompt_tokens) == (1, 2, 0, 0.0, 3, 300)
 
 
 def test_the_stepped_worker_runs_the_engines_step_loop_by_hand():
@@ -117,7 +124,7 @@ def test_closed_loop_sends_each_client_its_next_request_when_its_last_ends():
 def test_a_waiting_prompt_counts_whole_as_the_engine_counts_it():
     policy = RecordingPolicy()
     polling = SimConfig(**{**CONFIG.__dict__, "poll_interval_s": 0.0})
-    cluster = Cluster(PolicySpec(lambda seed: policy), 1, polling)
+    cluster = policy.cluster = Cluster(PolicySpec(lambda seed: policy), 1, polling)
     first = tokens(0, 100)
     requests = [TraceRequest(0.0, "t", "s", first, tokens(9000, 4)),
                 TraceRequest(0.15, "t", "s", first + tokens(500, 100), tokens(9100, 4)),
@@ -125,8 +132,10 @@ def test_a_waiting_prompt_counts_whole_as_the_engine_counts_it():
                 TraceRequest(0.17, "t", "s", tokens(800, 10), tokens(9300, 4))]
     cluster.run(iter(requests))
     # At 0.17 s the second prefills (0.15-0.25 s) and the third waits: 150 prompt
-    # tokens, 100 of them cached (the engine matches only at admission).
-    assert policy.seen[3][0].num_waiting_tokens == 150
+    # tokens, 100 of them cached (the engine matches only at admission). Both are this
+    # router's in flight: the policy sees none of it as another router's queue.
+    assert policy.reported[3][0][2] == 150
+    assert policy.seen[3][0].num_waiting_tokens == 0
     assert cluster.results.num_cached_tokens[:3] == [0, 100, 100]
 
 

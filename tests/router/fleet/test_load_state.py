@@ -22,7 +22,7 @@ from router.config import WorkerSpec
 from router.fleet.load_state import POLLED, PUSHED, UNKNOWN, LoadState
 from router.fleet.probes import WorkerLoad
 from router.fleet.worker_state import InFlight, WorkerState
-from router.routing.load_cost import PolicyWeights, load_cost
+from router.routing.load_cost import PolicyWeights, load_cost, prefill_units
 from router.routing.policy import RouteRequest, make_policy
 from tests.support.aio import eventually, running_router, serving
 from tests.support.router_configs import make_config
@@ -141,7 +141,9 @@ def test_the_routers_own_requests_in_a_frame_are_not_queued_twice() -> None:
     w.load_state.pushed(report(1, running=1, waiting=1, tokens=3000 + 3010))
     view = w.view(3000, 3000, None, 0.0)
     assert (view.num_waiting_tokens, view.num_in_flight_prompt_tokens) == (0, 3010)
-    assert load_cost(view, PolicyWeights(running_request_cost=0)) == 10
+    # the second's 10 uncached tokens, at positions 3,000-3,009
+    assert load_cost(view, PolicyWeights(running_request_cost=0)) == pytest.approx(
+        prefill_units(3000, 3010, PolicyWeights().prefill_context_cost))
     w.load_state.pushed(report(2, running=1, waiting=2, tokens=3000 + 3010 + 700))
     assert w.view(0, 0, None, 0.0).num_waiting_tokens == 700  # another router's
     first.end()

@@ -20,6 +20,7 @@ from router.fleet.probes import radix_adapters
 from router.front.requests import parse_request
 from router.models import Models
 from router.routing.adapters import Residency, WorkerAdapter, WorkerLora
+from router.routing.load_cost import PolicyWeights, prefill_units
 from router.routing.policy import make_policy
 from router.routing.views import RouteRequest, WorkerView
 
@@ -130,7 +131,9 @@ def test_a_cached_prefix_and_residency_are_weighed_in_one_cost():
     resident = WorkerView("w1")
     decision = make_policy().choose(request(), [cached, resident])
     assert decision.chosen == "w0"
-    assert [s.cost for s in decision.scores] == [100.0 + 32.0 * 20.0, 1000.0]
+    context = PolicyWeights().prefill_context_cost
+    assert [s.cost for s in decision.scores] == [prefill_units(900, 1000, context) + 32.0 * 20.0,
+                                                  prefill_units(0, 1000, context)]
     slow_load = cached._replace(adapter_load_ms=40.0)
     assert make_policy().choose(request(), [slow_load, resident]).chosen == "w1"
 

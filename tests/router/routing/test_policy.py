@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from radix.keys import to_key
-from router.routing.load_cost import PolicyWeights, rendezvous_order
+from router.routing.load_cost import PolicyWeights, prefill_units, rendezvous_order
 from router.routing.policy import (
     POLICIES,
     NoWorkerError,
@@ -20,6 +20,8 @@ from router.routing.policy import (
 )
 
 NS = "ab" * 32
+CONTEXT = PolicyWeights().prefill_context_cost
+FLAT = {"prefill_context_cost": 0.0}  # every prompt token costs 1.0, wherever it is
 
 
 def request(tokens: list[int] | None = None, num_prompt_tokens: int = 1000) -> RouteRequest:
@@ -36,7 +38,10 @@ def test_cost_is_uncached_prefill_plus_load_with_default_weights():
                       num_requests_running=2, num_waiting_tokens=100, kv_cache_usage_ratio=0.5)
     decision = make_policy("cache_aware").choose(request(), [view])
     score = decision.scores[0]
-    assert (score.num_matched_tokens, score.load_cost, score.cost) == (200, 422.0, 1222.0)
+    # 800 uncached tokens at positions 200-1000, each 1 + CONTEXT * its position: on
+    # average 1 + CONTEXT * 600
+    assert (score.num_matched_tokens, score.load_cost) == (200, 422.0)
+    assert score.cost == pytest.approx(800 * (1 + CONTEXT * 600) + 422.0)
     assert decision.chosen == "w0" and decision.num_matched_tokens == 200 and not decision.cold
 
 
@@ -44,7 +49,8 @@ def test_longest_match_wins_at_equal_load():
     decision = make_policy().choose(request(), views(
         {"num_matched_tokens": 100}, {"num_matched_tokens": 500}, {"num_matched_tokens": 0}))
     assert decision.ranked == ("w1", "w0", "w2")
-    assert [s.cost for s in decision.scores] == [500.0, 900.0, 1000.0]
+    assert [s.cost for s in decision.scores] == [prefill_units(m, 1000, CONTEXT)
+                                                  for m in (500, 100, 0)]
 
 
 def test_load_outweighs_a_small_match():
@@ -62,7 +68,7 @@ def test_equal_costs_go_to_the_least_loaded():
     # w0 holds 48 more tokens but runs one more request: equal cost, w1 less loaded.
     workers = views({"num_matched_tokens": 148, "num_requests_running": 2},
                     {"num_matched_tokens": 100, "num_requests_running": 1})
-    decision = make_policy().choose(request(), workers)
+    decision = make_policy("cache_aware", FLAT).choose(request(), workers)
     assert decision.scores[0].cost == decision.scores[1].cost
     assert decision.ranked == ("w1", "w0")
 
@@ -214,7 +220,8 @@ def test_an_owner_computing_the_prefix_keeps_the_request_at_low_load():
     # in-flight tokens are that same prefill, no queue in front. Charged as a queue,
     # w0 cost 64 + 3,200 + 48 against 3,264 on an idle worker and lost the document.
     computing = {"num_matched_tokens": 3200, "num_matched_routed_tokens": 3200,
-                 "num_in_flight_prompt_tokens": 3200, "num_in_flight_requests": 1}
+                 "num_in_flight_prompt_tokens": 3200, "num_in_flight_requests": 1,
+                 "num_in_flight_context_tokens": 3200 * 1600}
     workers = views(computing, *({} for _ in range(15)))
     assert make_policy().choose(request(num_prompt_tokens=3264), workers).chosen == "w0"
     # A stored match with another prefill in flight is a queue: 3,200 tokens ahead.
@@ -247,3 +254,30 @@ def test_the_cost_never_recomputes_a_prefix_its_owner_is_computing_unless_its_qu
         request(num_prompt_tokens=prefix + suffix), [*others, owner])
     if owner_ahead < recompute:
         assert decision.chosen == "owner"
+
+
+def test_a_queued_suffix_deep_in_a_long_context_weighs_more_than_a_shallow_one():
+    """Two workers, each with 600 of this router's tokens waiting for prefill: on w0
+    the tail of a 25,000-token prompt (a fork's branch after a long parent), on w1 the
+    tail of a 1,000-token one. The deep tokens attend over 25x more context, so w0's
+    queue is the longer (prefill_units), and a new request (sharing a system prompt
+    with both, so not cold) goes to w1."""
+    deep = {"num_matched_tokens": 16, "num_in_flight_requests": 1, "num_in_flight_prompt_tokens": 600,
+            "num_in_flight_context_tokens": 600 * (25_000 - 300)}
+    shallow = {"num_matched_tokens": 16, "num_in_flight_requests": 1, "num_in_flight_prompt_tokens": 600,
+               "num_in_flight_context_tokens": 600 * (1_000 - 300)}
+    decision = make_policy().choose(request(), views(deep, shallow))
+    assert decision.chosen == "w1"
+    assert decision.scores[1].load_cost - decision.scores[0].load_cost == pytest.approx(
+        prefill_units(24_400, 25_000, CONTEXT) - prefill_units(400, 1_000, CONTEXT))
+
+
+@settings(max_examples=200, deadline=None)
+@given(start=st.integers(0, 100_000), num_tokens=st.integers(0, 20_000),
+       context_cost=st.sampled_from([0.0, 1e-6, 3.4e-5, 1e-3]))
+def test_prefill_units_sum_each_tokens_cost_at_its_position(start, num_tokens, context_cost):
+    """Brute force: the tokens [start, end) cost 1 + context_cost * p each, p the
+    middle of the token's position interval [p, p + 1)."""
+    end = start + num_tokens
+    expected = sum(1 + context_cost * (p + 0.5) for p in range(start, end))
+    assert prefill_units(start, end, context_cost) == pytest.approx(expected, rel=1e-9, abs=1e-9)
