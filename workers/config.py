@@ -21,7 +21,7 @@ from radix.config_flags import parse_bytes
 from radix.config_schema import FieldError, Section, read_section, setting
 
 HASH_ALGORITHMS = ("blake2b", "xxh3_128")
-KV_CACHE_DTYPES = ("auto", "fp8_e4m3", "fp8_e5m2")
+KV_CACHE_DTYPES = ("auto", "bfloat16", "fp8_e4m3", "fp8_e5m2")
 PREEMPTION_MODES = ("recompute", "swap", "auto")
 DEVICES = ("auto", "cpu", "cuda")
 DEFAULT_CACHE_BYTES = 256 * 2**20
@@ -135,7 +135,9 @@ class KVSettings(Section, section="kv"):
     sequences to grow into (``workers.kv.manager``, decode headroom).
 
     ``prefix_cache`` False selects the null prefix cache (nothing is ever shared).
-    ``cache_dtype`` ``auto`` stores K/V in the model's dtype; ``fp8_e4m3`` and
+    ``cache_dtype`` ``auto`` stores K/V in the model's dtype; ``bfloat16`` in bf16
+    (the model's dtype on a GPU; on the CPU beside a float32 model, what a GPU's cache
+    holds, for the quality gate); ``fp8_e4m3`` and
     ``fp8_e5m2`` store them in one byte with the scales of ``scales_file`` (a
     ``workers.model.calibrate`` record); an FP8 cache without one starts only with
     ``allow_unit_scales`` (every scale 1.0, with a warning), and only on a GPU of
@@ -205,7 +207,7 @@ class KVSettings(Section, section="kv"):
         if bool(self.disk_cache_bytes) != bool(self.disk_cache_dir):
             raise FieldError("disk_cache_dir", "kv.disk_cache_dir and kv.disk_cache_bytes "
                              "go together")
-        if self.scales_file is not None and self.cache_dtype == "auto":
+        if self.scales_file is not None and not self.cache_dtype.startswith("fp8"):
             raise FieldError("scales_file", "must be unset unless kv.cache_dtype is an FP8 dtype")
 
 

@@ -25,6 +25,9 @@ from workers.model.decode_graphs import DecodeGraphs, GraphCapture
 from workers.model.llama import LlamaForCausalLM
 from workers.model.step_input import StepInput
 
+_FP8 = (torch.float8_e4m3fn, torch.float8_e5m2)
+_HALF = (torch.bfloat16, torch.float16)
+
 
 @dataclass(frozen=True)
 class GraphPlan:
@@ -65,7 +68,7 @@ class ModelRunner:
         scales = scales or KVScales.unit(config.num_hidden_layers)
         if scales.num_layers != config.num_hidden_layers:
             raise ValueError(f"{scales.num_layers} KV scales for {config.num_hidden_layers} layers")
-        if key_caches[0].dtype == weight.dtype and not scales.is_unit:
+        if key_caches[0].dtype not in _FP8 and not scales.is_unit:
             raise ValueError("KV scales other than unit need an FP8 cache")
         self.model = model
         self.lora = lora
@@ -128,7 +131,9 @@ class ModelRunner:
 def _check_caches(key_caches: Sequence[torch.Tensor], value_caches: Sequence[torch.Tensor],
                   block_size: int, model: LlamaForCausalLM) -> None:
     """Raise ValueError unless there is a key and a value cache per layer of ``model``,
-    each with the paged layout for it, on its device, in its dtype or an FP8 one."""
+    each with the paged layout for it, on its device, in its dtype or an FP8 one (or,
+    on the CPU, where the torch reference reads any cache into the query's dtype, a
+    16-bit one: a GPU's bf16 KV cache beside a float32 model)."""
     config, weight = model.config, model.lm_head.weight
     if not len(key_caches) == len(value_caches) == config.num_hidden_layers:
         raise ValueError(
@@ -142,8 +147,12 @@ def _check_caches(key_caches: Sequence[torch.Tensor], value_caches: Sequence[tor
                 raise ValueError(
                     f"layer {layer} {name} cache: shape {tuple(cache.shape)}, expected {expected}"
                 )
-            is_fp8 = cache.dtype in (torch.float8_e4m3fn, torch.float8_e5m2)
-            if (cache.dtype != weight.dtype and not is_fp8) or cache.device != weight.device:
+            narrower = cache.dtype in _FP8 or (weight.device.type == "cpu"
+                                               and cache.dtype in _HALF)
+            if cache.dtype != key.dtype:
+                raise ValueError(f"layer {layer} value cache: {cache.dtype}, its key cache "
+                                 f"{key.dtype}")
+            if (cache.dtype != weight.dtype and not narrower) or cache.device != weight.device:
                 raise ValueError(
                     f"layer {layer} {name} cache: {cache.dtype} on {cache.device}, model is "
                     f"{weight.dtype} on {weight.device}"
