@@ -7,8 +7,9 @@ weighs each worker's cached prefix against its load in one continuous cost::
     cost(w) = prefill_cost_per_token * prefill_units(matched(w), prompt tokens)
               + load_cost(w) + adapter_cost(w)
 
-(``router.routing.load_cost``: a token's prefill grows with the context before it). ``adapter_cost`` is 0 for the base model and where the
-request's LoRA adapter is resident; elsewhere ``adapter_load_cost_per_ms`` times the
+(``router.routing.load_cost``: a token's prefill grows with the context before it).
+``adapter_cost`` is 0 for the base model and where the request's LoRA adapter is
+resident; elsewhere ``adapter_load_cost_per_ms`` times the
 load's milliseconds, plus ``adapter_swap_cost`` times ``adapter_swap_share`` where the
 load evicts another adapter (``router.routing.adapters``). The lowest cost wins; ties go to the least loaded, then to
 rendezvous-hash order. A request whose longest match covers at least
