@@ -124,8 +124,7 @@ class Router:
             metrics.follow_discovery(discovery.status)
         proxy = Proxy(pool, config.proxy)
         limit = request_limit(config.flow) if config.flow.enabled else no_request_limit
-        sources = (KVSources(index, config.kv_sources, pool, metrics.registry,
-                             context_cost=policy.weights.prefill_context_cost)
+        sources = (KVSources(index, config.kv_sources, pool, metrics.registry)
                    if config.kv_sources.enabled else None)
         sessions = SessionTable(config.sessions) if config.sessions.enabled else None
         decider = Decider(index, policy, registry, canary, siblings, proxy, config.pd,

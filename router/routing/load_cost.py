@@ -117,22 +117,6 @@ def prefill_units(start: int, end: int, context_cost: float) -> float:
     return (end - start) * (1.0 + context_cost * 0.5 * (start + end))
 
 
-def prefill_tail_tokens(units: float, end: int, context_cost: float) -> float:
-    """How many tokens just before position ``end`` cost ``units`` in all (the inverse
-    of ``prefill_units(end - x, end, context_cost)`` in ``x``, at most ``end``)."""
-    if units <= 0:
-        return 0.0
-    if not context_cost:
-        return min(units, float(end))
-    # (end - c)(1 + w (c + end) / 2) = units, with x = end - c:
-    # (w / 2) x^2 - (1 + w end) x + units = 0, the smaller root
-    b = 1.0 + context_cost * end
-    disc = b * b - 2.0 * context_cost * units
-    if disc <= 0:
-        return float(end)
-    return min(2.0 * units / (b + math.sqrt(disc)), float(end))
-
-
 def num_active_requests(view: WorkerView) -> int:
     """Requests on the worker: the polled running count, or this router's in-flight
     count when that is higher (the poll is up to a second old). Queued requests weigh

@@ -21,7 +21,6 @@ from dataclasses import dataclass
 from typing import NamedTuple
 
 from radix.kv_sources import SourceCosts
-from router.routing.load_cost import prefill_tail_tokens, prefill_units
 
 LOCAL, RESTORE, PULL, RECOMPUTE = "local", "restore", "pull", "recompute"
 SOURCES = (LOCAL, RESTORE, PULL, RECOMPUTE)
@@ -79,18 +78,13 @@ class SourcePlan:
         """Tokens the worker will find cached when it runs the request."""
         return self.num_local_tokens + self.num_restored_tokens + self.num_pulled_tokens
 
-    def credited_tokens(self, context_cost: float = 0.0) -> float:
+    def credited_tokens(self) -> float:
         """The tokens the policy may count as cached on this worker: what it holds,
-        plus the pulled span less as many of its last tokens as the policy, weighing a
-        token by its depth (``context_cost``: ``router.routing.load_cost.prefill_units``),
-        charges what the pull takes: the span's recompute in those units, times
-        ``pull_s / recompute_s``."""
+        plus the pulled span less its pull time counted in tokens of its recompute."""
         own = self.num_local_tokens + self.num_restored_tokens
         if self.pull_s is None or not self.recompute_s:
             return float(own)
-        end = own + self.num_pulled_tokens
-        pull_units = self.pull_s / self.recompute_s * prefill_units(own, end, context_cost)
-        return end - prefill_tail_tokens(pull_units, end, context_cost)
+        return own + self.num_pulled_tokens * (1.0 - self.pull_s / self.recompute_s)
 
 
 def plan_sources(holding: Holding, peers: Sequence[Peer], num_prompt_tokens: int,

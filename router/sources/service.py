@@ -75,10 +75,8 @@ class KVSources:
     """Plans sources and asks peers for holds (module docstring)."""
 
     def __init__(self, index: RouterIndex, config: KVSourcesConfig, pool: UpstreamPool,
-                 registry: CollectorRegistry, links: PeerLinks | None = None,
-                 context_cost: float = 0.0) -> None:
+                 registry: CollectorRegistry, links: PeerLinks | None = None) -> None:
         self._index, self._config, self._pool = index, config, pool
-        self._context_cost = context_cost
         self.metrics = SourceMetrics(registry)
         self.links = links or PeerLinks()
         self.pending = PendingPulls(PENDING_GRACE_S)
@@ -101,7 +99,7 @@ class KVSources:
                 if credited is tokens:
                     credited = dict(tokens)
                 credited[worker.worker_id] = max(tokens.get(worker.worker_id, 0),
-                                                 int(plan.credited_tokens(self._context_cost)))
+                                                 int(plan.credited_tokens()))
         return credited
 
     async def source(self, call: Call, target: WorkerState, workers: list[WorkerState]

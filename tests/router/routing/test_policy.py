@@ -9,12 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from radix.keys import to_key
-from router.routing.load_cost import (
-    PolicyWeights,
-    prefill_tail_tokens,
-    prefill_units,
-    rendezvous_order,
-)
+from router.routing.load_cost import PolicyWeights, prefill_units, rendezvous_order
 from router.routing.policy import (
     POLICIES,
     NoWorkerError,
@@ -286,15 +281,3 @@ def test_prefill_units_sum_each_tokens_cost_at_its_position(start, num_tokens, c
     end = start + num_tokens
     expected = sum(1 + context_cost * (p + 0.5) for p in range(start, end))
     assert prefill_units(start, end, context_cost) == pytest.approx(expected, rel=1e-9, abs=1e-9)
-
-
-@settings(max_examples=300, deadline=None)
-@given(end=st.integers(1, 200_000), share=st.floats(0.0, 1.0),
-       context_cost=st.sampled_from([0.0, 1e-6, 3.4e-5, 1e-3]))
-def test_prefill_tail_tokens_inverts_prefill_units(end, share, context_cost):
-    """The last x tokens before ``end`` whose units are a share of all ``end`` tokens'
-    units cost exactly those units."""
-    units = share * prefill_units(0, end, context_cost)
-    tail = prefill_tail_tokens(units, end, context_cost)
-    assert 0 <= tail <= end
-    assert prefill_units(end - tail, end, context_cost) == pytest.approx(units, rel=1e-6, abs=1e-6)
