@@ -218,14 +218,10 @@ class AsyncEngine:
         free (module docstring): between commands, while the engine thread is idle, or
         during a forward pass; never behind a step. ``fn`` must be short and must not
         touch what a running step reads (its sequences' block tables, the KV tensors
-        of their blocks). Cancelling the wait does not cancel ``fn``. The engine
-        thread is woken after it, so what ``fn`` changed reaches the stats and the KV
-        event stream as a command's changes do."""
+        of their blocks). Cancelling the wait does not cancel ``fn``."""
         def locked() -> T:
             with self._state_lock:
-                result = fn(self._engine)
-            self._inbox.put(_nothing)
-            return result
+                return fn(self._engine)
 
         return await asyncio.to_thread(locked)
 
@@ -343,7 +339,3 @@ def _settle(future: asyncio.Future[T], result: T | None, error: Exception | None
         future.set_exception(error)
     else:
         future.set_result(result)  # type: ignore[arg-type]
-
-
-def _nothing() -> None:
-    """A command that only wakes the engine thread (``AsyncEngine.call_unlocked``)."""
