@@ -9,10 +9,9 @@ is recorded here, on the loop thread, *before* the pin starts; if the caller is
 cancelled (its client hung up) or the pin fails, the free is queued once the pin has
 run, so the blocks are released however the caller ended.
 ``sweep`` is the backstop: it frees every pin the engine holds that the ledger does
-not know, among the ids issued before the sweep read the ledger. Because recording
-precedes the pin and forgetting precedes the queued free, such a pin has no owner; a
-pin issued after that read may run before the sweep does (pins do not wait in the
-engine's inbox), so it is left alone (pin ids only decrease).
+not know. Because recording precedes queuing and forgetting precedes the queued
+free, a pin the engine holds at a sweep and the ledger lacks at the sweep's queuing
+has no owner.
 """
 
 from __future__ import annotations
@@ -39,7 +38,6 @@ class PinLedger:
         self._identity = identity
         self._metrics = metrics
         self._live: set[SeqId] = set()
-        self._last_issued = SeqId(0)  # the newest pin id (ids decrease from -1)
 
     async def pin(self, fn: Callable[[Engine, SeqId], T]) -> tuple[SeqId, T]:
         """Run ``fn(engine, pin_id)`` under the engine's state lock (module docstring)
@@ -47,7 +45,7 @@ class PinLedger:
         cancelled or ``fn`` raises, the pin's free is queued once ``fn`` has run and the
         exception goes on: the caller then holds nothing. On return the caller owns the
         pin (``free`` it)."""
-        pin_id = self._last_issued = self._identity.next_pin_id()
+        pin_id = self._identity.next_pin_id()
         self._live.add(pin_id)
         pinning = asyncio.ensure_future(self._engine.call_unlocked(lambda e: fn(e, pin_id)))
         try:
@@ -78,13 +76,12 @@ class PinLedger:
         await self._engine.call(lambda e: None)
 
     async def sweep(self) -> int:
-        """Free every pin the engine holds, issued before now, that no owner recorded
-        here (module docstring; counted in ``kv_transfer_orphan_pins_freed_total``); the
-        number freed."""
-        live, issued = frozenset(self._live), self._last_issued
+        """Free every pin the engine holds that no owner recorded here (counted in
+        ``kv_transfer_orphan_pins_freed_total``); the number freed."""
+        live = frozenset(self._live)
 
         def sweep(engine: Engine) -> int:
-            orphans = [p for p in engine.manager.pin_ids() if p >= issued and p not in live]
+            orphans = [p for p in engine.manager.pin_ids() if p not in live]
             for pin_id in orphans:
                 engine.manager.free(pin_id)
             return len(orphans)
