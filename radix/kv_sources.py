@@ -64,6 +64,20 @@ class SourceCosts:
         """Seconds to copy ``num_tokens`` tokens of KV from host memory to the device."""
         return num_tokens * self.kv_bytes_per_token / self.restore_bytes_per_s * self.time_scale
 
+    def step_s(self, num_running: int, num_waiting_tokens: int, num_context_tokens: int
+               ) -> float:
+        """Seconds of one engine step of a worker with ``num_running`` sequences of about
+        ``num_context_tokens`` each and ``num_waiting_tokens`` prompt tokens queued (a
+        prefill chunk of them, at most ``max_batched_tokens``, and a decode step of the
+        rest): how long a command for its engine thread (a hold's pin) waits behind
+        the step running there. 0 for an idle worker."""
+        chunk = min(num_waiting_tokens, self.max_batched_tokens)
+        if self.prefill is None:
+            return (chunk + num_running) * self.prefill_s_per_token
+        total_s = self.prefill.prefill_chunk_s(chunk, num_context_tokens) if chunk else 0.0
+        total_s += self.prefill.decode_step_s(num_running, num_running * num_context_tokens)
+        return total_s * self.time_scale
+
     def to_dict(self, *, with_rates: bool) -> dict[str, Any]:
         """The ``/info`` form: the rates and the profile only ``with_rates`` (a worker
         that knows them: a timed one)."""

@@ -12,9 +12,8 @@ the peer to hold them (``POST /kv_transfer/hold``: it runs nothing) and returns 
 
 A peer's wait is what this router knows of it: the link time of the pulls it planned
 from it that have not crossed yet (``PeerLinks``: one link per peer, pulls in turn)
-and nothing for its load: a busy peer computes nothing for a pull, its hold's pin
-runs during its engine's forward pass (``AsyncEngine.call_unlocked``) and its block
-reads off the engine thread, so neither waits for a step.
+and, while it is busy, one of its engine steps (its hold's pin waits for the step
+running on its engine thread; its block reads do not, and it computes nothing).
 A worker a pull was planned into is a source from then on (``PendingPulls``): for the
 same prompt's prefix it is offered as a peer whose blocks arrive when that pull is
 predicted to end, and its hold waits for them (``PeerHold.wait_s``). So a prefix many
@@ -178,10 +177,15 @@ class KVSources:
 
     def _peer(self, worker: WorkerState, num_tokens: int, arrives_in_s: float = 0.0) -> Peer:
         """``worker`` as a source of ``num_tokens`` (all there in ``arrives_in_s``): its
-        wait is that and its link's queue. Its load adds nothing: its hold's pin and
-        its block reads wait for no engine step (module docstring)."""
-        wait_s = arrives_in_s + self.links.wait_s(worker.worker_id)
-        return Peer(worker.worker_id, num_tokens, wait_s, self._peer_costs(worker))
+        wait is that, its link's queue, and one of its engine steps as its load says
+        (the hold's pin waits for it)."""
+        costs = self._peer_costs(worker)
+        load = worker.load
+        num_running = max(load.num_requests_running, worker.num_in_flight_requests)
+        num_waiting = max(load.num_waiting_tokens, worker.num_in_flight_prompt_tokens)
+        wait_s = (arrives_in_s + self.links.wait_s(worker.worker_id)
+                  + costs.step_s(num_running, num_waiting, num_tokens))
+        return Peer(worker.worker_id, num_tokens, wait_s, costs)
 
     def _serves(self, worker: WorkerState) -> bool:
         """A peer may send: it reported a transfer endpoint and costs, speaks

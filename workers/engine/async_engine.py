@@ -15,13 +15,6 @@ Engine thread loop::
         publish stats (and tell the loop when the load changed: ``load_changed``);
         hand outputs to the loop; publish new KV events
 
-The engine's state (its requests, the scheduler, the cache manager) is the engine
-thread's, under one lock it holds at all times but two: while it waits on an empty
-inbox, and during a step's forward pass (``Engine.forward_unlocks``). ``call_unlocked``
-runs a short change on a thread of its own under that lock, so it waits for neither
-a step nor the commands queued before it: a hold's pin on a busy worker (the blocks
-a running step uses are referenced, and a pin only adds references).
-
 A request that fails alone (``RequestOutput.error``) ends its stream with an
 ``EngineError``. A step that fails as a whole (the batched model call) is counted and
 aborts every request in flight (``Engine.fail_step``), and sets ``batch_failed`` until
@@ -135,8 +128,6 @@ class AsyncEngine:
         self.stats: EngineStats = engine.stats()
         self.load_changed = asyncio.Event()
         self._load_key = self.stats.load_key
-        self._state_lock = threading.Lock()
-        engine.forward_unlocks = self._state_lock
 
     # ---- lifecycle (loop thread) ---------------------------------------------------
 
@@ -213,18 +204,6 @@ class AsyncEngine:
         self._inbox.put(run)
         return await future
 
-    async def call_unlocked(self, fn: Callable[[Engine], T]) -> T:
-        """Run ``fn(engine)`` on a thread of its own as soon as the engine's state is
-        free (module docstring): between commands, while the engine thread is idle, or
-        during a forward pass; never behind a step. ``fn`` must be short and must not
-        touch what a running step reads (its sequences' block tables, the KV tensors
-        of their blocks). Cancelling the wait does not cancel ``fn``."""
-        def locked() -> T:
-            with self._state_lock:
-                return fn(self._engine)
-
-        return await asyncio.to_thread(locked)
-
     def post(self, fn: Callable[[Engine], object]) -> None:
         """Queue ``fn(engine)`` on the engine thread after every command queued before it
         (the inbox is FIFO) and wait for nothing: safe in a ``finally`` or an ``except``
@@ -242,7 +221,6 @@ class AsyncEngine:
 
     def _run(self) -> None:
         engine = self._engine
-        self._state_lock.acquire()
         try:
             while not self._stopping:
                 self._apply(block=not engine.has_work())
@@ -259,8 +237,6 @@ class AsyncEngine:
             self.failed = True
             self._post(self._fail, list(self._streams))
             raise
-        finally:
-            self._state_lock.release()
 
     def _add(self, request_id: int, request: GenerationRequest, arrival_time: float) -> None:
         try:
@@ -273,17 +249,8 @@ class AsyncEngine:
             self._post(self._fail, [request_id])
 
     def _apply(self, block: bool) -> None:
-        """Run the inbox's commands; with ``block``, wait for one first (the state lock
-        released meanwhile)."""
         try:
-            if block:
-                self._state_lock.release()
-                try:
-                    command = self._inbox.get()
-                finally:
-                    self._state_lock.acquire()
-            else:
-                command = self._inbox.get_nowait()
+            command = self._inbox.get(block=block)
             while True:
                 command()
                 command = self._inbox.get_nowait()

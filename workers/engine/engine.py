@@ -26,7 +26,6 @@ from __future__ import annotations
 import itertools
 import logging
 import sys
-import threading
 import time
 from collections.abc import Sequence as SequenceOf
 
@@ -62,11 +61,7 @@ class Engine:
     ``has_work()``; ids must be unique among live requests. ``abort_request``
     releases a request's blocks before it returns. ``kv_dtype`` is the KV format's
     dtype for the request trace (default: the cache tensors'; a timed worker's
-    tensors are placeholders). ``forward_unlocks`` (None: nothing): a lock the caller
-    holds while it calls ``step``, released during the step's forward pass only (the
-    one part that reads no engine or cache state but the step's own inputs), so
-    another thread holding it may change the cache state meanwhile
-    (``AsyncEngine.call_unlocked``).
+    tensors are placeholders).
     """
 
     def __init__(
@@ -97,7 +92,6 @@ class Engine:
         self._num_generation_tokens = 0
         self._num_failed_steps = 0
         self._num_out_of_memory = 0
-        self.forward_unlocks: threading.Lock | None = None
 
     # ---- requests ------------------------------------------------------------------
 
@@ -159,23 +153,12 @@ class Engine:
         """Run one batch; returns outputs of the requests that produced tokens or
         failed alone. Raises only when the batch as a whole failed."""
         chunks, inputs = self._prepare(self.scheduler.schedule())
-        logits = self._forward(inputs) if chunks else None
+        logits = self._runner.execute(inputs) if chunks else None
         self.scheduler.end_step()
         outputs = self._postprocess(chunks, logits) if logits is not None else {}
         outputs.update(self._failures)
         self._failures.clear()
         return outputs
-
-    def _forward(self, inputs: list[StepInput]) -> torch.Tensor:
-        """The model over ``inputs``, with ``forward_unlocks`` released meanwhile."""
-        lock = self.forward_unlocks
-        if lock is None:
-            return self._runner.execute(inputs)
-        lock.release()
-        try:
-            return self._runner.execute(inputs)
-        finally:
-            lock.acquire()
 
     def _prepare(self, chunks: list[ScheduledChunk]
                  ) -> tuple[list[ScheduledChunk], list[StepInput]]:

@@ -2,12 +2,10 @@
 producer's holds, a consumer's imports), owned by the engine side so none outlives
 its owner.
 
-A pin runs under the engine's state lock on a thread of its own
-(``AsyncEngine.call_unlocked``): a pin only adds references to cached blocks, so it
-need not wait for a step to end (a busy peer's hold waits for no engine step). Its id
-is recorded here, on the loop thread, *before* the pin starts; if the caller is
-cancelled (its client hung up) or the pin fails, the free is queued once the pin has
-run, so the blocks are released however the caller ended.
+A pin id is recorded here, on the loop thread, *before* the command that pins is
+queued for the engine thread; if the caller is cancelled (its client hung up) or the
+command fails while the engine is busy, the free is queued after it (the engine's
+inbox is first in, first out), so the blocks are released however the caller ended.
 ``sweep`` is the backstop: it frees every pin the engine holds that the ledger does
 not know. Because recording precedes queuing and forgetting precedes the queued
 free, a pin the engine holds at a sweep and the ledger lacks at the sweep's queuing
@@ -16,7 +14,6 @@ has no owner.
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Callable
 from typing import TypeVar
 
@@ -40,28 +37,18 @@ class PinLedger:
         self._live: set[SeqId] = set()
 
     async def pin(self, fn: Callable[[Engine, SeqId], T]) -> tuple[SeqId, T]:
-        """Run ``fn(engine, pin_id)`` under the engine's state lock (module docstring)
-        under a fresh pin id, recorded first; (the id, its result). If the caller is
-        cancelled or ``fn`` raises, the pin's free is queued once ``fn`` has run and the
-        exception goes on: the caller then holds nothing. On return the caller owns the
-        pin (``free`` it)."""
+        """Run ``fn(engine, pin_id)`` on the engine thread under a fresh pin id,
+        recorded first; (the id, its result). If the caller is cancelled or ``fn``
+        raises, the pin's free is queued behind it and the exception goes on: the
+        caller then holds nothing. On return the caller owns the pin (``free`` it)."""
         pin_id = self._identity.next_pin_id()
         self._live.add(pin_id)
-        pinning = asyncio.ensure_future(self._engine.call_unlocked(lambda e: fn(e, pin_id)))
         try:
-            return pin_id, await asyncio.shield(pinning)
+            return pin_id, await self._engine.call(lambda e: fn(e, pin_id))
         except BaseException:
             self._metrics.cancelled_pins.inc()
-            self._live.discard(pin_id)
-            pinning.add_done_callback(lambda done: self._pinned_late(done, pin_id))
+            self.free_later(pin_id)
             raise
-
-    def _pinned_late(self, done: asyncio.Future, pin_id: SeqId) -> None:
-        """A pin whose caller gave up has run: queue its free (its error, if any, is
-        the caller's, already raised or moot)."""
-        if not done.cancelled():
-            done.exception()
-        self.free_later(pin_id)
 
     def free_later(self, pin_id: SeqId) -> None:
         """Forget ``pin_id`` and queue its free on the engine thread, waiting for

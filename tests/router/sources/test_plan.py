@@ -121,6 +121,10 @@ def test_timed_costs_follow_the_profile_in_chunks_and_scale():
     assert scaled.recompute_s(0, 3000) == pytest.approx(20 * expected)
     assert scaled.transfer_s(1000) == pytest.approx(20 * 1000 * 131072 / 50e9)
     assert CPU.recompute_s(100, 300) == pytest.approx(200 * 1e-4)
+    assert costs.step_s(0, 0, 20000) == 0.0  # an idle worker's thread answers at once
+    assert costs.step_s(0, 5000, 4000) == pytest.approx(PROFILE.cost.prefill_chunk_s(2048, 4000))
+    assert costs.step_s(10, 0, 20000) == pytest.approx(PROFILE.cost.decode_step_s(10, 200000))
+    assert CPU.step_s(3, 100, 999) == pytest.approx(103 * 1e-4)
 
 
 def test_a_report_parses_with_the_routers_defaults_for_what_it_leaves_out():

@@ -4,20 +4,11 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import threading
 
 import pytest
 
-from radix.cost_model import CostModel
-from tests.workers.engine.engine_support import (
-    make_engine,
-    prompt,
-    request,
-    run_async,
-    used_blocks,
-)
+from tests.workers.engine.engine_support import prompt, request, run_async, used_blocks
 from workers.engine.async_engine import AsyncEngine, QueueFullError
-from workers.engine.kv_feed import KVEventFeed
 from workers.engine.request import EngineError
 from workers.server.errors import ApiError
 from workers.server.streaming import collect
@@ -84,34 +75,3 @@ def test_a_request_for_an_adapter_gone_before_it_was_queued_is_a_404_not_a_500()
         assert len(await bridge.submit(request(prompt(20), max_tokens=3)).token_ids()) == 3
 
     run_async(test)
-
-
-def test_a_change_under_the_state_lock_runs_during_a_step_and_a_plain_call_waits_for_it():
-    """While a step's forward pass runs (a timed runner's sleep, held open here),
-    ``call_unlocked`` runs at once, as a busy peer's hold pins its blocks; a plain
-    ``call`` runs only after the step."""
-    in_forward, release = threading.Event(), threading.Event()
-
-    def sleep(_seconds: float) -> None:
-        in_forward.set()
-        release.wait(10)
-
-    engine = make_engine(timed=CostModel(1e-3, 0, 0, 1e-3, 0, 0), sleep=sleep)
-    bridge = AsyncEngine(engine, KVEventFeed(engine.manager), 8)
-
-    async def main() -> None:
-        bridge.start(asyncio.get_running_loop())
-        try:
-            stream = bridge.submit(request(prompt(20), max_tokens=2))
-            assert await asyncio.to_thread(in_forward.wait, 10)
-            after_step = asyncio.ensure_future(bridge.call(lambda e: "after the step"))
-            during = await asyncio.wait_for(bridge.call_unlocked(lambda e: e.has_work()), 5)
-            assert during is True and not after_step.done()
-            release.set()
-            assert await after_step == "after the step"
-            assert len(await stream.token_ids()) == 2
-        finally:
-            release.set()
-            bridge.stop()
-
-    asyncio.run(main())
