@@ -49,7 +49,7 @@ from bench.agent_trace import (
     write,
 )
 from bench.e2e import TENANT_KEY, WORKER_KEY, workers
-from harness.procs import ManagedProcess, http_json, router_args, start_process
+from harness.procs import ManagedProcess, http_json, router_args, start_process, wait_routable
 from router.front.auth import hash_key
 
 BLOCK = 16
@@ -93,11 +93,7 @@ def our_router(urls: list[str], sources: bool, poll_interval_s: float, directory
     path.write_text(router_toml(urls, sources, poll_interval_s))
     router = start_process(router_args(path), {"RADIX_WORKER_KEY_E2E": WORKER_KEY})
     try:
-        deadline = time.monotonic() + 120
-        while router.get_json("/health")[1]["num_ready_workers"] < len(urls):
-            if time.monotonic() > deadline:
-                raise RuntimeError("our router: workers not ready")
-            time.sleep(0.1)
+        wait_routable(router, len(urls), 120)
         yield router
     finally:
         router.stop()

@@ -43,7 +43,7 @@ import numpy as np
 from bench import peers
 from bench.e2e import PHASES, results_key
 from bench.exactness import describe, exactness, prediction_counts
-from harness.procs import ManagedProcess, http_json, router_args, start_process
+from harness.procs import ManagedProcess, http_json, router_args, start_process, wait_routable
 from harness.sse import data_payloads
 from harness.vllm_servers import SERVED_MODEL, SMOLLM2_DIR, VllmServer, available
 from router.front.auth import hash_key
@@ -103,11 +103,7 @@ def router_for(setup: str, servers: list[VllmServer], log_dir: Path
         args[args.index("--log-level") + 1] = "INFO"
         router = start_process(args)
         try:
-            deadline = time.monotonic() + 60
-            while router.get_json("/health")[1]["num_ready_workers"] < len(urls):
-                if time.monotonic() > deadline:
-                    raise RuntimeError("our router: vLLM workers not ready")
-                time.sleep(0.2)
+            wait_routable(router, len(urls), 60)
             yield router.url, TENANT_KEY, router
         finally:
             router.stop()
