@@ -65,11 +65,18 @@ class Matches(NamedTuple):
 
 class Ranking(NamedTuple):
     """A request's workers, best first, what each holds, and for a fleet with roles
-    (``split_roles``) the workers that take whole requests and those that prefill."""
+    (``split_roles``) the workers that take whole requests and those that prefill.
+    ``weighed``: the tokens the policy counted as cached on each worker (its match,
+    raised by what a pull would save it: ``KVSources.credit``)."""
 
     ranked: list[WorkerState]
     matches: Matches
     split: tuple[list[WorkerState], list[WorkerState]] | None
+    weighed: dict[str, int]
+
+    def num_uncached_tokens(self, prompt: Prompt) -> int:
+        """The prompt tokens the best worker is counted to prefill."""
+        return max(len(prompt.token_ids) - self.weighed.get(self.ranked[0].worker_id, 0), 0)
 
 
 class Attempt(NamedTuple):
@@ -162,20 +169,31 @@ class Decider:
         ranked = self._sticky(self.choose(takers, weighed, call, candidates.fallback), takers,
                               call)
         self._metrics.decision_seconds.observe(time.monotonic() - started)
-        return Ranking(ranked, matches, split)
+        return Ranking(ranked, matches, split, weighed.tokens)
 
     async def decide(self, candidates: Candidates, call: Call,
                      ranking: Ranking | None = None) -> Decision:
         """The decision for ``call`` among ``candidates``: its ``ranking`` (made now
         when None, see ``rank``) and, in a fleet with prefill and decode roles, the
-        prefill leg's answer."""
-        ranked, matches, split = ranking or self.rank(candidates, call)
+        prefill leg's answer. While it waits for a peer's hold, the chosen worker counts
+        the request in flight with the tokens the policy counted it to prefill (the flow
+        controller's reservation when that ranked it, else one of its own), so a burst
+        decided meanwhile sees it there."""
+        reserved = ranking is not None
+        ranking = ranking or self.rank(candidates, call)
+        ranked, matches, split = ranking.ranked, ranking.matches, ranking.split
         params, prefill = None, None
         if split is not None:
             params, prefill = await self._prefill_leg(call, ranked[0], split[1], matches)
         elif self._sources is not None:
-            params, prefill, matches = await self._peer_source(call, ranked[0],
-                                                               candidates.workers, matches)
+            reservation = None if reserved else self._registry.begin(
+                ranked[0], ranking.num_uncached_tokens(call.prompt), len(call.prompt.token_ids))
+            try:
+                params, prefill, matches = await self._peer_source(call, ranked[0],
+                                                                   candidates.workers, matches)
+            finally:
+                if reservation is not None:
+                    reservation.end()
         return Decision(ranked, matches, params, prefill)
 
     def match(self, workers: list[WorkerState], prompt: Prompt, scope: str,

@@ -285,8 +285,7 @@ class FlowController:
         prompt tokens) and count the dispatch."""
         best = ranking.ranked[0]
         num_sent = len(request.call.prompt.token_ids)
-        num_uncached = num_sent - ranking.matches.tokens.get(best.worker_id, 0)
-        reservation = InFlight(best, max(num_uncached, 0), num_sent)
+        reservation = InFlight(best, ranking.num_uncached_tokens(request.call.prompt), num_sent)
         self._served.add(now, request.flow, request.cost / request.weight)
         self._num_recent = self._recent_dispatches(now) + 1
         self._recent_at = now

@@ -9,7 +9,9 @@ tiers, ``[own, own + pulled)`` comes from the chosen peer, and the rest is compu
 ``PullRules.min_pull_tokens`` and its predicted time, ``PullRules.overhead_s`` plus
 the peer's wait plus the bytes over the slower of the two links, is below the
 predicted recompute of the same span; among such peers the one that saves the most
-wins. So no plan ever pulls below the crossover or predicts a pull slower than the
+wins. A pull this router already planned into the worker is a peer too (``Peer.joins``):
+its blocks are on their way, so joining it costs the overhead and the wait for them,
+and no bytes cross a link again. So no plan ever pulls below the crossover or predicts a pull slower than the
 recompute it replaces (``check_plan`` says which rule a plan breaks, for the
 router's counter of such plans, which reads 0). Pure: no I/O, no clock.
 """
@@ -22,8 +24,8 @@ from typing import NamedTuple
 
 from radix.kv_sources import SourceCosts
 
-LOCAL, RESTORE, PULL, RECOMPUTE = "local", "restore", "pull", "recompute"
-SOURCES = (LOCAL, RESTORE, PULL, RECOMPUTE)
+LOCAL, RESTORE, PULL, JOIN, RECOMPUTE = "local", "restore", "pull", "join", "recompute"
+SOURCES = (LOCAL, RESTORE, PULL, JOIN, RECOMPUTE)
 
 
 class Holding(NamedTuple):
@@ -38,12 +40,23 @@ class Holding(NamedTuple):
 class Peer:
     """A worker that may send blocks: its stored chain of the prompt in any tier (it
     restores before it sends), the seconds before it can start (its link's queue, its
-    busy engine thread), and its costs (its link rate)."""
+    busy engine thread), and its costs (its link rate). ``joins``: the worker the plan
+    is for already pulls these blocks from it (planned earlier): ``wait_s`` is the
+    time until they are there, and no byte crosses a link again."""
 
     worker_id: str
     num_tokens: int
     wait_s: float
     costs: SourceCosts
+    joins: bool = False
+
+    def pull_s(self, span: int, costs: SourceCosts, rules: PullRules) -> float:
+        """Predicted seconds until ``span`` tokens from this peer are on a worker with
+        ``costs``: the fixed overhead, the wait, and the bytes over the slower link."""
+        if self.joins:
+            return rules.overhead_s + self.wait_s
+        return rules.overhead_s + self.wait_s + max(costs.transfer_s(span),
+                                                    self.costs.transfer_s(span))
 
 
 @dataclass(frozen=True)
@@ -61,7 +74,7 @@ class SourcePlan:
     """Where each span of the prompt's blocks comes from on one worker (module
     docstring), with the predicted seconds of the pulled span by pull and by recompute
     (None without a pull). ``source`` names the plan: ``pull`` (a peer sends a span),
-    ``restore`` (its tiers hold some), ``recompute`` (it computes whole blocks nobody
+    ``join`` (a pull planned earlier into the worker brings the span), ``restore`` (its tiers hold some), ``recompute`` (it computes whole blocks nobody
     holds) or ``local`` (its device holds every whole block it reuses)."""
 
     source: str
@@ -102,13 +115,13 @@ def plan_sources(holding: Holding, peers: Sequence[Peer], num_prompt_tokens: int
             span = end - own
             if span < rules.min_pull_tokens:
                 continue
-            pull_s = rules.overhead_s + peer.wait_s + max(costs.transfer_s(span),
-                                                          peer.costs.transfer_s(span))
+            pull_s = peer.pull_s(span, costs, rules)
             recompute_s = costs.recompute_s(own, end)
             if pull_s < recompute_s and (best is None or recompute_s - pull_s
                                          > best.recompute_s - best.pull_s):  # type: ignore[operator]
-                best = SourcePlan(PULL, local, own - local, num_prompt_tokens - end,
-                                  peer.worker_id, span, pull_s, recompute_s)
+                best = SourcePlan(JOIN if peer.joins else PULL, local, own - local,
+                                  num_prompt_tokens - end, peer.worker_id, span, pull_s,
+                                  recompute_s)
     if best is not None:
         return best
     source = RESTORE if own > local else LOCAL if own == reusable else RECOMPUTE

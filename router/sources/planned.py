@@ -4,6 +4,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Callable
 from typing import NamedTuple
@@ -31,13 +32,15 @@ class PeerLinks:
 
 class Pending(NamedTuple):
     """A planned pull: into ``worker_id``, the prompt's first blocks ``key`` (radix
-    bytes) of ``namespace`` and ``scope``, predicted whole at ``ready_at``."""
+    bytes) of ``namespace`` and ``scope``, from ``source``, predicted whole at
+    ``ready_at``."""
 
     worker_id: str
     namespace: str
     scope: str
     key: bytes
     ready_at: float
+    source: str
 
 
 class PendingPulls:
@@ -54,6 +57,11 @@ class PendingPulls:
         """Record a planned pull."""
         self._entries.append(pending)
         del self._entries[: max(0, len(self._entries) - MAX_PENDING)]
+
+    def discard(self, pending: Pending) -> None:
+        """Forget a planned pull that will not happen (its hold failed)."""
+        with contextlib.suppress(ValueError):
+            self._entries.remove(pending)
 
     def holders(self, namespace: str, scope: str, key: bytes) -> list[Pending]:
         """The pending pulls of a prefix of ``key`` in ``namespace`` and ``scope``."""

@@ -18,7 +18,11 @@ A worker a pull was planned into is a source from then on (``PendingPulls``): fo
 same prompt's prefix it is offered as a peer whose blocks arrive when that pull is
 predicted to end, and its hold waits for them (``PeerHold.wait_s``). So a prefix many
 workers pull at once (a fork's sub-agents) spreads from every worker that has it, each
-link carrying a share, instead of queueing on its first holder's link. A hold that
+link carrying a share, instead of queueing on its first holder's link. A request sent
+to a worker whose pull of the prefix is still on its way joins that pull (``join``):
+it asks the same peer for a hold (the worker's consumer runs pulls of one chain in
+turn, so the later one finds the blocks imported and fetches none), and no link time
+is reserved again. A hold that
 fails, times out or names no block leaves the request to recompute on the chosen
 worker, counted as ``pull_failed``.
 """
@@ -50,13 +54,22 @@ from router.forward.proxy import (
 from router.routing.index import NamespaceDigest, RouterIndex
 from router.routing.load_cost import is_held_up
 from router.sources.metrics import PULL_FAILED, SourceMetrics
-from router.sources.plan import Holding, Peer, PullRules, SourcePlan, check_plan, plan_sources
+from router.sources.plan import (
+    PULL,
+    Holding,
+    Peer,
+    PullRules,
+    SourcePlan,
+    check_plan,
+    plan_sources,
+)
 from router.sources.planned import PeerLinks, Pending, PendingPulls
 
 log = logging.getLogger(__name__)
 PENDING_GRACE_S = 5.0
-# A hold on a worker still receiving the blocks waits this much longer than predicted.
-HOLD_WAIT_SLACK = 1.5
+# The share of the hold's timeout that a hold on a worker still receiving the blocks
+# may wait for them (the rest is left for its answer).
+HOLD_WAIT_SHARE = 0.8
 
 
 @dataclass(frozen=True)
@@ -119,37 +132,43 @@ class KVSources:
         peer = next(w for w in workers if w.worker_id == plan.peer)
         own = plan.num_local_tokens + plan.num_restored_tokens
         end = own + plan.num_pulled_tokens
-        self.links.reserve(peer.worker_id, max(costs.transfer_s(plan.num_pulled_tokens),
-                                               self._peer_costs(peer).transfer_s(
-                                                   plan.num_pulled_tokens)))
+        if plan.source == PULL:
+            self.links.reserve(peer.worker_id, max(costs.transfer_s(plan.num_pulled_tokens),
+                                                   self._peer_costs(peer).transfer_s(
+                                                       plan.num_pulled_tokens)))
+        assert plan.pull_s is not None
+        pending = None
+        if plan.source == PULL:  # before the hold: requests decided meanwhile join it
+            pending = Pending(target.worker_id, target.namespace or "", call.scope,
+                              call.prompt.key[: end * TOKEN_BYTES],
+                              time.monotonic() + plan.pull_s, peer.worker_id)
+            self.pending.add(pending)
         block_size = self._block_size(target)
         params = await self._hold(call, peer, end // block_size, self._arrives_in_s(peer, call))
         if params is None:
+            if pending is not None:
+                self.pending.discard(pending)
             self.metrics.plans[PULL_FAILED].inc()
             return Sourced()
-        assert plan.pull_s is not None
-        self.pending.add(Pending(target.worker_id, target.namespace or "", call.scope,
-                                 call.prompt.key[: end * TOKEN_BYTES],
-                                 time.monotonic() + plan.pull_s))
         held = len(params["remote_block_ids"]) * block_size
         return Sourced(params, peer, max(own, held))
 
     def _arrives_in_s(self, peer: WorkerState, call: Call) -> float:
         """How long a hold on ``peer`` may wait for blocks a planned pull is still
-        bringing it (0: none is), within ``hold_timeout_s``."""
-        ready = [p.ready_at for p in self.pending.holders(peer.namespace or "", call.scope,
-                                                           call.prompt.key)
-                 if p.worker_id == peer.worker_id]
-        if not ready:
+        bringing it (0: none is): most of ``hold_timeout_s``, since the hold answers as
+        soon as they are there, and a pull late against its prediction (a busy link, a
+        busy engine) must not turn a hold into a recompute of the whole prefix."""
+        if not any(p.worker_id == peer.worker_id for p in self.pending.holders(
+                peer.namespace or "", call.scope, call.prompt.key)):
             return 0.0
-        wait_s = HOLD_WAIT_SLACK * max(0.0, max(ready) - time.monotonic()) + 0.1
-        return min(wait_s, 0.8 * self._config.hold_timeout_s)
+        return HOLD_WAIT_SHARE * self._config.hold_timeout_s
 
     def _plan(self, target: WorkerState, workers: list[WorkerState], call: Call,
               costs: SourceCosts, holdings: dict[str, dict[str, Holding]]) -> SourcePlan:
         """``target``'s plan among the peers of its namespace holding the longest
-        stored chains (``max_peers``); ``holdings`` caches the index walk per
-        namespace."""
+        stored chains (``max_peers``), the workers a pull of the prefix is on its way
+        to, and the pull on its way to ``target`` itself (to join); ``holdings`` caches
+        the index walk per namespace."""
         namespace = target.namespace or ""
         if namespace not in holdings:
             found = self._index.match_tiers(NamespaceDigest(namespace), call.prompt.key,
@@ -162,8 +181,14 @@ class KVSources:
                         key=lambda i: -held[i].any_tier)[: self._config.max_peers]
         peers = [self._peer(others[i], held[i].any_tier) for i in stored]
         now = time.monotonic()
-        coming = sorted((p for p in self.pending.holders(namespace, call.scope, call.prompt.key)
-                         if p.worker_id in others and p.worker_id not in stored),
+        pending = self.pending.holders(namespace, call.scope, call.prompt.key)
+        joined = max((p for p in pending if p.worker_id == target.worker_id
+                      and p.source in others), key=lambda p: len(p.key), default=None)
+        if joined is not None:
+            peers.append(Peer(joined.source, len(joined.key) // TOKEN_BYTES,
+                              max(0.0, joined.ready_at - now),
+                              self._peer_costs(others[joined.source]), joins=True))
+        coming = sorted((p for p in pending if p.worker_id in others and p.worker_id not in stored),
                         key=lambda p: (-len(p.key), p.ready_at))
         seen: set[str] = set()
         for pending in coming:
@@ -236,7 +261,7 @@ class KVSources:
         tokens = self.metrics.tokens
         tokens["local"].inc(plan.num_local_tokens)
         tokens["restored"].inc(plan.num_restored_tokens)
-        tokens["pulled"].inc(plan.num_pulled_tokens)
+        tokens["pulled" if plan.source == PULL else "joined"].inc(plan.num_pulled_tokens)
         tokens["recomputed"].inc(plan.num_recomputed_tokens)
 
     async def _hold(self, call: Call, peer: WorkerState, max_blocks: int, wait_s: float

@@ -12,6 +12,7 @@ return")."""
 from __future__ import annotations
 
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import pytest
@@ -113,6 +114,39 @@ def test_the_worker_lacking_a_prefix_pulls_it_from_the_peer_and_answers_the_same
     for worker in workers.values():
         wait_until(lambda w=worker: w.get_json("/info")[1]["kv"]["num_used_blocks"] == 0,
                    what="no block held")
+
+
+def test_sub_agents_sent_at_once_to_the_worker_lacking_a_prefix_share_one_pull(fleet):
+    router, workers = fleet
+    parent = "The parent agent's plan, which each of its sub-agents starts from. " * 4
+    counts = served(router)
+    ask(router, parent + "Plan?")
+    holder = next(w for w, n in served(router).items() if n > counts[w])
+    wait_until(lambda: indexed_blocks(router)[holder] > 15, what="the parent's blocks indexed")
+    other = next(name for name in workers if name != holder)
+    before, pulled_before, joined_before = received(workers), pulls(router), joins(router)
+    prompts = [parent + f"Sub-agent {i}, your task?" for i in range(4)]
+    with ThreadPoolExecutor(len(prompts)) as pool:  # round robin: two on each worker
+        answers = list(pool.map(lambda p: ask(router, p), prompts))
+    num_blocks = received(workers)[other] - before[other]
+    assert num_blocks >= 16 and received(workers)[holder] == before[holder]
+    # Decided while the first pull was on its way, the second joins it; decided after
+    # the blocks arrived, it finds them there. Either way one pull, never two.
+    assert pulls(router) == (pulled_before[0] + 1, pulled_before[1])
+    assert joins(router) - joined_before <= 1
+    for prompt, answer in zip(prompts, answers, strict=True):
+        _, expected = workers[holder].post_json("/v1/completions", {
+            "model": "demo", "prompt": prompt, "max_tokens": 6, "temperature": 0,
+            "ignore_eos": True})
+        assert answer["choices"][0]["text"] == expected["choices"][0]["text"]
+    for worker in workers.values():
+        wait_until(lambda w=worker: w.get_json("/info")[1]["kv"]["num_used_blocks"] == 0,
+                   what="no block held")
+
+
+def joins(router: ManagedProcess) -> float:
+    """Requests the router sent to join a pull already on its way to their worker."""
+    return router_metric(router, "router_kv_sources_total", {"source": "join"})
 
 
 def served(router: ManagedProcess) -> dict[str, int]:

@@ -6,6 +6,8 @@ arithmetic on the timed profile and what a worker's report parses to."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -13,6 +15,7 @@ from hypothesis import strategies as st
 from radix.cost_model import get_profile
 from radix.kv_sources import SourceCosts
 from router.sources.plan import (
+    JOIN,
     LOCAL,
     PULL,
     RECOMPUTE,
@@ -46,8 +49,9 @@ def brute_force(holding: Holding, peers: list[Peer], num_prompt: int, num_public
         span = end - own
         if span < rules.min_pull_tokens:
             continue
-        pull_s = rules.overhead_s + peer.wait_s + max(costs.transfer_s(span),
-                                                      peer.costs.transfer_s(span))
+        transfer_s = 0.0 if peer.joins else max(costs.transfer_s(span),
+                                                peer.costs.transfer_s(span))
+        pull_s = rules.overhead_s + peer.wait_s + transfer_s
         saving = costs.recompute_s(own, end) - pull_s
         if saving > 0:
             options.append((saving, -peers.index(peer), peer.worker_id, span))
@@ -64,7 +68,8 @@ def cases(draw):
     holding = Holding(device, draw(st.integers(device, num_prompt + 100)))
     costs = draw(st.sampled_from([TIMED, CPU]))
     peers = [Peer(f"p{i}", draw(st.integers(0, num_prompt + 100)),
-                  draw(st.floats(0, 0.5)), draw(st.sampled_from([TIMED, CPU])))
+                  draw(st.floats(0, 0.5)), draw(st.sampled_from([TIMED, CPU])),
+                  joins=draw(st.booleans()))
              for i in range(draw(st.integers(0, 4)))]
     rules = PullRules(draw(st.integers(1, 1024)), draw(st.floats(0, 0.05)))
     num_public = draw(st.integers(0, num_prompt)) // B * B
@@ -82,7 +87,7 @@ def test_the_plan_is_the_brute_force_choice_and_never_breaks_its_rules(case):
             + plan.num_recomputed_tokens) == num_prompt
     assert plan.num_recomputed_tokens >= 1  # the last token is always computed
     if plan.peer is not None:
-        assert plan.source == PULL and plan.num_pulled_tokens >= rules.min_pull_tokens
+        assert plan.source in (PULL, JOIN) and plan.num_pulled_tokens >= rules.min_pull_tokens
         assert plan.pull_s < plan.recompute_s
         assert plan.num_local_tokens >= num_public
         own = plan.num_local_tokens + plan.num_restored_tokens
@@ -96,6 +101,8 @@ def test_each_source_is_named_for_what_the_worker_must_do():
         RESTORE: (Holding(1024, 4096), []),
         RECOMPUTE: (Holding(1024, 1024), [Peer("p", 1024 + 128, 0.0, TIMED)]),  # < 256
         PULL: (Holding(0, 0), [Peer("p", 4096, 0.0, TIMED)]),
+        JOIN: (Holding(0, 0), [Peer("p", 4096, 0.0, TIMED), Peer("p", 4096, 0.0, TIMED,
+                                                                  joins=True)]),
     }
     for source, (holding, peers) in cases.items():
         plan = plan_sources(holding, peers, 4100, 0, B, TIMED, rules)
@@ -160,10 +167,26 @@ def test_pending_pulls_offer_a_prefix_on_its_way_until_their_grace_ends():
     now = [10.0]
     pending = PendingPulls(5.0, lambda: now[0])
     parent = b"p" * 64
-    pending.add(Pending("w2", "ns", "alice", parent, 11.0))
+    pending.add(Pending("w2", "ns", "alice", parent, 11.0, "w1"))
     assert [p.worker_id for p in pending.holders("ns", "alice", parent + b"task")] == ["w2"]
     assert pending.holders("ns", "bob", parent + b"task") == []  # another scope
     assert pending.holders("other", "alice", parent) == []
     assert pending.holders("ns", "alice", b"q" * 64) == []  # not a prefix of it
     now[0] = 16.5  # past ready_at + grace
     assert pending.holders("ns", "alice", parent) == []
+    late = Pending("w3", "ns", "alice", parent, 17.0, "w1")
+    pending.add(late)
+    pending.discard(late)  # its hold failed: nothing is on its way
+    pending.discard(late)
+    assert pending.holders("ns", "alice", parent) == []
+
+
+def test_joining_a_pull_on_its_way_costs_its_wait_and_no_link_time():
+    rules = PullRules(256, 0.004)
+    peer = Peer("p", 4096, 0.05, TIMED)
+    joined = plan_sources(Holding(0, 0), [peer, replace(peer, joins=True)], 4100, 0, B,
+                          TIMED, rules)
+    pulled = plan_sources(Holding(0, 0), [peer], 4100, 0, B, TIMED, rules)
+    assert (joined.source, joined.peer, joined.num_pulled_tokens) == (JOIN, "p", 4096)
+    assert joined.pull_s == pytest.approx(0.054)
+    assert pulled.pull_s == pytest.approx(0.054 + TIMED.transfer_s(4096))
