@@ -157,6 +157,27 @@ def test_holds_of_one_prefix_count_its_blocks_once_and_a_hold_waits_for_blocks_o
     assert holds(source, 0)
 
 
+def test_a_hold_on_a_worker_still_pulling_the_blocks_answers_once_they_are_imported(fleet):
+    source, target = fleet["source"], fleet["target"]
+    token_ids = prompt(9)
+    assert generate(source, token_ids, 1)[0] == 200
+    answers: list = []
+    waiter = threading.Thread(target=lambda: answers.append(hold(target, token_ids,
+                                                                 wait_s=10.0)))
+    waiter.start()  # a router's hold for a third worker, sent before the pull starts
+    time.sleep(0.3)
+    received = metric(target, "kv_transfer_blocks_received_total")
+    status, pulled = generate(target, token_ids, 4, hold(source, token_ids)[1]["kv_transfer_params"])
+    assert status == 200 and pulled["usage"]["cached_tokens"] == 5 * B
+    waiter.join(15)
+    status, answer = answers[0]
+    assert status == 200 and len(answer["kv_transfer_params"]["remote_block_ids"]) == 5
+    assert metric(target, "kv_transfer_blocks_received_total") - received == 5
+    target.post_json("/kv_transfer/release", {
+        "remote_request_id": answer["kv_transfer_params"]["remote_request_id"]})
+    assert holds(source, 0) and holds(target, 0)
+
+
 def test_two_pulls_of_one_prefix_into_a_worker_import_it_once(fleet):
     source, target = fleet["source"], fleet["target"]
     token_ids = prompt(8)

@@ -13,8 +13,9 @@ it already caches under a fresh nonce, authenticates every frame of the answer u
 that nonce and the worker key before reading it (``wire``), checks each block's index,
 hash and size, imports them (``KVCacheManager.import_blocks``: written into fresh
 blocks, cached, announced in its KV events, held until ``release``), then
-acknowledges so the producer lets go (waiting at most ``ack_timeout_s``: a producer
-that never answers is counted, and the import stands). Every failure is a
+acknowledges so the producer lets go, in the background (the request runs at once; the
+ack waits at most ``ack_timeout_s``: a producer that never answers is counted, and the
+import stands). Every failure is a
 ``TransferError`` with its reason; nothing is imported unless every block arrived,
 and a pull that fails or is cancelled holds nothing (its import pin goes through the
 ``PinLedger``). Once the consumer has the params it owns their release: a pull that
@@ -24,8 +25,11 @@ worker holds of the prompt counts its host and disk tiers too: their blocks that
 continue its device prefix are restored first (``KVCacheManager.cached_prefix``),
 so it never pulls a block it can restore. Pulls of the same blocks into this worker
 run one at a time (``_one_at_a_time``: a fork's sub-agents sent here together): the
-later one starts once the earlier has imported, finds those blocks cached and fetches
-only what is still missing, instead of importing every copy (which may not fit).
+later ones start once the earlier has imported (together: each finds those blocks
+cached and fetches nothing), instead of importing every copy (which may not fit). A
+hold for another worker that waits for blocks a pull is bringing here
+(``wait_for_import``) waits on that pull in the event loop, not by asking the engine
+thread (a busy one answers once per step) whether they are cached yet.
 """
 
 from __future__ import annotations
@@ -34,6 +38,7 @@ import asyncio
 import contextlib
 import logging
 import time
+from collections import OrderedDict
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
@@ -56,6 +61,8 @@ from workers.kv_transfer.wire import (
 
 log = logging.getLogger(__name__)
 ABANDONING_REASONS = frozenset({"timeout", "protocol", "evicted"})
+# Chains imported lately that a hold may be waiting for, remembered at most this many.
+MAX_IMPORTED_CHAINS = 256
 
 
 @dataclass(frozen=True)
@@ -84,6 +91,7 @@ class Consumer:
         self._metrics = metrics
         self._acks: set[asyncio.Task[None]] = set()
         self._pulling: dict[tuple[str, str], asyncio.Event] = {}
+        self._imported: OrderedDict[tuple[str, str], None] = OrderedDict()
 
     async def pull(self, remote: RemotePrefill, key: bytes, scope: str,
                    num_public_tokens: int) -> Pulled:
@@ -96,6 +104,8 @@ class Consumer:
         try:
             async with asyncio.timeout(self._timeout_s), self._one_at_a_time(remote, scope):
                 pulled = await self._pull(remote, key, scope, num_public_tokens)
+                if remote.block_hashes:
+                    self._note_imported((scope, remote.block_hashes[-1]))
         except TimeoutError:
             self._metrics.failures.labels("timeout").inc()
             self._acknowledge_later(remote)
@@ -114,19 +124,41 @@ class Consumer:
     @contextlib.asynccontextmanager
     async def _one_at_a_time(self, remote: RemotePrefill, scope: str) -> AsyncIterator[None]:
         """Wait while another pull of the same last block (so the same chain) for
-        ``scope`` runs, then run this one (others wait for it)."""
+        ``scope`` runs, then run this one (others wait for it); once one has imported
+        the chain, the pulls that waited for it run together (each finds it cached)."""
         if not remote.block_hashes:
             yield
             return
         key = (scope, remote.block_hashes[-1])
         while (running := self._pulling.get(key)) is not None:
             await running.wait()
+            if key in self._imported:  # it imported the chain: this one finds it cached
+                yield
+                return
+        self._imported.pop(key, None)  # pulled again: what was imported is gone
         done = self._pulling[key] = asyncio.Event()
         try:
             yield
         finally:
             del self._pulling[key]
             done.set()
+
+    async def wait_for_import(self, scope: str, last_hash: str, timeout_s: float) -> bool:
+        """Wait, at most ``timeout_s``, while a pull of the chain ending in block
+        ``last_hash`` for ``scope`` runs here; True once such a pull has imported (now
+        or lately), False when none runs or it failed."""
+        key = (scope, last_hash)
+        if key not in self._imported and (running := self._pulling.get(key)) is not None:
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(timeout_s):
+                    await running.wait()
+        return key in self._imported
+
+    def _note_imported(self, key: tuple[str, str]) -> None:
+        self._imported[key] = None
+        self._imported.move_to_end(key)
+        while len(self._imported) > MAX_IMPORTED_CHAINS:
+            self._imported.popitem(last=False)
 
     async def release(self, pulled: Pulled) -> None:
         """Let the imported blocks go (they stay cached, evictable); cancelling the wait
@@ -163,16 +195,13 @@ class Consumer:
         blocks = await self._fetch(remote, wanted, num_local) if num_local < len(wanted) else []
         pin_id, imported = await self._ledger.pin(lambda e, p: e.manager.import_blocks(
             p, key, scope, num_public_tokens, num_local * step, blocks))
-        try:
-            if not imported:
-                raise TransferError("evicted", "this worker's own part of the prefix was "
-                                               "evicted during the pull, or no room for "
-                                               "the blocks")
-            if wanted:  # params that name no block held nothing: no connection
-                await self._acknowledge(remote)
-        except BaseException:
+        if not imported:
             self._ledger.free_later(pin_id)
-            raise
+            raise TransferError("evicted", "this worker's own part of the prefix was "
+                                           "evicted during the pull, or no room for the "
+                                           "blocks")
+        if wanted:  # params that name no block held nothing: no connection
+            self._acknowledge_later(remote)  # the request need not wait for the producer
         self._metrics.blocks_received.inc(len(blocks))
         self._metrics.bytes_received.inc(len(blocks) * ident.block_bytes)
         return Pulled(pin_id, num_local, len(blocks))

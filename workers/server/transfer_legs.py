@@ -160,11 +160,13 @@ async def hold_for_peer(request: web.Request) -> web.Response:
                          block_size)
     key = ask.held_key(block_size)
     producer = transfer.producer
+    num_public_tokens = min(ask.num_public_tokens, len(key) // TOKEN_BYTES)
     if ask.wait_s:
-        await _cached_within(state.engine, key, ask.scope, ask.wait_s)
+        hashes = transfer.identity.block_hashes(key, ask.scope, num_public_tokens)
+        await _cached_within(state.engine, transfer.consumer, key, ask.scope,
+                             hashes[-1] if hashes else None, ask.wait_s)
     try:
-        remote = await producer.hold(key, ask.scope, min(ask.num_public_tokens,
-                                                         len(key) // TOKEN_BYTES))
+        remote = await producer.hold(key, ask.scope, num_public_tokens)
     except HoldRefused as exc:
         raise hold_refused(exc) from exc
     transfer.metrics.peer_holds.inc()
@@ -172,13 +174,21 @@ async def hold_for_peer(request: web.Request) -> web.Response:
     return web.json_response({"kv_transfer_params": remote.to_params()})
 
 
-async def _cached_within(engine: AsyncEngine, key: bytes, scope: str, wait_s: float) -> None:
+async def _cached_within(engine: AsyncEngine, consumer: Consumer | None, key: bytes,
+                         scope: str, last_hash: str | None, wait_s: float) -> None:
     """Return once every token of ``key`` is cached for ``scope`` (a pull of them into
-    this worker finished), or after ``wait_s``."""
+    this worker finished), or after ``wait_s``. While this worker pulls the chain
+    ending in block ``last_hash``, it waits on that pull (``Consumer.wait_for_import``)
+    instead of asking the engine thread, which a busy engine answers once per step."""
     deadline = time.monotonic() + wait_s
     num_tokens = len(key) // TOKEN_BYTES
-    while time.monotonic() < deadline and await engine.call(
-            lambda e: e.manager.prefix_cache.match(key, scope).num_cached_tokens) < num_tokens:
+    while (left := deadline - time.monotonic()) > 0:
+        if (consumer is not None and last_hash is not None
+                and await consumer.wait_for_import(scope, last_hash, left)):
+            return
+        if await engine.call(
+                lambda e: e.manager.prefix_cache.match(key, scope).num_cached_tokens) >= num_tokens:
+            return
         await asyncio.sleep(HOLD_WAIT_POLL_S)
 
 
