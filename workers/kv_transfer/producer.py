@@ -26,7 +26,9 @@ already caches (``POST /kv_transfer/hold``: nothing runs).
 
 A timed worker (``link_s_per_block``) sends through a ``TimedLink``: each pull's
 blocks wait their time on the profile's link, one pull after another, as on the one
-NIC a real worker sends through, so concurrent pulls from one worker queue.
+NIC a real worker sends through, so concurrent pulls from one worker queue, in the
+order they arrive (a pull takes its turn before its blocks are read, so one whose read
+finishes first does not jump the queue).
 """
 
 from __future__ import annotations
@@ -63,21 +65,21 @@ MAX_CONNECTIONS = 64
 
 
 class TimedLink:
-    """A timed worker's outgoing transfer link: ``send`` waits ``s_per_block`` per
-    block after every block sent before it (0: no wait)."""
+    """A timed worker's outgoing transfer link: blocks cross it ``s_per_block`` each,
+    after every block queued before them (0: at once)."""
 
     def __init__(self, s_per_block: float) -> None:
         self.s_per_block = s_per_block
         self._free_at = 0.0
 
-    async def send(self, num_blocks: int) -> None:
-        """Wait until ``num_blocks`` blocks queued behind the link's earlier sends
-        have crossed it."""
-        if not self.s_per_block:
-            return
+    def queue(self, num_blocks: int) -> float:
+        """Queue ``num_blocks`` blocks behind the link's earlier ones now; the monotonic
+        time by which they have crossed it."""
         now = time.monotonic()
+        if not self.s_per_block:
+            return now
         self._free_at = max(now, self._free_at) + num_blocks * self.s_per_block
-        await asyncio.sleep(self._free_at - now)
+        return self._free_at
 
 
 class HoldRefused(Exception):
@@ -295,9 +297,10 @@ class Producer:
             return
         first, hashes = header["first_block"], header["block_hashes"]
         block_ids = held.block_ids[first: first + len(hashes)]
+        crossed_at = self._link.queue(len(block_ids))  # pulls take the link as they come
         blocks = await asyncio.to_thread(lambda: [self._tensors.read_block(b) for b in block_ids])
         await say({"ok": True, "num_blocks": len(blocks)})
-        await self._link.send(len(blocks))
+        await asyncio.sleep(max(0.0, crossed_at - time.monotonic()))
         for i, (block_hash, data) in enumerate(zip(hashes, blocks, strict=True)):
             await say({"index": first + i, "hash": block_hash}, data)
         self.metrics.blocks_sent.inc(len(blocks))
