@@ -166,9 +166,11 @@ class KVSources:
     def _plan(self, target: WorkerState, workers: list[WorkerState], call: Call,
               costs: SourceCosts, holdings: dict[str, dict[str, Holding]]) -> SourcePlan:
         """``target``'s plan among the peers of its namespace holding the longest
-        stored chains (``max_peers``), the workers a pull of the prefix is on its way
-        to, and the pull on its way to ``target`` itself (to join); ``holdings`` caches
-        the index walk per namespace."""
+        stored chains and the workers a pull of the prefix is on its way to
+        (``max_peers`` of each; of equal chains, those whose link is free first, so the
+        pulls of a fork spread over every worker that has its prefix), and the pull on
+        its way to ``target`` itself (to join); ``holdings`` caches the index walk per
+        namespace."""
         namespace = target.namespace or ""
         if namespace not in holdings:
             found = self._index.match_tiers(NamespaceDigest(namespace), call.prompt.key,
@@ -178,7 +180,7 @@ class KVSources:
         others = {w.worker_id: w for w in workers
                   if w is not target and w.namespace == namespace and self._serves(w)}
         stored = sorted((i for i in others if i in held),
-                        key=lambda i: -held[i].any_tier)[: self._config.max_peers]
+                        key=lambda i: (-held[i].any_tier, self.links.wait_s(i)))[: self._config.max_peers]
         peers = [self._peer(others[i], held[i].any_tier) for i in stored]
         now = time.monotonic()
         pending = self.pending.holders(namespace, call.scope, call.prompt.key)
@@ -189,7 +191,7 @@ class KVSources:
                               max(0.0, joined.ready_at - now),
                               self._peer_costs(others[joined.source]), joins=True))
         coming = sorted((p for p in pending if p.worker_id in others and p.worker_id not in stored),
-                        key=lambda p: (-len(p.key), p.ready_at))
+                        key=lambda p: (-len(p.key), p.ready_at + self.links.wait_s(p.worker_id)))
         seen: set[str] = set()
         for pending in coming:
             if pending.worker_id not in seen and len(seen) < self._config.max_peers:
