@@ -186,7 +186,7 @@ class Decider:
         if split is not None:
             params, prefill = await self._prefill_leg(call, ranked[0], split[1], matches)
         elif self._sources is not None:
-            reservation = None if reserved else self._registry.begin(
+            reservation = None if reserved else InFlight(
                 ranked[0], ranking.num_uncached_tokens(call.prompt), len(call.prompt.token_ids))
             try:
                 params, prefill, matches = await self._peer_source(call, ranked[0],

@@ -258,7 +258,6 @@ class InFlight:
         worker.num_in_flight_prompt_tokens += num_prompt_tokens
         worker.num_in_flight_sent_tokens += num_sent_tokens
         worker.num_in_flight_context_tokens += self._num_context_tokens
-        worker.load_state.sent(num_sent_tokens)
 
     def prefilled(self) -> None:
         """The prompt tokens are no longer queued work (idempotent)."""

@@ -21,6 +21,7 @@ from radix.keys import to_key
 from router.config import WorkerSpec
 from router.fleet.load_state import POLLED, PUSHED, UNKNOWN, LoadState
 from router.fleet.probes import WorkerLoad
+from router.fleet.registry import WorkerRegistry
 from router.fleet.worker_state import InFlight, WorkerState
 from router.routing.load_cost import PolicyWeights, load_cost, prefill_units
 from router.routing.policy import RouteRequest, make_policy
@@ -116,11 +117,14 @@ def test_a_pushed_view_adds_what_was_sent_since_the_frame_and_the_next_frame_rep
     w = worker()
     w.load_state.stream_opened(pushes=True)
     w.load_state.pushed(report(1, running=2, waiting=1, tokens=300))
-    InFlight(w, 500, 500)
-    InFlight(w, 100, 100)
+    WorkerRegistry.begin(w, 500, 500)
+    WorkerRegistry.begin(w, 100, 100)
     view = w.view(0, 0, None, 0.0)
     assert (view.num_requests_running, view.num_requests_waiting, view.num_waiting_tokens,
             view.num_in_flight_prompt_tokens) == (2, 3, 300, 600)
+    placeholder = InFlight(w, 0, 700)  # a request still being decided is not sent yet
+    assert w.view(0, 0, None, 0.0).num_requests_waiting == 3
+    placeholder.end()
     w.load_state.pushed(report(2, running=4, waiting=0, tokens=0))
     view = w.view(0, 0, None, 0.0)
     assert (view.num_requests_running, view.num_requests_waiting, view.num_waiting_tokens) == (4, 0, 0)
@@ -137,7 +141,7 @@ def test_the_routers_own_requests_in_a_frame_are_not_queued_twice() -> None:
     the view's waiting tokens are only what other routers queued there."""
     w = worker()
     w.load_state.stream_opened(pushes=True)
-    first, second = InFlight(w, 3000, 3000), InFlight(w, 10, 3010)
+    first, second = WorkerRegistry.begin(w, 3000, 3000), WorkerRegistry.begin(w, 10, 3010)
     w.load_state.pushed(report(1, running=1, waiting=1, tokens=3000 + 3010))
     view = w.view(3000, 3000, None, 0.0)
     assert (view.num_waiting_tokens, view.num_in_flight_prompt_tokens) == (0, 3010)
