@@ -169,12 +169,10 @@ class WorkerRegistry:
     @staticmethod
     def begin(worker: WorkerState, num_prompt_tokens: int, num_sent_tokens: int) -> InFlight:
         """Count a request sent to ``worker`` with ``num_prompt_tokens`` to prefill of
-        its ``num_sent_tokens`` (call once per attempt, as it is sent): in flight until
-        the returned ``InFlight`` ends, and in the worker's pushed load until its next
-        frame. A placeholder counted while a request is still being decided (a flow
-        turn, a peer's hold awaited) is an ``InFlight`` alone: it is not sent yet."""
-        worker.load_state.sent(num_sent_tokens)
-        return InFlight(worker, num_prompt_tokens, num_sent_tokens)
+        its ``num_sent_tokens`` (call once per attempt, as it is sent): a ``sent``
+        ``InFlight``. A placeholder counted while a request is still being decided is
+        an ``InFlight`` that is not ``sent``."""
+        return InFlight(worker, num_prompt_tokens, num_sent_tokens, sent=True)
 
     async def mark_failed(self, worker: WorkerState, reason: str) -> None:
         """The proxy could not reach ``worker``: take it out of routing and the index

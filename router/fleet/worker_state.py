@@ -240,24 +240,29 @@ class InFlight:
     (its first token came: the worker's prefill is done) or ``end``: the
     ``num_prompt_tokens`` to prefill (uncached at decision: the prompt's last ones) in
     ``num_in_flight_prompt_tokens`` and their context in
-    ``num_in_flight_context_tokens``, the ``num_sent_tokens`` of the whole prompt in
-    ``num_in_flight_sent_tokens``. ``on_prefilled`` (None: nothing) is called once, at
-    the first of the two."""
+    ``num_in_flight_context_tokens``. A ``sent`` request (``WorkerRegistry.begin``)
+    also counts the ``num_sent_tokens`` of its whole prompt in
+    ``num_in_flight_sent_tokens`` and in the worker's pushed load until its next frame
+    (``LoadState.sent``); a placeholder (a flow turn, a request whose peer's hold is
+    awaited) is not on its way yet, so it is in neither. ``on_prefilled`` (None:
+    nothing) is called once, at the first of the two."""
 
     __slots__ = ("_worker", "_num_prompt_tokens", "_num_sent_tokens", "_num_context_tokens",
                  "on_prefilled")
 
     def __init__(self, worker: WorkerState, num_prompt_tokens: int,
-                 num_sent_tokens: int) -> None:
+                 num_sent_tokens: int, sent: bool = False) -> None:
         self._worker = worker
         self._num_prompt_tokens = num_prompt_tokens
-        self._num_sent_tokens = num_sent_tokens
+        self._num_sent_tokens = num_sent_tokens if sent else 0
         self._num_context_tokens = num_prompt_tokens * (num_sent_tokens - 0.5 * num_prompt_tokens)
         self.on_prefilled: Callable[[], None] | None = None
         worker.num_in_flight_requests += 1
         worker.num_in_flight_prompt_tokens += num_prompt_tokens
-        worker.num_in_flight_sent_tokens += num_sent_tokens
+        worker.num_in_flight_sent_tokens += self._num_sent_tokens
         worker.num_in_flight_context_tokens += self._num_context_tokens
+        if sent:
+            worker.load_state.sent(num_sent_tokens)
 
     def prefilled(self) -> None:
         """The prompt tokens are no longer queued work (idempotent)."""

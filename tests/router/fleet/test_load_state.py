@@ -122,8 +122,10 @@ def test_a_pushed_view_adds_what_was_sent_since_the_frame_and_the_next_frame_rep
     view = w.view(0, 0, None, 0.0)
     assert (view.num_requests_running, view.num_requests_waiting, view.num_waiting_tokens,
             view.num_in_flight_prompt_tokens) == (2, 3, 300, 600)
-    placeholder = InFlight(w, 0, 700)  # a request still being decided is not sent yet
-    assert w.view(0, 0, None, 0.0).num_requests_waiting == 3
+    placeholder = InFlight(w, 700, 700)  # a request still being decided is not sent yet
+    view = w.view(0, 0, None, 0.0)
+    assert (view.num_requests_waiting, view.num_waiting_tokens,
+            view.num_in_flight_prompt_tokens) == (3, 300, 1300)
     placeholder.end()
     w.load_state.pushed(report(2, running=4, waiting=0, tokens=0))
     view = w.view(0, 0, None, 0.0)
