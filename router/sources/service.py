@@ -205,11 +205,16 @@ class KVSources:
     def _peer(self, worker: WorkerState, num_tokens: int, arrives_in_s: float = 0.0) -> Peer:
         """``worker`` as a source of ``num_tokens`` (all there in ``arrives_in_s``): its
         wait is that, its link's queue, and one of its engine steps as its load says
-        (the hold's pin waits for it)."""
+        (the hold's pin waits for it). A worker still receiving the blocks pins them as
+        they are imported, before the requests waiting for the same pull reach its
+        engine: only the load it reported (what its engine runs) counts then, not this
+        router's requests sent there."""
         costs = self._peer_costs(worker)
         load = worker.load
-        num_running = max(load.num_requests_running, worker.num_in_flight_requests)
-        num_waiting = max(load.num_waiting_tokens, worker.num_in_flight_prompt_tokens)
+        num_running, num_waiting = load.num_requests_running, load.num_waiting_tokens
+        if not arrives_in_s:
+            num_running = max(num_running, worker.num_in_flight_requests)
+            num_waiting = max(num_waiting, worker.num_in_flight_prompt_tokens)
         wait_s = (arrives_in_s + self.links.wait_s(worker.worker_id)
                   + costs.step_s(num_running, num_waiting, num_tokens))
         return Peer(worker.worker_id, num_tokens, wait_s, costs)
