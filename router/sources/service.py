@@ -70,6 +70,9 @@ PENDING_GRACE_S = 5.0
 # The share of the hold's timeout that a hold on a worker still receiving the blocks
 # may wait for them (the rest is left for its answer).
 HOLD_WAIT_SHARE = 0.8
+# The share of a peer's engine step a hold's pin waits for: the rest of the step in
+# progress when it arrives, half of one on average while steps run back to back.
+STEP_IN_PROGRESS_SHARE = 0.5
 
 
 @dataclass(frozen=True)
@@ -204,8 +207,9 @@ class KVSources:
 
     def _peer(self, worker: WorkerState, num_tokens: int, arrives_in_s: float = 0.0) -> Peer:
         """``worker`` as a source of ``num_tokens`` (all there in ``arrives_in_s``): its
-        wait is that, its link's queue, and one of its engine steps as its load says
-        (the hold's pin waits for it). A worker still receiving the blocks pins them as
+        wait is that, its link's queue, and the rest of the engine step in progress
+        (``STEP_IN_PROGRESS_SHARE`` of one as its load says: the hold's pin waits for
+        it). A worker still receiving the blocks pins them as
         they are imported, before the requests waiting for the same pull reach its
         engine: only the load it reported (what its engine runs) counts then, not this
         router's requests sent there."""
@@ -216,7 +220,7 @@ class KVSources:
             num_running = max(num_running, worker.num_in_flight_requests)
             num_waiting = max(num_waiting, worker.num_in_flight_prompt_tokens)
         wait_s = (arrives_in_s + self.links.wait_s(worker.worker_id)
-                  + costs.step_s(num_running, num_waiting, num_tokens))
+                  + STEP_IN_PROGRESS_SHARE * costs.step_s(num_running, num_waiting, num_tokens))
         return Peer(worker.worker_id, num_tokens, wait_s, costs)
 
     def _serves(self, worker: WorkerState) -> bool:
