@@ -9,11 +9,12 @@ tiers, ``[own, own + pulled)`` comes from the chosen peer, and the rest is compu
 ``PullRules.min_pull_tokens`` and its predicted time, ``PullRules.overhead_s`` plus
 the peer's wait plus the bytes over the slower of the two links, is below the
 predicted recompute of the same span; among such peers the one that saves the most
-wins. A pull this router already planned into the worker is a peer too (``Peer.joins``):
-its blocks are on their way, so joining it costs the overhead and the wait for them,
-and no bytes cross a link again. So no plan ever pulls below the crossover or predicts a pull slower than the
-recompute it replaces (``check_plan`` says which rule a plan breaks, for the
-router's counter of such plans, which reads 0). Pure: no I/O, no clock.
+wins. A pull this router already planned into the worker is a peer too
+(``Peer.joins``): its blocks are on their way, so joining it costs the overhead and
+the wait for them, and no bytes cross a link again. So no plan ever pulls below the
+crossover or predicts a pull slower than the recompute it replaces (``check_plan``
+says which rule a plan breaks, for the router's counter of such plans, which reads
+0). Pure: no I/O, no clock.
 """
 
 from __future__ import annotations
@@ -74,8 +75,9 @@ class SourcePlan:
     """Where each span of the prompt's blocks comes from on one worker (module
     docstring), with the predicted seconds of the pulled span by pull and by recompute
     (None without a pull). ``source`` names the plan: ``pull`` (a peer sends a span),
-    ``join`` (a pull planned earlier into the worker brings the span), ``restore`` (its tiers hold some), ``recompute`` (it computes whole blocks nobody
-    holds) or ``local`` (its device holds every whole block it reuses)."""
+    ``join`` (a pull planned earlier into the worker brings the span), ``restore``
+    (its tiers hold some), ``recompute`` (it computes whole blocks nobody holds) or
+    ``local`` (its device holds every whole block it reuses)."""
 
     source: str
     num_local_tokens: int

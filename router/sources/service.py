@@ -22,9 +22,8 @@ link carrying a share, instead of queueing on its first holder's link. A request
 to a worker whose pull of the prefix is still on its way joins that pull (``join``):
 it asks the same peer for a hold (the worker's consumer runs pulls of one chain in
 turn, so the later one finds the blocks imported and fetches none), and no link time
-is reserved again. A hold that
-fails, times out or names no block leaves the request to recompute on the chosen
-worker, counted as ``pull_failed``.
+is reserved again. A hold that fails, times out or names no block leaves the request
+to recompute on the chosen worker, counted as ``pull_failed``.
 """
 
 from __future__ import annotations

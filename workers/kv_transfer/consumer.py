@@ -1,35 +1,34 @@
-"""``Consumer``: pulls the blocks of a prompt that another worker prefilled, the ones
-its own cache lacks, and imports them before the request runs.
+"""``Consumer``: pulls the blocks of a prompt that another worker prefilled, the ones its
+own cache lacks, and imports them before the request runs.
 
 Before any byte moves, the consumer checks what the producer's params claim: the same
 namespace digest (model, weights, tokenizer, RoPE, KV dtype and layout, FP8 scales),
 block size and dtype, and block hashes equal to the ones it computes itself for the
-prompt's whole blocks (so the blocks are this prompt's, in this scope). Params that
-name no block cost no connection. Received blocks are never public: the consumer pulls
-only when it already caches the prompt's whole public prefix itself (else
-``public_prefix``, before connecting), so every received block lies past it and is
-cached under the request's scope. It asks for the blocks past the whole-block prefix
-it already caches under a fresh nonce, authenticates every frame of the answer under
-that nonce and the worker key before reading it (``wire``), checks each block's index,
-hash and size, imports them (``KVCacheManager.import_blocks``: written into fresh
-blocks, cached, announced in its KV events, held until ``release``), then
-acknowledges so the producer lets go, in the background (the request runs at once; the
-ack waits at most ``ack_timeout_s``: a producer that never answers is counted, and the
-import stands). Every failure is a
-``TransferError`` with its reason; nothing is imported unless every block arrived,
-and a pull that fails or is cancelled holds nothing (its import pin goes through the
-``PinLedger``). Once the consumer has the params it owns their release: a pull that
-times out, is cancelled (its client hung up) or breaks off after asking for blocks
-acknowledges the producer in the background, so the hold ends at once. What this
+prompt's whole blocks (so the blocks are this prompt's, in this scope). Params that name
+no block cost no connection. Received blocks are never public: the consumer pulls only
+when it already caches the prompt's whole public prefix itself (else ``public_prefix``,
+before connecting), so every received block lies past it and is cached under the
+request's scope. It asks for the blocks past the whole-block prefix it already caches
+under a fresh nonce, authenticates every frame of the answer under that nonce and the
+worker key before reading it (``wire``), checks each block's index, hash and size,
+imports them (``KVCacheManager.import_blocks``: written into fresh blocks, cached,
+announced in its KV events, held until ``release``), then acknowledges so the producer
+lets go, in the background (the request runs at once; the ack waits at most
+``ack_timeout_s``: a producer that never answers is counted, and the import stands).
+Every failure is a ``TransferError`` with its reason; nothing is imported unless every
+block arrived, and a pull that fails or is cancelled holds nothing (its import pin goes
+through the ``PinLedger``). Once the consumer has the params it owns their release: a
+pull that times out, is cancelled (its client hung up) or breaks off after asking for
+blocks acknowledges the producer in the background, so the hold ends at once. What this
 worker holds of the prompt counts its host and disk tiers too: their blocks that
-continue its device prefix are restored first (``KVCacheManager.cached_prefix``),
-so it never pulls a block it can restore. Pulls of the same blocks into this worker
-run one at a time (``_one_at_a_time``: a fork's sub-agents sent here together): the
-later ones start once the earlier has imported (together: each finds those blocks
-cached and fetches nothing), instead of importing every copy (which may not fit). A
-hold for another worker that waits for blocks a pull is bringing here
-(``wait_for_import``) waits on that pull in the event loop, not by asking the engine
-thread (a busy one answers once per step) whether they are cached yet.
+continue its device prefix are restored first (``KVCacheManager.cached_prefix``), so it
+never pulls a block it can restore. Pulls of the same blocks into this worker run one at
+a time (``_one_at_a_time``: a fork's sub-agents sent here together): the later ones
+start once the earlier has imported (together: each finds those blocks cached and
+fetches nothing), instead of importing every copy (which may not fit). A hold for
+another worker that waits for blocks a pull is bringing here (``wait_for_import``) waits
+on that pull in the event loop, not by asking the engine thread (a busy one answers once
+per step) whether they are cached yet.
 """
 
 from __future__ import annotations
