@@ -66,17 +66,18 @@ class Matches(NamedTuple):
 class Ranking(NamedTuple):
     """A request's workers, best first, what each holds, and for a fleet with roles
     (``split_roles``) the workers that take whole requests and those that prefill.
-    ``weighed``: the tokens the policy counted as cached on each worker (its match,
-    raised by what a pull would save it: ``KVSources.credit``)."""
+    ``cached``: the tokens each worker would find cached (its match, or what a pull
+    planned there would bring: ``Credit.cached``)."""
 
     ranked: list[WorkerState]
     matches: Matches
     split: tuple[list[WorkerState], list[WorkerState]] | None
-    weighed: dict[str, int]
+    cached: dict[str, int]
 
     def num_uncached_tokens(self, prompt: Prompt) -> int:
-        """The prompt tokens the best worker is counted to prefill."""
-        return max(len(prompt.token_ids) - self.weighed.get(self.ranked[0].worker_id, 0), 0)
+        """The prompt tokens the best worker would prefill (as the request is counted
+        once it is sent)."""
+        return max(len(prompt.token_ids) - self.cached.get(self.ranked[0].worker_id, 0), 0)
 
 
 class Attempt(NamedTuple):
@@ -162,23 +163,23 @@ class Decider:
         matches = self.match(workers, call.prompt, call.scope, call.adapter)
         split = split_roles(workers)
         takers = workers if split is None else split[0]
-        weighed = matches
+        weighed, cached = matches, matches.tokens
         if split is None and self._sources is not None:  # a pull's saving counts
-            weighed = matches._replace(tokens=self._sources.credit(takers, matches.tokens,
-                                                                   call))
+            credit = self._sources.credit(takers, matches.tokens, call)
+            weighed, cached = matches._replace(tokens=credit.tokens), credit.cached
         ranked = self._sticky(self.choose(takers, weighed, call, candidates.fallback), takers,
                               call)
         self._metrics.decision_seconds.observe(time.monotonic() - started)
-        return Ranking(ranked, matches, split, weighed.tokens)
+        return Ranking(ranked, matches, split, cached)
 
     async def decide(self, candidates: Candidates, call: Call,
                      ranking: Ranking | None = None) -> Decision:
         """The decision for ``call`` among ``candidates``: its ``ranking`` (made now
         when None, see ``rank``) and, in a fleet with prefill and decode roles, the
         prefill leg's answer. While it waits for a peer's hold, the chosen worker counts
-        the request in flight with the tokens the policy counted it to prefill (the flow
-        controller's reservation when that ranked it, else one of its own), so a burst
-        decided meanwhile sees it there."""
+        the request in flight with the tokens it would prefill once the pull lands (the
+        flow controller's reservation when that ranked it, else one of its own), so a
+        burst decided meanwhile sees it there."""
         reserved = ranking is not None
         ranking = ranking or self.rank(candidates, call)
         ranked, matches, split = ranking.ranked, ranking.matches, ranking.split

@@ -33,7 +33,7 @@ import logging
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import orjson
 from prometheus_client import CollectorRegistry
@@ -74,6 +74,17 @@ HOLD_WAIT_SHARE = 0.8
 STEP_IN_PROGRESS_SHARE = 0.5
 
 
+class Credit(NamedTuple):
+    """What a pull would give each worker that could pull (``KVSources.credit``):
+    ``tokens``, its match raised by the pull's saving (what the policy weighs: the
+    pulled span less its pull time in tokens of recompute), and ``cached``, what it
+    would find cached once the pull lands (what its engine would still prefill is the
+    rest: the pull's wait is time, not work queued on its engine)."""
+
+    tokens: dict[str, int]
+    cached: dict[str, int]
+
+
 @dataclass(frozen=True)
 class Sourced:
     """What ``KVSources.source`` decided for the chosen worker: the params of the
@@ -98,11 +109,12 @@ class KVSources:
         self._costs: dict[str, tuple[Mapping[str, Any], SourceCosts | None]] = {}
 
     def credit(self, workers: list[WorkerState], tokens: dict[str, int], call: Call
-               ) -> dict[str, int]:
+               ) -> Credit:
         """``tokens`` (each worker's match) with every worker that could pull raised
-        to ``SourcePlan.credited_tokens`` of its best plan; the same dict when none
-        could. Changes nothing."""
-        credited = tokens
+        to ``SourcePlan.credited_tokens`` of its best plan (``Credit.tokens``; the same
+        dict when none could), and to what it would find cached with that plan
+        (``Credit.cached``). Changes nothing."""
+        credited = cached = tokens
         holdings: dict[str, dict[str, Holding]] = {}
         for worker in workers:
             costs = self._pulls_for(worker, call)
@@ -111,10 +123,11 @@ class KVSources:
             plan = self._plan(worker, workers, call, costs, holdings)
             if plan.peer is not None:
                 if credited is tokens:
-                    credited = dict(tokens)
-                credited[worker.worker_id] = max(tokens.get(worker.worker_id, 0),
-                                                 int(plan.credited_tokens()))
-        return credited
+                    credited, cached = dict(tokens), dict(tokens)
+                matched = tokens.get(worker.worker_id, 0)
+                credited[worker.worker_id] = max(matched, int(plan.credited_tokens()))
+                cached[worker.worker_id] = max(matched, plan.num_cached_tokens)
+        return Credit(credited, cached)
 
     async def source(self, call: Call, target: WorkerState, workers: list[WorkerState]
                      ) -> Sourced:

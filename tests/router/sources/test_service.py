@@ -91,7 +91,10 @@ async def test_a_request_for_a_worker_a_pull_is_on_its_way_to_joins_it_without_l
     sources.links.reserve("u0", 0.05)  # a pull planned into u1 is crossing u0's link
     sources.pending.add(Pending("u1", NS, "alice", c.prompt.key[: span * TOKEN_BYTES],
                                 time.monotonic() + 0.05, "u0"))
-    credited = sources.credit(fleet, {}, c)
+    credit = sources.credit(fleet, {}, c)
+    credited = credit.tokens
+    # once the pull lands the whole span is cached: its wait is time, not engine work
+    assert credit.cached["u1"] == credit.cached["u2"] == span
     joining = CONFIG.pull_overhead_s + 0.05
     assert credited["u1"] == pytest.approx(expected_credit(span, joining), abs=2)
     pulling = CONFIG.pull_overhead_s + 0.05 + transfer_s  # behind the planned pull
@@ -108,6 +111,6 @@ async def test_of_peers_holding_the_same_chain_the_one_whose_link_is_free_first_
     for busy, free in (("u0", "u1"), ("u1", "u0")):
         links = sources.links
         links.reserve(busy, 0.1 + links.wait_s(free) - links.wait_s(busy))
-        credited = sources.credit(fleet, {}, c)  # one peer considered (max_peers 1)
+        credited = sources.credit(fleet, {}, c).tokens  # one peer considered (max_peers 1)
         free_s = CONFIG.pull_overhead_s + links.wait_s(free) + transfer_s
         assert credited["u2"] == pytest.approx(expected_credit(span, free_s), abs=2), free
