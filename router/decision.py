@@ -74,10 +74,13 @@ class Ranking(NamedTuple):
     split: tuple[list[WorkerState], list[WorkerState]] | None
     cached: dict[str, int]
 
-    def num_uncached_tokens(self, prompt: Prompt) -> int:
-        """The prompt tokens the best worker would prefill (as the request is counted
-        once it is sent)."""
-        return max(len(prompt.token_ids) - self.cached.get(self.ranked[0].worker_id, 0), 0)
+    def placeholder(self, prompt: Prompt) -> InFlight:
+        """The request counted in flight on the best worker while it is still being
+        decided (not sent): with the prompt tokens that worker would prefill, as the
+        request is counted once it is sent."""
+        best = self.ranked[0]
+        num_sent = len(prompt.token_ids)
+        return InFlight(best, max(num_sent - self.cached.get(best.worker_id, 0), 0), num_sent)
 
 
 class Attempt(NamedTuple):
@@ -187,8 +190,7 @@ class Decider:
         if split is not None:
             params, prefill = await self._prefill_leg(call, ranked[0], split[1], matches)
         elif self._sources is not None:
-            reservation = None if reserved else InFlight(
-                ranked[0], ranking.num_uncached_tokens(call.prompt), len(call.prompt.token_ids))
+            reservation = None if reserved else ranking.placeholder(call.prompt)
             try:
                 params, prefill, matches = await self._peer_source(call, ranked[0],
                                                                    candidates.workers, matches)

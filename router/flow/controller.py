@@ -283,9 +283,7 @@ class FlowController:
                waited_s: float) -> Turn:
         """Reserve ``request``'s place on its best worker (one request and its uncached
         prompt tokens) and count the dispatch."""
-        best = ranking.ranked[0]
-        num_sent = len(request.call.prompt.token_ids)
-        reservation = InFlight(best, ranking.num_uncached_tokens(request.call.prompt), num_sent)
+        reservation = ranking.placeholder(request.call.prompt)
         self._served.add(now, request.flow, request.cost / request.weight)
         self._num_recent = self._recent_dispatches(now) + 1
         self._recent_at = now

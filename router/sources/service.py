@@ -221,10 +221,10 @@ class KVSources:
         """``worker`` as a source of ``num_tokens`` (all there in ``arrives_in_s``): its
         wait is that, its link's queue, and the rest of the engine step in progress
         (``STEP_IN_PROGRESS_SHARE`` of one as its load says: the hold's pin waits for
-        it). A worker still receiving the blocks pins them as
-        they are imported, before the requests waiting for the same pull reach its
-        engine: only the load it reported (what its engine runs) counts then, not this
-        router's requests sent there."""
+        it). A worker still receiving the blocks pins them as they are imported, before
+        the requests waiting for the same pull reach its engine: only the load it
+        reported (what its engine runs) counts then, not this router's requests sent
+        there."""
         costs = self._peer_costs(worker)
         load = worker.load
         num_running, num_waiting = load.num_requests_running, load.num_waiting_tokens
