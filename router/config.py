@@ -470,9 +470,10 @@ class RedisConfig(Section, section="redis"):
 
     Every key lives under ``key_prefix:``. Each Redis call gives up after
     ``command_timeout_s`` (``connect_timeout_s`` to connect), and the router then
-    runs on local state. A router renews its lease every ``heartbeat_interval_s``; a
-    router silent for ``lease_ttl_s`` counts as dead and its concurrency slots stop
-    counting. The registry and prefixes are re-read every ``sync_interval_s``. Caps:
+    runs on local state; a call waits its turn for one of ``max_connections``
+    pooled connections within that bound. A router renews its lease every
+    ``heartbeat_interval_s``; a router silent for ``lease_ttl_s`` counts as dead and
+    its concurrency slots stop counting. The registry and prefixes are re-read every ``sync_interval_s``. Caps:
     ``max_workers`` shared workers, ``max_public_prefixes`` shared prefixes,
     ``stream_maxlen`` (approximate) routing decisions of at most
     ``stream_entry_max_tokens`` tokens each (about 330 MB of Redis at the defaults);
@@ -488,6 +489,7 @@ class RedisConfig(Section, section="redis"):
     launch: bool = False
     command_timeout_s: float = setting(0.25, above=0)
     connect_timeout_s: float = setting(0.5, above=0)
+    max_connections: int = setting(8, low=1)
     heartbeat_interval_s: float = setting(1.0, above=0)
     lease_ttl_s: float = setting(5.0, above=0)
     sync_interval_s: float = setting(0.5, above=0)

@@ -28,7 +28,7 @@ import socket
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
-from redis.asyncio import Redis
+from redis.asyncio import BlockingConnectionPool, Redis
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 from redis.exceptions import ConnectionError as RedisConnectionError
@@ -70,12 +70,17 @@ class RedisLink:
         self.router_id = router_id or new_router_id()
         # One immediate retry on a new connection for a closed one (a pooled connection
         # from before a Redis restart), none for a timeout. The asyncio Retry: the sync
-        # one would return the coroutine unawaited and retry nothing.
-        self.client: Redis = Redis.from_url(
-            config.url, socket_timeout=config.command_timeout_s,
+        # one would return the coroutine unawaited and retry nothing. At most
+        # ``max_connections``: a burst of calls queues for a pooled connection (within the
+        # call's bound) instead of opening one connection each, whose connects on a busy
+        # machine would miss ``connect_timeout_s`` and take the link down.
+        pool = BlockingConnectionPool.from_url(
+            config.url, max_connections=config.max_connections, timeout=None,
+            socket_timeout=config.command_timeout_s,
             socket_connect_timeout=config.connect_timeout_s,
             retry=Retry(NoBackoff(), 1, supported_errors=(RedisConnectionError,)),
             health_check_interval=0)
+        self.client: Redis = Redis(connection_pool=pool)
         self.up = False
         self.num_routers_alive = 1
         self._epoch: bytes | None = None

@@ -55,11 +55,24 @@ def test_slots_are_exact_under_concurrency_across_routers(redis_server) -> None:
             states = [state for _, state in pairs]
             taken = await asyncio.gather(*(states[i % 3].acquire_slot("alice", 7)
                                            for i in range(60)))
+            assert all(link.up for link, _ in pairs)
             assert sum(taken) == 7
             await states[0].release_slot("alice")
             assert await states[1].acquire_slot("alice", 7)
             assert not await states[2].acquire_slot("alice", 7)
             assert await states[2].acquire_slot("bob", 1)
+
+    run(main)
+
+
+def test_a_burst_of_calls_shares_the_links_pooled_connections(redis_server) -> None:
+    async def main() -> None:
+        async with routers(redis_server, 1) as [(link, state)]:
+            assert all(await asyncio.gather(*(state.acquire_slot(f"t{i}", 1)
+                                              for i in range(60))))
+            assert link.up
+            clients = await link.client.client_list()
+            assert len(clients) <= FAST.max_connections  # the asking one among them
 
     run(main)
 
