@@ -24,8 +24,9 @@ worker holds of the prompt counts its host and disk tiers too: their blocks that
 continue its device prefix are restored first (``KVCacheManager.cached_prefix``), so it
 never pulls a block it can restore. Pulls of the same blocks into this worker run one at
 a time (``_one_at_a_time``: a fork's sub-agents sent here together): the later ones
-start once the earlier has imported (together: each finds those blocks cached and
-fetches nothing), instead of importing every copy (which may not fit). A hold for
+start once the earlier has imported (together: each pins those blocks as cached in one
+engine command, without a lookup first, and fetches nothing), instead of importing
+every copy (which may not fit). A hold for
 another worker that waits for blocks a pull is bringing here (``wait_for_import``) waits
 on that pull in the event loop, not by asking the engine thread (a busy one answers once
 per step) whether they are cached yet.
@@ -101,8 +102,13 @@ class Consumer:
         let go (in the background)."""
         started = time.monotonic()
         try:
-            async with asyncio.timeout(self._timeout_s), self._one_at_a_time(remote, scope):
-                pulled = await self._pull(remote, key, scope, num_public_tokens)
+            async with (asyncio.timeout(self._timeout_s),
+                        self._one_at_a_time(remote, scope) as imported_here):
+                wanted = self._check(remote, key, scope, num_public_tokens)
+                pulled = (await self._pin_imported(remote, wanted, key, scope, num_public_tokens)
+                          if imported_here else None)
+                if pulled is None:
+                    pulled = await self._pull(remote, wanted, key, scope, num_public_tokens)
                 if remote.block_hashes:
                     self._note_imported((scope, remote.block_hashes[-1]))
         except TimeoutError:
@@ -121,23 +127,24 @@ class Consumer:
         return pulled
 
     @contextlib.asynccontextmanager
-    async def _one_at_a_time(self, remote: RemotePrefill, scope: str) -> AsyncIterator[None]:
+    async def _one_at_a_time(self, remote: RemotePrefill, scope: str) -> AsyncIterator[bool]:
         """Wait while another pull of the same last block (so the same chain) for
         ``scope`` runs, then run this one (others wait for it); once one has imported
-        the chain, the pulls that waited for it run together (each finds it cached)."""
+        the chain, the pulls that waited for it run together. Yields whether this one
+        waited for a pull that imported the chain (it should find it cached)."""
         if not remote.block_hashes:
-            yield
+            yield False
             return
         key = (scope, remote.block_hashes[-1])
         while (running := self._pulling.get(key)) is not None:
             await running.wait()
-            if key in self._imported:  # it imported the chain: this one finds it cached
-                yield
+            if key in self._imported:
+                yield True
                 return
         self._imported.pop(key, None)  # pulled again: what was imported is gone
         done = self._pulling[key] = asyncio.Event()
         try:
-            yield
+            yield False
         finally:
             del self._pulling[key]
             done.set()
@@ -170,8 +177,10 @@ class Consumer:
             task.cancel()
         await asyncio.gather(*self._acks, return_exceptions=True)
 
-    async def _pull(self, remote: RemotePrefill, key: bytes, scope: str,
-                    num_public_tokens: int) -> Pulled:
+    def _check(self, remote: RemotePrefill, key: bytes, scope: str,
+               num_public_tokens: int) -> list[str]:
+        """The block hashes ``remote`` names, once they are checked to be this prompt's
+        in this worker's layout (TransferError ``mismatch`` otherwise)."""
         ident = self._identity
         for name, theirs, mine in (("namespace", remote.namespace, ident.namespace),
                                    ("block_size", remote.block_size, ident.block_size),
@@ -183,6 +192,25 @@ class Consumer:
         if wanted != ident.block_hashes(key, scope, num_public_tokens)[: len(wanted)]:
             raise TransferError("mismatch", "the producer's block hashes do not name this "
                                             "prompt's blocks")
+        return wanted
+
+    async def _pin_imported(self, remote: RemotePrefill, wanted: list[str], key: bytes,
+                            scope: str, num_public_tokens: int) -> Pulled | None:
+        """The chain a pull just imported here, pinned in one engine command (no
+        lookup first: each command waits for the engine's step in progress); None,
+        holding nothing, when part of it is gone already."""
+        num_tokens = len(wanted) * self._identity.block_size
+        pin_id, pinned = await self._ledger.pin(lambda e, p: e.manager.import_blocks(
+            p, key, scope, num_public_tokens, num_tokens, []))
+        if not pinned:
+            self._ledger.free_later(pin_id)
+            return None
+        self._acknowledge_later(remote)
+        return Pulled(pin_id, len(wanted), 0)
+
+    async def _pull(self, remote: RemotePrefill, wanted: list[str], key: bytes, scope: str,
+                    num_public_tokens: int) -> Pulled:
+        ident = self._identity
         step = ident.block_size
         num_cached = await self._engine.call(
             lambda e: e.manager.cached_prefix(key[: len(wanted) * step * TOKEN_BYTES], scope))
