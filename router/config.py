@@ -473,9 +473,9 @@ class RedisConfig(Section, section="redis"):
     runs on local state; a call waits its turn for one of ``max_connections``
     pooled connections within that bound. A router renews its lease every
     ``heartbeat_interval_s``; a router silent for ``lease_ttl_s`` counts as dead and
-    its concurrency slots stop counting. The registry and prefixes are re-read every ``sync_interval_s``. Caps:
-    ``max_workers`` shared workers, ``max_public_prefixes`` shared prefixes,
-    ``stream_maxlen`` (approximate) routing decisions of at most
+    its concurrency slots stop counting. The registry and prefixes are re-read every
+    ``sync_interval_s``. Caps: ``max_workers`` shared workers, ``max_public_prefixes``
+    shared prefixes, ``stream_maxlen`` (approximate) routing decisions of at most
     ``stream_entry_max_tokens`` tokens each (about 330 MB of Redis at the defaults);
     ``state_ttl_s`` is how long the shared registry outlives the last router.
     ``url_env``: the environment variable holding the URL instead (a password in it

@@ -26,10 +26,9 @@ never pulls a block it can restore. Pulls of the same blocks into this worker ru
 a time (``_one_at_a_time``: a fork's sub-agents sent here together): the later ones
 start once the earlier has imported (together: each pins those blocks as cached in one
 engine command, without a lookup first, and fetches nothing), instead of importing
-every copy (which may not fit). A hold for
-another worker that waits for blocks a pull is bringing here (``wait_for_import``) waits
-on that pull in the event loop, not by asking the engine thread (a busy one answers once
-per step) whether they are cached yet.
+every copy (which may not fit). A hold for another worker that waits for blocks a pull
+is bringing here (``wait_for_import``) waits on that pull in the event loop, not by
+asking the engine thread (a busy one answers once per step) whether they are cached yet.
 """
 
 from __future__ import annotations
