@@ -5,10 +5,13 @@ docs/bench.md, "Agents: forks and returning sessions").
 [--trace-out FILE]``. One fleet of timed workers (``timed:llama31-8b-h100``, 128k
 context, ``kv.timed_cache_bytes`` of KV so LRU turns over within the run, both
 transfer roles, a failed pull recomputed) replays ``bench.agent_trace``'s trace behind
-each setup of our router, in turn, each run under its own tag (no run finds another's
-blocks): ``ours sources`` (the source planner and sessions: each request's missing
-blocks from the cheapest source, sessions sent with their retention hints, sticky
-until saturated) and ``ours without`` (both off: today's router).
+each setup, in turn, each run under its own tag (no run finds another's blocks):
+``ours sources`` (the source planner and sessions: each request's missing blocks from
+the cheapest source, sessions sent with their retention hints, sticky until
+saturated), ``ours without`` (both off: today's router), and, when ``make
+bench-peers`` installed them, sglang-router and vllm-router (cache_aware, default
+thresholds; they get no session headers, which they do not read, and every request
+under the one key they check).
 
 Reported per setup, in profile seconds: the fork's branch-start TTFT p50/p90, the
 parents' TTFT, TTFT p50/p99 by turn index of the returning sessions and p99 over
@@ -36,6 +39,7 @@ from pathlib import Path
 import numpy as np
 from openai import AsyncOpenAI
 
+from bench import peers
 from bench.agent_trace import (
     BRANCH,
     CROWD,
@@ -55,6 +59,8 @@ from router.front.auth import hash_key
 BLOCK = 16
 PROFILE = "llama31-8b-h100"
 SETUPS = {"ours without": False, "ours sources": True}
+PEER_SETUPS = ("sglang cache_aware default", "vllm cache_aware")
+READY_TIMEOUT_S = 120.0
 WORKER_TOML = """[kv]
 timed_cache_bytes = {cache_bytes}
 [kv_transfer]
@@ -93,10 +99,37 @@ def our_router(urls: list[str], sources: bool, poll_interval_s: float, directory
     path.write_text(router_toml(urls, sources, poll_interval_s))
     router = start_process(router_args(path), {"RADIX_WORKER_KEY_E2E": WORKER_KEY})
     try:
-        wait_routable(router, len(urls), 120)
+        wait_routable(router, len(urls), READY_TIMEOUT_S)
         yield router
     finally:
         router.stop()
+
+
+@dataclasses.dataclass(frozen=True)
+class RouterUnderTest:
+    """A setup's router, started: where to send, the key to send, whether to send
+    sessions' headers, and its metrics address (None: a peer's, not read)."""
+
+    url: str
+    api_key: str
+    hints: bool
+    metrics_url: str | None
+
+
+@contextlib.contextmanager
+def router_under_test(name: str, urls: list[str], poll_interval_s: float, directory: Path
+                      ) -> Iterator[RouterUnderTest]:
+    """``name`` (one of ``SETUPS`` or ``PEER_SETUPS``) in front of ``urls``."""
+    if name in SETUPS:
+        with our_router(urls, SETUPS[name], poll_interval_s, directory) as router:
+            yield RouterUnderTest(router.url, TENANT_KEY, SETUPS[name], router.metrics_url)
+        return
+    peer = peers.start_peer(peers.PEER_SETUPS[name], urls, WORKER_KEY, "demo",
+                            directory / f"{name.replace(' ', '_')}.log", READY_TIMEOUT_S)
+    try:
+        yield RouterUnderTest(peer.url, WORKER_KEY, False, None)
+    finally:
+        peer.stop()
 
 
 async def complete(client: AsyncOpenAI, prompt: str, max_tokens: int,
@@ -122,11 +155,13 @@ async def complete(client: AsyncOpenAI, prompt: str, max_tokens: int,
             "".join(parts), None)
 
 
-async def replay(url: str, trace: AgentTrace, scale: float, tag: str, hints: bool
+async def replay(router: RouterUnderTest, trace: AgentTrace, scale: float, tag: str
                  ) -> dict[int, Outcome]:
-    """Send every request of ``trace`` when it is due (``scale`` x its profile time),
-    its prompt's segments under ``tag``; with ``hints``, sessions' headers."""
-    client = AsyncOpenAI(base_url=f"{url}/v1", api_key=TENANT_KEY, max_retries=0, timeout=900)
+    """Send every request of ``trace`` through ``router`` when it is due (``scale`` x
+    its profile time), its prompt's segments under ``tag``; sessions' headers when the
+    router takes them."""
+    client = AsyncOpenAI(base_url=f"{router.url}/v1", api_key=router.api_key, max_retries=0,
+                         timeout=900)
     texts = {name: segment_text(name, n, tag) for name, n in trace.segments.items()}
     answers: dict[int, str] = {}
     done = {r.request_id: asyncio.Event() for r in trace.requests}
@@ -141,7 +176,7 @@ async def replay(url: str, trace: AgentTrace, scale: float, tag: str, hints: boo
         prompt = "".join(answers.get(int(p[4:]), "") if p.startswith("out:") else texts[p]
                          for p in request.prompt)
         headers = None
-        if hints and request.retention_s is not None:
+        if router.hints and request.retention_s is not None:
             headers = {"x-session-id": f"{tag}.{request.session}",
                        "x-session-retention-s": f"{request.retention_s * scale:.3f}"}
         outcome = await complete(client, prompt, request.output_tokens, headers)
@@ -229,14 +264,14 @@ def summarize(trace: AgentTrace, outcomes: dict[int, Outcome], counters: dict[st
         **counters}
 
 
-def run_setup(name: str, sources: bool, started: list[ManagedProcess], trace: AgentTrace,
+def run_setup(name: str, started: list[ManagedProcess], trace: AgentTrace,
               args: argparse.Namespace, directory: Path, tag: str) -> dict[str, object]:
     """One setup's run of the trace on the started workers."""
     urls = [w.url for w in started]
-    with our_router(urls, sources, 1.0 / args.time_scale, directory) as router:
+    with router_under_test(name, urls, 1.0 / args.time_scale, directory) as router:
         before = read_counters(started, router.metrics_url)
         started_at = time.perf_counter()
-        outcomes = asyncio.run(replay(router.url, trace, args.time_scale, tag, sources))
+        outcomes = asyncio.run(replay(router, trace, args.time_scale, tag))
         wall_s = time.perf_counter() - started_at
         after = read_counters(started, router.metrics_url)
     counters = {k: after[k] - before[k] for k in after}
@@ -256,7 +291,7 @@ def _branches(r: dict) -> str:
 def _row(name: str, r: dict) -> str:
     turns = "  ".join(f"t{t} {1e3 * p50:.0f}/{1e3 * p99:.0f}" for t, (p50, p99)
                       in r["turn_ttft_s"].items())
-    return (f"{name:<14}{1e3 * r['branch_ttft_p50_s']:>8.0f}{1e3 * r['branch_ttft_p90_s']:>8.0f}"
+    return (f"{name:<27}{1e3 * r['branch_ttft_p50_s']:>8.0f}{1e3 * r['branch_ttft_p90_s']:>8.0f}"
             f"{1e3 * r['parent_ttft_p50_s']:>8.0f}{1e3 * r['returning_ttft_p99_s']:>9.0f}"
             f"{1e3 * r['crowd_ttft_p99_s']:>8.0f}{r['cached_fraction']:>8.1%}{r['pulled']:>8.0f}"
             f"{r['restored']:>6.0f}{r['blocks_recomputed']:>9.0f}{r['pulls_planned']:>6.0f}"
@@ -265,7 +300,8 @@ def _row(name: str, r: dict) -> str:
 
 
 def report(results: dict[str, dict]) -> dict[str, object]:
-    """Print the targets: ours with sources against ours without."""
+    """Print the targets (ours with sources against ours without) and ours with sources
+    against each peer that ran."""
     ours, base = results.get("ours sources"), results.get("ours without")
     if ours is None or base is None:
         return {}
@@ -275,6 +311,14 @@ def report(results: dict[str, dict]) -> dict[str, object]:
     print(f"targets: branch-start TTFT p90 {targets['branch_p90_ratio']:.2f}x (at most 0.3x), "
           f"returning sessions' TTFT p99 {targets['returning_p99_ratio']:.2f}x (at most 0.5x), "
           f"pulls below the crossover {targets['below_crossover']:.0f} (0)")
+    for peer in PEER_SETUPS:
+        if peer in results:
+            branch = ours["branch_ttft_p90_s"] / results[peer]["branch_ttft_p90_s"]
+            returning = ours["returning_ttft_p99_s"] / results[peer]["returning_ttft_p99_s"]
+            targets[f"against {peer}"] = {"branch_p90_ratio": branch,
+                                          "returning_p99_ratio": returning}
+            print(f"ours sources against {peer}: branch-start TTFT p90 {branch:.2f}x, "
+                  f"returning sessions' TTFT p99 {returning:.2f}x")
     return targets
 
 
@@ -296,7 +340,9 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--time-scale", type=float, default=10.0)
     parser.add_argument("--cache-bytes", type=int, default=8 * 2**30,
                         help="each worker's KV memory (the profile's shape)")
-    parser.add_argument("--setups", nargs="+", choices=list(SETUPS), default=list(SETUPS))
+    parser.add_argument("--setups", nargs="+", choices=[*SETUPS, *PEER_SETUPS],
+                        default=[*SETUPS, *PEER_SETUPS],
+                        help="peers run only when installed (make bench-peers)")
     parser.add_argument("--slo-s", type=float, default=1.0, help="TTFT SLO (profile s)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--trace-out", type=Path, help="also write the trace as JSON lines")
@@ -306,6 +352,10 @@ def main(argv: list[str] | None = None) -> dict:
     trace = generate(trace_config(args.trace), args.seed)
     if args.trace_out is not None:
         write(trace, args.trace_out)
+    setups, missing = peers.installed(args.setups)
+    if missing:
+        print(f"peer routers not installed ({', '.join(missing)}): run `make bench-peers`",
+              flush=True)
     results: dict[str, dict] = {}
     with tempfile.TemporaryDirectory(prefix="agents-") as tmp:
         directory = Path(tmp)
@@ -315,13 +365,12 @@ def main(argv: list[str] | None = None) -> dict:
                  "--config", str(directory / "worker.toml"))
         with workers(args.workers, "64MiB", *flags, ready_timeout_s=60 + 10 * args.workers
                      ) as started:
-            print(f"{'setup':<14}{'br p50':>8}{'br p90':>8}{'parent':>8}{'ret p99':>9}"
+            print(f"{'setup':<27}{'br p50':>8}{'br p90':>8}{'parent':>8}{'ret p99':>9}"
                   f"{'crowd99':>8}{'cached':>8}{'pulled':>8}{'rest':>6}{'recomp':>9}"
                   f"{'pulls':>6}{'<x':>5}{'kept':>6}{'goodput':>8}{'errs':>5}  turn p50/p99 ms",
                   flush=True)
-            for run, name in enumerate(args.setups):
-                results[name] = run_setup(name, SETUPS[name], started, trace, args, directory,
-                                          f"run{run}")
+            for run, name in enumerate(setups):
+                results[name] = run_setup(name, started, trace, args, directory, f"run{run}")
                 print(_row(name, results[name]), flush=True)
     return {"profile": PROFILE, "time_scale": args.time_scale, "runs": results,
             "targets": report(results)}

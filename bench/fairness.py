@@ -409,14 +409,6 @@ def run_case(router: RouterUnderTest, num_workers: int, run: Run, run_tag: int,
             "wall_s": cut_s, "flow_metrics": router.flow_metrics()}
 
 
-def _setups(requested: Sequence[str]) -> tuple[list[str], list[str]]:
-    """The setups to run (a peer only when installed) and the missing peer modules."""
-    found = peers.available()
-    missing = [module for module, ok in found.items() if not ok]
-    setups = [s for s in requested if s.startswith("ours ") or found[peers.PEER_SETUPS[s].module]]
-    return setups, missing
-
-
 def _ms(figures: dict, name: str) -> str:
     bound = ">=" if figures[f"{name}_lower_bound"] else ""
     return f"{bound}{1e3 * figures[f'{name}_s']:.0f}"
@@ -497,7 +489,7 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--max-batched-tokens", type=int, default=2048)
     args = parser.parse_args(argv)
     profile = get_profile(args.profile)
-    setups, missing = _setups(args.routers)
+    setups, missing = peers.installed(args.routers)
     if missing:
         print(f"peer routers not installed ({', '.join(missing)}): run `make bench-peers`; "
               "going on without them")

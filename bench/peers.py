@@ -62,6 +62,15 @@ def available() -> dict[str, bool]:
     return found
 
 
+def installed(requested: Sequence[str]) -> tuple[list[str], list[str]]:
+    """The setups of ``requested`` to run (``ours ...`` always, a peer's only when its
+    package is installed) and the peer modules missing."""
+    found = available()
+    missing = [module for module, ok in found.items() if not ok]
+    setups = [s for s in requested if s.startswith("ours ") or found[PEER_SETUPS[s].module]]
+    return setups, missing
+
+
 def completes(url: str, model: str, api_key: str) -> bool:
     """Whether one one-token completion through ``url`` answers 200."""
     body = json.dumps({"model": model, "prompt": "ping", "max_tokens": 1}).encode()
