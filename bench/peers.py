@@ -64,9 +64,10 @@ def available() -> dict[str, bool]:
 
 def installed(requested: Sequence[str]) -> tuple[list[str], list[str]]:
     """The setups of ``requested`` to run (``ours ...`` always, a peer's only when its
-    package is installed) and the peer modules missing."""
+    package is installed) and the requested peers' modules that are missing."""
     found = available()
-    missing = [module for module, ok in found.items() if not ok]
+    missing = sorted({PEER_SETUPS[s].module for s in requested
+                      if not s.startswith("ours ") and not found[PEER_SETUPS[s].module]})
     setups = [s for s in requested if s.startswith("ours ") or found[PEER_SETUPS[s].module]]
     return setups, missing
 
