@@ -103,11 +103,7 @@ class Consumer:
         try:
             async with (asyncio.timeout(self._timeout_s),
                         self._one_at_a_time(remote, scope) as imported_here):
-                wanted = self._check(remote, key, scope, num_public_tokens)
-                pulled = (await self._pin_imported(remote, wanted, key, scope, num_public_tokens)
-                          if imported_here else None)
-                if pulled is None:
-                    pulled = await self._pull(remote, wanted, key, scope, num_public_tokens)
+                pulled = await self._pull(remote, key, scope, num_public_tokens, imported_here)
                 if remote.block_hashes:
                     self._note_imported((scope, remote.block_hashes[-1]))
         except TimeoutError:
@@ -176,10 +172,12 @@ class Consumer:
             task.cancel()
         await asyncio.gather(*self._acks, return_exceptions=True)
 
-    def _check(self, remote: RemotePrefill, key: bytes, scope: str,
-               num_public_tokens: int) -> list[str]:
-        """The block hashes ``remote`` names, once they are checked to be this prompt's
-        in this worker's layout (TransferError ``mismatch`` otherwise)."""
+    async def _pull(self, remote: RemotePrefill, key: bytes, scope: str,
+                    num_public_tokens: int, imported_here: bool) -> Pulled:
+        """Check ``remote``'s params, then import what this worker lacks. A chain that a
+        pull just imported here (``imported_here``) is pinned at once, without a lookup
+        first (each engine command waits for the step in progress); should part of it
+        be gone already, the pull goes on as any other."""
         ident = self._identity
         for name, theirs, mine in (("namespace", remote.namespace, ident.namespace),
                                    ("block_size", remote.block_size, ident.block_size),
@@ -191,25 +189,11 @@ class Consumer:
         if wanted != ident.block_hashes(key, scope, num_public_tokens)[: len(wanted)]:
             raise TransferError("mismatch", "the producer's block hashes do not name this "
                                             "prompt's blocks")
-        return wanted
-
-    async def _pin_imported(self, remote: RemotePrefill, wanted: list[str], key: bytes,
-                            scope: str, num_public_tokens: int) -> Pulled | None:
-        """The chain a pull just imported here, pinned in one engine command (no
-        lookup first: each command waits for the engine's step in progress); None,
-        holding nothing, when part of it is gone already."""
-        num_tokens = len(wanted) * self._identity.block_size
-        pin_id, pinned = await self._ledger.pin(lambda e, p: e.manager.import_blocks(
-            p, key, scope, num_public_tokens, num_tokens, []))
-        if not pinned:
-            self._ledger.free_later(pin_id)
-            return None
-        self._acknowledge_later(remote)
-        return Pulled(pin_id, len(wanted), 0)
-
-    async def _pull(self, remote: RemotePrefill, wanted: list[str], key: bytes, scope: str,
-                    num_public_tokens: int) -> Pulled:
-        ident = self._identity
+        if imported_here:
+            pulled = await self._import(remote, wanted, key, scope, num_public_tokens,
+                                        len(wanted), [])
+            if pulled is not None:
+                return pulled
         step = ident.block_size
         num_cached = await self._engine.call(
             lambda e: e.manager.cached_prefix(key[: len(wanted) * step * TOKEN_BYTES], scope))
@@ -219,13 +203,26 @@ class Consumer:
                                                  "public prefix: received blocks are never "
                                                  "made public, so it computes the prompt")
         blocks = await self._fetch(remote, wanted, num_local) if num_local < len(wanted) else []
-        pin_id, imported = await self._ledger.pin(lambda e, p: e.manager.import_blocks(
-            p, key, scope, num_public_tokens, num_local * step, blocks))
-        if not imported:
-            self._ledger.free_later(pin_id)
+        pulled = await self._import(remote, wanted, key, scope, num_public_tokens, num_local,
+                                    blocks)
+        if pulled is None:
             raise TransferError("evicted", "this worker's own part of the prefix was "
                                            "evicted during the pull, or no room for the "
                                            "blocks")
+        return pulled
+
+    async def _import(self, remote: RemotePrefill, wanted: list[str], key: bytes, scope: str,
+                      num_public_tokens: int, num_local: int, blocks: list[bytes]
+                      ) -> Pulled | None:
+        """Pin the prompt's first ``num_local`` blocks as cached here and import
+        ``blocks`` after them, in one engine command; None, holding nothing, when the
+        local part is no longer cached or there is no room."""
+        ident = self._identity
+        pin_id, imported = await self._ledger.pin(lambda e, p: e.manager.import_blocks(
+            p, key, scope, num_public_tokens, num_local * ident.block_size, blocks))
+        if not imported:
+            self._ledger.free_later(pin_id)
+            return None
         if wanted:  # params that name no block held nothing: no connection
             self._acknowledge_later(remote)  # the request need not wait for the producer
         self._metrics.blocks_received.inc(len(blocks))
