@@ -53,10 +53,11 @@ def wants_remote_prefill(params: Mapping[str, Any] | None) -> bool:
 @dataclass(frozen=True)
 class RemotePrefill:
     """Where a prefilled prompt's blocks wait: the producer's engine id and transfer
-    endpoint, the transfer id, the held blocks' ids and chained hashes (hex, in
-    prompt order: the prompt's whole blocks, or fewer when fewer were cached), and
-    what a consumer must match to read them (block size, KV dtype, namespace digest
-    in hex)."""
+    endpoint, the transfer id, the held blocks' chained hashes (hex, in prompt order:
+    the prompt's whole blocks, or fewer when fewer were cached) and the ids of those
+    on the producer's device (fewer ids than hashes: the rest are still on their way
+    to it, and it relays them as they arrive), and what a consumer must match to read
+    them (block size, KV dtype, namespace digest in hex)."""
 
     engine_id: str
     transfer_id: str
@@ -89,7 +90,7 @@ class RemotePrefill:
 
         ids = field("remote_block_ids", list, lambda v: len(v) <= MAX_BLOCKS and all(
             isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in v))
-        hashes = field("remote_block_hashes", list, lambda v: len(v) == len(ids) and all(
+        hashes = field("remote_block_hashes", list, lambda v: len(ids) <= len(v) <= MAX_BLOCKS and all(
             isinstance(h, str) and _HEX.fullmatch(h) for h in v))
         return cls(field("remote_engine_id", str, _ID.fullmatch),
                    field("remote_request_id", str, _ID.fullmatch),

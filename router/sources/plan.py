@@ -7,8 +7,9 @@ the first block: ``[0, local)`` is on the worker's device, ``[local, own)`` in i
 tiers, ``[own, own + pulled)`` comes from the chosen peer, and the rest is computed
 (the prompt's last token always is). A pull is planned only when it moves at least
 ``PullRules.min_pull_tokens`` and its predicted time, ``PullRules.overhead_s`` plus
-the peer's wait plus the bytes over the slower of the two links, is below the
-predicted recompute of the same span; among such peers the one that saves the most
+the peer's wait plus the bytes over the slower of the two links (or, from a peer
+still receiving them, their arrival there when that is later: it relays them as they
+come), is below the predicted recompute of the same span; among such peers the one that saves the most
 wins. A pull this router already planned into the worker is a peer too
 (``Peer.joins``): its blocks are on their way, so joining it costs the overhead and
 the wait for them, and no bytes cross a link again. So no plan ever pulls below the
@@ -41,23 +42,28 @@ class Holding(NamedTuple):
 class Peer:
     """A worker that may send blocks: its stored chain of the prompt in any tier (it
     restores before it sends), the seconds before it can start (its link's queue, its
-    busy engine thread), and its costs (its link rate). ``joins``: the worker the plan
-    is for already pulls these blocks from it (planned earlier): ``wait_s`` is the
-    time until they are there, and no byte crosses a link again."""
+    busy engine thread), and its costs (its link rate). ``arrives_s``: a worker still
+    receiving the blocks (a pull planned into it) has the last of them in that many
+    seconds; it relays each as it arrives, so a pull from it ends no sooner.
+    ``joins``: the worker the plan is for already pulls these blocks from it (planned
+    earlier): ``wait_s`` is the time until they are there, and no byte crosses a link
+    again."""
 
     worker_id: str
     num_tokens: int
     wait_s: float
     costs: SourceCosts
     joins: bool = False
+    arrives_s: float = 0.0
 
     def pull_s(self, span: int, costs: SourceCosts, rules: PullRules) -> float:
         """Predicted seconds until ``span`` tokens from this peer are on a worker with
-        ``costs``: the fixed overhead, the wait, and the bytes over the slower link."""
+        ``costs``: the fixed overhead, and the wait and the bytes over the slower link,
+        or the blocks' own arrival at the peer when that is later."""
         if self.joins:
             return rules.overhead_s + self.wait_s
-        return rules.overhead_s + self.wait_s + max(costs.transfer_s(span),
-                                                    self.costs.transfer_s(span))
+        return rules.overhead_s + max(self.arrives_s, self.wait_s + max(
+            costs.transfer_s(span), self.costs.transfer_s(span)))
 
 
 @dataclass(frozen=True)

@@ -24,10 +24,12 @@ class PeerLinks:
         """Seconds until ``worker_id``'s link is free of the pulls planned so far."""
         return max(0.0, self._free_at.get(worker_id, 0.0) - self._clock())
 
-    def reserve(self, worker_id: str, seconds: float) -> None:
-        """Queue a pull of ``seconds`` on ``worker_id``'s link."""
+    def reserve(self, worker_id: str, seconds: float, ends_in_s: float = 0.0) -> None:
+        """Queue a pull of ``seconds`` on ``worker_id``'s link, busy at least
+        ``ends_in_s`` from now (a relay sends its last block once that has come)."""
         now = self._clock()
-        self._free_at[worker_id] = max(now, self._free_at.get(worker_id, now)) + seconds
+        self._free_at[worker_id] = max(max(now, self._free_at.get(worker_id, now)) + seconds,
+                                       now + ends_in_s)
 
 
 class Pending(NamedTuple):

@@ -16,9 +16,12 @@ and, while it is busy, one of its engine steps (its hold's pin waits for the ste
 running on its engine thread; its block reads do not, and it computes nothing).
 A worker a pull was planned into is a source from then on (``PendingPulls``): for the
 same prompt's prefix it is offered as a peer whose blocks arrive when that pull is
-predicted to end, and its hold waits for them (``PeerHold.wait_s``). So a prefix many
-workers pull at once (a fork's sub-agents) spreads from every worker that has it, each
-link carrying a share, instead of queueing on its first holder's link. A request sent
+predicted to end (``Peer.arrives_s``), and its hold waits for them to start arriving
+(``PeerHold.wait_s``): it relays each block as it comes, so a pull from it ends when
+its own pull does, or its link's time later when that is longer. So a prefix many
+workers pull at once (a fork's sub-agents) spreads down chains of relays in about one
+link time, instead of queueing on its first holder's link or doubling its holders
+once per link time. A request sent
 to a worker whose pull of the prefix is still on its way joins that pull (``join``):
 it asks the same peer for a hold (the worker's consumer runs pulls of one chain in
 turn, so the later one finds the blocks imported and fetches none), and no link time
@@ -147,10 +150,12 @@ class KVSources:
         peer = next(w for w in workers if w.worker_id == plan.peer)
         own = plan.num_local_tokens + plan.num_restored_tokens
         end = own + plan.num_pulled_tokens
-        if plan.source == PULL:
+        coming = self._arrivals_s(peer, call)
+        if plan.source == PULL:  # a relay's link is busy until the last block came by too
             self.links.reserve(peer.worker_id, max(costs.transfer_s(plan.num_pulled_tokens),
                                                    self._peer_costs(peer).transfer_s(
-                                                       plan.num_pulled_tokens)))
+                                                       plan.num_pulled_tokens)),
+                               max(coming, default=0.0))
         assert plan.pull_s is not None
         pending = None
         if plan.source == PULL:  # before the hold: requests decided meanwhile join it
@@ -159,24 +164,26 @@ class KVSources:
                               time.monotonic() + plan.pull_s, peer.worker_id)
             self.pending.add(pending)
         block_size = self._block_size(target)
-        params = await self._hold(call, peer, end // block_size, self._arrives_in_s(peer, call))
+        params = await self._hold(call, peer, end // block_size,
+                                  HOLD_WAIT_SHARE * self._config.hold_timeout_s if coming else 0.0)
         if params is None:
             if pending is not None:
                 self.pending.discard(pending)
             self.metrics.plans[PULL_FAILED].inc()
             return Sourced()
-        held = len(params["remote_block_ids"]) * block_size
+        held = len(params["remote_block_hashes"]) * block_size
         return Sourced(params, peer, max(own, held))
 
-    def _arrives_in_s(self, peer: WorkerState, call: Call) -> float:
-        """How long a hold on ``peer`` may wait for blocks a planned pull is still
-        bringing it (0: none is): most of ``hold_timeout_s``, since the hold answers as
-        soon as they are there, and a pull late against its prediction (a busy link, a
-        busy engine) must not turn a hold into a recompute of the whole prefix."""
-        if not any(p.worker_id == peer.worker_id for p in self.pending.holders(
-                peer.namespace or "", call.scope, call.prompt.key)):
-            return 0.0
-        return HOLD_WAIT_SHARE * self._config.hold_timeout_s
+    def _arrivals_s(self, peer: WorkerState, call: Call) -> list[float]:
+        """Seconds until each planned pull of the prompt's prefix into ``peer`` is
+        predicted there (none: ``peer`` stores what it sends). A hold on a peer with
+        one may wait most of ``hold_timeout_s`` for the blocks: it answers as soon as
+        they come (or start coming: a relay), and a pull late against its prediction (a
+        busy link, a busy engine) must not turn a hold into a recompute of the whole
+        prefix."""
+        now = time.monotonic()
+        return [p.ready_at - now for p in self.pending.holders(
+            peer.namespace or "", call.scope, call.prompt.key) if p.worker_id == peer.worker_id]
 
     def _plan(self, target: WorkerState, workers: list[WorkerState], call: Call,
               costs: SourceCosts, holdings: dict[str, dict[str, Holding]]) -> SourcePlan:
@@ -218,22 +225,22 @@ class KVSources:
                             self._block_size(target), costs, self.rules)
 
     def _peer(self, worker: WorkerState, num_tokens: int, arrives_in_s: float = 0.0) -> Peer:
-        """``worker`` as a source of ``num_tokens`` (all there in ``arrives_in_s``): its
-        wait is that, its link's queue, and the rest of the engine step in progress
-        (``STEP_IN_PROGRESS_SHARE`` of one as its load says: the hold's pin waits for
-        it). A worker still receiving the blocks pins them as they are imported, before
-        the requests waiting for the same pull reach its engine: only the load it
-        reported (what its engine runs) counts then, not this router's requests sent
-        there."""
+        """``worker`` as a source of ``num_tokens`` (all there in ``arrives_in_s``: it
+        relays them as they come): its wait is its link's queue and the rest of the
+        engine step in progress (``STEP_IN_PROGRESS_SHARE`` of one as its load says:
+        the hold's pin of what it caches waits for it). A worker still receiving the
+        blocks holds them before the requests waiting for the same pull reach its
+        engine: only the load it reported (what its engine runs) counts then, not this
+        router's requests sent there."""
         costs = self._peer_costs(worker)
         load = worker.load
         num_running, num_waiting = load.num_requests_running, load.num_waiting_tokens
         if not arrives_in_s:
             num_running = max(num_running, worker.num_in_flight_requests)
             num_waiting = max(num_waiting, worker.num_in_flight_prompt_tokens)
-        wait_s = (arrives_in_s + self.links.wait_s(worker.worker_id)
+        wait_s = (self.links.wait_s(worker.worker_id)
                   + STEP_IN_PROGRESS_SHARE * costs.step_s(num_running, num_waiting, num_tokens))
-        return Peer(worker.worker_id, num_tokens, wait_s, costs)
+        return Peer(worker.worker_id, num_tokens, wait_s, costs, arrives_s=arrives_in_s)
 
     def _serves(self, worker: WorkerState) -> bool:
         """A peer may send: it reported a transfer endpoint and costs, speaks
@@ -307,7 +314,7 @@ class KVSources:
             if response.status != 200:
                 raise UpstreamError(f"HTTP {response.status}: {raw[:200]!r}")
             params = orjson.loads(raw)["kv_transfer_params"]
-            if not isinstance(params, dict) or not params.get("remote_block_ids"):
+            if not isinstance(params, dict) or not params.get("remote_block_hashes"):
                 raise UpstreamError("the hold names no block")
         except (UpstreamError, TimeoutError, OSError, ValueError, KeyError, TypeError) as exc:
             log.info("request %s: no hold on %s (%s): recomputing", call.request_id,

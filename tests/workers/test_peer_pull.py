@@ -2,9 +2,10 @@
 to hold what it already caches of a prompt (``POST /kv_transfer/hold``, the router's)
 runs nothing, holds the blocks under a prefill leg's rules and answers the same
 ``kv_transfer_params``; another worker given them pulls exactly the blocks it lacks,
-and its greedy output equals a recompute. A tenant's private blocks are never held
-for another scope. A peer frozen or killed mid-pull gives a counted recompute, and no
-block stays held on either side. Output equality proves nothing alone (a recompute
+and its greedy output equals a recompute. A worker still pulling a prefix relays each
+block to a third as it arrives. A tenant's private blocks are never held for another
+scope. A peer frozen or killed mid-pull gives a counted recompute (and the relay from
+the worker it fed a clean failure), and no block stays held on any side. Output equality proves nothing alone (a recompute
 answers the same), so every case reads the transfer counters and cached tokens."""
 
 from __future__ import annotations
@@ -157,7 +158,7 @@ def test_holds_of_one_prefix_count_its_blocks_once_and_a_hold_waits_for_blocks_o
     assert holds(source, 0)
 
 
-def test_a_hold_on_a_worker_still_pulling_the_blocks_answers_once_they_are_imported(fleet):
+def test_a_hold_on_a_worker_still_pulling_the_blocks_answers_once_they_come(fleet):
     source, target = fleet["source"], fleet["target"]
     token_ids = prompt(9)
     assert generate(source, token_ids, 1)[0] == 200
@@ -170,12 +171,41 @@ def test_a_hold_on_a_worker_still_pulling_the_blocks_answers_once_they_are_impor
     status, pulled = generate(target, token_ids, 4, hold(source, token_ids)[1]["kv_transfer_params"])
     assert status == 200 and pulled["usage"]["cached_tokens"] == 5 * B
     waiter.join(15)
-    status, answer = answers[0]
-    assert status == 200 and len(answer["kv_transfer_params"]["remote_block_ids"]) == 5
+    status, answer = answers[0]  # relayed (no id yet) or held once imported: all 5 blocks
+    assert status == 200 and len(answer["kv_transfer_params"]["remote_block_hashes"]) == 5
     assert metric(target, "kv_transfer_blocks_received_total") - received == 5
     target.post_json("/kv_transfer/release", {
         "remote_request_id": answer["kv_transfer_params"]["remote_request_id"]})
     assert holds(source, 0) and holds(target, 0)
+
+
+def test_a_worker_still_pulling_a_prefix_relays_each_block_as_it_arrives(fleet):
+    source, target, third = fleet["source"], fleet["target"], fleet["victim"]
+    token_ids = prompt(10)
+    status, expected = generate(source, token_ids, 4)
+    assert status == 200
+    params = hold(source, token_ids)[1]["kv_transfer_params"]
+    sent = metric(target, "kv_transfer_blocks_sent_total")
+    os.kill(source.proc.pid, signal.SIGSTOP)  # the target's pull connects, gets nothing yet
+    try:
+        into_target = _pull_in_background(target, token_ids, params)
+        time.sleep(0.3)
+        status, relayed = hold(target, token_ids, wait_s=5.0)  # answers before any block came
+        relay = relayed["kv_transfer_params"]
+        assert status == 200 and len(relay["remote_block_hashes"]) == 5
+        assert relay["remote_block_ids"] == []  # none on the target's device yet
+        into_third = _pull_in_background(third, token_ids, relay)
+        time.sleep(0.2)
+    finally:
+        os.kill(source.proc.pid, signal.SIGCONT)
+    for thread, _ in (into_target, into_third):
+        thread.join(30)
+    for _, answers in (into_target, into_third):
+        status, answer = answers[0]
+        assert status == 200 and answer["usage"]["cached_tokens"] == 5 * B
+        assert tokens_of(answer) == tokens_of(expected)
+    assert metric(target, "kv_transfer_blocks_sent_total") - sent == 5
+    assert holds(source, 0) and holds(target, 0) and holds(third, 0)
 
 
 def test_two_pulls_of_one_prefix_into_a_worker_import_it_once(fleet):
@@ -244,15 +274,22 @@ def test_a_peer_frozen_then_killed_mid_pull_gives_counted_recomputes_and_leaks_n
     assert metric(target, "kv_transfer_failures_total", {"reason": "timeout"}) >= 1
     assert holds(target, 0) and holds(victim, 0)  # its hold ends (the ack, or 3 s)
 
-    other = prompt(5)  # now killed while the pull waits for its blocks
-    assert generate(victim, other, 1)[0] == 200
+    other = prompt(5)  # now killed while the pull waits for its blocks, which the
+    assert generate(victim, other, 1)[0] == 200  # target relays to the source meanwhile
     params = hold(victim, other)[1]["kv_transfer_params"]
     os.kill(victim.proc.pid, signal.SIGSTOP)
     thread, answers = _pull_in_background(target, other, params)
     time.sleep(0.5)  # the pull has connected and waits
+    relay = hold(target, other, wait_s=5.0)[1]["kv_transfer_params"]
+    assert relay["remote_block_ids"] == [] and len(relay["remote_block_hashes"]) == 5
+    relayed, relayed_answers = _pull_in_background(fleet["source"], other, relay)
+    time.sleep(0.2)
     os.kill(victim.proc.pid, signal.SIGKILL)
     thread.join(30)
+    relayed.join(30)
     status, answer = answers[0]
     assert status == 200 and answer["usage"]["cached_tokens"] == 0
     assert metric(target, "kv_transfer_recomputes_total") - recomputes == 2
-    assert holds(target, 0)
+    status, answer = relayed_answers[0]  # the source has no recompute fallback: a clean 503
+    assert status == 503 and answer["error"]["code"] == "kv_transfer_failed"
+    assert holds(target, 0) and holds(fleet["source"], 0)

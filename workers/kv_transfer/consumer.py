@@ -27,8 +27,10 @@ a time (``_one_at_a_time``: a fork's sub-agents sent here together): the later o
 start once the earlier has imported (together: each pins those blocks as cached in one
 engine command, without a lookup first, and fetches nothing), instead of importing
 every copy (which may not fit). A hold for another worker that waits for blocks a pull
-is bringing here (``wait_for_import``) waits on that pull in the event loop, not by
-asking the engine thread (a busy one answers once per step) whether they are cached yet.
+is bringing here (``wait_for_blocks``) waits on that pull in the event loop, not by
+asking the engine thread (a busy one answers once per step) whether they are cached yet,
+and only until the pull starts receiving: each pull's blocks are kept, checked, in an
+``Incoming`` as they arrive, which the producer relays from (docs/pd.md, "Relays").
 """
 
 from __future__ import annotations
@@ -46,6 +48,7 @@ from radix.kv_transfer import RemotePrefill
 from workers.engine.async_engine import AsyncEngine
 from workers.kv.ids import SeqId
 from workers.kv_transfer.identity import TransferIdentity
+from workers.kv_transfer.incoming import Incoming, Signal
 from workers.kv_transfer.metrics import TransferMetrics
 from workers.kv_transfer.pins import PinLedger
 from workers.kv_transfer.wire import (
@@ -91,6 +94,8 @@ class Consumer:
         self._acks: set[asyncio.Task[None]] = set()
         self._pulling: dict[tuple[str, str], asyncio.Event] = {}
         self._imported: OrderedDict[tuple[str, str], None] = OrderedDict()
+        self._incoming: list[Incoming] = []
+        self._progress = Signal()  # a pull began receiving, or ended
 
     async def pull(self, remote: RemotePrefill, key: bytes, scope: str,
                    num_public_tokens: int) -> Pulled:
@@ -143,16 +148,26 @@ class Consumer:
         finally:
             del self._pulling[key]
             done.set()
+            self._progress.fire()
 
-    async def wait_for_import(self, scope: str, last_hash: str, timeout_s: float) -> bool:
-        """Wait, at most ``timeout_s``, while a pull of the chain ending in block
-        ``last_hash`` for ``scope`` runs here; True once such a pull has imported (now
-        or lately), False when none runs or it failed."""
-        key = (scope, last_hash)
-        if key not in self._imported and (running := self._pulling.get(key)) is not None:
-            with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(timeout_s):
-                    await running.wait()
+    async def wait_for_blocks(self, scope: str, hashes: list[str], timeout_s: float
+                              ) -> Incoming | bool:
+        """Wait, at most ``timeout_s``, while a pull of the chain ``hashes`` (block 0 on)
+        for ``scope`` runs here and receives nothing yet. The pull's ``Incoming`` once
+        one that brings those blocks receives them (a relay may send them on as they
+        arrive); True once a pull of exactly that chain has imported (now or lately);
+        False when none runs, it failed, or the time ran out."""
+        key = (scope, hashes[-1])
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(timeout_s):
+                while key not in self._imported:
+                    incoming = next((i for i in self._incoming if i.covers(scope, hashes)),
+                                    None)
+                    if incoming is not None:
+                        return incoming
+                    if key not in self._pulling:
+                        return False
+                    await self._progress.wait()
         return key in self._imported
 
     def _note_imported(self, key: tuple[str, str]) -> None:
@@ -202,9 +217,20 @@ class Consumer:
             raise TransferError("public_prefix", "this worker lacks part of the prompt's "
                                                  "public prefix: received blocks are never "
                                                  "made public, so it computes the prompt")
-        blocks = await self._fetch(remote, wanted, num_local) if num_local < len(wanted) else []
-        pulled = await self._import(remote, wanted, key, scope, num_public_tokens, num_local,
-                                    blocks)
+        if num_local == len(wanted):
+            pulled = await self._import(remote, wanted, key, scope, num_public_tokens,
+                                        num_local, [])
+        else:
+            incoming = Incoming(scope, wanted, num_local)
+            self._incoming.append(incoming)
+            self._progress.fire()
+            try:
+                await self._fetch(remote, incoming)
+                pulled = await self._import(remote, wanted, key, scope, num_public_tokens,
+                                            num_local, incoming.blocks)
+            finally:
+                self._incoming.remove(incoming)
+                incoming.stop("the pull into the relaying worker failed")
         if pulled is None:
             raise TransferError("evicted", "this worker's own part of the prefix was "
                                            "evicted during the pull, or no room for the "
@@ -237,8 +263,11 @@ class Consumer:
             raise TransferError("unreachable", f"cannot reach the producer at "
                                                f"{remote.host}:{remote.port}: {exc}") from exc
 
-    async def _fetch(self, remote: RemotePrefill, wanted: list[str], first: int) -> list[bytes]:
+    async def _fetch(self, remote: RemotePrefill, incoming: Incoming) -> None:
+        """Ask ``remote`` for ``incoming``'s blocks and add each to it as it arrives,
+        checked."""
         ident = self._identity
+        wanted, first = incoming.hashes, incoming.first
         reader, writer = await self._connect(remote)
         nonce = new_nonce()
         context = answer_context(nonce)
@@ -252,15 +281,15 @@ class Consumer:
             if status.get("ok") is not True:
                 raise TransferError("refused", f"the producer refused the pull: "
                                                f"{status.get('error')}: {status.get('message')}")
-            blocks = []
             for index in range(first, len(wanted)):
                 header, data = await receive(reader, self._key, context,
                                              MAX_ANSWER_HEADER_BYTES, ident.block_bytes)
                 if (header.get("index") != index or header.get("hash") != wanted[index]
                         or len(data) != ident.block_bytes):
-                    raise TransferError("protocol", f"block {index} arrived wrong")
-                blocks.append(data)
-            return blocks
+                    raise TransferError("protocol", f"block {index} arrived wrong"
+                                        + (f": {header['message']}" if "message" in header
+                                           else ""))
+                incoming.add(data)
         except (ConnectionError, OSError) as exc:
             raise TransferError("unreachable", f"the producer went away: {exc}") from exc
         finally:

@@ -24,11 +24,19 @@ its scope (``TransferMetrics.charge``). A hold is the same whether a prefill leg
 asked for it after running the prompt or a router asked a peer to hold what it
 already caches (``POST /kv_transfer/hold``: nothing runs).
 
+A hold on a worker still pulling the prompt's blocks (``hold`` given the pull's
+``Incoming``) holds what it caches and relays the rest: each such block is sent once it
+has arrived here, so a pull from a receiver runs behind the receiver's own pull instead
+of after it (docs/pd.md, "Relays"); should that pull break off, the relayed pull is
+told so in a signed frame and ends.
+
 A timed worker (``link_s_per_block``) sends through a ``TimedLink``: each pull's
 blocks wait their time on the profile's link, one pull after another, as on the one
 NIC a real worker sends through, so concurrent pulls from one worker queue, in the
 order they arrive (a pull takes its turn before its blocks are read, so one whose read
-finishes first does not jump the queue).
+finishes first does not jump the queue). Each block leaves when it has crossed, not
+the whole pull at its end, so a receiver can relay the first blocks while the last
+still cross.
 """
 
 from __future__ import annotations
@@ -46,6 +54,7 @@ from radix.kv_transfer import RemotePrefill
 from workers.kv.ids import SeqId
 from workers.kv.tensors import KVCacheTensors
 from workers.kv_transfer.identity import TransferIdentity
+from workers.kv_transfer.incoming import Incoming
 from workers.kv_transfer.metrics import TransferMetrics
 from workers.kv_transfer.pins import PinLedger
 from workers.kv_transfer.wire import (
@@ -62,6 +71,8 @@ log = logging.getLogger(__name__)
 CONNECTION_TIMEOUT_S = 60.0
 REQUEST_TIMEOUT_S = 10.0
 MAX_CONNECTIONS = 64
+# A timed link sends a block once its crossing time is this close (fewer, longer sleeps).
+PACE_S = 0.002
 
 
 class TimedLink:
@@ -107,6 +118,12 @@ class _Held:
     block_hashes: list[str]
     since: float
     deadline: float
+    relay: Incoming | None = None  # the pull bringing the blocks past ``block_ids``
+
+    def pins(self) -> list[int | str]:
+        """What the hold counts against the caps: its pinned blocks by id, and the
+        blocks it relays by hash (they are held in memory instead)."""
+        return [*self.block_ids, *self.block_hashes[len(self.block_ids):]]
 
 
 class Producer:
@@ -123,7 +140,7 @@ class Producer:
         self.limits = limits
         self._ledger = ledger
         self._held: dict[str, _Held] = {}
-        self._pins: dict[str | None, Counter[int]] = {None: Counter()}  # scope: block: holds
+        self._pins: dict[str | None, Counter[int | str]] = {None: Counter()}  # scope: block: holds
         self._server: asyncio.Server | None = None
         self._num_connections = 0
         self.host = ""
@@ -141,17 +158,17 @@ class Producer:
         """Distinct blocks held for consumers now (only ``scope``'s, when given)."""
         return len(self._pins.get(scope, ()))
 
-    def check_room(self, scope: str, num_blocks: int, block_ids: Sequence[int] = ()) -> None:
+    def check_room(self, scope: str, num_blocks: int, pins: Sequence[int | str] = ()) -> None:
         """``HoldRefused`` (counted by cap) unless holding ``num_blocks`` more for
-        ``scope`` (with ``block_ids``: those blocks, the ones held already not counted
-        again) stays within both caps; changes nothing else."""
+        ``scope`` (with ``pins``: those blocks, ``_Held.pins``, the ones held already
+        not counted again) stays within both caps; changes nothing else."""
         limits = self.limits
-        for cap, pins, most in (("producer", self._pins[None], limits.max_held_blocks),
+        for cap, held, most in (("producer", self._pins[None], limits.max_held_blocks),
                                 ("scope", self._pins.get(scope, Counter()),
                                  limits.max_scope_held_blocks)):
-            num_held = len(pins)
-            if block_ids:
-                num_blocks = sum(b not in pins for b in set(block_ids))
+            num_held = len(held)
+            if pins:
+                num_blocks = sum(b not in held for b in set(pins))
             if num_held + num_blocks > most:
                 self.metrics.refused.labels(cap).inc()
                 raise HoldRefused(cap, f"holding {num_blocks} more blocks would pass the "
@@ -171,26 +188,34 @@ class Producer:
         for transfer_id in list(self._held):
             await self.release(transfer_id)
 
-    async def hold(self, key: bytes, scope: str, num_public_tokens: int) -> RemotePrefill:
+    async def hold(self, key: bytes, scope: str, num_public_tokens: int,
+                   relay: Incoming | None = None) -> RemotePrefill:
         """Pin the cached whole blocks of the prompt ``key`` (after its prefill) for
         ``scope`` until acknowledged, released or ``limits.timeout_s`` passes, and say
-        where they wait. Without any cached block, the params name none (the consumer
-        then computes the whole prompt). ``HoldRefused``, holding nothing, past a cap;
-        cancelled, it holds nothing either."""
+        where they wait. With ``relay`` (a pull into this worker bringing the prompt's
+        blocks), the blocks it brings past the cached ones are held too, sent on as
+        they arrive; the params name their hashes but no id (they have none here
+        yet). Without any block, the params name none (the consumer then computes the
+        whole prompt). ``HoldRefused``, holding nothing, past a cap; cancelled, it
+        holds nothing either."""
         pin_id, block_ids = await self._ledger.pin(lambda e, p: e.manager.pin(p, key, scope))
+        hashes = self._identity.block_hashes(key, scope, num_public_tokens)
+        if (relay is None or not relay.first <= len(block_ids) < len(hashes)
+                or not relay.covers(scope, hashes)):
+            relay = None
+            hashes = hashes[: len(block_ids)]
+        held = _Held(pin_id, scope, block_ids, hashes, time.monotonic(), 0.0, relay)
         try:
-            self.check_room(scope, len(block_ids), block_ids)
+            self.check_room(scope, len(hashes), held.pins())
         except HoldRefused:
             self._ledger.free_later(pin_id)
             raise
-        hashes = self._identity.block_hashes(key, scope, num_public_tokens)[: len(block_ids)]
         transfer_id = uuid.uuid4().hex
-        if block_ids:
-            now = time.monotonic()
-            self._held[transfer_id] = _Held(pin_id, scope, block_ids, hashes, now,
-                                            now + self.limits.timeout_s)
+        if hashes:
+            held.deadline = held.since + self.limits.timeout_s
+            self._held[transfer_id] = held
             for pins in (self._pins[None], self._pins.setdefault(scope, Counter())):
-                pins.update(block_ids)
+                pins.update(held.pins())
         else:
             self._ledger.free_later(pin_id)
         ident = self._identity
@@ -205,15 +230,16 @@ class Producer:
         held = self._held.pop(transfer_id, None)
         if held is None:
             return False
+        held_pins = held.pins()
         for key in (None, held.scope):
             pins = self._pins[key]
-            pins.subtract(held.block_ids)
-            for block_id in held.block_ids:
-                if pins[block_id] <= 0:
-                    del pins[block_id]
+            pins.subtract(held_pins)
+            for pin in held_pins:
+                if pins[pin] <= 0:
+                    del pins[pin]
             if key is not None and not pins:
                 del self._pins[key]
-        self.metrics.charge(held.scope, len(held.block_ids) * (time.monotonic() - held.since))
+        self.metrics.charge(held.scope, len(held_pins) * (time.monotonic() - held.since))
         if reason is not None:
             self.metrics.released.labels(reason).inc()
         await self._ledger.free(held.pin_id)
@@ -297,14 +323,26 @@ class Producer:
             return
         first, hashes = header["first_block"], header["block_hashes"]
         block_ids = held.block_ids[first: first + len(hashes)]
-        crossed_at = self._link.queue(len(block_ids))  # pulls take the link as they come
+        link = self._link
+        starts_at = link.queue(len(hashes)) - len(hashes) * link.s_per_block  # in turn
         blocks = await asyncio.to_thread(lambda: [self._tensors.read_block(b) for b in block_ids])
-        await say({"ok": True, "num_blocks": len(blocks)})
-        await asyncio.sleep(max(0.0, crossed_at - time.monotonic()))
-        for i, (block_hash, data) in enumerate(zip(hashes, blocks, strict=True)):
+        await say({"ok": True, "num_blocks": len(hashes)})
+        for i, block_hash in enumerate(hashes):
+            if i < len(blocks):
+                data = blocks[i]
+            else:
+                assert held.relay is not None  # _mismatch: hashes past the ids are relayed
+                try:
+                    data = await held.relay.block(first + i)
+                except TransferError as exc:  # the puller recomputes, or fails its request
+                    log.warning("KV transfer %s: %s", transfer_id, exc)
+                    await say({"error": exc.reason, "message": str(exc)})
+                    return
+            if (lag_s := starts_at + (i + 1) * link.s_per_block - time.monotonic()) > PACE_S:
+                await asyncio.sleep(lag_s)  # each block crosses the timed link in its time
             await say({"index": first + i, "hash": block_hash}, data)
-        self.metrics.blocks_sent.inc(len(blocks))
-        self.metrics.bytes_sent.inc(sum(map(len, blocks)))
+            self.metrics.blocks_sent.inc()
+            self.metrics.bytes_sent.inc(len(data))
 
     def _mismatch(self, header: dict, held: _Held) -> str | None:
         ident = self._identity

@@ -22,7 +22,8 @@ whole blocks this worker already caches of the prompt, visible to the hold's sco
 (its own and public blocks only: never another tenant's), under the same caps,
 deadline and release rules as a prefill leg's hold, without running anything, and
 answers the same ``kv_transfer_params``; with ``wait_s`` it first waits, that long at
-most, for the blocks a pull into this worker is still bringing.
+most, for the blocks a pull into this worker is still bringing, until they are cached
+or start arriving (then it relays them: docs/pd.md, "Relays").
 """
 
 from __future__ import annotations
@@ -48,6 +49,7 @@ from radix.kv_transfer import (
 )
 from workers.engine.async_engine import AsyncEngine
 from workers.kv_transfer.consumer import Consumer, Pulled
+from workers.kv_transfer.incoming import Incoming
 from workers.kv_transfer.producer import HoldRefused, Producer
 from workers.kv_transfer.service import KVTransfer
 from workers.kv_transfer.wire import TransferError
@@ -161,35 +163,41 @@ async def hold_for_peer(request: web.Request) -> web.Response:
     key = ask.held_key(block_size)
     producer = transfer.producer
     num_public_tokens = min(ask.num_public_tokens, len(key) // TOKEN_BYTES)
+    relay = None
     if ask.wait_s:
         hashes = transfer.identity.block_hashes(key, ask.scope, num_public_tokens)
-        await _cached_within(state.engine, transfer.consumer, key, ask.scope,
-                             hashes[-1] if hashes else None, ask.wait_s)
+        relay = await _cached_within(state.engine, transfer.consumer, key, ask.scope,
+                                     hashes, ask.wait_s)
     try:
-        remote = await producer.hold(key, ask.scope, num_public_tokens)
+        remote = await producer.hold(key, ask.scope, num_public_tokens, relay)
     except HoldRefused as exc:
         raise hold_refused(exc) from exc
     transfer.metrics.peer_holds.inc()
-    transfer.metrics.peer_held_blocks.inc(len(remote.block_ids))
+    transfer.metrics.peer_held_blocks.inc(len(remote.block_hashes))
     return web.json_response({"kv_transfer_params": remote.to_params()})
 
 
 async def _cached_within(engine: AsyncEngine, consumer: Consumer | None, key: bytes,
-                         scope: str, last_hash: str | None, wait_s: float) -> None:
+                         scope: str, hashes: list[str], wait_s: float) -> Incoming | None:
     """Return once every token of ``key`` is cached for ``scope`` (a pull of them into
-    this worker finished), or after ``wait_s``. While this worker pulls the chain
-    ending in block ``last_hash``, it waits on that pull (``Consumer.wait_for_import``)
+    this worker finished: None), once a pull bringing its blocks here receives them
+    (its ``Incoming``, to relay from), or after ``wait_s`` (None). While this worker
+    pulls the chain ``hashes`` it waits on that pull (``Consumer.wait_for_blocks``)
     instead of asking the engine thread, which a busy engine answers once per step."""
     deadline = time.monotonic() + wait_s
     num_tokens = len(key) // TOKEN_BYTES
     while (left := deadline - time.monotonic()) > 0:
-        if (consumer is not None and last_hash is not None
-                and await consumer.wait_for_import(scope, last_hash, left)):
-            return
+        if consumer is not None and hashes:
+            found = await consumer.wait_for_blocks(scope, hashes, left)
+            if isinstance(found, Incoming):
+                return found
+            if found:
+                return None
         if await engine.call(
                 lambda e: e.manager.prefix_cache.match(key, scope).num_cached_tokens) >= num_tokens:
-            return
+            return None
         await asyncio.sleep(HOLD_WAIT_POLL_S)
+    return None
 
 
 def add_routes(app: web.Application) -> None:

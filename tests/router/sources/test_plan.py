@@ -49,9 +49,11 @@ def brute_force(holding: Holding, peers: list[Peer], num_prompt: int, num_public
         span = end - own
         if span < rules.min_pull_tokens:
             continue
-        transfer_s = 0.0 if peer.joins else max(costs.transfer_s(span),
-                                                peer.costs.transfer_s(span))
-        pull_s = rules.overhead_s + peer.wait_s + transfer_s
+        if peer.joins:
+            pull_s = rules.overhead_s + peer.wait_s
+        else:  # the bytes leave the peer after its wait, and none before it has them
+            last_sent_s = peer.wait_s + max(costs.transfer_s(span), peer.costs.transfer_s(span))
+            pull_s = rules.overhead_s + max(peer.arrives_s, last_sent_s)
         saving = costs.recompute_s(own, end) - pull_s
         if saving > 0:
             options.append((saving, -peers.index(peer), peer.worker_id, span))
@@ -69,7 +71,7 @@ def cases(draw):
     costs = draw(st.sampled_from([TIMED, CPU]))
     peers = [Peer(f"p{i}", draw(st.integers(0, num_prompt + 100)),
                   draw(st.floats(0, 0.5)), draw(st.sampled_from([TIMED, CPU])),
-                  joins=draw(st.booleans()))
+                  joins=draw(st.booleans()), arrives_s=draw(st.floats(0, 0.5)))
              for i in range(draw(st.integers(0, 4)))]
     rules = PullRules(draw(st.integers(1, 1024)), draw(st.floats(0, 0.05)))
     num_public = draw(st.integers(0, num_prompt)) // B * B
@@ -190,3 +192,13 @@ def test_joining_a_pull_on_its_way_costs_its_wait_and_no_link_time():
     assert (joined.source, joined.peer, joined.num_pulled_tokens) == (JOIN, "p", 4096)
     assert joined.pull_s == pytest.approx(0.054)
     assert pulled.pull_s == pytest.approx(0.054 + TIMED.transfer_s(4096))
+
+
+def test_a_relayed_pull_ends_when_the_blocks_reach_the_peer_or_its_link_is_done():
+    rules = PullRules(256, 0.004)
+    transfer_s = TIMED.transfer_s(4096)
+    for arrives_s, expected in ((0.0, 0.054 + transfer_s), (0.02, 0.054 + transfer_s),
+                                (0.05 + 3 * transfer_s, 0.054 + 3 * transfer_s)):
+        relaying = Peer("p", 4096, 0.05, TIMED, arrives_s=arrives_s)
+        plan = plan_sources(Holding(0, 0), [relaying], 4100, 0, B, TIMED, rules)
+        assert plan.pull_s == pytest.approx(expected)
