@@ -90,8 +90,8 @@ class RemotePrefill:
 
         ids = field("remote_block_ids", list, lambda v: len(v) <= MAX_BLOCKS and all(
             isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in v))
-        hashes = field("remote_block_hashes", list, lambda v: len(ids) <= len(v) <= MAX_BLOCKS and all(
-            isinstance(h, str) and _HEX.fullmatch(h) for h in v))
+        hashes = field("remote_block_hashes", list, lambda v: len(ids) <= len(v) <= MAX_BLOCKS
+                       and all(isinstance(h, str) and _HEX.fullmatch(h) for h in v))
         return cls(field("remote_engine_id", str, _ID.fullmatch),
                    field("remote_request_id", str, _ID.fullmatch),
                    field("remote_host", str, lambda v: 0 < len(v) <= 255),

@@ -44,6 +44,7 @@ from router.up.launcher import (
     Interrupted,
     ProcessFailed,
     RedisServer,
+    echo,
     stop_all,
 )
 from router.up.supervisor import Restart, RestartPolicy, Supervised
@@ -169,7 +170,7 @@ def _start_redis(env: dict[str, str], timeout_s: float, stop: threading.Event) -
     """A supervised ``redis-server``, READY (Interrupted as soon as ``stop`` is set)."""
     redis = RedisServer(timeout_s=timeout_s, env=env, echo=True, supervised=True,
                         interrupted=stop.is_set)
-    print(f"[redis] READY {redis.url}", flush=True)
+    echo("redis", f"READY {redis.url}")
     _announce_start("redis", redis.child)
     return redis
 
@@ -206,7 +207,7 @@ def _stop_cluster(started: list[Supervised], redis: RedisServer | None) -> None:
 
 def _announce_start(name: str, child: ChildProcess | None) -> None:
     if child is not None:
-        print(f"[{name}] started (pid {child.proc.pid})", flush=True)
+        echo(name, f"started (pid {child.proc.pid})")
 
 
 def _supervised(name: str, args: list[str], env: dict[str, str], timeout_s: float,

@@ -27,7 +27,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from router.config import LaunchConfig
-from router.up.launcher import ChildProcess, Interrupted, ProcessFailed
+from router.up.launcher import ChildProcess, Interrupted, ProcessFailed, echo
 
 # Given the exited child, starts a fresh one and returns it once it serves;
 # ProcessFailed (the new child stopped) if it cannot, Interrupted (the new child
@@ -107,12 +107,11 @@ class Supervised:
                 except Interrupted:
                     return
                 except ProcessFailed as exc:
-                    print(f"[{self.name}] restart failed: {str(exc).splitlines()[0]}",
-                          flush=True)
+                    echo(self.name, f"restart failed: {str(exc).splitlines()[0]}")
                     delay_s = self._crashed("a failed restart")
                     continue
                 self.num_restarts += 1
-                print(f"[{self.name}] restarted (pid {self.child.proc.pid})", flush=True)
+                echo(self.name, f"restarted (pid {self.child.proc.pid})")
                 break
             if delay_s is None:
                 return
@@ -126,11 +125,10 @@ class Supervised:
         delay_s = self._policy.delay_s(count)
         if delay_s is None:
             self.given_up = True
-            print(f"[{self.name}] exited ({how}): {count} crashes within {window_s:g} s; "
-                  f"giving up, it stays down (the rest keeps serving; restart `up` to "
-                  f"bring it back)", flush=True)
+            echo(self.name, f"exited ({how}): {count} crashes within {window_s:g} s; "
+                            f"giving up, it stays down (the rest keeps serving; restart `up` "
+                            f"to bring it back)")
         else:
-            print(f"[{self.name}] exited ({how}); restarting in {delay_s:g} s "
-                  f"(crash {count} within {window_s:g} s; crash {limit} leaves it down)",
-                  flush=True)
+            echo(self.name, f"exited ({how}); restarting in {delay_s:g} s "
+                            f"(crash {count} within {window_s:g} s; crash {limit} leaves it down)")
         return delay_s
