@@ -10,9 +10,9 @@ tiers, ``[own, own + pulled)`` comes from the chosen peer, and the rest is compu
 the peer's wait plus the bytes over the slower of the two links (or, from a peer
 still receiving them, their arrival there when that is later: it relays them as they
 come), is below the predicted recompute of the same span; among such peers the one
-that saves the most wins. A pull this router already planned into the worker is a peer too
-(``Peer.joins``): its blocks are on their way, so joining it costs the overhead and
-the wait for them, and no bytes cross a link again. So no plan ever pulls below the
+that saves the most wins. A pull this router already planned into the worker is a
+peer too (``Peer.joins``): its blocks are on their way, so joining it costs the
+overhead and the wait for them, and no bytes cross a link again. So no plan ever pulls below the
 crossover or predicts a pull slower than the recompute it replaces (``check_plan``
 says which rule a plan breaks, for the router's counter of such plans, which reads
 0). Pure: no I/O, no clock.

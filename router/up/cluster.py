@@ -44,7 +44,7 @@ from router.up.launcher import (
     Interrupted,
     ProcessFailed,
     RedisServer,
-    echo,
+    echo_line,
     stop_all,
 )
 from router.up.supervisor import Restart, RestartPolicy, Supervised
@@ -170,7 +170,7 @@ def _start_redis(env: dict[str, str], timeout_s: float, stop: threading.Event) -
     """A supervised ``redis-server``, READY (Interrupted as soon as ``stop`` is set)."""
     redis = RedisServer(timeout_s=timeout_s, env=env, echo=True, supervised=True,
                         interrupted=stop.is_set)
-    echo("redis", f"READY {redis.url}")
+    echo_line("redis", f"READY {redis.url}")
     _announce_start("redis", redis.child)
     return redis
 
@@ -207,7 +207,7 @@ def _stop_cluster(started: list[Supervised], redis: RedisServer | None) -> None:
 
 def _announce_start(name: str, child: ChildProcess | None) -> None:
     if child is not None:
-        echo(name, f"started (pid {child.proc.pid})")
+        echo_line(name, f"started (pid {child.proc.pid})")
 
 
 def _supervised(name: str, args: list[str], env: dict[str, str], timeout_s: float,

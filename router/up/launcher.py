@@ -44,11 +44,10 @@ class Interrupted(Exception):
     """The caller asked to stop while a child was starting."""
 
 
-
 _OUTPUT = threading.Lock()
 
 
-def echo(name: str, text: str) -> None:
+def echo_line(name: str, text: str) -> None:
     """Print ``[name] text`` as one whole line: never cut by another thread's line
     (``print`` writes its text and its newline apart, so a child's echoed line and a
     supervisor's note could share a line, and a reader waiting for the note at a line's
@@ -56,6 +55,7 @@ def echo(name: str, text: str) -> None:
     with _OUTPUT:
         sys.stdout.write(f"[{name}] {text}\n")
         sys.stdout.flush()
+
 
 class ChildProcess:
     """A child started from ``args`` with exactly ``env``. stdout is read on a thread
@@ -93,7 +93,7 @@ class ChildProcess:
         for raw in self.proc.stdout:
             line = raw.rstrip("\n")
             if self._echo:
-                echo(self.name, line)
+                echo_line(self.name, line)
             if not ready:
                 self._lines.put(line)
                 ready = line.startswith(READY_PREFIX)

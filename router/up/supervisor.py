@@ -27,7 +27,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from router.config import LaunchConfig
-from router.up.launcher import ChildProcess, Interrupted, ProcessFailed, echo
+from router.up.launcher import ChildProcess, Interrupted, ProcessFailed, echo_line
 
 # Given the exited child, starts a fresh one and returns it once it serves;
 # ProcessFailed (the new child stopped) if it cannot, Interrupted (the new child
@@ -107,11 +107,11 @@ class Supervised:
                 except Interrupted:
                     return
                 except ProcessFailed as exc:
-                    echo(self.name, f"restart failed: {str(exc).splitlines()[0]}")
+                    echo_line(self.name, f"restart failed: {str(exc).splitlines()[0]}")
                     delay_s = self._crashed("a failed restart")
                     continue
                 self.num_restarts += 1
-                echo(self.name, f"restarted (pid {self.child.proc.pid})")
+                echo_line(self.name, f"restarted (pid {self.child.proc.pid})")
                 break
             if delay_s is None:
                 return
@@ -125,10 +125,10 @@ class Supervised:
         delay_s = self._policy.delay_s(count)
         if delay_s is None:
             self.given_up = True
-            echo(self.name, f"exited ({how}): {count} crashes within {window_s:g} s; "
-                            f"giving up, it stays down (the rest keeps serving; restart `up` "
-                            f"to bring it back)")
+            echo_line(self.name, f"exited ({how}): {count} crashes within {window_s:g} s; "
+                                 f"giving up, it stays down (the rest keeps serving; restart "
+                                 f"`up` to bring it back)")
         else:
-            echo(self.name, f"exited ({how}); restarting in {delay_s:g} s "
-                            f"(crash {count} within {window_s:g} s; crash {limit} leaves it down)")
+            echo_line(self.name, f"exited ({how}); restarting in {delay_s:g} s (crash "
+                                 f"{count} within {window_s:g} s; crash {limit} leaves it down)")
         return delay_s

@@ -97,9 +97,11 @@ def test_the_smollm2_fp8_config_refuses_the_demo_model_and_fails_on_smollm2():
     with pytest.raises(ValueError, match="was calibrated for weights"):
         run_gate(shipped(BASELINE, "demo", 1 << 20), [shipped(name, "demo", 1 << 20)], DEMO)
     model = load_config(SHIPPED / name).model.name
-    options = GateOptions(  # where it fails depends on the CPU's float kernels: on one
-        categories=("multi_turn", "refusal"), long_kinds=(),  # "Alice" is lost, on
-        prompts_per_kind=2, max_new_tokens=16, paths=(),  # another a refusal flips
+    # Which bucket fails depends on the CPU's float kernels: on one machine multi-turn
+    # loses "Alice", on another a refusal flips (docs/operations.md, "In CI").
+    options = GateOptions(
+        categories=("multi_turn", "refusal"), long_kinds=(), prompts_per_kind=2,
+        max_new_tokens=16, paths=(),
     )
     (result,) = run_gate(shipped(BASELINE, model, 64 << 20), [shipped(name, model, 64 << 20)],
                          options)
