@@ -217,20 +217,17 @@ class Consumer:
             raise TransferError("public_prefix", "this worker lacks part of the prompt's "
                                                  "public prefix: received blocks are never "
                                                  "made public, so it computes the prompt")
-        if num_local == len(wanted):
-            pulled = await self._import(remote, wanted, key, scope, num_public_tokens,
-                                        num_local, [])
-        else:
-            incoming = Incoming(scope, wanted, num_local)
-            self._incoming.append(incoming)
-            self._progress.fire()
-            try:
+        incoming = Incoming(scope, wanted, num_local)
+        self._incoming.append(incoming)
+        self._progress.fire()
+        try:
+            if not incoming.complete:  # nothing to fetch when every block is here already
                 await self._fetch(remote, incoming)
-                pulled = await self._import(remote, wanted, key, scope, num_public_tokens,
-                                            num_local, incoming.blocks)
-            finally:
-                self._incoming.remove(incoming)
-                incoming.stop("the pull into the relaying worker failed")
+            pulled = await self._import(remote, wanted, key, scope, num_public_tokens,
+                                        num_local, incoming.blocks)
+        finally:
+            self._incoming.remove(incoming)
+            incoming.stop("the pull into the relaying worker failed")
         if pulled is None:
             raise TransferError("evicted", "this worker's own part of the prefix was "
                                            "evicted during the pull, or no room for the "

@@ -327,22 +327,27 @@ class Producer:
         starts_at = link.queue(len(hashes)) - len(hashes) * link.s_per_block  # in turn
         blocks = await asyncio.to_thread(lambda: [self._tensors.read_block(b) for b in block_ids])
         await say({"ok": True, "num_blocks": len(hashes)})
-        for i, block_hash in enumerate(hashes):
-            if i < len(blocks):
-                data = blocks[i]
-            else:
-                assert held.relay is not None  # _mismatch: hashes past the ids are relayed
-                try:
-                    data = await held.relay.block(first + i)
-                except TransferError as exc:  # the puller recomputes, or fails its request
-                    log.warning("KV transfer %s: %s", transfer_id, exc)
-                    await say({"error": exc.reason, "message": str(exc)})
-                    return
-            if (lag_s := starts_at + (i + 1) * link.s_per_block - time.monotonic()) > PACE_S:
-                await asyncio.sleep(lag_s)  # each block crosses the timed link in its time
-            await say({"index": first + i, "hash": block_hash}, data)
-            self.metrics.blocks_sent.inc()
-            self.metrics.bytes_sent.inc(len(data))
+        num_sent = 0
+        try:
+            for i, block_hash in enumerate(hashes):
+                if i < len(blocks):
+                    data = blocks[i]
+                else:
+                    assert held.relay is not None  # _mismatch: hashes past the ids are relayed
+                    try:
+                        data = await held.relay.block(first + i)
+                    except TransferError as exc:  # the puller recomputes, or fails its request
+                        log.warning("KV transfer %s: %s", transfer_id, exc)
+                        await say({"error": exc.reason, "message": str(exc)})
+                        return
+                lag_s = starts_at + (i + 1) * link.s_per_block - time.monotonic()
+                if lag_s > PACE_S:
+                    await asyncio.sleep(lag_s)  # each block crosses the timed link in its time
+                await say({"index": first + i, "hash": block_hash}, data)
+                num_sent += 1
+        finally:  # counted once per pull, not per block
+            self.metrics.blocks_sent.inc(num_sent)
+            self.metrics.bytes_sent.inc(num_sent * self._identity.block_bytes)
 
     def _mismatch(self, header: dict, held: _Held) -> str | None:
         ident = self._identity
