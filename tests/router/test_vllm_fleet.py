@@ -173,8 +173,13 @@ def test_pools_of_vllm_servers_are_probed_token_by_token(vllm_fleet, tmp_path):
     path.write_text(to_toml(config))
     router = start_router(path)
     try:
+        # Alone, both servers were ready after 17 s and the first probe came 5 s later;
+        # under the suite's load the two took more than 60 s together. Two waits, so a
+        # failure says which step did not come.
+        wait_until(lambda: all(w["ready"] for w in workers(router).values()), 180,
+                   lambda: workers(router))
         pool = wait_until(lambda: (p := admin(router, "/admin/canary")["models"][SERVED_MODEL][
-            "pools"]["candidate"])["last_probe"] and p, 60, lambda: admin(router, "/admin/canary"))
+            "pools"]["candidate"])["last_probe"] and p, 120, lambda: admin(router, "/admin/canary"))
         assert pool["last_probe"] == "agree" and pool["weight"] == 1
     finally:
         router.stop()
