@@ -177,7 +177,12 @@ class LlamaModel(nn.Module):
 
     def __init__(self, config: ModelConfig, **factory: Any) -> None:
         super().__init__()
-        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size, **factory)
+        # nn.Embedding draws its own normal init; on the loader's meta device that init
+        # is a Python reference that imports torch._dynamo (1.5 s of CPU per process).
+        weight = torch.empty(config.vocab_size, config.hidden_size, **factory)
+        if weight.device.type != "meta":
+            nn.init.normal_(weight)
+        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size, _weight=weight)
         self.layers = nn.ModuleList(
             DecoderLayer(config, index, **factory) for index in range(config.num_hidden_layers)
         )
