@@ -737,8 +737,9 @@ DEFAULT_BANDS = (BandConfig("interactive", 10.0), BandConfig("standard", 30.0),
 class FlowConfig(Section, section="flow"):
     """Flow control (docs/flow-control.md): with ``enabled``, a request goes to a worker
     only when that worker has headroom, else it waits in the router, in ``bands``
-    (served in order; a request that waited ``aging_s`` moves up one band for each
-    ``aging_s``), fair by weighted tokens across fairness ids within a band. A worker
+    (served in order; a band whose oldest request waited ``aging_s`` moves up one
+    level for each ``aging_s``), fair by weighted tokens across fairness ids within a
+    band. A worker
     has headroom while this router's requests on it (or its polled running plus
     waiting, when higher) stay below ``max_requests_per_worker``, or, when that is
     None, below its batch slots (``max_num_seqs``) plus ``queue_per_worker``

@@ -242,19 +242,20 @@ class FlowController:
     def _window(self, now: float) -> list[tuple[Entry[_Waiter], Ranking]]:
         """The first ``locality_window`` queued requests, in fair order, that a worker
         with headroom can take now, with their rankings: all of the band the first of
-        them stands in (locality never lets a lower band's request pass a higher's)."""
+        them is in (locality never lets one band's request pass another's that goes
+        first)."""
         window: list[tuple[Entry[_Waiter], Ranking]] = []
         headroom: dict[tuple[int, int], bool] = {}
         band = None
         for entry in self._queue.in_order(now):
             if entry.item.granted.done():
                 continue
-            if band is not None and self._queue.effective_band(entry, now) != band:
+            if band is not None and entry.band != band:
                 break
             ranking = self._rank(entry.item.request, headroom)
             if ranking is None:
                 continue
-            band = self._queue.effective_band(entry, now)
+            band = entry.band
             window.append((entry, ranking))
             if len(window) >= self._config.locality_window:
                 break

@@ -15,10 +15,14 @@ serves waits here behind those it serves less, as if this queue had served it, s
 shares hold across routers. Only differences between flows matter (every tag is
 relative to ``V``), and it stays work-conserving: a flow alone still goes at once.
 
-Aging keeps a lower band from starving: a request that has waited ``aging_s`` is
-promoted one band for each ``aging_s`` it has waited, and a promoted request goes
-before that band's own (it has waited longest). The queue holds no clock: callers
-pass ``now``.
+Aging keeps a lower band from starving: a band whose oldest request has waited
+``aging_s`` is promoted one level for each ``aging_s`` that request has waited, and
+goes before the bands native to that level (the band whose oldest waited longest
+first). A band is promoted whole and keeps its fair order: aging lets it pass the
+bands above, never lets one flow's old requests pass another flow's new ones in the
+same band (promoting requests one by one did, and under overload, when every queued
+request is old, that turned the band into one FIFO that a flood filled). The queue
+holds no clock: callers pass ``now``.
 
 Data structure only: it returns entries; the flow controller decides which of the
 first few may go (``in_order``) and acts on them.
@@ -54,13 +58,21 @@ class Entry(Generic[T]):
 
 
 class _Band(Generic[T]):
-    """One band: its virtual time, each flow's finish tag, and a heap by start tag."""
+    """One band: its virtual time, each flow's finish tag, a heap by start tag and one
+    by arrival."""
 
     def __init__(self) -> None:
         self.virtual_time = 0.0
         self.finish_tags: dict[str, float] = {}
         self.heap: list[tuple[float, int, Entry[T]]] = []
+        self.arrivals: list[tuple[float, int, Entry[T]]] = []
         self.num_queued = 0
+
+    def oldest(self) -> Entry[T] | None:
+        """The queued entry that arrived first (None when none is queued)."""
+        while self.arrivals and not self.arrivals[0][2].queued:
+            heapq.heappop(self.arrivals)
+        return self.arrivals[0][2] if self.arrivals else None
 
 
 class FairQueue(Generic[T]):
@@ -73,7 +85,6 @@ class FairQueue(Generic[T]):
         self._bands = [_Band[T]() for _ in range(num_bands)]
         self._aging_s = aging_s
         self._order = itertools.count()
-        self._arrivals: list[tuple[float, int, Entry[T]]] = []
 
     def __len__(self) -> int:
         return sum(b.num_queued for b in self._bands)
@@ -95,7 +106,7 @@ class FairQueue(Generic[T]):
         b.finish_tags[flow] = entry.finish
         b.num_queued += 1
         heapq.heappush(b.heap, (entry.start, entry.order, entry))
-        heapq.heappush(self._arrivals, (entry.enqueued_at, entry.order, entry))
+        heapq.heappush(b.arrivals, (entry.enqueued_at, entry.order, entry))
         return entry
 
     def remove(self, entry: Entry[T], dispatched: bool) -> None:
@@ -111,66 +122,38 @@ class FairQueue(Generic[T]):
             b.virtual_time = max(b.virtual_time, entry.start)
         elif b.finish_tags.get(entry.flow) == entry.finish:
             b.finish_tags[entry.flow] = entry.start
-        while b.heap and not b.heap[0][2].queued:
-            heapq.heappop(b.heap)
-        if len(b.heap) > 2 * b.num_queued + _SLACK:
-            b.heap = [e for e in b.heap if e[2].queued]
-            heapq.heapify(b.heap)
-        self._drop_gone_arrivals()
-        if len(self._arrivals) > 2 * len(self) + _SLACK:
-            self._arrivals = [e for e in self._arrivals if e[2].queued]
-            heapq.heapify(self._arrivals)
+        for heap in (b.heap, b.arrivals):
+            while heap and not heap[0][2].queued:
+                heapq.heappop(heap)
+            if len(heap) > 2 * b.num_queued + _SLACK:
+                heap[:] = [e for e in heap if e[2].queued]
+                heapq.heapify(heap)
         if b.num_queued == 0:
             b.heap.clear()
+            b.arrivals.clear()
             b.finish_tags = {f: t for f, t in b.finish_tags.items() if t > b.virtual_time}
 
-    def effective_band(self, entry: Entry[T], now: float) -> int:
-        """``entry``'s band after aging promotion at ``now``."""
-        if self._aging_s is None:
-            return entry.band
-        return max(0, entry.band - int((now - entry.enqueued_at) // self._aging_s))
-
     def in_order(self, now: float) -> Iterator[Entry[T]]:
-        """Queued entries in the order fairness serves them: by effective band, the
-        promoted ones first (oldest first), then each band's own by start tag. Lazy:
-        a caller that takes the first few pays for those few (plus the promoted)."""
-        promoted = self._promoted(now)
-        for band, b in enumerate(self._bands):
-            for entry in promoted.get(band, ()):
-                yield entry
-            for _, _, entry in _heap_in_order(b.heap):
-                if entry.queued and self.effective_band(entry, now) == entry.band:
+        """Queued entries in the order fairness serves them: band by band, each band at
+        the level aging lifted it to (the promoted before the native, the longest
+        waiting first), and within a band by start tag. Lazy: a caller that takes the
+        first few pays for those few."""
+        queued = [i for i, b in enumerate(self._bands) if b.num_queued]
+        for index in sorted(queued, key=lambda i: self._rank(i, now)):
+            for _, _, entry in _heap_in_order(self._bands[index].heap):
+                if entry.queued:
                     yield entry
 
-    def expired(self, now: float, ttl_s: list[float]) -> list[Entry[T]]:
-        """Entries queued longer than their band's ``ttl_s[band]`` at ``now`` (still
-        queued: the caller removes them)."""
-        out = []
-        for _, _, entry in _heap_in_order(self._arrivals):
-            if now - entry.enqueued_at <= min(ttl_s):
-                break
-            if entry.queued and now - entry.enqueued_at > ttl_s[entry.band]:
-                out.append(entry)
-        return out
-
-    def _promoted(self, now: float) -> dict[int, list[Entry[T]]]:
-        """Entries whose aging moved them up, by the band they now stand in, oldest
-        first (only entries that waited at least ``aging_s`` are visited)."""
-        promoted: dict[int, list[Entry[T]]] = {}
-        if self._aging_s is None:
-            return promoted
-        for _, _, entry in _heap_in_order(self._arrivals):
-            if now - entry.enqueued_at < self._aging_s:
-                break
-            band = self.effective_band(entry, now)
-            if entry.queued and band < entry.band:
-                promoted.setdefault(band, []).append(entry)
-        return promoted
-
-    def _drop_gone_arrivals(self) -> None:
-        """Pop removed entries off the front of the arrivals heap (lazy deletion)."""
-        while self._arrivals and not self._arrivals[0][2].queued:
-            heapq.heappop(self._arrivals)
+    def _rank(self, index: int, now: float) -> tuple[int, int, float, int]:
+        """Where band ``index`` goes: (its level, 0 if promoted else 1, its oldest's
+        arrival when promoted, its index)."""
+        oldest = self._bands[index].oldest()
+        if self._aging_s is None or oldest is None:
+            return index, 1, 0.0, index
+        level = max(0, index - int((now - oldest.enqueued_at) // self._aging_s))
+        if level == index:
+            return index, 1, 0.0, index
+        return level, 0, oldest.enqueued_at, index
 
 
 def _heap_in_order(heap: list[tuple[float, int, Entry[T]]]
