@@ -82,9 +82,11 @@ run: install
 	$(VENV)/bin/radix-router up --config configs/local.toml
 
 # Parallel: tests that share one resource (the vLLM fleet, the GPU, a module's processes)
-# carry an xdist_group and run on one worker.
+# carry an xdist_group and run on one worker. Bytecode is written and reused even where
+# the environment says PYTHONDONTWRITEBYTECODE: the suite starts hundreds of processes,
+# and each one compiled every module it imported again (docs/decisions.md).
 test: install redis promtool vllm sglang
-	$(PY) -m pytest -q -p no:cacheprovider -n $(TEST_WORKERS) --dist loadgroup
+	PYTHONDONTWRITEBYTECODE= $(PY) -m pytest -q -p no:cacheprovider -n $(TEST_WORKERS) --dist loadgroup
 
 # The tests that start no process (no redis, promtool or vLLM needed): a few minutes.
 test-fast: install
