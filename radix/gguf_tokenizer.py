@@ -12,18 +12,19 @@ pre-tokenizer name (``tokenizer.ggml.pre``) stands for. Its serialized JSON is t
 tokenizer's identity (``PromptTokenizer.digest``), so router and worker agree as they
 do for a HF directory.
 
-Reads metadata only (numpy memory map, no torch): the router imports this.
+Reads metadata only (``radix.gguf_metadata``, no numpy, no torch): the router imports
+this.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, TypeVar
 
-from gguf import GGUFReader
 from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers, processors
 
+from radix.gguf_metadata import read_metadata
 from radix.tokenizer import PromptTokenizer, byte_alphabet
 
 T = TypeVar("T")
@@ -51,22 +52,16 @@ SPLIT_REGEXES = {
 }
 
 
-def gguf_value(reader: GGUFReader, key: str, default: Any = None) -> Any:
-    """The metadata value under ``key`` (scalars as Python values, arrays as lists),
-    ``default`` when absent."""
-    field = reader.get_field(key)
-    return default if field is None else field.contents()
-
-
-def read_gguf(path: str | Path, build: Callable[[GGUFReader], T]) -> T:
-    """``build(reader)`` over the GGUF file at ``path``; any ValueError (an unreadable
-    file, or what ``build`` refuses) is re-raised with the path in front."""
+def read_gguf(path: str | Path, build: Callable[[Mapping[str, Any]], T]) -> T:
+    """``build(metadata)`` over the GGUF file at ``path`` (``radix.gguf_metadata``); any
+    ValueError (an unreadable file, or what ``build`` refuses) is re-raised with the
+    path in front."""
     try:
-        reader = GGUFReader(path)
+        metadata = read_metadata(path)
     except (OSError, ValueError) as exc:
         raise ValueError(f"{path}: not a readable GGUF file: {exc}") from exc
     try:
-        return build(reader)
+        return build(metadata)
     except ValueError as exc:
         raise ValueError(f"{path}: {exc}") from exc
 
@@ -77,35 +72,35 @@ def load_gguf_tokenizer(path: str | Path) -> PromptTokenizer:
     return read_gguf(path, gguf_tokenizer)
 
 
-def gguf_tokenizer(reader: GGUFReader) -> PromptTokenizer:
-    """The tokenizer described by an open GGUF's metadata (see the module docstring)."""
-    kind = gguf_value(reader, "tokenizer.ggml.model")
+def gguf_tokenizer(metadata: Mapping[str, Any]) -> PromptTokenizer:
+    """The tokenizer described by a GGUF's metadata (see the module docstring)."""
+    kind = metadata.get("tokenizer.ggml.model")
     if kind != "gpt2":
         raise ValueError(
             f"tokenizer.ggml.model {kind!r} is not supported (only 'gpt2', byte-level BPE)"
         )
-    tokens: list[str] = gguf_value(reader, "tokenizer.ggml.tokens") or []
+    tokens: list[str] = metadata.get("tokenizer.ggml.tokens") or []
     if not tokens:
         raise ValueError("tokenizer.ggml.tokens: missing or empty")
-    token_types: list[int] = gguf_value(reader, "tokenizer.ggml.token_type") or []
-    merges: list[str] = gguf_value(reader, "tokenizer.ggml.merges") or []
-    tokenizer = _byte_level_bpe(tokens, merges, gguf_value(reader, "tokenizer.ggml.pre"))
+    token_types: list[int] = metadata.get("tokenizer.ggml.token_type") or []
+    merges: list[str] = metadata.get("tokenizer.ggml.merges") or []
+    tokenizer = _byte_level_bpe(tokens, merges, metadata.get("tokenizer.ggml.pre"))
     _add_typed_tokens(tokenizer, tokens, token_types)
-    bos = _special(reader, tokens, "bos_token_id")
-    eos = _special(reader, tokens, "eos_token_id")
-    add_bos = bos is not None and bool(gguf_value(reader, "tokenizer.ggml.add_bos_token", False))
-    add_eos = eos is not None and bool(gguf_value(reader, "tokenizer.ggml.add_eos_token", False))
+    bos = _special(metadata, tokens, "bos_token_id")
+    eos = _special(metadata, tokens, "eos_token_id")
+    add_bos = bos is not None and bool(metadata.get("tokenizer.ggml.add_bos_token", False))
+    add_eos = eos is not None and bool(metadata.get("tokenizer.ggml.add_eos_token", False))
     tokenizer.post_processor = _post_processor(
         tokenizer, bos if add_bos else None, eos if add_eos else None
     )
     extra_eos = [
         token_id
         for key in ("tokenizer.ggml.eot_token_id", "tokenizer.ggml.eom_token_id")
-        if (token_id := gguf_value(reader, key)) is not None
+        if (token_id := metadata.get(key)) is not None
     ]
     return PromptTokenizer(
         tokenizer.to_str(),
-        gguf_value(reader, "tokenizer.chat_template"),
+        metadata.get("tokenizer.chat_template"),
         bos,
         eos,
         extra_eos,
@@ -167,8 +162,8 @@ def _add_typed_tokens(tokenizer: Tokenizer, tokens: list[str], token_types: list
         tokenizer.add_tokens(user_defined)
 
 
-def _special(reader: GGUFReader, tokens: list[str], name: str) -> str | None:
-    token_id = gguf_value(reader, f"tokenizer.ggml.{name}")
+def _special(metadata: Mapping[str, Any], tokens: list[str], name: str) -> str | None:
+    token_id = metadata.get(f"tokenizer.ggml.{name}")
     if token_id is None:
         return None
     if not 0 <= token_id < len(tokens):

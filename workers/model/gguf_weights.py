@@ -11,7 +11,7 @@ when it loads a GGUF. Errors name the file and the tensor, type or key.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -21,7 +21,7 @@ import torch
 from gguf import GGMLQuantizationType, GGUFReader, ReaderTensor
 from gguf.quants import dequantize
 
-from radix.gguf_tokenizer import gguf_tokenizer, gguf_value, read_gguf
+from radix.gguf_tokenizer import gguf_tokenizer, read_gguf
 from radix.tokenizer import PromptTokenizer
 
 SUPPORTED_ARCHITECTURES = ("llama",)
@@ -60,11 +60,16 @@ class GGUFCheckpoint:
 
     @classmethod
     def open(cls, path: str | Path) -> GGUFCheckpoint:
-        """Read the metadata of ``path``; ValueError naming the file and the problem."""
+        """Read the metadata and tensor infos of ``path``; ValueError naming the file and
+        the problem."""
         path = Path(path)
-        return read_gguf(
-            path, lambda reader: cls(path, reader, config_fields(reader), gguf_tokenizer(reader))
-        )
+
+        def build(metadata: Mapping[str, Any]) -> GGUFCheckpoint:
+            reader = GGUFReader(path)
+            return cls(path, reader, config_fields(metadata, reader.tensors),
+                       gguf_tokenizer(metadata))
+
+        return read_gguf(path, build)
 
     def state_dict(
         self, expected: Mapping[str, tuple[int, ...]], dtype: torch.dtype, device: torch.device | str
@@ -96,19 +101,20 @@ class GGUFCheckpoint:
         return state
 
 
-def config_fields(reader: GGUFReader) -> dict[str, Any]:
+def config_fields(metadata: Mapping[str, Any], tensor_infos: Sequence[ReaderTensor]
+                  ) -> dict[str, Any]:
     """The config.json fields of a Llama GGUF (``ModelConfig.from_dict`` input)."""
-    arch = gguf_value(reader, "general.architecture")
+    arch = metadata.get("general.architecture")
     if arch not in SUPPORTED_ARCHITECTURES:
         raise ValueError(f"general.architecture {arch!r} is not supported ({SUPPORTED_ARCHITECTURES})")
 
     def get(key: str, default: Any = None) -> Any:
-        value = gguf_value(reader, f"{arch}.{key}", default)
+        value = metadata.get(f"{arch}.{key}", default)
         if value is None:
             raise ValueError(f"{arch}.{key}: required metadata is missing")
         return value
 
-    tensors = {t.name: t for t in reader.tensors}
+    tensors = {t.name: t for t in tensor_infos}
     if "rope_freqs.weight" in tensors:
         raise ValueError("tensor 'rope_freqs.weight': per-dimension RoPE factors are not supported")
     embedding = tensors.get("token_embd.weight")
@@ -116,8 +122,8 @@ def config_fields(reader: GGUFReader) -> dict[str, Any]:
         raise ValueError("tensor 'token_embd.weight' is missing")
     heads = get("attention.head_count")
     hidden = get("embedding_length")
-    head_dim = gguf_value(reader, f"{arch}.attention.key_length", hidden // heads)
-    if gguf_value(reader, f"{arch}.rope.dimension_count", head_dim) != head_dim:
+    head_dim = metadata.get(f"{arch}.attention.key_length", hidden // heads)
+    if metadata.get(f"{arch}.rope.dimension_count", head_dim) != head_dim:
         raise ValueError(f"{arch}.rope.dimension_count: partial rotary embeddings are not supported")
     return {
         "architectures": ["LlamaForCausalLM"],
@@ -130,7 +136,7 @@ def config_fields(reader: GGUFReader) -> dict[str, Any]:
         "head_dim": head_dim,
         "rms_norm_eps": get("attention.layer_norm_rms_epsilon"),
         "rope_theta": get("rope.freq_base", 10000.0),
-        "rope_scaling": _rope_scaling(reader, arch),
+        "rope_scaling": _rope_scaling(metadata, arch),
         "max_position_embeddings": get("context_length"),
         "tie_word_embeddings": "output.weight" not in tensors,
         "attention_bias": "blk.0.attn_q.bias" in tensors,
@@ -169,14 +175,14 @@ def _dequantized(tensor: ReaderTensor, path: Path) -> np.ndarray:
     return (values if values.flags.writeable else values.copy()).reshape(shape)
 
 
-def _rope_scaling(reader: GGUFReader, arch: str) -> dict[str, Any] | None:
-    kind = gguf_value(reader, f"{arch}.rope.scaling.type", "none")
+def _rope_scaling(metadata: Mapping[str, Any], arch: str) -> dict[str, Any] | None:
+    kind = metadata.get(f"{arch}.rope.scaling.type", "none")
     if kind == "none":
         return None
-    factor = gguf_value(reader, f"{arch}.rope.scaling.factor")
+    factor = metadata.get(f"{arch}.rope.scaling.factor")
     if kind == "linear":
         return {"rope_type": "linear", "factor": factor}
     if kind == "yarn":
-        original = gguf_value(reader, f"{arch}.rope.scaling.original_context_length")
+        original = metadata.get(f"{arch}.rope.scaling.original_context_length")
         return {"rope_type": "yarn", "factor": factor, "original_max_position_embeddings": original}
     raise ValueError(f"{arch}.rope.scaling.type {kind!r} is not supported (none, linear, yarn)")
