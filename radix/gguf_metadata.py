@@ -28,16 +28,13 @@ _SCALARS = {0: "B", 1: "b", 2: "H", 3: "h", 4: "I", 5: "i", 6: "f", 7: "?", 10: 
 def read_metadata(path: str | Path) -> dict[str, Any]:
     """Every key of the GGUF file at ``path`` with its value (scalars as Python values,
     arrays as lists): what ``GGUFReader``'s ``field.contents()`` gives for each key.
-    ValueError when the file is not a GGUF or its metadata is cut short or malformed;
-    OSError when it cannot be read."""
-    with open(path, "rb") as file:
-        if Path(path).stat().st_size == 0:
-            raise ValueError("an empty file")
-        with mmap.mmap(file.fileno(), 0, access=mmap.ACCESS_READ) as data:
-            try:
-                return _Parser(data).metadata()
-            except (struct.error, IndexError) as exc:
-                raise ValueError(f"GGUF metadata cut short or malformed: {exc}") from exc
+    ValueError when the file is empty, not a GGUF, or its metadata is cut short or
+    malformed; OSError when it cannot be read."""
+    with open(path, "rb") as file, mmap.mmap(file.fileno(), 0, access=mmap.ACCESS_READ) as data:
+        try:
+            return _Parser(data).metadata()
+        except struct.error as exc:
+            raise ValueError(f"GGUF metadata cut short or malformed: {exc}") from exc
 
 
 class _Parser:
@@ -93,11 +90,8 @@ class _Parser:
     def _array(self, kind: int, count: int) -> list[Any]:
         if kind in _SCALARS:
             fmt = f"{self._order}{count}{_SCALARS[kind]}"
-            size = struct.calcsize(fmt)
-            if self._at + size > len(self._data):
-                raise ValueError(f"an array of {count} items runs past the end of the file")
-            items = list(struct.unpack_from(fmt, self._data, self._at))
-            self._at += size
+            items = list(struct.unpack_from(fmt, self._data, self._at))  # struct.error if short
+            self._at += struct.calcsize(fmt)
             return items
         if count > len(self._data) - self._at:
             raise ValueError(f"an array of {count} items runs past the end of the file")
